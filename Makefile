@@ -1,0 +1,30 @@
+# make run: set up .venv and run the 2-worker job on localhost:20000/20001.
+# make test: set up .venv (and sshd for the SSH tests) and run the whole suite.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[tf,test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/tfo run clusters/localhost.yaml
+
+test: $(STAMP)
+	$(BIN)/ruff check orchestrator worker_entry tests bench
+	$(BIN)/pytest -q -rs
+
+bench: $(STAMP)
+	$(BIN)/python bench/run.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check orchestrator worker_entry tests bench
+
+clean:
+	rm -rf $(VENV) runs

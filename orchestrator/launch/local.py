@@ -1,0 +1,110 @@
+"""Local tasks: one subprocess per task, each in its own process group (and session).
+
+    handle = start_local(task, attempt=0)
+    handle.poll(); handle.lines(); handle.terminate(); handle.kill()
+
+The task's stdin is a pipe we hold and never write: its lifeline. If the coordinator dies,
+the kernel closes it and the task kills its own group (see worker_entry.lifeline).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import subprocess
+import threading
+
+import psutil
+
+from orchestrator.plan import TaskPlan
+
+
+class LocalHandle:
+    def __init__(self, task: TaskPlan, attempt: int, extra_env: dict[str, str] | None = None):
+        self.task, self.attempt = task, attempt
+        env = {**os.environ, **task.env, **(extra_env or {}),
+               "TFO_ATTEMPT": str(attempt), "TFO_LIFELINE": "stdin"}
+        os.makedirs(task.cwd, exist_ok=True)
+        self._proc = subprocess.Popen(
+            task.command, cwd=task.cwd, env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self._pgid = self._proc.pid  # start_new_session: the leader's pid is the group id
+        self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._known: dict[int, psutil.Process] = {}
+        self._remember_tree()
+        self._reader = threading.Thread(target=self._read, name=f"out-{task.name}", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for raw in iter(self._proc.stdout.readline, b""):
+            self._queue.put(raw.decode(errors="replace").rstrip("\r\n"))
+
+    def _remember_tree(self) -> None:
+        """Note every process in the task's tree, to kill stragglers that left the group."""
+        with contextlib.suppress(psutil.Error):
+            leader = psutil.Process(self._proc.pid)
+            for p in [leader, *leader.children(recursive=True)]:
+                self._known.setdefault(p.pid, p)
+
+    def poll(self) -> int | None:
+        return self._proc.poll()
+
+    def lines(self) -> list[str]:
+        out = []
+        while True:
+            try:
+                out.append(self._queue.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._pgid, sig)
+
+    def terminate(self) -> None:
+        self._remember_tree()
+        self._signal_group(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._remember_tree()
+        self._signal_group(signal.SIGKILL)
+        for p in self._known.values():
+            with contextlib.suppress(psutil.Error):
+                if p.is_running():  # psutil checks the create time: never a reused pid
+                    p.kill()
+        self._proc.poll()
+
+    def alive(self) -> list[psutil.Process]:
+        """Processes of this task's tree that still run (zombies excluded)."""
+        self._remember_tree()
+        out = []
+        for p in self._known.values():
+            with contextlib.suppress(psutil.Error):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+        return out
+
+    def close(self, timeout: float = 1.0) -> list[str]:
+        self._reader.join(timeout)
+        rest = self.lines()
+        for stream in (self._proc.stdin, self._proc.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
+        return rest
+
+
+def start_local(task: TaskPlan, attempt: int) -> LocalHandle:
+    return LocalHandle(task, attempt)

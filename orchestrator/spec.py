@@ -1,0 +1,318 @@
+"""The cluster file: its schema, loading it, and every check a user can get wrong.
+
+    spec = load_spec("clusters/localhost.yaml")    # raises SpecError on any mistake
+    spec.tasks.worker[1]                            # Address(host='localhost', port=20001)
+    [(role, i, addr) for role, i, addr in spec.tasks.all()]
+
+A SpecError's message names the field (`tasks.worker[1]`) and the offending value;
+the CLI prints it and exits 2 before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+ROLES = ("chief", "worker", "ps", "evaluator")
+TRAINING_ROLES = ("chief", "worker")
+LOCALHOST = "localhost"
+_ENTRY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class SpecError(Exception):
+    """A mistake in the cluster file; the message names the field and the value."""
+
+
+class Strategy(str, Enum):
+    MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
+    PARAMETER_SERVER = "parameter_server"
+
+
+class RestartPolicy(str, Enum):
+    """TFJob's vocabulary. `exit-code`: 1-127 are permanent, 128-255 (signals) are retried."""
+
+    NEVER = "never"
+    ON_FAILURE = "on-failure"
+    ALWAYS = "always"
+    EXIT_CODE = "exit-code"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Address(_Model):
+    """Where one task listens. `port=None` means: take a free port at launch (`port: auto`)."""
+
+    host: str
+    port: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port if self.port is not None else 'auto'}"
+
+    @classmethod
+    def parse(cls, value: Any) -> Address:
+        if isinstance(value, Address):
+            return value
+        if isinstance(value, dict):
+            return cls(**value)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"expected 'host:port', 'host:auto' or 'host', got {value!r}")
+        host, sep, port_text = value.strip().rpartition(":")
+        if not sep:
+            host, port_text = value.strip(), "auto"
+        if not host or not _HOSTNAME.match(host):
+            raise ValueError(f"bad host {host!r} in {value!r}")
+        if port_text == "auto":
+            return cls(host=host, port=None)
+        if not port_text.isdigit():
+            raise ValueError(f"port must be a number or 'auto', got {port_text!r} in {value!r}")
+        return cls(host=host, port=int(port_text))
+
+    @field_validator("port")
+    @classmethod
+    def _port_range(cls, port: int | None) -> int | None:
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError(f"port {port} is outside 1-65535")
+        return port
+
+
+class JobSpec(_Model):
+    """What every training task runs: `entry` is `module:function`, called with a TaskContext."""
+
+    entry: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    # {run_id} and {run_dir} are filled in by the plan; relative paths are under the workdir.
+    model_dir: str = "{run_dir}/model"
+
+    @field_validator("entry")
+    @classmethod
+    def _entry_shape(cls, entry: str) -> str:
+        if not _ENTRY.match(entry):
+            raise ValueError(
+                f"entry must be 'module:function' (e.g. worker_entry.examples.digits:train), "
+                f"got {entry!r}"
+            )
+        return entry
+
+
+class TasksSpec(_Model):
+    chief: list[Address] = Field(default_factory=list)
+    worker: list[Address] = Field(default_factory=list)
+    ps: list[Address] = Field(default_factory=list)
+    evaluator: list[Address] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_roles(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a mapping of role to addresses, got {data!r}")
+        for role in data:
+            if role not in ROLES:
+                raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+        return data
+
+    @field_validator("chief", "worker", "ps", "evaluator", mode="before")
+    @classmethod
+    def _addresses(cls, value: Any) -> list[Address]:
+        if value is None:
+            return []
+        if isinstance(value, str | dict):
+            value = [value]
+        if not isinstance(value, list):
+            raise ValueError(f"expected a list of 'host:port', got {value!r}")
+        return [Address.parse(v) for v in value]
+
+    def all(self) -> Iterator[tuple[str, int, Address]]:
+        """Every task as (role, index, address), in start order: ps, worker, chief, evaluator."""
+        for role in ("ps", "worker", "chief", "evaluator"):
+            for index, address in enumerate(getattr(self, role)):
+                yield role, index, address
+
+
+class RestartSpec(_Model):
+    """How the job reacts to a lost task; the strategy decides what is restarted with it."""
+
+    policy: RestartPolicy | dict[str, RestartPolicy] = RestartPolicy.NEVER
+    max_restarts: int = Field(default=3, ge=0)
+    backoff_seconds: float = Field(default=1.0, ge=0)
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_roles(cls, policy: Any) -> Any:
+        if isinstance(policy, dict):
+            for role in policy:
+                if role not in ROLES:
+                    raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+        return policy
+
+    def for_role(self, role: str) -> RestartPolicy:
+        if isinstance(self.policy, dict):
+            default = RestartPolicy.ON_FAILURE if role == "evaluator" else RestartPolicy.NEVER
+            return self.policy.get(role, default)
+        return self.policy
+
+
+class TimeoutSpec(_Model):
+    startup_seconds: float = Field(default=300.0, gt=0)
+    deadline_seconds: float | None = Field(default=None, gt=0)
+    grace_seconds: float = Field(default=10.0, ge=0)
+    evaluator_seconds: float = Field(default=60.0, ge=0)
+
+
+class HostSpec(_Model):
+    """A lab machine reached over SSH."""
+
+    address: str
+    port: int = Field(default=22, ge=1, le=65535)
+    user: str | None = None
+    key: str | None = None
+    python: str = "python3"
+    workdir: str = "~/tfo"
+    env: dict[str, str] = Field(default_factory=dict)
+    check_host_key: bool = True
+    known_hosts: str | None = None
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, address: str) -> str:
+        if not _HOSTNAME.match(address):
+            raise ValueError(f"bad address {address!r}")
+        return address
+
+
+class ClusterSpec(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
+    strategy: Strategy = Strategy.MULTI_WORKER_MIRRORED
+    job: JobSpec
+    tasks: TasksSpec
+    hosts: dict[str, HostSpec] = Field(default_factory=dict)
+    restart: RestartSpec = Field(default_factory=RestartSpec)
+    timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
+    env: dict[str, str] = Field(default_factory=dict)
+    evaluator_required: bool = False
+
+    @model_validator(mode="after")
+    def _cluster_rules(self) -> ClusterSpec:
+        t = self.tasks
+        if len(t.chief) > 1:
+            raise _field_error("tasks.chief", f"at most one chief, got {len(t.chief)}: "
+                               f"{', '.join(map(str, t.chief))}")
+        if len(t.evaluator) > 1:
+            raise _field_error("tasks.evaluator", f"at most one evaluator, got "
+                               f"{len(t.evaluator)}: {', '.join(map(str, t.evaluator))}")
+        if not t.chief and not t.worker:
+            raise _field_error("tasks", "no training tasks: list at least one worker or chief")
+        if self.strategy is Strategy.MULTI_WORKER_MIRRORED and t.ps:
+            raise _field_error("tasks.ps", "ps tasks are only for strategy parameter_server; "
+                               "remove them or set strategy: parameter_server")
+        if self.strategy is Strategy.PARAMETER_SERVER:
+            missing = [f"{n} {r}" for r, n in (("chief", "exactly one"), ("worker", "at least one"),
+                                               ("ps", "at least one")) if not getattr(t, r)]
+            if missing:
+                raise _field_error("tasks", "a parameter_server job needs "
+                                   + ", ".join(missing) + " task")
+        seen: dict[tuple[str, int], str] = {}
+        for role, index, address in t.all():
+            field = f"tasks.{role}[{index}]"
+            if address.host != LOCALHOST and address.host not in self.hosts:
+                raise _field_error(field, f"host {address.host!r} is neither 'localhost' nor "
+                                   f"a name under hosts: ({', '.join(self.hosts) or 'none'})")
+            if address.port is None:
+                continue
+            key = (self._machine(address.host), address.port)
+            if key in seen:
+                raise _field_error(field, f"duplicate address {address}: also {seen[key]}")
+            seen[key] = field
+        return self
+
+    def _machine(self, host: str) -> str:
+        return self.hosts[host].address if host in self.hosts else LOCALHOST
+
+
+class _FieldError(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def _field_error(field: str, message: str) -> _FieldError:
+    return _FieldError(field, message)
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.startswith(("function-", "model-")) or part in ("str", "dict[str,RestartPolicy]"):
+            continue  # pydantic's internal validator names say nothing to a user
+        else:
+            out += f".{part}" if out else part
+    return out or "(top level)"
+
+
+def format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc, msg = _loc(e["loc"]), e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key {e['loc'][-1]!r}"
+            loc = _loc(e["loc"][:-1])
+        elif e["type"] == "missing":
+            msg = "is required"
+        elif ": " in msg and msg.split(": ", 1)[0].startswith("tasks"):
+            loc, msg = msg.split(": ", 1)  # our model-level checks carry their own field
+        elif e["type"] not in ("value_error", "assertion_error"):
+            msg = f"{msg} (got {e.get('input')!r})"
+        lines.append(f"{loc}: {msg}")
+    return "\n".join(dict.fromkeys(lines))
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> ClusterSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(f"{source}: invalid cluster file\n{format_validation_error(err)}") from None
+
+
+def load_spec(path: str | Path) -> ClusterSpec:
+    """Read a YAML or JSON cluster file; any mistake raises SpecError."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such cluster file") from None
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read: {err.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as err:
+        where = ""
+        mark = getattr(err, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        elif isinstance(err, json.JSONDecodeError):
+            where = f" at line {err.lineno}, column {err.colno}"
+        problem = getattr(err, "problem", None) or getattr(err, "msg", str(err))
+        raise SpecError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}"
+                        f"{where}: {problem}") from None
+    return parse_spec(data, str(path))
+

@@ -1,0 +1,10 @@
+import os
+import sys
+
+# Before anything imports TensorFlow: Keras 3 in TF 2.21 breaks multi-worker fit and has no
+# parameter-server support (keras-team/keras#20585, #18624); tf-keras works.
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+from worker_entry.runner import main  # noqa: E402
+
+sys.exit(main())

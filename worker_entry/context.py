@@ -1,0 +1,108 @@
+"""The TaskContext handed to the job's entry function: everything a task needs to know.
+
+    def train(ctx: TaskContext) -> None:
+        with ctx.strategy.scope():
+            model = build_model()
+        model.fit(ctx.dataset(make_dataset), epochs=5, steps_per_epoch=20,
+                  callbacks=ctx.callbacks())
+        with ctx.save_path() as path:     # the real model_dir on the chief only
+            model.save(path)
+
+The same entry runs under MultiWorkerMirrored and ParameterServer: `ctx.dataset` and
+`ctx.callbacks` hide what differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import tensorflow as tf
+
+from worker_entry import markers
+
+
+@dataclass
+class TaskContext:
+    role: str  # chief, worker, ps or evaluator
+    index: int
+    strategy: Any  # tf.distribute.Strategy; None on the evaluator
+    strategy_name: str  # "multi_worker_mirrored" or "parameter_server"
+    is_chief: bool  # the chief, or worker 0 when there is no chief
+    model_dir: str
+    run_dir: str
+    tmp_dir: str  # this task's own scratch space, removed when the task ends
+    attempt: int  # 0 on the first start, +1 on each restart
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def task(self) -> str:
+        return f"{self.role}:{self.index}"
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """Where the chief's per-epoch checkpoints go; the evaluator follows them."""
+        return os.path.join(self.model_dir, "checkpoints")
+
+    @property
+    def num_replicas(self) -> int:
+        return int(self.strategy.num_replicas_in_sync) if self.strategy is not None else 1
+
+    @contextlib.contextmanager
+    def save_path(self, name: str = "saved_model") -> Iterator[str]:
+        """A path to save to. Every MWMS worker must save (saving runs collectives), so
+        non-chief tasks get a temporary directory that is removed after the save."""
+        if self.is_chief:
+            path = os.path.join(self.model_dir, name)
+            os.makedirs(self.model_dir, exist_ok=True)
+            yield path
+            markers.emit(markers.SAVED, path=path, chief=True)
+            return
+        os.makedirs(self.tmp_dir, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix="save-", dir=self.tmp_dir)
+        try:
+            yield os.path.join(scratch, name)
+            markers.emit(markers.SAVED, path=scratch, chief=False)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def dataset(self, dataset_fn: Callable[[Any], Any]) -> Any:
+        """What to pass to `fit` for `dataset_fn(input_context) -> tf.data.Dataset`."""
+        if self.strategy is None:
+            return dataset_fn(tf.distribute.InputContext())
+        return tf.keras.utils.experimental.DatasetCreator(dataset_fn)
+
+    def callbacks(self, backup: bool = True, checkpoints: bool = True) -> list[Any]:
+        """Progress markers, BackupAndRestore (resume after a restart) and per-epoch
+        checkpoints for the evaluator."""
+        cbs: list[Any] = [_Progress()]
+        if backup:
+            # One backup directory per task: tasks must not share one.
+            backup_dir = os.path.join(self.run_dir, "backup", f"{self.role}-{self.index}")
+            cbs.append(tf.keras.callbacks.BackupAndRestore(backup_dir=backup_dir))
+        if checkpoints:
+            cbs.append(tf.keras.callbacks.ModelCheckpoint(
+                filepath=os.path.join(self.checkpoint_dir, "ckpt-{epoch:03d}"),
+                save_weights_only=True))
+        return cbs
+
+
+class _Progress(tf.keras.callbacks.Callback):
+    """Reports the first step and each epoch as markers the coordinator records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._first = True
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        markers.emit(markers.EPOCH, epoch=epoch)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._first:
+            self._first = False
+            markers.emit(markers.FIRST_STEP, batch=batch)

@@ -1,0 +1,76 @@
+"""A small Keras classifier on scikit-learn's bundled 8x8 digits (offline, 1797 images).
+
+Runs unchanged under MultiWorkerMirrored and ParameterServer, and as the evaluator:
+
+    job:
+      entry: worker_entry.examples.digits:train
+      args: {epochs: 5, batch_size_per_replica: 32}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from worker_entry.context import TaskContext
+
+SEED = 7
+
+
+def load_data() -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """(train, held-out test), the same split on every task and in the tests."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype("float32")
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        x, y.astype("int64"), test_size=0.2, random_state=SEED, stratify=y)
+    return (x_tr, y_tr), (x_te, y_te)
+
+
+def build_model(learning_rate: float = 0.01) -> Any:
+    tf.keras.utils.set_random_seed(SEED)
+    model = tf.keras.Sequential([
+        tf.keras.Input(shape=(64,)),
+        tf.keras.layers.Dense(64, activation="relu"),
+        tf.keras.layers.Dense(10),
+    ])
+    model.compile(
+        optimizer=tf.keras.optimizers.Adam(learning_rate),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def train(ctx: TaskContext) -> None:
+    epochs = int(ctx.args.get("epochs", 5))
+    per_replica = int(ctx.args.get("batch_size_per_replica", 32))
+    lr = float(ctx.args.get("learning_rate", 0.01))
+    (x_tr, y_tr), (x_te, y_te) = load_data()
+
+    if ctx.role == "evaluator":
+        test = tf.data.Dataset.from_tensor_slices((x_te, y_te)).batch(256)
+        ctx.follow_checkpoints(build_model(lr), test, expected=epochs)
+        return
+
+    global_batch = per_replica * ctx.num_replicas
+    steps_per_epoch = len(x_tr) // global_batch
+
+    def make_dataset(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch = input_context.get_per_replica_batch_size(global_batch)
+        ds = tf.data.Dataset.from_tensor_slices((x_tr, y_tr))
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        return ds.shuffle(len(x_tr), seed=SEED).repeat().batch(batch).prefetch(2)
+
+    with ctx.strategy.scope():
+        model = build_model(lr)
+    model.fit(ctx.dataset(make_dataset), epochs=epochs, steps_per_epoch=steps_per_epoch,
+              callbacks=ctx.callbacks(), verbose=2)
+    print(f"[digits] {ctx.task} trained steps={int(model.optimizer.iterations.numpy())}",
+          flush=True)
+    with ctx.save_path() as path:
+        model.save(path)

@@ -1,0 +1,37 @@
+"""The one-line protocol by which a task tells the coordinator how far it got.
+
+A marker is a line on stdout: `@tfo {"event": "ready", ...}`. The coordinator reads
+them from the task's output (local pipe or SSH channel alike) and records them as events.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+PREFIX = "@tfo "
+
+# Events a task reports, in the order it reaches them.
+UP = "up"  # the process runs; TensorFlow not imported yet
+READY = "ready"  # training: the strategy is built (all peers connected); serving: server up
+FIRST_STEP = "first_step"  # the first training step finished
+EPOCH = "epoch"  # an epoch began (`epoch`, 0-based)
+SAVED = "saved"  # the model was written (`path`, `chief`)
+DONE = "done"  # the entry returned
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(PREFIX + json.dumps({"event": event, **fields}, default=str), flush=True)
+    sys.stdout.flush()
+
+
+def parse(line: str) -> dict[str, Any] | None:
+    """The marker in one output line, or None for an ordinary line."""
+    if not line.startswith(PREFIX):
+        return None
+    try:
+        data = json.loads(line[len(PREFIX):])
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) and "event" in data else None

@@ -1,0 +1,75 @@
+"""Picks the role's work: MWMS training, PS coordinator, TF server, or evaluator.
+
+    TF_CONFIG=... TFO_TASK=worker:1 TFO_JOB='{"entry": "pkg.mod:train", ...}' \\
+        python -m worker_entry
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from worker_entry import lifeline, markers
+
+
+def resolve_entry(entry: str) -> Callable[[Any], Any]:
+    module_name, _, func_name = entry.partition(":")
+    module = importlib.import_module(module_name)
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise SystemExit(f"[tfo] entry {entry!r}: {module_name} has no function {func_name!r}")
+    return func
+
+
+def _serve(tf: Any, role: str, index: int) -> int:
+    """A ps or worker of a ParameterServer job: serve until the coordinator stops us."""
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=role, task_index=index,
+                                  protocol=resolver.rpc_layer or "grpc", start=True)
+    markers.emit(markers.READY, what="serving", target=server.target)
+    server.join()
+    return 0
+
+
+def main() -> int:
+    tf_config = json.loads(os.environ["TF_CONFIG"])
+    job = json.loads(os.environ["TFO_JOB"])
+    role, index = tf_config["task"]["type"], int(tf_config["task"]["index"])
+    lifeline.install(job.get("tmp_dir"), watch_stdin=os.environ.get("TFO_LIFELINE") == "stdin")
+    markers.emit(markers.UP, pid=os.getpid(), host=socket.gethostname())
+    ps_job = job["strategy"] == "parameter_server"
+
+    # Import the user's module before TensorFlow's start-up cost, so a typo fails fast.
+    entry = None if ps_job and role in ("ps", "worker") else resolve_entry(job["entry"])
+    import tensorflow as tf
+
+    from worker_entry.context import TaskContext
+
+    if entry is None:
+        return _serve(tf, role, index)
+    cluster = tf_config.get("cluster", {})
+    if role == "evaluator":
+        strategy = None
+    elif ps_job:
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    else:
+        # Built first thing: it blocks until every worker has connected.
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    is_chief = role == "chief" or (role == "worker" and index == 0 and not cluster.get("chief"))
+    ctx = TaskContext(
+        role=role, index=index, strategy=strategy, strategy_name=job["strategy"],
+        is_chief=is_chief, model_dir=job["model_dir"], run_dir=job["run_dir"],
+        tmp_dir=job["tmp_dir"], attempt=int(os.environ.get("TFO_ATTEMPT", "0")),
+        args=dict(job.get("args") or {}),
+    )
+    markers.emit(markers.READY, what="evaluating" if role == "evaluator" else "training")
+    entry(ctx)
+    markers.emit(markers.DONE)
+    sys.stdout.flush()
+    return 0
