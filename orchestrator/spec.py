@@ -15,11 +15,12 @@ import re
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -65,31 +66,33 @@ class Address(_Model):
     def __str__(self) -> str:
         return f"{self.host}:{self.port if self.port is not None else 'auto'}"
 
-    @classmethod
-    def parse(cls, value: Any) -> Address:
-        if isinstance(value, Address):
-            return value
-        if isinstance(value, dict):
-            return cls(**value)
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError(f"expected 'host:port', 'host:auto' or 'host', got {value!r}")
-        host, sep, port_text = value.strip().rpartition(":")
-        if not sep:
-            host, port_text = value.strip(), "auto"
-        if not host or not _HOSTNAME.match(host):
-            raise ValueError(f"bad host {host!r} in {value!r}")
-        if port_text == "auto":
-            return cls(host=host, port=None)
-        if not port_text.isdigit():
-            raise ValueError(f"port must be a number or 'auto', got {port_text!r} in {value!r}")
-        return cls(host=host, port=int(port_text))
-
     @field_validator("port")
     @classmethod
     def _port_range(cls, port: int | None) -> int | None:
         if port is not None and not 1 <= port <= 65535:
             raise ValueError(f"port {port} is outside 1-65535")
         return port
+
+
+def parse_address(value: Any) -> Any:
+    """'host:port', 'host:auto' or 'host' → {host, port}; the model checks the range."""
+    if isinstance(value, Address | dict):
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected 'host:port', 'host:auto' or 'host', got {value!r}")
+    host, sep, port_text = value.strip().rpartition(":")
+    if not sep:
+        host, port_text = value.strip(), "auto"
+    if not host or not _HOSTNAME.match(host):
+        raise ValueError(f"bad host {host!r} in {value!r}")
+    if port_text == "auto":
+        return {"host": host, "port": None}
+    if not port_text.isdigit():
+        raise ValueError(f"port must be a number or 'auto', got {port_text!r} in {value!r}")
+    return {"host": host, "port": int(port_text)}
+
+
+TaskAddress = Annotated[Address, BeforeValidator(parse_address)]
 
 
 class JobSpec(_Model):
@@ -112,10 +115,10 @@ class JobSpec(_Model):
 
 
 class TasksSpec(_Model):
-    chief: list[Address] = Field(default_factory=list)
-    worker: list[Address] = Field(default_factory=list)
-    ps: list[Address] = Field(default_factory=list)
-    evaluator: list[Address] = Field(default_factory=list)
+    chief: list[TaskAddress] = Field(default_factory=list)
+    worker: list[TaskAddress] = Field(default_factory=list)
+    ps: list[TaskAddress] = Field(default_factory=list)
+    evaluator: list[TaskAddress] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -129,14 +132,14 @@ class TasksSpec(_Model):
 
     @field_validator("chief", "worker", "ps", "evaluator", mode="before")
     @classmethod
-    def _addresses(cls, value: Any) -> list[Address]:
+    def _addresses(cls, value: Any) -> Any:
         if value is None:
             return []
         if isinstance(value, str | dict):
-            value = [value]
+            return [value]
         if not isinstance(value, list):
             raise ValueError(f"expected a list of 'host:port', got {value!r}")
-        return [Address.parse(v) for v in value]
+        return value
 
     def all(self) -> Iterator[tuple[str, int, Address]]:
         """Every task as (role, index, address), in start order: ps, worker, chief, evaluator."""
@@ -260,15 +263,15 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part.startswith(("function-", "model-")) or part in ("str", "dict[str,RestartPolicy]"):
-            continue  # pydantic's internal validator names say nothing to a user
+        elif part.startswith(("function-", "model-")) or "[" in part or part in ("str", "dict"):
+            continue  # pydantic's names for union members and validators
         else:
             out += f".{part}" if out else part
     return out or "(top level)"
 
 
 def format_validation_error(err: ValidationError) -> str:
-    lines = []
+    lines: dict[str, str] = {}
     for e in err.errors():
         loc, msg = _loc(e["loc"]), e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
@@ -280,8 +283,8 @@ def format_validation_error(err: ValidationError) -> str:
             loc, msg = msg.split(": ", 1)  # our model-level checks carry their own field
         elif e["type"] not in ("value_error", "assertion_error"):
             msg = f"{msg} (got {e.get('input')!r})"
-        lines.append(f"{loc}: {msg}")
-    return "\n".join(dict.fromkeys(lines))
+        lines.setdefault(loc, f"{loc}: {msg}")  # a union's first member says enough
+    return "\n".join(lines.values())
 
 
 def parse_spec(data: Any, source: str = "<spec>") -> ClusterSpec:

@@ -49,8 +49,8 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
@@ -399,10 +399,10 @@ def start_sshd(workdir, address: str = "127.0.0.1", port: int | None = None,
     with open(known_hosts, "a") as f:
         f.write("\n".join(_known_hosts_lines(address, port, host_key[1])) + "\n")
 
-    stderr_f = open(wd / "sshd.stderr", "wb")
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stderr_f,
-                            stderr=stderr_f, start_new_session=True, close_fds=True)
+    with open(wd / "sshd.stderr", "wb") as stderr_f:  # the child keeps its own copy
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stderr_f,
+                                stderr=stderr_f, start_new_session=True, close_fds=True)
     host = SshHost(name=name or f"sshd-{address}-{port}", address=address, port=port,
                    user="root", key=keys.client_key, known_hosts=str(known_hosts),
                    sshd_pid=proc.pid, wrong_key=keys.wrong_key, netns=netns,
@@ -423,7 +423,6 @@ def start_sshd(workdir, address: str = "127.0.0.1", port: int | None = None,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
-        stderr_f.close()
 
 
 # ---------------------------------------------------------------------- network
@@ -474,9 +473,6 @@ def _route_conflict() -> str | None:
             if net.overlaps(LAB_SUBNET):
                 return f"{a['local']}/{a['prefixlen']} on {link.get('ifname')}"
     return None
-
-
-_NETNS_VETH: dict[str, str] = {}   # live lab netns -> its root-side veth
 
 
 def _kill_netns_pids(ns: str) -> None:
@@ -537,12 +533,10 @@ def lab_network(prefix: str = "tfo", count: int = 2
             _ip(*nsip, "link", "set", "eth0", "up")
             _ip(*nsip, "route", "add", "default", "via", LAB_BRIDGE_ADDR, check=False)
             _ip("link", "set", host_if, "up")
-            _NETNS_VETH[ns] = host_if
             result.append((ns, addr))
         yield result
     finally:
         for ns in namespaces:
-            _NETNS_VETH.pop(ns, None)
             _kill_netns_pids(ns)
         for v in veths:
             _ip("link", "del", v, check=False)
@@ -551,15 +545,25 @@ def lab_network(prefix: str = "tfo", count: int = 2
             _ip("netns", "del", ns, check=False)
 
 
+def _root_veth_of(netns: str) -> str:
+    """Root-netns name of the veth peer of `netns`'s eth0."""
+    cp = _ip("netns", "exec", netns, "cat", "/sys/class/net/eth0/iflink", check=False)
+    if cp.returncode != 0 or not cp.stdout.strip().isdigit():
+        raise SshLabError(f"{netns} is not a live lab_network namespace")
+    peer = int(cp.stdout.strip())
+    for link in json.loads(_ip("-j", "link", "show").stdout or "[]"):
+        if link.get("ifindex") == peer:
+            return link["ifname"]
+    raise SshLabError(f"no root-side veth (ifindex {peer}) for {netns}")
+
+
 @contextlib.contextmanager
 def partition(netns: str) -> Iterator[None]:
     """Cut a lab namespace off the bridge (root-side veth down), restore on exit.
 
     No FIN/RST is sent: TCP peers only notice via keepalives/timeouts.
     """
-    veth = _NETNS_VETH.get(netns)
-    if veth is None:
-        raise SshLabError(f"{netns} is not a live lab_network namespace")
+    veth = _root_veth_of(netns)
     _ip("link", "set", veth, "down")
     try:
         yield
@@ -574,11 +578,11 @@ def cleanup_stale(prefix: str = "tfo") -> list[str]:
     for line in cp.stdout.splitlines():
         ns = line.split()[0] if line.split() else ""
         parts = ns.split("-")
-        if ns.startswith(f"{prefix}-lab") and len(parts) >= 4 and parts[-2].isdigit():
-            if not _pid_alive(int(parts[-2])):
-                _kill_netns_pids(ns)
-                _ip("netns", "del", ns, check=False)
-                removed.append(f"netns {ns}")
+        if (ns.startswith(f"{prefix}-lab") and len(parts) >= 4 and parts[-2].isdigit()
+                and not _pid_alive(int(parts[-2]))):
+            _kill_netns_pids(ns)
+            _ip("netns", "del", ns, check=False)
+            removed.append(f"netns {ns}")
     cp = _ip("-j", "link", "show", check=False)
     try:
         links = json.loads(cp.stdout or "[]")

@@ -1,5 +1,6 @@
 """Self-tests for tests/sshlab.py (real sshd, real network namespaces)."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -10,13 +11,17 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sshlab  # noqa: E402
+try:  # tests/ is a package (tests/__init__.py): use the same module as conftest
+    from . import sshlab
+except ImportError:  # pragma: no cover - tests/ used as a plain directory
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import sshlab
 
 paramiko = pytest.importorskip("paramiko")
 pytest.importorskip("fabric")
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sshlab needs root")
+pytestmark = [pytest.mark.ssh,
+              pytest.mark.skipif(os.geteuid() != 0, reason="sshlab needs root")]
 
 NETNS_OK, NETNS_REASON = (sshlab.netns_supported() if os.geteuid() == 0
                           else (False, "not root"))
@@ -115,10 +120,8 @@ def test_lifeline_eof_when_connection_closed(sshd, tmp_path):
     got = _wait_for_file(eof, 10)
     assert got is not None, "remote never saw EOF after close()"
     assert float(got) - t0 < 5
-    try:
+    with contextlib.suppress(Exception):  # the remote command died with the session
         promise.join()
-    except Exception:
-        pass
 
 
 _CLIENT = r"""

@@ -14,6 +14,7 @@ PREFIX = "@tfo "
 
 # Events a task reports, in the order it reaches them.
 UP = "up"  # the process runs; TensorFlow not imported yet
+CONNECTING = "connecting"  # building the strategy: waiting for every peer to connect
 READY = "ready"  # training: the strategy is built (all peers connected); serving: server up
 FIRST_STEP = "first_step"  # the first training step finished
 EPOCH = "epoch"  # an epoch began (`epoch`, 0-based)

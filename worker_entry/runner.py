@@ -53,6 +53,7 @@ def main() -> int:
     if entry is None:
         return _serve(tf, role, index)
     cluster = tf_config.get("cluster", {})
+    markers.emit(markers.CONNECTING)
     if role == "evaluator":
         strategy = None
     elif ps_job:

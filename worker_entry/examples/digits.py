@@ -46,7 +46,8 @@ def build_model(learning_rate: float = 0.01) -> Any:
     return model
 
 
-def train(ctx: TaskContext) -> None:
+def train(ctx: TaskContext, callbacks: list[Any] | tuple[Any, ...] = ()) -> None:
+    """The entry: train, save from the chief; on the evaluator, follow the checkpoints."""
     epochs = int(ctx.args.get("epochs", 5))
     per_replica = int(ctx.args.get("batch_size_per_replica", 32))
     lr = float(ctx.args.get("learning_rate", 0.01))
@@ -69,7 +70,7 @@ def train(ctx: TaskContext) -> None:
     with ctx.strategy.scope():
         model = build_model(lr)
     model.fit(ctx.dataset(make_dataset), epochs=epochs, steps_per_epoch=steps_per_epoch,
-              callbacks=ctx.callbacks(), verbose=2)
+              callbacks=[*ctx.callbacks(), *callbacks], verbose=2)
     print(f"[digits] {ctx.task} trained steps={int(model.optimizer.iterations.numpy())}",
           flush=True)
     with ctx.save_path() as path:

@@ -1,0 +1,123 @@
+"""Shared test helpers: run `tfo` as a user would, read a run's events, and check that
+nothing of a run is left behind (processes, ports)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+@dataclass
+class TfoResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    ended_at: float  # unix time when tfo exited
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def tfo_cmd(*args: str) -> list[str]:
+    return [PYTHON, "-m", "orchestrator", *args]
+
+
+def run_tfo(*args: str, timeout: float = 240, cwd: Path = REPO) -> TfoResult:
+    """Run `tfo ARGS` to completion; on timeout kill its whole group and fail."""
+    proc = subprocess.Popen(tfo_cmd(*args), cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        out, err = proc.communicate()
+        pytest.fail(f"tfo {' '.join(args)} did not finish in {timeout} s\n{out[-3000:]}"
+                    f"\n{err[-3000:]}")
+    return TfoResult(proc.returncode, out, err, time.time())
+
+
+def kill_tree(pid: int) -> None:
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        procs = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def events(run_dir: Path) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_processes(run_id: str) -> list[psutil.Process]:
+    """Every live process whose environment says it belongs to this run."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            env = p.environ()
+            if run_id in env.get("TFO_JOB", "") and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_until(pred, timeout: float, interval: float = 0.05):  # noqa: ANN001
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        value = pred()
+        if value:
+            return value
+        time.sleep(interval)
+    return pred()
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def write_spec(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Iterator[Path]:
+    """A run directory; afterwards, anything of the run still alive is killed and fails."""
+    rd = tmp_path / "run"
+    yield rd
+    plan = rd / "plan.json"
+    if plan.exists():
+        run_id = json.loads(plan.read_text())["run_id"]
+        left = run_processes(run_id)
+        for p in left:
+            kill_tree(p.pid)
+        assert not left, f"processes of the run left behind: {[p.pid for p in left]}"

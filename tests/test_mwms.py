@@ -1,0 +1,143 @@
+"""Real MultiWorkerMirrored jobs on localhost:20000/20001, run through `tfo run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import (
+    PYTHON,
+    REPO,
+    events,
+    kill_tree,
+    port_is_free,
+    run_processes,
+    run_tfo,
+    tfo_cmd,
+    wait_until,
+    write_spec,
+)
+
+pytestmark = [pytest.mark.tf]
+
+FAULTY = """\
+name: faulty
+job:
+  entry: tests.jobs.faulty:train
+  args: {{epochs: 5, {args}}}
+tasks:
+  worker: [localhost:20000, localhost:20001]
+timeouts: {{grace_seconds: 5}}
+{extra}
+"""
+
+
+def evaluate_saved_model(path: Path) -> float:
+    """Accuracy of a saved model on the held-out digits, in a fresh process."""
+    script = (
+        "import sys, tensorflow as tf\n"
+        "from worker_entry.examples.digits import load_data\n"
+        "_, (x, y) = load_data()\n"
+        "m = tf.keras.models.load_model(sys.argv[1])\n"
+        "print('ACC', (m.predict(x, verbose=0).argmax(axis=1) == y).mean())\n"
+    )
+    out = subprocess.run([PYTHON, "-c", script, str(path)], capture_output=True, text=True,
+                         cwd=REPO, timeout=120, env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return float(re.search(r"^ACC (\S+)", out.stdout, re.M).group(1))
+
+
+@pytest.mark.timeout(300)
+def test_localhost_cluster_trains_and_chief_saves(run_dir: Path):
+    res = run_tfo("run", "clusters/localhost.yaml", "--run-dir", str(run_dir))
+    assert res.returncode == 0, res.output[-4000:]
+    assert "[worker:0]" in res.stdout and "[worker:1]" in res.stdout  # prefixed console lines
+
+    # Both workers ran the same number of steps (5 epochs x 22 steps).
+    steps = {}
+    for i in (0, 1):
+        log = (run_dir / "logs" / f"worker-{i}.log").read_text()
+        steps[i] = int(re.search(rf"worker:{i} trained steps=(\d+)", log).group(1))
+    assert steps[0] == steps[1] == 5 * (1437 // 64)
+
+    # The model exists only under the chief's model_dir, and is good.
+    saved = sorted(p.parent for p in run_dir.rglob("saved_model.pb"))
+    assert saved == [run_dir / "model" / "saved_model"]
+    assert evaluate_saved_model(saved[0]) >= 0.9
+
+    # No temporary directory of worker 1 is left.
+    assert not (run_dir / "tmp").exists()
+    ev = events(run_dir)
+    worker1_tmp = [e["path"] for e in ev if e["event"] == "task_saved" and e["task"] == "worker:1"]
+    assert worker1_tmp and not any(Path(p).exists() for p in worker1_tmp)
+
+    # The run's record: plan, events with time/event/task/pid/returncode.
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert [t["name"] for t in plan["tasks"]] == ["worker:0", "worker:1"]
+    exits = {e["task"]: e for e in ev if e["event"] == "task_exited"}
+    assert {t: e["returncode"] for t, e in exits.items()} == {"worker:0": 0, "worker:1": 0}
+    assert all(isinstance(e["time"], float) and e["pid"] > 0 for e in exits.values())
+    assert ev[-1]["event"] == "job_finished" and ev[-1]["exit_code"] == 0
+
+    # Nothing of the run is left, and the ports are free again.
+    assert run_processes(plan["run_id"]) == []
+    assert not any(psutil.pid_exists(e["pid"]) and psutil.Process(e["pid"]).status()
+                   != psutil.STATUS_ZOMBIE for e in exits.values())
+    assert port_is_free(20000) and port_is_free(20001)
+
+
+@pytest.mark.timeout(240)
+def test_failing_worker_fails_the_job_fast(run_dir: Path, tmp_path: Path):
+    spec = write_spec(tmp_path / "c.yaml", FAULTY.format(
+        args="fail_task: 'worker:1', fail_epoch: 0, exit_code: 3", extra=""))
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir))
+    assert res.returncode == 1, res.output[-4000:]
+    ev = events(run_dir)
+    exited = next(e for e in ev if e["event"] == "task_exited" and e["task"] == "worker:1")
+    assert exited["returncode"] == 3
+    assert res.ended_at - exited["time"] < 15
+    # worker:0 is gone.
+    w0 = next(e for e in ev if e["event"] == "task_started" and e["task"] == "worker:0")
+    assert not psutil.pid_exists(w0["pid"]) or psutil.Process(w0["pid"]).status() == "zombie"
+    # The summary names the task, its exit code and the end of its log.
+    assert "worker:1 failed: exit code 3" in res.stderr
+    assert "[faulty] exiting with 3 after epoch 0" in res.stderr
+    assert port_is_free(20000) and port_is_free(20001)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_tears_everything_down(sig, code, run_dir: Path, tmp_path: Path):
+    spec = write_spec(tmp_path / "c.yaml", FAULTY.format(args="epoch_sleep: 30", extra=""))
+    proc = subprocess.Popen(tfo_cmd("run", str(spec), "--run-dir", str(run_dir)), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        ready = wait_until(lambda: [e for e in events(run_dir) if e["event"] == "task_epoch"], 120)
+        assert ready, "training never started"
+        run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+        assert len(run_processes(run_id)) == 2
+        t0 = time.time()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == code, err[-3000:]
+        assert time.time() - t0 < 15
+        assert run_processes(run_id) == []
+        assert events(run_dir)[-1]["state"] == "interrupted"
+        assert "Traceback" not in err
+        assert port_is_free(20000) and port_is_free(20001)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+            proc.wait()
+
+

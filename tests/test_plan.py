@@ -1,0 +1,110 @@
+"""The plan: a pure function from spec to every task's TF_CONFIG, command and env."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.plan import make_plan
+from orchestrator.spec import parse_spec
+from tests.conftest import REPO, run_tfo
+
+FULL = {
+    "name": "full",
+    "job": {"entry": "worker_entry.examples.digits:train", "model_dir": "{run_dir}/m"},
+    "tasks": {"chief": ["localhost:21000"], "worker": ["localhost:21001", "localhost:21002"],
+              "evaluator": ["localhost:21003"]},
+}
+
+
+def plan_of(spec: dict, **kw):
+    return make_plan(parse_spec(spec), run_id="r1", run_dir="/runs/r1", workdir="/w", **kw)
+
+
+def test_tf_config_per_task():
+    plan = plan_of(FULL)
+    assert [t.name for t in plan.tasks] == ["worker:0", "worker:1", "chief:0", "evaluator:0"]
+    cluster = {"chief": ["localhost:21000"], "worker": ["localhost:21001", "localhost:21002"]}
+    for t in plan.tasks:
+        assert t.tf_config == {"cluster": cluster, "task": {"type": t.role, "index": t.index}}
+        assert json.loads(t.env["TF_CONFIG"]) == t.tf_config
+        assert t.env["TFO_TASK"] == t.name
+        assert t.env["TF_USE_LEGACY_KERAS"] == "1"
+        assert t.command[1:] == ["-m", "worker_entry"]
+        assert t.log_path == f"/runs/r1/logs/{t.role}-{t.index}.log"
+    job = json.loads(plan.task("chief:0").env["TFO_JOB"])
+    assert job["model_dir"] == "/runs/r1/m"
+    assert job["entry"] == "worker_entry.examples.digits:train"
+
+
+def test_evaluator_is_never_in_cluster():
+    plan = plan_of(FULL)
+    for t in plan.tasks:
+        assert "evaluator" not in t.tf_config["cluster"]
+        assert "localhost:21003" not in json.dumps(t.tf_config["cluster"])
+
+
+def test_auto_ports_are_filled_from_the_launcher():
+    spec = {**FULL, "tasks": {"worker": ["localhost", "localhost:auto"]}}
+    plan = plan_of(spec, ports={"worker:0": 30001, "worker:1": 30002})
+    assert plan.tasks[0].tf_config["cluster"]["worker"] == ["localhost:30001", "localhost:30002"]
+    with pytest.raises(ValueError, match="worker:0"):
+        plan_of(spec)
+
+
+def test_relative_model_dir_is_under_the_workdir():
+    spec = {**FULL, "job": {**FULL["job"], "model_dir": "models/{run_id}"}}
+    job = json.loads(plan_of(spec).tasks[0].env["TFO_JOB"])
+    assert job["model_dir"] == "/w/models/r1"
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(120)
+def test_every_tf_config_parses_in_tensorflow():
+    """TFConfigClusterResolver, in a fresh process with each task's env, agrees with the plan."""
+    plan = plan_of(FULL)
+    script = (
+        "import json, os, sys\n"
+        "import tensorflow as tf\n"
+        "for cfg in json.loads(sys.argv[1]):\n"
+        "    os.environ['TF_CONFIG'] = cfg\n"
+        "    r = tf.distribute.cluster_resolver.TFConfigClusterResolver()\n"
+        "    print(json.dumps({'type': r.task_type, 'id': r.task_id,"
+        " 'cluster': r.cluster_spec().as_dict()}))\n"
+    )
+    configs = json.dumps([t.env["TF_CONFIG"] for t in plan.tasks])
+    out = subprocess.run([sys.executable, "-c", script, configs], capture_output=True, text=True,
+                         timeout=110, env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    expected_cluster = {"chief": ["localhost:21000"],
+                        "worker": ["localhost:21001", "localhost:21002"]}
+    assert [(g["type"], g["id"]) for g in got] == [(t.role, t.index) for t in plan.tasks]
+    for g in got:
+        assert g["cluster"] == expected_cluster
+
+
+@pytest.mark.timeout(60)
+def test_plan_cli_json_and_no_tensorflow(tmp_path: Path):
+    res = run_tfo("plan", "clusters/localhost.yaml", "--json", timeout=30)
+    assert res.returncode == 0, res.output
+    tasks = json.loads(res.stdout)
+    assert [t["name"] for t in tasks] == ["worker:0", "worker:1"]
+    assert [t["port"] for t in tasks] == [20000, 20001]
+    for t in tasks:
+        assert {"name", "host", "port", "tf_config", "command", "env"} <= set(t)
+    table = run_tfo("plan", "clusters/localhost.yaml", timeout=30)
+    assert "worker:1" in table.stdout and "20001" in table.stdout
+    imp = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator", "plan",
+                          "clusters/localhost.yaml"], cwd=REPO, capture_output=True, text=True,
+                         timeout=30)
+    assert imp.returncode == 0
+    imported = [line.rsplit("|", 1)[-1].strip() for line in imp.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert "orchestrator.plan" in imported  # the check itself can see our modules
+    assert not [m for m in imported if m.split(".")[0] in ("tensorflow", "tf_keras", "keras")]

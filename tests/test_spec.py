@@ -1,0 +1,114 @@
+"""Every mistake a user can make in a cluster file: exit 2 before anything starts, a
+message naming the field and the offending value, and no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.spec import RestartPolicy, SpecError, Strategy, load_spec, parse_spec
+from tests.conftest import REPO, run_tfo, write_spec
+
+GOOD = """\
+name: t
+job: {entry: "worker_entry.examples.digits:train"}
+tasks:
+  worker: [localhost:20000, localhost:20001]
+"""
+
+# (case, cluster file text, what the message must contain)
+BAD = [
+    ("bad yaml", "name: t\njob: {entry: [\n", ["not valid YAML", "line"]),
+    ("unknown top-level key", GOOD + "colour: blue\n", ["unknown key 'colour'"]),
+    ("unknown job key", GOOD.replace("train\"}", "train\", epochs: 3}"),
+     ["job", "unknown key 'epochs'"]),
+    ("unknown role", GOOD + "  master: [localhost:20002]\n", ["tasks", "unknown role 'master'"]),
+    ("two chiefs", GOOD + "  chief: [localhost:20002, localhost:20003]\n",
+     ["tasks.chief", "at most one chief", "localhost:20002"]),
+    ("two evaluators", GOOD + "  evaluator: [localhost:20002, localhost:20003]\n",
+     ["tasks.evaluator", "at most one evaluator"]),
+    ("duplicate address", GOOD.replace("localhost:20001", "localhost:20000"),
+     ["tasks.worker[1]", "duplicate address localhost:20000", "tasks.worker[0]"]),
+    ("port too big", GOOD.replace("20001", "70000"),
+     ["tasks.worker[1]", "port 70000 is outside 1-65535"]),
+    ("port zero", GOOD.replace("20001", "0"), ["tasks.worker[1]", "port 0"]),
+    ("port not a number", GOOD.replace("20001", "http"), ["tasks.worker[1]", "'http'"]),
+    ("no training tasks", "name: t\njob: {entry: 'a.b:c'}\ntasks:\n  evaluator: [localhost:1]\n",
+     ["tasks", "no training tasks"]),
+    ("ps in an MWMS job", GOOD + "  ps: [localhost:20005]\n",
+     ["tasks.ps", "parameter_server"]),
+    ("entry without function", GOOD.replace("digits:train", "digits"),
+     ["job.entry", "module:function", "worker_entry.examples.digits"]),
+    ("entry with spaces", GOOD.replace("digits:train", "digits: train"), ["job.entry"]),
+    ("unknown strategy", GOOD + "strategy: mirrored\n", ["strategy", "mirrored"]),
+    ("unknown host", GOOD.replace("localhost:20001", "gpu7:20001"),
+     ["tasks.worker[1]", "'gpu7'", "hosts"]),
+    ("missing job", "name: t\ntasks:\n  worker: [localhost:1]\n", ["job", "required"]),
+    ("bad restart policy", GOOD + "restart: {policy: sometimes}\n",
+     ["restart.policy", "sometimes"]),
+    ("negative max_restarts", GOOD + "restart: {max_restarts: -1}\n",
+     ["restart.max_restarts", "-1"]),
+    ("not a mapping", "- a\n- b\n", ["mapping"]),
+]
+
+
+@pytest.mark.parametrize(("case", "text", "needles"), BAD, ids=[c for c, _, _ in BAD])
+def test_bad_spec_is_rejected_with_the_field_named(case, text, needles, tmp_path):
+    with pytest.raises(SpecError) as err:
+        load_spec(write_spec(tmp_path / "c.yaml", text))
+    for needle in needles:
+        assert needle in str(err.value), f"{case}: {needle!r} not in:\n{err.value}"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", ["unknown role", "duplicate address", "entry without function",
+                                  "bad yaml", "ps in an MWMS job"])
+def test_cli_exits_2_without_traceback(case, tmp_path):
+    text, needles = next((t, n) for c, t, n in BAD if c == case)
+    spec = write_spec(tmp_path / "c.yaml", text)
+    for command in ("plan", "run"):
+        res = run_tfo(command, str(spec), "--run-dir", str(tmp_path / "run"), timeout=30)
+        assert res.returncode == 2, res.output
+        assert "Traceback" not in res.output
+        for needle in needles:
+            assert needle in res.output
+        assert not (tmp_path / "run").exists(), "a bad spec must not start a run"
+
+
+@pytest.mark.timeout(30)
+def test_missing_file_and_json(tmp_path):
+    res = run_tfo("plan", str(tmp_path / "nope.yaml"), timeout=20)
+    assert res.returncode == 2 and "no such cluster file" in res.output
+    assert "Traceback" not in res.output
+    bad = write_spec(tmp_path / "c.json", '{"name": "t", "job": ')
+    res = run_tfo("plan", str(bad), timeout=20)
+    assert res.returncode == 2 and "not valid JSON" in res.output
+
+
+def test_good_spec_defaults():
+    spec = parse_spec({"name": "t", "job": {"entry": "a.b:c"},
+                       "tasks": {"worker": ["localhost:1", "localhost"], "chief": "localhost:3"}})
+    assert spec.strategy is Strategy.MULTI_WORKER_MIRRORED
+    assert [str(a) for a in spec.tasks.worker] == ["localhost:1", "localhost:auto"]
+    assert spec.tasks.chief[0].port == 3
+    assert spec.restart.for_role("worker") is RestartPolicy.NEVER
+
+
+def test_shipped_cluster_files_load():
+    for path in sorted((REPO / "clusters").glob("*.yaml")):
+        spec = load_spec(path)
+        assert spec.tasks.worker or spec.tasks.chief, path
+
+
+def test_per_role_restart_policy():
+    spec = parse_spec({"name": "t", "job": {"entry": "a.b:c"}, "tasks": {"worker": ["localhost:1"]},
+                       "restart": {"policy": {"worker": "exit-code"}}})
+    assert spec.restart.for_role("worker") is RestartPolicy.EXIT_CODE
+    assert spec.restart.for_role("evaluator") is RestartPolicy.ON_FAILURE
+    assert spec.restart.for_role("chief") is RestartPolicy.NEVER
+
+
+def test_relative_path_example(tmp_path: Path):
+    spec = write_spec(tmp_path / "c.yaml", GOOD)
+    assert load_spec(spec).name == "t"
