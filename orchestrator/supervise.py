@@ -349,17 +349,17 @@ class Supervisor:
 
     def _check_startup(self, now: float) -> None:
         limit = self.spec.timeouts.startup_seconds
-        late = [r for r in self.records.values()
-                if r.state is TaskState.STARTING and now - r.started_at > limit]
-        if not late:
+        starting = [r for r in self.records.values() if r.state is TaskState.STARTING]
+        if not any(now - r.started_at > limit for r in starting):
             return
+        # Every task not up yet is named: one that hangs keeps its peers waiting too.
         names = ", ".join(f"{r.name} (last: {r.last_marker or 'no output from tfo yet'})"
-                          for r in late)
+                          for r in starting)
         why = f"startup timeout ({limit:g} s): never came up: {names}"
-        for r in late:
+        for r in starting:
             self.events.write("task_startup_timeout", r.name, attempt=r.attempt,
-                              pid=r.handle.pid if r.handle else None)
-        self._task_lost(late[0], None, why)
+                              pid=r.handle.pid if r.handle else None, last=r.last_marker)
+        self._task_lost(starting[0], None, why)
 
     def _check_success(self) -> None:
         recs = list(self.records.values())

@@ -124,7 +124,7 @@ def test_signal_tears_everything_down(sig, code, run_dir: Path, tmp_path: Path):
         ready = wait_until(lambda: [e for e in events(run_dir) if e["event"] == "task_epoch"], 120)
         assert ready, "training never started"
         run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
-        assert len(run_processes(run_id)) == 2
+        assert len(run_processes(run_id)) >= 2
         t0 = time.time()
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)

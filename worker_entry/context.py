@@ -84,12 +84,30 @@ class TaskContext:
         if backup:
             # One backup directory per task: tasks must not share one.
             backup_dir = os.path.join(self.run_dir, "backup", f"{self.role}-{self.index}")
-            cbs.append(tf.keras.callbacks.BackupAndRestore(backup_dir=backup_dir))
+            cbs.append(_TaskBackup(backup_dir=backup_dir))
         if checkpoints:
             cbs.append(tf.keras.callbacks.ModelCheckpoint(
                 filepath=os.path.join(self.checkpoint_dir, "ckpt-{epoch:03d}"),
                 save_weights_only=True))
         return cbs
+
+
+class _TaskBackup(tf.keras.callbacks.BackupAndRestore):
+    """BackupAndRestore with one real backup per task, in the task's own directory.
+
+    tf-keras lets only the chief keep its backup and has every other worker restore from
+    the chief's directory, which needs a shared filesystem (lab machines have none; and a
+    per-task directory then restores epoch 0 beside the chief's epoch N, and the collectives
+    mismatch). MWMS variables are identical on every worker, so each task keeping its own
+    backup gives every task the same state to resume from.
+    """
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        super().on_train_begin(logs)
+        state = self._training_state
+        if state.write_checkpoint_manager is not state.read_checkpoint_manager:
+            tf.io.gfile.rmtree(state.write_checkpoint_manager.directory)  # the unused temp dir
+            state.write_checkpoint_manager = state.read_checkpoint_manager
 
 
 class _Progress(tf.keras.callbacks.Callback):

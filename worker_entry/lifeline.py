@@ -1,68 +1,90 @@
-"""Nothing outlives the coordinator: a task dies with it and removes its temp dir.
+"""Nothing outlives the coordinator: a task dies with it, and its temp dir goes too.
 
-Three ways out, each ends in `_cleanup_and_exit`:
-- SIGTERM (teardown, or the parent-death signal when the coordinator process dies):
-  blocked in every thread before TensorFlow starts its own, and taken by one thread with
-  `sigwait`, so it is handled even while the main thread is stuck inside a TF op.
-- stdin EOF (the lifeline): the coordinator holds the write end of our stdin (a pipe
-  locally, the SSH channel remotely) and never writes; EOF means it is gone.
-- normal interpreter exit (`atexit`).
+A task's main thread can sit inside a TensorFlow op holding the GIL for minutes (building
+MultiWorkerMirroredStrategy while peers are missing, a collective that waits), so nothing
+here relies on Python code running in the task:
+
+- SIGTERM (teardown sends it to the task's whole group) is acted on by the watchdog below,
+  which SIGKILLs the task: TensorFlow installs its own SIGTERM handler (preemption notice)
+  in the task, so the task itself would not stop.
+- PR_SET_PDEATHSIG(SIGKILL): the kernel kills the task when the process that started it
+  (the coordinator locally, the SSH session remotely) dies.
+- A watchdog process, forked before TensorFlow starts, waits on two pipes: the task's stdin,
+  whose write end the coordinator holds and never writes (the lifeline: EOF means the
+  coordinator or the SSH connection is gone), and a pipe from the task itself (EOF means the
+  task ended, however). On lifeline EOF it kills the task and its whole process group; on
+  task end it removes the task's temp dir and exits.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
+import select
 import shutil
 import signal
 import sys
-import threading
 
 _PR_SET_PDEATHSIG = 1
-_tmp_dir: str | None = None
 
 
-def _cleanup() -> None:
-    if _tmp_dir:
-        shutil.rmtree(_tmp_dir, ignore_errors=True)
+def _set_parent_death_signal(sig: int) -> None:
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, sig)
 
 
-def _cleanup_and_exit(reason: str, code: int, kill_group: bool) -> None:
-    print(f"[tfo] {reason}: stopping this task", file=sys.stderr, flush=True)
-    _cleanup()
-    if kill_group:
-        # Take down anything the task started too; we are in our own process group.
-        os.killpg(os.getpgrp(), signal.SIGKILL)
-    os._exit(code)
+def _watchdog(task_pid: int, task_pipe: int, watch_stdin: bool, tmp_dir: str | None) -> None:
+    def stop_task(signum: int, frame: object) -> None:
+        with contextlib.suppress(OSError):
+            os.kill(task_pid, signal.SIGKILL)
 
-
-def _watch_signals() -> None:
-    sig = signal.sigwait({signal.SIGTERM, signal.SIGHUP})
-    _cleanup_and_exit(f"received {signal.Signals(sig).name}", 128 + sig, kill_group=False)
-
-
-def _watch_stdin() -> None:
-    try:
-        while os.read(sys.stdin.fileno(), 4096):
-            pass
-    except OSError:
-        pass
-    _cleanup_and_exit("lifeline to the coordinator closed", 137, kill_group=True)
+    signal.signal(signal.SIGTERM, stop_task)
+    signal.signal(signal.SIGHUP, stop_task)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fds = [task_pipe] + ([sys.stdin.fileno()] if watch_stdin else [])
+    while True:
+        ready, _, _ = select.select(fds, [], [])
+        for fd in ready:
+            try:
+                data = os.read(fd, 4096)
+            except OSError:
+                data = b""
+            if data:
+                continue
+            if fd != task_pipe:  # the lifeline closed: the coordinator is gone
+                print(f"[tfo] lifeline to the coordinator closed: killing task pid {task_pid}",
+                      file=sys.stderr, flush=True)
+                with contextlib.suppress(OSError):
+                    os.kill(task_pid, signal.SIGKILL)
+                select.select([task_pipe], [], [], 5.0)  # until the task is gone
+            if tmp_dir:
+                shutil.rmtree(tmp_dir, ignore_errors=True)
+            if fd != task_pipe:
+                # Anything the task started, and this watchdog last.
+                with contextlib.suppress(OSError):
+                    os.killpg(os.getpgrp(), signal.SIGKILL)
+            os._exit(0)
 
 
 def install(tmp_dir: str | None, watch_stdin: bool) -> None:
-    """Call first thing in the task, before TensorFlow is imported."""
-    global _tmp_dir
-    _tmp_dir = tmp_dir
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
-    threading.Thread(target=_watch_signals, name="tfo-signals", daemon=True).start()
-    if sys.platform.startswith("linux"):
-        parent = os.getppid()
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            _cleanup_and_exit("coordinator gone at start", 137, kill_group=True)
-    if watch_stdin:
-        threading.Thread(target=_watch_stdin, name="tfo-lifeline", daemon=True).start()
-    atexit.register(_cleanup)
+    """Call first thing in the task, before TensorFlow is imported (no threads yet)."""
+    parent = os.getppid()
+    _set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent:  # the coordinator died before prctl took effect
+        os._exit(137)
+    read_end, write_end = os.pipe()  # close-on-exec; the task holds the write end for life
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(write_end)
+        try:
+            _watchdog(os.getppid(), read_end, watch_stdin, tmp_dir)
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    if tmp_dir:
+        atexit.register(shutil.rmtree, tmp_dir, True)

@@ -1,0 +1,211 @@
+"""Faults with real processes and real signals: restarts, resume, fast detection,
+timeouts, a killed coordinator, ports in use."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator.spec import RestartPolicy
+from orchestrator.supervise import restart_allowed
+from tests.conftest import (
+    REPO,
+    events,
+    kill_tree,
+    port_is_free,
+    run_processes,
+    run_tfo,
+    tfo_cmd,
+    wait_until,
+    write_spec,
+)
+
+MWMS = """\
+name: faults
+job:
+  entry: tests.jobs.faulty:train
+  args: {{epochs: 5, epoch_sleep: {sleep}}}
+tasks:
+  worker: [{w0}, {w1}]
+restart: {{policy: {policy}, max_restarts: 2, backoff_seconds: 0.5}}
+timeouts: {{grace_seconds: 5{timeouts}}}
+env: {{FAULTY_HANG_TASK: "{hang}"}}
+"""
+
+
+def mwms(policy="on-failure", sleep=2, timeouts="", hang="", w0="localhost:20000",
+         w1="localhost:20001") -> str:
+    return MWMS.format(policy=policy, sleep=sleep, timeouts=timeouts, hang=hang, w0=w0, w1=w1)
+
+
+def first(evs: list[dict], event: str, task: str | None = None, **match) -> dict | None:
+    for e in evs:
+        if e["event"] == event and (task is None or e["task"] == task) and all(
+                e.get(k) == v for k, v in match.items()):
+            return e
+    return None
+
+
+class Tfo:
+    """`tfo run` in the background, for tests that act on it while it runs."""
+
+    def __init__(self, spec: Path, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.proc = subprocess.Popen(tfo_cmd("run", str(spec), "--run-dir", str(run_dir)),
+                                     cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True, start_new_session=True)
+
+    def wait_event(self, event: str, task: str | None = None, timeout: float = 120, **match):
+        got = wait_until(lambda: first(events(self.run_dir), event, task, **match), timeout)
+        assert got, f"no {event} {task} {match} within {timeout} s"
+        return got
+
+    def finish(self, timeout: float = 180) -> tuple[int, str]:
+        _, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, err
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            kill_tree(self.proc.pid)
+            self.proc.wait()
+
+
+def kill_task(tfo: Tfo, task: str, attempt: int = 0) -> float:
+    pid = tfo.wait_event("task_started", task, attempt=attempt)["pid"]
+    t = time.time()
+    os.kill(pid, signal.SIGKILL)
+    return t
+
+
+@pytest.mark.parametrize(("policy", "rc", "restart"), [
+    (RestartPolicy.NEVER, -9, False), (RestartPolicy.ALWAYS, 0, True),
+    (RestartPolicy.ON_FAILURE, 0, False), (RestartPolicy.ON_FAILURE, 3, True),
+    (RestartPolicy.ON_FAILURE, -9, True), (RestartPolicy.EXIT_CODE, 3, False),
+    (RestartPolicy.EXIT_CODE, 127, False), (RestartPolicy.EXIT_CODE, 137, True),
+    (RestartPolicy.EXIT_CODE, -9, True), (RestartPolicy.EXIT_CODE, 255, True),
+    (RestartPolicy.ON_FAILURE, None, True),
+])
+def test_restart_policy_rules(policy, rc, restart):
+    assert restart_allowed(policy, rc) is restart
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_sigkill_worker_restarts_group_and_resumes(run_dir: Path, tmp_path: Path):
+    tfo = Tfo(write_spec(tmp_path / "c.yaml", mwms()), run_dir)
+    try:
+        tfo.wait_event("task_epoch", "worker:1", epoch=1)
+        time.sleep(1.0)  # inside epoch 2 of 5 (after its training steps, in the pause)
+        killed_at = kill_task(tfo, "worker:1")
+        code, err = tfo.finish()
+        assert code == 0, err[-3000:]
+    finally:
+        tfo.close()
+    ev = events(run_dir)
+    exited = first(ev, "task_exited", "worker:1", attempt=0)
+    assert exited["returncode"] == -signal.SIGKILL
+    detection = exited["time"] - killed_at
+    assert 0 <= detection <= 0.2, f"detected {detection:.3f} s after the kill"
+    stopped = first(ev, "task_stopped", "worker:0")
+    assert stopped["time"] - killed_at <= 2.0
+    # One group restart: both workers restarted once, with the attempt number.
+    restarted = [e for e in ev if e["event"] == "task_restarted"]
+    assert sorted((e["task"], e["attempt"]) for e in restarted) == [
+        ("worker:0", 1), ("worker:1", 1)]
+    assert ev[-1]["event"] == "job_finished" and ev[-1]["restarts"] == 1
+    # The resumed run starts at epoch >= 2 (1-based), not at the beginning.
+    resumed = [e["epoch"] for e in ev if e["event"] == "task_epoch" and e["attempt"] == 1]
+    assert resumed and min(resumed) >= 1, resumed
+    assert "restarts: 1" in err
+    assert (run_dir / "model" / "saved_model" / "saved_model.pb").exists()
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_never_policy_fails_and_names_the_signal(run_dir: Path, tmp_path: Path):
+    tfo = Tfo(write_spec(tmp_path / "c.yaml", mwms(policy="never", sleep=5)), run_dir)
+    try:
+        tfo.wait_event("task_epoch", "worker:1", epoch=0)
+        kill_task(tfo, "worker:1")
+        code, err = tfo.finish()
+    finally:
+        tfo.close()
+    assert code == 1
+    assert "worker:1 failed: signal SIGKILL" in err
+    assert first(events(run_dir), "task_restarted") is None
+    assert port_is_free(20000) and port_is_free(20001)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_startup_timeout_names_the_task(run_dir: Path, tmp_path: Path):
+    spec = mwms(policy="never", timeouts=", startup_seconds: 20", hang="worker:1")
+    res = run_tfo("run", str(write_spec(tmp_path / "c.yaml", spec)), "--run-dir", str(run_dir),
+                  timeout=120)
+    assert res.returncode == 1, res.output[-3000:]
+    assert "startup timeout" in res.stderr and "never came up" in res.stderr
+    assert "worker:1 (last: up)" in res.stderr  # hung before building its strategy
+    assert "worker:0 (last: connecting)" in res.stderr  # waiting for worker:1
+    assert "Traceback" not in res.stderr
+    assert port_is_free(20000) and port_is_free(20001)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_deadline_stops_the_job_with_auto_ports(run_dir: Path, tmp_path: Path):
+    spec = mwms(sleep=60, timeouts=", deadline_seconds: 25", w0="localhost", w1="localhost:auto")
+    res = run_tfo("run", str(write_spec(tmp_path / "c.yaml", spec)), "--run-dir", str(run_dir),
+                  timeout=120)
+    assert res.returncode == 1, res.output[-3000:]
+    assert "deadline of 25 s reached" in res.stderr
+    plan = json.loads((run_dir / "plan.json").read_text())
+    ports = [t["port"] for t in plan["tasks"]]
+    assert len(set(ports)) == 2 and all(p > 0 for p in ports)
+    assert first(events(run_dir), "task_epoch")  # it did train on those ports
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_sigkill_of_the_coordinator_leaves_no_task(run_dir: Path, tmp_path: Path):
+    tfo = Tfo(write_spec(tmp_path / "c.yaml", mwms(sleep=30)), run_dir)
+    try:
+        tfo.wait_event("task_epoch", "worker:1", epoch=0)
+        run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+        task_pids = {e["pid"] for e in events(run_dir) if e["event"] == "task_started"}
+        assert task_pids <= {p.pid for p in run_processes(run_id)}  # tasks and watchdogs
+        tfo.proc.kill()
+        t0 = time.monotonic()
+        tfo.proc.wait()
+        gone = wait_until(lambda: not run_processes(run_id), 5)
+        assert gone, f"still running 5 s after: {run_processes(run_id)}"
+        print(f"tasks gone {time.monotonic() - t0:.2f} s after SIGKILL of tfo")
+        assert wait_until(lambda: not (run_dir / "tmp").exists()
+                          or not any((run_dir / "tmp").iterdir()), 5)
+        assert wait_until(lambda: port_is_free(20000) and port_is_free(20001), 5)
+    finally:
+        tfo.close()
+
+
+@pytest.mark.timeout(60)
+def test_port_in_use_fails_before_anything_starts(run_dir: Path, tmp_path: Path):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 20001))
+    holder.listen()
+    try:
+        res = run_tfo("run", str(write_spec(tmp_path / "c.yaml", mwms())), "--run-dir",
+                      str(run_dir), timeout=30)
+    finally:
+        holder.close()
+    assert res.returncode == 2, res.output
+    assert "worker:1 (localhost:20001): port 20001 is in use" in res.stderr
+    assert f"pid {os.getpid()} ({psutil.Process().name()})" in res.stderr
+    assert not run_dir.exists()
+    assert "Traceback" not in res.output
