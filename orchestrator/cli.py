@@ -20,9 +20,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.launch import describe_exit
-from orchestrator.launch.ports import free_ports, port_problem
-from orchestrator.plan import Plan, make_plan, task_name
+from orchestrator.launch import TaskHandle, describe_exit
+from orchestrator.launch.local import start_local
+from orchestrator.launch.ports import free_ports
+from orchestrator.launch.preflight import HostCheck, preflight
+from orchestrator.launch.ssh import SshError, SshHosts
+from orchestrator.plan import Plan, TaskPlan, make_plan, task_name
 from orchestrator.spec import ClusterSpec, SpecError, load_spec
 from orchestrator.supervise import RunResult, Supervisor, tail
 
@@ -59,15 +62,6 @@ def prepare(file: Path, run_dir: Path | None) -> tuple[ClusterSpec, Plan]:
     return spec, plan
 
 
-def preflight_local(plan: Plan) -> list[str]:
-    """Problems with this machine that would stop the job: ports in use."""
-    problems = []
-    for t in plan.tasks:
-        if t.is_local and (p := port_problem(t.port)):
-            problems.append(f"{t.name} (localhost:{t.port}): {p}")
-    return problems
-
-
 @app.command()
 def plan(file: FileArg, as_json: Annotated[bool, typer.Option(
         "--json", help="print a JSON list of tasks")] = False, run_dir: RunDirOpt = None) -> None:
@@ -91,10 +85,60 @@ def plan(file: FileArg, as_json: Annotated[bool, typer.Option(
     out.print(f"run directory: {p.run_dir}")
 
 
-def _start(task, attempt):  # type: ignore[no-untyped-def]
-    from orchestrator.launch.local import start_local
+def job_packages(spec: ClusterSpec, workdir: Path) -> list[Path]:
+    """What a lab machine needs of the job's code: worker_entry and the entry's package."""
+    import worker_entry
 
-    return start_local(task, attempt)
+    pkgs = [Path(worker_entry.__file__).parent]
+    top = spec.job.entry.split(":")[0].split(".")[0]
+    if top != "worker_entry":
+        for candidate in (workdir / top, workdir / f"{top}.py"):
+            if candidate.exists():
+                pkgs.append(candidate)
+                break
+        else:
+            raise SpecError(f"job.entry: package {top!r} not found in {workdir}; run tfo from "
+                            f"the directory that holds it")
+    return pkgs
+
+
+def _preflight_table(rows: list[HostCheck]) -> Table:
+    table = Table(title="preflight", title_justify="left")
+    for col in ("host", "address", "ssh", "python", "tensorflow", "tf_keras", "ports", "ok"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.host, r.address, "ok" if r.reachable else "FAILED", r.python or "-",
+                      r.versions.get("tensorflow") or "-", r.versions.get("tf_keras") or "-",
+                      ",".join(map(str, r.ports)),
+                      "[green]ok[/]" if not r.problems else f"[red]{len(r.problems)} problem(s)[/]")
+    return table
+
+
+def _preflight(spec: ClusterSpec, p: Plan, hosts: SshHosts, show: bool) -> list[str]:
+    t0 = time.monotonic()
+    rows = preflight(spec, p, hosts)
+    if show:
+        out.print(_preflight_table(rows))
+        out.print(f"checked {len(rows)} host(s) in {time.monotonic() - t0:.2f} s")
+    return [problem for r in rows for problem in r.problems]
+
+
+@app.command()
+def check(file: FileArg) -> None:
+    """Preflight every host at once: reachable, authenticated, python, TF versions, ports,
+    workdir. Exit 0 when all is well, 1 naming each problem."""
+    try:
+        spec, p = prepare(file, None)
+    except SpecError as e:
+        raise _fail(str(e)) from None
+    hosts = SshHosts(spec.hosts)
+    try:
+        problems = _preflight(spec, p, hosts, show=True)
+    finally:
+        hosts.close()
+    for problem in problems:
+        err.print(f"[red]problem:[/] {problem}", soft_wrap=True)
+    raise typer.Exit(1 if problems else 0)
 
 
 @app.command()
@@ -102,13 +146,27 @@ def run(file: FileArg, run_dir: RunDirOpt = None) -> None:
     """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/130/143."""
     try:
         spec, p = prepare(file, run_dir)
+        packages = job_packages(spec, Path.cwd()) if spec.hosts else []
     except SpecError as e:
         raise _fail(str(e)) from None
-    problems = preflight_local(p)
-    if problems:
-        raise _fail("cannot start, nothing was started:\n  " + "\n  ".join(problems))
-    err.print(f"[bold]tfo[/]: run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
-    result = Supervisor(p, spec, start=_start).run()
+    hosts = SshHosts(spec.hosts)
+    try:
+        problems = _preflight(spec, p, hosts, show=False)
+        if problems:
+            raise _fail("cannot start, nothing was started:\n  " + "\n  ".join(problems))
+        for name in dict.fromkeys(t.host for t in p.tasks if not t.is_local):
+            copied = hosts.sync_code(name, packages, spec.hosts[name].workdir)
+            err.print(f"[bold]tfo[/]: {name}: code synced ({copied} file(s) copied)")
+        err.print(f"[bold]tfo[/]: run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
+
+        def start(task: TaskPlan, attempt: int) -> TaskHandle:
+            return start_local(task, attempt) if task.is_local else hosts.start(task, attempt)
+
+        result = Supervisor(p, spec, start=start).run()
+    except SshError as e:
+        raise _fail(str(e)) from None
+    finally:
+        hosts.close()
     print_summary(result)
     raise typer.Exit(result.exit_code)
 

@@ -26,6 +26,7 @@ import select
 import shutil
 import signal
 import sys
+import time
 
 _PR_SET_PDEATHSIG = 1
 
@@ -36,7 +37,8 @@ def _set_parent_death_signal(sig: int) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, sig)
 
 
-def _watchdog(task_pid: int, task_pipe: int, watch_stdin: bool, tmp_dir: str | None) -> None:
+def _watchdog(task_pid: int, task_pipe: int, watch_stdin: bool, quiet_limit: float | None,
+              tmp_dir: str | None) -> None:
     def stop_task(signum: int, frame: object) -> None:
         with contextlib.suppress(OSError):
             os.kill(task_pid, signal.SIGKILL)
@@ -44,15 +46,21 @@ def _watchdog(task_pid: int, task_pipe: int, watch_stdin: bool, tmp_dir: str | N
     signal.signal(signal.SIGTERM, stop_task)
     signal.signal(signal.SIGHUP, stop_task)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    fds = [task_pipe] + ([sys.stdin.fileno()] if watch_stdin else [])
+    stdin = sys.stdin.fileno()
+    fds = [task_pipe] + ([stdin] if watch_stdin else [])
+    heard = time.monotonic()
     while True:
-        ready, _, _ = select.select(fds, [], [])
+        ready, _, _ = select.select(fds, [], [], 0.5 if quiet_limit else None)
+        if quiet_limit and stdin not in ready and time.monotonic() - heard > quiet_limit:
+            ready = [stdin]  # no heartbeat: the connection is cut; treat as closed
+            os.close(stdin)
         for fd in ready:
             try:
                 data = os.read(fd, 4096)
             except OSError:
                 data = b""
             if data:
+                heard = time.monotonic()
                 continue
             if fd != task_pipe:  # the lifeline closed: the coordinator is gone
                 print(f"[tfo] lifeline to the coordinator closed: killing task pid {task_pid}",
@@ -69,8 +77,14 @@ def _watchdog(task_pid: int, task_pipe: int, watch_stdin: bool, tmp_dir: str | N
             os._exit(0)
 
 
-def install(tmp_dir: str | None, watch_stdin: bool) -> None:
-    """Call first thing in the task, before TensorFlow is imported (no threads yet)."""
+def install(tmp_dir: str | None, lifeline: str | None) -> None:
+    """Call first thing in the task, before TensorFlow is imported (no threads yet).
+
+    `lifeline`: None (no coordinator to follow), "stdin" (EOF means gone) or "stdin:SECONDS"
+    (the coordinator also sends heartbeats; silence that long means gone).
+    """
+    watch_stdin = bool(lifeline and lifeline.startswith("stdin"))
+    quiet_limit = float(lifeline.split(":", 1)[1]) if lifeline and ":" in lifeline else None
     parent = os.getppid()
     _set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent:  # the coordinator died before prctl took effect
@@ -82,7 +96,7 @@ def install(tmp_dir: str | None, watch_stdin: bool) -> None:
     if pid == 0:
         os.close(write_end)
         try:
-            _watchdog(os.getppid(), read_end, watch_stdin, tmp_dir)
+            _watchdog(os.getppid(), read_end, watch_stdin, quiet_limit, tmp_dir)
         finally:
             os._exit(0)
     os.close(read_end)

@@ -40,7 +40,7 @@ def main() -> int:
     tf_config = json.loads(os.environ["TF_CONFIG"])
     job = json.loads(os.environ["TFO_JOB"])
     role, index = tf_config["task"]["type"], int(tf_config["task"]["index"])
-    lifeline.install(job.get("tmp_dir"), watch_stdin=os.environ.get("TFO_LIFELINE") == "stdin")
+    lifeline.install(job.get("tmp_dir"), os.environ.get("TFO_LIFELINE"))
     markers.emit(markers.UP, pid=os.getpid(), host=socket.gethostname())
     ps_job = job["strategy"] == "parameter_server"
 

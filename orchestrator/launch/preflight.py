@@ -1,0 +1,145 @@
+"""Before anything starts: can every host run its tasks? (`tfo check`, and `tfo run` first.)
+
+    report = preflight(spec, plan, hosts)     # one HostCheck per host, checked in parallel
+    [p for row in report for p in row.problems]
+
+Per host: reachable, authenticated, python found, tensorflow and tf_keras versions (the same
+everywhere), the task ports free, the workdir writable. Nothing here imports TensorFlow:
+versions come from package metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import metadata
+
+from orchestrator.launch.ports import port_problem
+from orchestrator.launch.ssh import SshError, SshHosts
+from orchestrator.plan import Plan
+from orchestrator.spec import LOCALHOST, ClusterSpec
+
+TF_PACKAGES = ("tensorflow", "tf_keras")
+
+# Runs on the host with its own python: versions, ports, workdir; prints one JSON line.
+_PROBE = """
+import json, os, socket, sys, tempfile
+from importlib import metadata
+def ver(name):
+    try:
+        return metadata.version(name)
+    except Exception:
+        return None
+ports, workdir = json.loads(sys.argv[1]), os.path.expanduser(sys.argv[2])
+busy = []
+for port in ports:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("0.0.0.0", port))
+    except OSError:
+        busy.append(port)
+    finally:
+        s.close()
+try:
+    os.makedirs(workdir, exist_ok=True)
+    tempfile.TemporaryFile(dir=workdir).close()
+    writable = None
+except OSError as e:
+    writable = f"{e.strerror}: {workdir}"
+print(json.dumps({"python": sys.version.split()[0], "tensorflow": ver("tensorflow"),
+                  "tf_keras": ver("tf_keras"), "busy": busy, "workdir_error": writable}))
+"""
+
+
+@dataclass
+class HostCheck:
+    host: str
+    address: str
+    reachable: bool = False
+    python: str | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+    ports: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _check_local(plan: Plan) -> HostCheck:
+    row = HostCheck(LOCALHOST, "127.0.0.1", reachable=True, python=sys.version.split()[0])
+    row.ports = [t.port for t in plan.tasks if t.is_local]
+    for name in TF_PACKAGES:
+        try:
+            row.versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            row.versions[name] = None
+            row.problems.append(f"localhost: {name} is not installed for {sys.executable}")
+    for t in plan.tasks:
+        if t.is_local and (p := port_problem(t.port)):
+            row.problems.append(f"{t.name} (localhost:{t.port}): {p}")
+    return row
+
+
+def _check_remote(name: str, spec: ClusterSpec, plan: Plan, hosts: SshHosts) -> HostCheck:
+    h = spec.hosts[name]
+    row = HostCheck(name, h.address)
+    row.ports = [t.port for t in plan.tasks if t.host == name]
+    try:
+        conn = hosts.connection(name)
+    except SshError as e:
+        row.problems.append(str(e))
+        return row
+    row.reachable = True
+    cmd = (f"{shlex.quote(h.python)} -c {shlex.quote(_PROBE)} "
+           f"{shlex.quote(json.dumps(row.ports))} {shlex.quote(h.workdir)}")
+    try:
+        res = conn.run(cmd, hide=True, warn=True, in_stream=False, timeout=60)
+    except Exception as e:  # noqa: BLE001 - any failure is this host's problem to report
+        row.problems.append(f"host {name}: probe failed: {e}")
+        return row
+    if res.exited == 127 or "No such file" in res.stderr or "not found" in res.stderr:
+        row.problems.append(f"host {name}: python {h.python!r} not found; set hosts.{name}.python "
+                            f"to an interpreter that has tensorflow")
+        return row
+    try:
+        probe = json.loads(res.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        row.problems.append(f"host {name}: {h.python} failed: {res.stderr.strip()[-300:]}")
+        return row
+    row.python = probe["python"]
+    for pkg in TF_PACKAGES:
+        row.versions[pkg] = probe[pkg]
+        if probe[pkg] is None:
+            row.problems.append(f"host {name}: {pkg} is not installed for {h.python}")
+    for port in probe["busy"]:
+        task = next(t.name for t in plan.tasks if t.host == name and t.port == port)
+        row.problems.append(f"{task} ({name}:{port}): port {port} is in use on {h.address}")
+    if probe["workdir_error"]:
+        row.problems.append(f"host {name}: workdir not writable: {probe['workdir_error']} "
+                            f"(hosts.{name}.workdir)")
+    return row
+
+
+def preflight(spec: ClusterSpec, plan: Plan, hosts: SshHosts) -> list[HostCheck]:
+    used = list(dict.fromkeys(t.host for t in plan.tasks))
+
+    def timed(name: str) -> HostCheck:
+        t0 = time.monotonic()
+        row = _check_local(plan) if name == LOCALHOST else _check_remote(name, spec, plan, hosts)
+        row.seconds = time.monotonic() - t0
+        return row
+
+    with ThreadPoolExecutor(max_workers=max(1, len(used))) as pool:
+        rows = list(pool.map(timed, used))
+    # The same TensorFlow everywhere: mixed versions break collectives and checkpoints.
+    for pkg in TF_PACKAGES:
+        seen = {r.versions.get(pkg) for r in rows if r.versions.get(pkg)}
+        if len(seen) > 1:
+            for r in rows:
+                if r.versions.get(pkg):
+                    r.problems.append(f"host {r.host}: {pkg} {r.versions[pkg]} differs from "
+                                      f"other hosts ({', '.join(sorted(seen))})")
+    return rows

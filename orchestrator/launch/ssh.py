@@ -1,0 +1,281 @@
+"""Tasks on lab machines over SSH (fabric), with the same handle interface as local ones.
+
+    hosts = SshHosts(spec.hosts)               # one fabric Connection per host, opened lazily
+    hosts.sync_code(["worker_entry", "mypkg"]) # copy the job's code, skipping unchanged files
+    handle = hosts.start(task, attempt=0)      # poll(), lines(), terminate(), kill()
+    hosts.close()
+
+Each task is one SSH exec channel running `exec env K=V … python -m worker_entry` in the
+host's workdir: sshd makes every session its own process group, and `exec` keeps the
+shell's pid, so the group to signal is the pid the shell prints first. Every value from the
+spec reaches the remote shell through shlex.quote.
+
+The lifeline: the coordinator sends a byte down each task's stdin every second; the task's
+watchdog kills its group when stdin closes or goes quiet for LIFELINE_SECONDS (a dropped
+connection or a cut network, even where sshd sends no keepalives).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import shlex
+import stat
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import fabric
+import paramiko
+
+from orchestrator.plan import TaskPlan
+from orchestrator.spec import HostSpec
+
+HEARTBEAT_SECONDS = 1.0
+LIFELINE_SECONDS = 5.0
+CONNECT_TIMEOUT = 10.0
+_PID_PREFIX = "@tfo-pid "
+_SKIP_DIRS = {"__pycache__", ".git", ".venv", "runs", ".pytest_cache", ".ruff_cache"}
+
+
+class SshError(Exception):
+    """A host could not be reached, authenticated or used; the message names the host."""
+
+
+def connect(name: str, host: HostSpec, timeout: float = CONNECT_TIMEOUT) -> fabric.Connection:
+    """An open, authenticated connection; host keys checked unless the spec opts out."""
+    kwargs: dict = {"look_for_keys": host.key is None, "allow_agent": host.key is None,
+                    "banner_timeout": timeout, "auth_timeout": timeout}
+    if host.key:
+        kwargs["key_filename"] = os.path.expanduser(host.key)
+    conn = fabric.Connection(host.address, user=host.user, port=host.port,
+                             connect_timeout=timeout, connect_kwargs=kwargs)
+    # fabric always auto-adds unknown host keys; we check them unless told not to.
+    if host.check_host_key:
+        known = os.path.expanduser(host.known_hosts or "~/.ssh/known_hosts")
+        with contextlib.suppress(FileNotFoundError):
+            conn.client.load_host_keys(known)
+        conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    try:
+        conn.open()
+    except paramiko.BadHostKeyException:
+        raise SshError(f"host {name} ({host.address}): its host key does not match "
+                       f"known_hosts; if the machine was reinstalled, update known_hosts") from None
+    except paramiko.AuthenticationException:
+        raise SshError(f"host {name} ({host.address}): authentication failed for user "
+                       f"{host.user or '(default)'} with key {host.key or '(agent/default)'}"
+                       ) from None
+    except paramiko.SSHException as e:
+        if "not found in known_hosts" in str(e):
+            raise SshError(f"host {name} ({host.address}): unknown host key; add it with "
+                           f"`ssh-keyscan -p {host.port} {host.address} >> ~/.ssh/known_hosts` "
+                           f"or set check_host_key: false") from None
+        raise SshError(f"host {name} ({host.address}): SSH error: {e}") from None
+    except (OSError, EOFError) as e:
+        raise SshError(f"host {name} ({host.address}:{host.port}): unreachable: "
+                       f"{e.strerror or e}") from None
+    return conn
+
+
+def remote_command(task: TaskPlan, extra_env: dict[str, str]) -> str:
+    env = {**task.env, **extra_env}
+    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    workdir = task.cwd
+    cd = f"cd {_remote_path(workdir)}"
+    return (f"mkdir -p {_remote_path(workdir)} && {cd} && echo {_PID_PREFIX}$$ && "
+            f"exec env {assigns} {shlex.quote(task.command[0])} "
+            + " ".join(shlex.quote(a) for a in task.command[1:]))
+
+
+def _remote_path(path: str) -> str:
+    """Quoted, but a leading ~ still expands on the remote side."""
+    if path == "~" or path.startswith("~/"):
+        return '"$HOME"' + (shlex.quote(path[1:]) if len(path) > 1 else "")
+    return shlex.quote(path)
+
+
+class SshHandle:
+    """One remote task: an SSH exec channel plus a heartbeat down its stdin."""
+
+    def __init__(self, task: TaskPlan, attempt: int, conn: fabric.Connection) -> None:
+        self.task, self.attempt, self._conn = task, attempt, conn
+        self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._remote_pid: int | None = None
+        self._returncode: int | None = None
+        self._closed = threading.Event()
+        transport = conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise SshError(f"host {task.host}: connection lost")
+        self._chan = transport.open_session()
+        self._chan.set_combine_stderr(True)
+        self._chan.exec_command(remote_command(task, {
+            "TFO_ATTEMPT": str(attempt), "TFO_LIFELINE": f"stdin:{LIFELINE_SECONDS:g}"}))
+        self._reader = threading.Thread(target=self._read, name=f"ssh-{task.name}", daemon=True)
+        self._reader.start()
+        self._beat = threading.Thread(target=self._heartbeat, name=f"beat-{task.name}",
+                                      daemon=True)
+        self._beat.start()
+        until = time.monotonic() + CONNECT_TIMEOUT  # the pid line comes before anything else
+        while self._remote_pid is None and time.monotonic() < until and not self._eof():
+            time.sleep(0.01)
+
+    def _eof(self) -> bool:
+        return self._chan.exit_status_ready() and not self._reader.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._remote_pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    def _read(self) -> None:
+        buf = b""
+        while True:
+            try:
+                data = self._chan.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for raw in lines:
+                self._line(raw.decode(errors="replace").rstrip("\r"))
+        if buf:
+            self._line(buf.decode(errors="replace"))
+
+    def _line(self, line: str) -> None:
+        if self._remote_pid is None and line.startswith(_PID_PREFIX):
+            with contextlib.suppress(ValueError):
+                self._remote_pid = int(line[len(_PID_PREFIX):])
+                return
+        self._queue.put(line)
+
+    def _heartbeat(self) -> None:
+        while not self._closed.wait(HEARTBEAT_SECONDS):
+            try:
+                if self._chan.send_ready():
+                    self._chan.send(b".")
+            except OSError:
+                return
+
+    def poll(self) -> int | None:
+        if self._returncode is None and self._chan.exit_status_ready():
+            status = self._chan.recv_exit_status()
+            # -1: no status (killed by a signal, or the connection dropped).
+            self._returncode = status if status >= 0 else 255
+        return self._returncode
+
+    def lines(self) -> list[str]:
+        out = []
+        while True:
+            try:
+                out.append(self._queue.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _signal_group(self, sig: str) -> None:
+        if self._remote_pid is None:
+            self._chan.close()  # no pid yet: closing the lifeline makes the task stop itself
+            return
+        with contextlib.suppress(Exception):
+            self._conn.run(f"kill -{sig} -- -{self._remote_pid} 2>/dev/null || true",
+                           hide=True, warn=True, in_stream=False, pty=False,
+                           timeout=CONNECT_TIMEOUT)
+
+    def terminate(self) -> None:
+        self._signal_group("TERM")
+
+    def kill(self) -> None:
+        self._signal_group("KILL")
+
+    def close(self, timeout: float = 1.0) -> list[str]:
+        self._reader.join(timeout)
+        self._closed.set()
+        rest = self.lines()
+        with contextlib.suppress(Exception):
+            self._conn.run(f"rm -rf {shlex.quote(self.task.tmp_dir)}", hide=True, warn=True,
+                           in_stream=False, timeout=CONNECT_TIMEOUT)
+        self._chan.close()
+        return rest
+
+
+class SshHosts:
+    """The coordinator's connections to the lab machines named in the spec."""
+
+    def __init__(self, hosts: dict[str, HostSpec]) -> None:
+        self.hosts = hosts
+        self._conns: dict[str, fabric.Connection] = {}
+        self._lock = threading.Lock()
+
+    def connection(self, name: str) -> fabric.Connection:
+        with self._lock:
+            conn = self._conns.get(name)
+            transport = conn.client.get_transport() if conn else None
+            if conn is None or transport is None or not transport.is_active():
+                conn = self._conns[name] = connect(name, self.hosts[name])
+            return conn
+
+    def connect_all(self, names: Iterable[str]) -> None:
+        """Connect in parallel; raises SshError naming every host that failed."""
+        names = list(dict.fromkeys(names))
+        with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+            futures = {n: pool.submit(self.connection, n) for n in names}
+        errors = [str(f.exception()) for f in futures.values() if f.exception()]
+        if errors:
+            raise SshError("\n".join(errors))
+
+    def start(self, task: TaskPlan, attempt: int) -> SshHandle:
+        return SshHandle(task, attempt, self.connection(task.host))
+
+    def sync_code(self, host: str, packages: list[Path], workdir: str) -> int:
+        """Copy each package (a directory or a module file) into the host's workdir,
+        skipping files whose size and mtime already match. Returns files copied."""
+        conn = self.connection(host)
+        root = conn.run(f"mkdir -p {_remote_path(workdir)} && cd {_remote_path(workdir)} && pwd",
+                        hide=True, in_stream=False).stdout.strip()
+        sftp = conn.sftp()
+        copied = 0
+        for pkg in packages:
+            files = [pkg] if pkg.is_file() else sorted(
+                p for p in pkg.rglob("*") if p.is_file() and not _SKIP_DIRS & set(p.parts)
+                and p.suffix not in (".pyc", ".pyo"))
+            base = pkg.parent
+            for path in files:
+                rel = path.relative_to(base).as_posix()
+                remote = f"{root}/{rel}"
+                st = path.stat()
+                try:
+                    rst = sftp.stat(remote)
+                    if rst.st_size == st.st_size and int(rst.st_mtime) == int(st.st_mtime):
+                        continue
+                except OSError:
+                    pass
+                _sftp_makedirs(sftp, remote.rsplit("/", 1)[0])
+                sftp.put(str(path), remote)
+                sftp.utime(remote, (st.st_atime, st.st_mtime))
+                copied += 1
+        return copied
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            with contextlib.suppress(Exception):
+                conn.close()
+        self._conns.clear()
+
+
+def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
+    parts = path.strip("/").split("/")
+    current = ""
+    for part in parts:
+        current += "/" + part
+        try:
+            if stat.S_ISDIR(sftp.stat(current).st_mode):
+                continue
+        except OSError:
+            sftp.mkdir(current)
