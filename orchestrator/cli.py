@@ -182,9 +182,9 @@ def print_summary(result: RunResult) -> None:
     if result.failed_task:
         failed = next(t for t in result.tasks if t.name == result.failed_task)
         err.print(f"[bold red]{failed.name} failed: {describe_exit(failed.returncode)}[/]; "
-                  f"last lines of {failed.log_path}:")
+                  f"last lines of {failed.log_path}:", soft_wrap=True)
         for line in tail(failed.log_path, 20):
-            err.print(f"  {line}", markup=False)
+            err.print(f"  {line}", markup=False, soft_wrap=True)
     err.print(f"run directory: {result.run_dir} (restarts: {result.restarts})")
 
 

@@ -15,9 +15,12 @@ The same entry runs under MultiWorkerMirrored and ParameterServer: `ctx.dataset`
 from __future__ import annotations
 
 import contextlib
+import glob
+import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,10 +80,49 @@ class TaskContext:
             return dataset_fn(tf.distribute.InputContext())
         return tf.keras.utils.experimental.DatasetCreator(dataset_fn)
 
+    def follow_checkpoints(self, model: Any, data: Any, expected: int,
+                           poll_seconds: float = 0.5) -> dict[int, dict[str, float]]:
+        """The evaluator's work: evaluate each of the chief's per-epoch checkpoints once, in
+        order, until the one of epoch `expected` (the last). Metrics go to the log, to a
+        marker the coordinator records, and to TensorBoard under the run directory."""
+        state_path = os.path.join(self.run_dir, "evaluator", "evaluated.json")
+        os.makedirs(os.path.dirname(state_path), exist_ok=True)
+        results: dict[int, dict[str, float]] = {}
+        if os.path.exists(state_path):  # a restarted evaluator does not repeat itself
+            with open(state_path) as f:
+                results = {int(k): v for k, v in json.load(f).items()}
+        writer = tf.summary.create_file_writer(os.path.join(self.run_dir, "tensorboard", "eval"))
+        while expected not in results:
+            for epoch, prefix in _checkpoints(self.checkpoint_dir):
+                if epoch in results:
+                    continue
+                try:
+                    model.load_weights(prefix).expect_partial()
+                except (tf.errors.OpError, ValueError) as e:  # still being written
+                    print(f"[tfo] checkpoint {prefix} not readable yet: {e}", flush=True)
+                    break
+                metrics = {k: float(v) for k, v in
+                           model.evaluate(data, verbose=0, return_dict=True).items()}
+                results[epoch] = metrics
+                print(f"[evaluator] epoch {epoch}: " + ", ".join(
+                    f"{k}={v:.4f}" for k, v in metrics.items()), flush=True)
+                markers.emit(markers.EVALUATED, epoch=epoch, checkpoint=prefix, metrics=metrics)
+                with writer.as_default():
+                    for k, v in metrics.items():
+                        tf.summary.scalar(f"eval/{k}", v, step=epoch)
+                writer.flush()
+                with open(state_path, "w") as f:
+                    json.dump(results, f)
+            else:
+                time.sleep(poll_seconds)
+        return results
+
     def callbacks(self, backup: bool = True, checkpoints: bool = True) -> list[Any]:
         """Progress markers, BackupAndRestore (resume after a restart) and per-epoch
         checkpoints for the evaluator."""
-        cbs: list[Any] = [_Progress()]
+        # ParameterServer fit refuses batch-level callbacks.
+        ps = self.strategy_name == "parameter_server"
+        cbs: list[Any] = [_EpochProgress() if ps else _Progress()]
         if backup:
             # One backup directory per task: tasks must not share one.
             backup_dir = os.path.join(self.run_dir, "backup", f"{self.role}-{self.index}")
@@ -90,6 +132,17 @@ class TaskContext:
                 filepath=os.path.join(self.checkpoint_dir, "ckpt-{epoch:03d}"),
                 save_weights_only=True))
         return cbs
+
+
+def _checkpoints(directory: str) -> list[tuple[int, str]]:
+    """(epoch, prefix) of every complete checkpoint `ckpt-NNN` in `directory`, oldest first."""
+    found = []
+    for index in glob.glob(os.path.join(directory, "ckpt-*.index")):
+        prefix = index[: -len(".index")]
+        epoch = prefix.rsplit("-", 1)[-1]
+        if epoch.isdigit():
+            found.append((int(epoch), prefix))
+    return sorted(found)
 
 
 class _TaskBackup(tf.keras.callbacks.BackupAndRestore):
@@ -110,8 +163,9 @@ class _TaskBackup(tf.keras.callbacks.BackupAndRestore):
             state.write_checkpoint_manager = state.read_checkpoint_manager
 
 
-class _Progress(tf.keras.callbacks.Callback):
-    """Reports the first step and each epoch as markers the coordinator records."""
+class _EpochProgress(tf.keras.callbacks.Callback):
+    """Reports each epoch as a marker the coordinator records; the first step is reported
+    when the first epoch ends (ParameterServer fit has no batch-level hooks)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -119,6 +173,18 @@ class _Progress(tf.keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         markers.emit(markers.EPOCH, epoch=epoch)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._first:
+            self._first = False
+            markers.emit(markers.FIRST_STEP, batch=None, approximate=True)
+
+
+class _Progress(_EpochProgress):
+    """Also reports the first training step as soon as it ends."""
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        pass
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self._first:

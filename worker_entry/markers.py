@@ -18,6 +18,7 @@ CONNECTING = "connecting"  # building the strategy: waiting for every peer to co
 READY = "ready"  # training: the strategy is built (all peers connected); serving: server up
 FIRST_STEP = "first_step"  # the first training step finished
 EPOCH = "epoch"  # an epoch began (`epoch`, 0-based)
+EVALUATED = "evaluated"  # the evaluator evaluated a checkpoint (`epoch`, `metrics`)
 SAVED = "saved"  # the model was written (`path`, `chief`)
 DONE = "done"  # the entry returned
 

@@ -199,8 +199,9 @@ class SshHandle:
         self._closed.set()
         rest = self.lines()
         with contextlib.suppress(Exception):
-            self._conn.run(f"rm -rf {shlex.quote(self.task.tmp_dir)}", hide=True, warn=True,
-                           in_stream=False, timeout=CONNECT_TIMEOUT)
+            tmp = shlex.quote(self.task.tmp_dir)
+            self._conn.run(f"rm -rf {tmp}; rmdir $(dirname {tmp}) 2>/dev/null; true",
+                           hide=True, warn=True, in_stream=False, timeout=CONNECT_TIMEOUT)
         self._chan.close()
         return rest
 

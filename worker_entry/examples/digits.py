@@ -71,7 +71,7 @@ def train(ctx: TaskContext, callbacks: list[Any] | tuple[Any, ...] = ()) -> None
         model = build_model(lr)
     model.fit(ctx.dataset(make_dataset), epochs=epochs, steps_per_epoch=steps_per_epoch,
               callbacks=[*ctx.callbacks(), *callbacks], verbose=2)
-    print(f"[digits] {ctx.task} trained steps={int(model.optimizer.iterations.numpy())}",
-          flush=True)
+    print(f"[digits] {ctx.task} trained steps={int(model.optimizer.iterations.numpy())} "
+          f"scheduled={epochs * steps_per_epoch}", flush=True)
     with ctx.save_path() as path:
         model.save(path)
