@@ -50,6 +50,13 @@ BAD = [
     ("negative max_restarts", GOOD + "restart: {max_restarts: -1}\n",
      ["restart.max_restarts", "-1"]),
     ("not a mapping", "- a\n- b\n", ["mapping"]),
+    ("PS job without ps", GOOD.replace("name: t", "name: t\nstrategy: parameter_server")
+     + "  chief: [localhost:20002]\n", ["tasks", "parameter_server", "at least one ps"]),
+    ("PS job with two chiefs", GOOD.replace("name: t", "name: t\nstrategy: parameter_server")
+     + "  chief: [localhost:20002, localhost:20003]\n  ps: [localhost:20004]\n",
+     ["tasks.chief", "at most one chief"]),
+    ("PS job without chief", GOOD.replace("name: t", "name: t\nstrategy: parameter_server")
+     + "  ps: [localhost:20004]\n", ["tasks", "exactly one chief"]),
 ]
 
 
@@ -63,7 +70,8 @@ def test_bad_spec_is_rejected_with_the_field_named(case, text, needles, tmp_path
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", ["unknown role", "duplicate address", "entry without function",
-                                  "bad yaml", "ps in an MWMS job"])
+                                  "bad yaml", "ps in an MWMS job", "PS job without ps",
+                                  "PS job with two chiefs"])
 def test_cli_exits_2_without_traceback(case, tmp_path):
     text, needles = next((t, n) for c, t, n in BAD if c == case)
     spec = write_spec(tmp_path / "c.yaml", text)

@@ -46,6 +46,8 @@ def main() -> int:
 
     # Import the user's module before TensorFlow's start-up cost, so a typo fails fast.
     entry = None if ps_job and role in ("ps", "worker") else resolve_entry(job["entry"])
+    if ps_job:  # TF's PS guide: RPC errors surface to the caller, so lost workers are retried
+        os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     import tensorflow as tf
 
     from worker_entry.context import TaskContext

@@ -1,0 +1,116 @@
+"""ParameterServer jobs and the evaluator sidecar, with real TensorFlow processes."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import events, port_is_free, run_processes, run_tfo, write_spec
+from tests.test_faults import Tfo, first, kill_task
+from tests.test_mwms import evaluate_saved_model
+
+pytestmark = [pytest.mark.tf]
+
+PS_PORTS = (20010, 20011, 20012, 20013, 20014)
+
+
+def evaluated(run_dir: Path) -> dict[int, dict]:
+    return {e["epoch"]: e["metrics"] for e in events(run_dir) if e["event"] == "task_evaluated"}
+
+
+@pytest.mark.timeout(300)
+def test_ps_cluster_runs_and_the_evaluator_sees_every_checkpoint(run_dir: Path):
+    res = run_tfo("run", "clusters/localhost-ps.yaml", "--run-dir", str(run_dir))
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    # Start order: ps, then workers, then chief and evaluator once the servers serve.
+    started = [e["task"] for e in ev if e["event"] == "task_started" and "port" in e]
+    assert started[:3] == ["ps:0", "worker:0", "worker:1"]
+    serving = [e["time"] for e in ev if e["event"] == "task_ready" and e["what"] == "serving"]
+    chief_start = first(ev, "task_started", "chief:0")["time"]
+    assert len(serving) == 3 and max(serving) <= chief_start
+
+    # The optimizer's iteration count is exactly what the chief scheduled.
+    log = (run_dir / "logs" / "chief-0.log").read_text()
+    steps, scheduled = map(int, re.search(r"trained steps=(\d+) scheduled=(\d+)", log).groups())
+    assert steps == scheduled == 5 * (1437 // 32)
+
+    # The chief's model is saved (by it alone) and reloads.
+    saved = sorted(p.parent for p in run_dir.rglob("saved_model.pb"))
+    assert saved == [run_dir / "model" / "saved_model"]
+    assert evaluate_saved_model(saved[0]) >= 0.9
+
+    # The evaluator evaluated every checkpoint once, with TensorBoard summaries.
+    assert sorted(evaluated(run_dir)) == [1, 2, 3, 4, 5]
+    assert len([e for e in ev if e["event"] == "task_evaluated"]) == 5
+    assert list((run_dir / "tensorboard" / "eval").glob("events.out.tfevents.*"))
+    assert first(ev, "task_exited", "evaluator:0")["returncode"] == 0
+
+    # The servers were stopped by the supervisor after the chief, and nothing is left.
+    chief_exit = first(ev, "task_exited", "chief:0")
+    assert chief_exit["returncode"] == 0
+    for server in ("ps:0", "worker:0", "worker:1"):
+        assert first(ev, "task_stopping", server)["time"] >= chief_exit["time"]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert run_processes(plan["run_id"]) == []
+    assert all(port_is_free(p) for p in PS_PORTS)
+
+
+@pytest.mark.timeout(300)
+def test_mwms_evaluator_matches_the_saved_model(run_dir: Path, tmp_path: Path):
+    spec = write_spec(tmp_path / "c.yaml", """\
+name: mwms-eval
+job:
+  entry: worker_entry.examples.digits:train
+  args: {epochs: 3}
+tasks:
+  worker: [localhost:20000, localhost:20001]
+  evaluator: [localhost:20002]
+""")
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir))
+    assert res.returncode == 0, res.output[-4000:]
+    results = evaluated(run_dir)
+    assert sorted(results) == [1, 2, 3]
+    final_acc = evaluate_saved_model(run_dir / "model" / "saved_model")
+    assert abs(results[3]["accuracy"] - final_acc) < 1e-6
+    assert "evaluator" not in json.loads((run_dir / "plan.json").read_text())["tasks"][0][
+        "tf_config"]["cluster"]
+
+
+@pytest.mark.timeout(300)
+def test_lost_ps_worker_restarts_alone(run_dir: Path, tmp_path: Path):
+    spec = write_spec(tmp_path / "c.yaml", """\
+name: ps-kill
+strategy: parameter_server
+job:
+  entry: tests.jobs.faulty:train
+  args: {epochs: 5, epoch_sleep: 1.5}
+tasks:
+  chief: [localhost:20010]
+  worker: [localhost:20011, localhost:20012]
+  ps: [localhost:20013]
+restart: {policy: on-failure, max_restarts: 2, backoff_seconds: 0.5}
+timeouts: {grace_seconds: 5}
+""")
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_epoch", "chief:0", epoch=1)
+        killed_at = kill_task(tfo, "worker:1")
+        code, err = tfo.finish()
+        assert code == 0, err[-4000:]
+    finally:
+        tfo.close()
+    ev = events(run_dir)
+    assert first(ev, "task_exited", "worker:1")["time"] - killed_at <= 0.2
+    restarted = [e["task"] for e in ev if e["event"] == "task_restarted"]
+    assert restarted == ["worker:1"]  # alone: the chief, ps and worker:0 went on
+    assert [e["attempt"] for e in ev if e["event"] == "task_started" and e["task"] == "chief:0"
+            and "port" in e] == [0]
+    assert first(ev, "task_ready", "worker:1", attempt=1)
+    assert ev[-1]["restarts"] == 1
+    time.sleep(0.1)
+    assert all(port_is_free(p) for p in PS_PORTS[:4])
