@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint clean
+.PHONY: run test bench lint clean sshd
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,7 +16,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/tfo run clusters/localhost.yaml
 
-test: $(STAMP)
+# The SSH tests run real sshd processes: install openssh-server when it is missing.
+sshd:
+	@test -x /usr/sbin/sshd || { export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+	  openssh-server openssh-client iproute2 >/dev/null; }
+
+test: $(STAMP) sshd
 	$(BIN)/ruff check orchestrator worker_entry tests bench
 	$(BIN)/pytest -q -rs
 

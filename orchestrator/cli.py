@@ -32,8 +32,9 @@ from orchestrator.supervise import RunResult, Supervisor, tail
 EXIT_BAD_SPEC = 2
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run multi-worker TensorFlow jobs on this machine or on a lab's machines.")
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# Piped output (CI, `| less`, tests) gets wide tables instead of rich's 80 columns.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
 FileArg = Annotated[Path, typer.Argument(help="cluster file (YAML or JSON)", show_default=False)]
 RunDirOpt = Annotated[Path | None, typer.Option(

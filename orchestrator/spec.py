@@ -188,8 +188,9 @@ class HostSpec(_Model):
     python: str = "python3"
     workdir: str = "~/tfo"
     env: dict[str, str] = Field(default_factory=dict)
-    check_host_key: bool = True
-    known_hosts: str | None = None
+    check_host_key: bool = True  # known_hosts checking; false trusts any host key
+    known_hosts: str | None = None  # default ~/.ssh/known_hosts
+    connect_timeout_seconds: float = Field(default=10.0, gt=0)
 
     @field_validator("address")
     @classmethod

@@ -45,8 +45,9 @@ class SshError(Exception):
     """A host could not be reached, authenticated or used; the message names the host."""
 
 
-def connect(name: str, host: HostSpec, timeout: float = CONNECT_TIMEOUT) -> fabric.Connection:
+def connect(name: str, host: HostSpec) -> fabric.Connection:
     """An open, authenticated connection; host keys checked unless the spec opts out."""
+    timeout = host.connect_timeout_seconds
     kwargs: dict = {"look_for_keys": host.key is None, "allow_agent": host.key is None,
                     "banner_timeout": timeout, "auth_timeout": timeout}
     if host.key:

@@ -1,0 +1,214 @@
+"""Lab machines over real SSH: a private sshd on loopback, and two "lab machines" as network
+namespaces (10.200.0.11 and .12) each with its own sshd on port 22. No mocks."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests import sshlab
+from tests.conftest import events, kill_tree, run_processes, run_tfo, wait_until, write_spec
+from tests.test_faults import Tfo
+
+pytestmark = [pytest.mark.ssh]
+
+
+def host_yaml(name: str, h: sshlab.SshHost, workdir: Path, **over: object) -> str:
+    fields = {"address": h.address, "port": h.port, "user": h.user, "key": h.key,
+              "known_hosts": h.known_hosts, "python": sys.executable, "workdir": str(workdir),
+              "connect_timeout_seconds": 3, **over}
+    return f"  {name}: {json.dumps(fields)}\n"
+
+
+@pytest.fixture(scope="module")
+def loopback_sshd(tmp_path_factory):
+    sshlab.ensure_openssh()
+    with sshlab.start_sshd(tmp_path_factory.mktemp("sshd")) as host:
+        yield host
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    ok, reason = sshlab.netns_supported()
+    if not ok:
+        pytest.skip(f"network namespaces are not permitted here: {reason}")
+    sshlab.ensure_openssh()
+    with sshlab.lab_hosts(tmp_path_factory.mktemp("lab")) as hosts:
+        yield hosts
+
+
+def netns_pids(ns: str) -> set[int]:
+    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10)
+    return {int(p) for p in out.stdout.split()}
+
+
+def listening(ns: str, port: int) -> bool:
+    out = subprocess.run(["ip", "netns", "exec", ns, "ss", "-ltnH", f"sport = :{port}"],
+                         capture_output=True, text=True, timeout=10)
+    return f":{port}" in out.stdout
+
+
+def lab_spec(lab, tmp_path: Path, entry: str = "worker_entry.examples.digits:train",
+             args: str = "{epochs: 3}") -> Path:
+    lab1, lab2 = lab
+    return write_spec(tmp_path / "lab.yaml", f"""\
+name: lab-mwms
+job: {{entry: "{entry}", args: {args}}}
+hosts:
+{host_yaml("lab1", lab1, tmp_path / "lab1")}{host_yaml("lab2", lab2, tmp_path / "lab2")}
+tasks:
+  worker: [lab1:20000, lab2:20000]
+""")
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_mwms_across_two_lab_hosts(lab, run_dir: Path, tmp_path: Path):
+    lab1, lab2 = lab
+    spec = lab_spec(lab, tmp_path, entry="tests.jobs.faulty:train",
+                    args="{epochs: 3, epoch_sleep: 1}")
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_epoch", "worker:1", epoch=0)
+        pids = {e["task"]: e["pid"] for e in events(run_dir) if e["event"] == "task_started"
+                and "port" in e}
+        # Each worker runs on its own host, listening on that host's address.
+        assert pids["worker:0"] in netns_pids(lab1.netns)
+        assert pids["worker:1"] in netns_pids(lab2.netns)
+        assert listening(lab1.netns, 20000) and listening(lab2.netns, 20000)
+        code, err = tfo.finish()
+        assert code == 0, err[-4000:]
+    finally:
+        tfo.close()
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["tasks"][0]["tf_config"]["cluster"]["worker"] == [
+        "10.200.0.11:20000", "10.200.0.12:20000"]
+    # The code was copied to each host's workdir; the chief saved on its own host only.
+    assert (tmp_path / "lab1" / "worker_entry" / "runner.py").exists()
+    assert (tmp_path / "lab2" / "tests" / "jobs" / "faulty.py").exists()
+    run_id = plan["run_id"]
+    assert (tmp_path / "lab1" / "runs" / run_id / "model" / "saved_model" / "saved_model.pb"
+            ).exists()
+    assert not list((tmp_path / "lab2").rglob("saved_model.pb"))
+    assert not (tmp_path / "lab2" / "runs" / run_id / "tmp").exists()
+    # Output came back into the local logs.
+    assert "trained steps=66" in (run_dir / "logs" / "worker-1.log").read_text()
+    assert run_processes(run_id) == []
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_sigkill_coordinator_leaves_nothing_on_the_hosts(lab, run_dir: Path, tmp_path: Path):
+    spec = lab_spec(lab, tmp_path, entry="tests.jobs.faulty:train",
+                    args="{epochs: 5, epoch_sleep: 30}")
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_epoch", "worker:1", epoch=0)
+        run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+        assert len(run_processes(run_id)) >= 2
+        tfo.proc.kill()
+        t0 = time.monotonic()
+        gone = wait_until(lambda: not run_processes(run_id), 10)
+        assert gone, f"still running 10 s after: {run_processes(run_id)}"
+        print(f"remote tasks gone {time.monotonic() - t0:.2f} s after SIGKILL of tfo")
+    finally:
+        tfo.close()
+        for p in run_processes(json.loads((run_dir / "plan.json").read_text())["run_id"]):
+            kill_tree(p.pid)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_cut_network_makes_the_remote_task_stop_itself(lab, run_dir: Path, tmp_path: Path):
+    lab1, lab2 = lab
+    spec = lab_spec(lab, tmp_path, entry="tests.jobs.faulty:train",
+                    args="{epochs: 5, epoch_sleep: 30}")
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_epoch", "worker:1", epoch=0)
+        pid = next(e["pid"] for e in events(run_dir) if e["event"] == "task_started"
+                   and e["task"] == "worker:1")
+        with sshlab.partition(lab2.netns):  # no FIN, no RST: the packets just stop
+            t0 = time.monotonic()
+            gone = wait_until(lambda: not psutil.pid_exists(pid)
+                              or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10)
+            took = time.monotonic() - t0
+        assert gone, "the remote task outlived its cut lifeline by more than 10 s"
+        print(f"remote task stopped itself {took:.2f} s after the network cut")
+    finally:
+        tfo.close()
+        rd = json.loads((run_dir / "plan.json").read_text())["run_id"]
+        for p in run_processes(rd):
+            kill_tree(p.pid)
+
+
+@pytest.mark.timeout(120)
+def test_preflight_names_every_problem(loopback_sshd, lab, run_dir: Path, tmp_path: Path):
+    h = loopback_sshd
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 20001))
+    holder.listen()
+    try:
+        spec = write_spec(tmp_path / "bad.yaml", f"""\
+name: preflight
+job: {{entry: "worker_entry.examples.digits:train"}}
+hosts:
+{host_yaml("good", h, tmp_path / "good")}\
+{host_yaml("badkey", h, tmp_path / "bk", key=h.wrong_key)}\
+{host_yaml("nopython", h, tmp_path / "np", python="/nonexistent/python3")}\
+{host_yaml("ghost", lab[0], tmp_path / "gh", address="10.200.0.99")}\
+{host_yaml("busy", h, tmp_path / "busy")}
+tasks:
+  worker: [good:20000, badkey:20002, nopython:20003, ghost:20004, busy:20001]
+""")
+        t0 = time.monotonic()
+        res = run_tfo("check", str(spec), timeout=60)
+        took = time.monotonic() - t0
+        assert res.returncode == 1, res.output
+        rows = {line.split("│")[1].strip(): line for line in res.stdout.splitlines()
+                if line.startswith("│")}
+        assert set(rows) == {"good", "badkey", "nopython", "ghost", "busy"}
+        assert "ok" in rows["good"] and "2.21" in rows["good"]
+        assert "problem" in rows["badkey"] and "problem" in rows["ghost"]
+        assert "host badkey (127.0.0.1): authentication failed" in res.stderr
+        assert "host nopython: python '/nonexistent/python3' not found" in res.stderr
+        assert "host ghost (10.200.0.99:22): unreachable" in res.stderr
+        assert "worker:4 (busy:20001): port 20001 is in use" in res.stderr
+        assert "host good" not in res.stderr
+        assert took < 30  # in parallel: one unreachable host does not serialize the rest
+        print(f"tfo check over 5 hosts: {took:.2f} s")
+
+        run = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=60)
+        assert run.returncode == 2, run.output
+        assert "nothing was started" in run.stderr and "authentication failed" in run.stderr
+        assert not run_dir.exists()
+        assert "Traceback" not in run.output + res.output
+    finally:
+        holder.close()
+
+
+@pytest.mark.timeout(60)
+def test_unknown_host_key_is_refused_unless_opted_out(loopback_sshd, tmp_path: Path):
+    h = loopback_sshd
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    text = f"""\
+name: hostkey
+job: {{entry: "worker_entry.examples.digits:train"}}
+hosts:
+{host_yaml("lab", h, tmp_path / "w", known_hosts=str(empty))}\
+{host_yaml("trusting", h, tmp_path / "w2", known_hosts=str(empty), check_host_key=False)}
+tasks:
+  worker: [lab:20005, trusting:20006]
+"""
+    res = run_tfo("check", str(write_spec(tmp_path / "c.yaml", text)), timeout=30)
+    assert res.returncode == 1
+    assert "host lab (127.0.0.1): unknown host key" in res.stderr
+    assert "host trusting" not in res.stderr
