@@ -39,6 +39,8 @@ def _serve(tf: Any, role: str, index: int) -> int:
 def main() -> int:
     tf_config = json.loads(os.environ["TF_CONFIG"])
     job = json.loads(os.environ["TFO_JOB"])
+    for key in ("model_dir", "run_dir", "tmp_dir"):  # a lab host's workdir may be ~/something
+        job[key] = os.path.expanduser(job[key])
     role, index = tf_config["task"]["type"], int(tf_config["task"]["index"])
     lifeline.install(job.get("tmp_dir"), os.environ.get("TFO_LIFELINE"))
     markers.emit(markers.UP, pid=os.getpid(), host=socket.gethostname())

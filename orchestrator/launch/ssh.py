@@ -83,7 +83,7 @@ def connect(name: str, host: HostSpec) -> fabric.Connection:
 
 def remote_command(task: TaskPlan, extra_env: dict[str, str]) -> str:
     env = {**task.env, **extra_env}
-    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    assigns = " ".join(f"{k}={_remote_path(v)}" for k, v in env.items())
     workdir = task.cwd
     cd = f"cd {_remote_path(workdir)}"
     return (f"mkdir -p {_remote_path(workdir)} && {cd} && echo {_PID_PREFIX}$$ && "
@@ -200,7 +200,7 @@ class SshHandle:
         self._closed.set()
         rest = self.lines()
         with contextlib.suppress(Exception):
-            tmp = shlex.quote(self.task.tmp_dir)
+            tmp = _remote_path(self.task.tmp_dir)
             self._conn.run(f"rm -rf {tmp}; rmdir $(dirname {tmp}) 2>/dev/null; true",
                            hide=True, warn=True, in_stream=False, timeout=CONNECT_TIMEOUT)
         self._chan.close()
