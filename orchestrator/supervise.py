@@ -260,7 +260,13 @@ class Supervisor:
         if rec.log is None:
             rec.log = open(rec.task.log_path, "a", buffering=1)  # noqa: SIM115 (kept open)
         rec.log.write(f"===== tfo: {rec.name} attempt {rec.attempt} =====\n")
-        rec.handle = self._start(rec.task, rec.attempt)
+        try:
+            rec.handle = self._start(rec.task, rec.attempt)
+        except Exception as e:  # noqa: BLE001 - e.g. a lab host dropped off the network
+            rec.handle, rec.state = None, TaskState.FAILED
+            self.events.write("task_start_failed", rec.name, attempt=rec.attempt, error=str(e))
+            self._task_lost(rec, None, f"{rec.name} could not start: {e}")
+            return
         rec.state, rec.started_at, rec.last_marker, rec.returncode = (
             TaskState.STARTING, time.monotonic(), "", None)
         self.events.write("task_started", rec.name, pid=rec.handle.pid, attempt=rec.attempt,
