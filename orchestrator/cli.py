@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -142,8 +144,22 @@ def check(file: FileArg) -> None:
     raise typer.Exit(1 if problems else 0)
 
 
+# TensorFlow's C++ INFO/WARNING lines (glog format): in the task logs, not on the console.
+_TF_CHATTER = re.compile(r"^[IW]\d{4} \d+:\d+:\d+\.\d+\s+\d+ \S+:\d+\]")
+
+
+def _console_echo(verbose: bool) -> Callable[[str, str], None]:
+    def echo(task: str, line: str) -> None:
+        if verbose or not _TF_CHATTER.match(line):
+            sys.stdout.write(f"[{task}] {line}\n")
+
+    return echo
+
+
 @app.command()
-def run(file: FileArg, run_dir: RunDirOpt = None) -> None:
+def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="also show TensorFlow's C++ INFO/WARNING lines")] = False,
+        ) -> None:
     """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/130/143."""
     try:
         spec, p = prepare(file, run_dir)
@@ -163,7 +179,7 @@ def run(file: FileArg, run_dir: RunDirOpt = None) -> None:
         def start(task: TaskPlan, attempt: int) -> TaskHandle:
             return start_local(task, attempt) if task.is_local else hosts.start(task, attempt)
 
-        result = Supervisor(p, spec, start=start).run()
+        result = Supervisor(p, spec, start=start, echo=_console_echo(verbose)).run()
     except SshError as e:
         raise _fail(str(e)) from None
     finally:
@@ -246,7 +262,11 @@ def main() -> None:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:  # Ctrl-C before the supervisor took over: nothing started yet
+        err.print("interrupted")
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -44,3 +44,15 @@ def test_describe_exit():
     assert describe_exit(3) == "exit code 3"
     assert describe_exit(-signal.SIGKILL) == "signal SIGKILL"
     assert describe_exit(None) == "still running"
+
+
+def test_console_hides_tensorflow_chatter_unless_verbose(capsys):
+    from orchestrator.cli import _console_echo
+
+    chatter = "I0000 00:00:1795304277.398374     655 generator_dataset_op.cc:213] Memory patch"
+    for verbose in (False, True):
+        echo = _console_echo(verbose)
+        echo("worker:1", chatter)
+        echo("worker:1", "Epoch 1/5")
+    assert capsys.readouterr().out.splitlines() == [
+        "[worker:1] Epoch 1/5", f"[worker:1] {chatter}", "[worker:1] Epoch 1/5"]

@@ -93,6 +93,13 @@ def test_localhost_cluster_trains_and_chief_saves(run_dir: Path):
                    != psutil.STATUS_ZOMBIE for e in exits.values())
     assert port_is_free(20000) and port_is_free(20001)
 
+    # status and logs read the run back.
+    status = run_tfo("status", str(run_dir), timeout=30)
+    assert status.returncode == 0 and "succeeded" in status.stdout
+    assert re.search(r"worker:1\s.*task_exited.*exit code 0", status.stdout)
+    logs = run_tfo("logs", str(run_dir), "worker:1", "-n", "3", timeout=30)
+    assert logs.returncode == 0 and len(logs.stdout.splitlines()) == 3
+
 
 @pytest.mark.timeout(240)
 def test_failing_worker_fails_the_job_fast(run_dir: Path, tmp_path: Path):

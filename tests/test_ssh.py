@@ -44,6 +44,15 @@ def lab(tmp_path_factory):
         yield hosts
 
 
+def stop(tfo: Tfo) -> None:
+    """Kill tfo and, on every host, anything of its run."""
+    tfo.close()
+    plan = tfo.run_dir / "plan.json"
+    if plan.exists():
+        for p in run_processes(json.loads(plan.read_text())["run_id"]):
+            kill_tree(p.pid)
+
+
 def netns_pids(ns: str) -> set[int]:
     out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10)
     return {int(p) for p in out.stdout.split()}
@@ -119,9 +128,7 @@ def test_sigkill_coordinator_leaves_nothing_on_the_hosts(lab, run_dir: Path, tmp
         assert gone, f"still running 10 s after: {run_processes(run_id)}"
         print(f"remote tasks gone {time.monotonic() - t0:.2f} s after SIGKILL of tfo")
     finally:
-        tfo.close()
-        for p in run_processes(json.loads((run_dir / "plan.json").read_text())["run_id"]):
-            kill_tree(p.pid)
+        stop(tfo)
 
 
 @pytest.mark.tf
@@ -143,10 +150,7 @@ def test_cut_network_makes_the_remote_task_stop_itself(lab, run_dir: Path, tmp_p
         assert gone, "the remote task outlived its cut lifeline by more than 10 s"
         print(f"remote task stopped itself {took:.2f} s after the network cut")
     finally:
-        tfo.close()
-        rd = json.loads((run_dir / "plan.json").read_text())["run_id"]
-        for p in run_processes(rd):
-            kill_tree(p.pid)
+        stop(tfo)
 
 
 @pytest.mark.timeout(120)
