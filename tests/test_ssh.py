@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests import sshlab
@@ -133,22 +132,32 @@ def test_sigkill_coordinator_leaves_nothing_on_the_hosts(lab, run_dir: Path, tmp
 
 @pytest.mark.tf
 @pytest.mark.timeout(300)
-def test_cut_network_makes_the_remote_task_stop_itself(lab, run_dir: Path, tmp_path: Path):
+def test_cut_network_is_seen_from_both_ends(lab, run_dir: Path, tmp_path: Path):
+    """Cut lab2's link: its task stops itself (no heartbeat from us) and the coordinator
+    notices the loss (no heartbeat from it), then stops worker:0 on lab1 over SSH."""
     lab1, lab2 = lab
     spec = lab_spec(lab, tmp_path, entry="tests.jobs.faulty:train",
                     args="{epochs: 5, epoch_sleep: 30}")
     tfo = Tfo(spec, run_dir)
     try:
         tfo.wait_event("task_epoch", "worker:1", epoch=0)
-        pid = next(e["pid"] for e in events(run_dir) if e["event"] == "task_started"
-                   and e["task"] == "worker:1")
+        pids = {e["task"]: e["pid"] for e in events(run_dir) if e["event"] == "task_started"}
         with sshlab.partition(lab2.netns):  # no FIN, no RST: the packets just stop
-            t0 = time.monotonic()
-            gone = wait_until(lambda: not psutil.pid_exists(pid)
-                              or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10)
+            t0, cut_at = time.monotonic(), time.time()
+            gone = wait_until(lambda: pids["worker:1"] not in netns_pids(lab2.netns), 10)
             took = time.monotonic() - t0
-        assert gone, "the remote task outlived its cut lifeline by more than 10 s"
-        print(f"remote task stopped itself {took:.2f} s after the network cut")
+            assert gone, "the remote task outlived its cut lifeline by more than 10 s"
+            print(f"remote task stopped itself {took:.2f} s after the network cut")
+            code, err = tfo.finish(timeout=60)
+            print(f"coordinator finished {time.monotonic() - t0:.2f} s after the cut")
+        assert code == 1, err[-3000:]
+        assert "lost the connection to lab2" in err
+        lost = next(e for e in events(run_dir) if e["event"] == "task_exited")
+        assert lost["task"] == "worker:1" and lost["time"] - cut_at < 10
+        # worker:0 on lab1 was stopped over SSH (its process group signalled remotely).
+        assert pids["worker:0"] not in netns_pids(lab1.netns)
+        stopped = next(e for e in events(run_dir) if e["event"] == "task_stopped")
+        assert stopped["task"] == "worker:0"
     finally:
         stop(tfo)
 

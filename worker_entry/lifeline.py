@@ -9,6 +9,8 @@ here relies on Python code running in the task:
   in the task, so the task itself would not stop.
 - PR_SET_PDEATHSIG(SIGKILL): the kernel kills the task when the process that started it
   (the coordinator locally, the SSH session remotely) dies.
+- With "stdin:SECONDS", the coordinator sends heartbeats and the watchdog answers with a
+  BEAT byte on stdout every second, so a cut network is seen from both ends.
 - A watchdog process, forked before TensorFlow starts, waits on two pipes: the task's stdin,
   whose write end the coordinator holds and never writes (the lifeline: EOF means the
   coordinator or the SSH connection is gone), and a pipe from the task itself (EOF means the
@@ -27,6 +29,8 @@ import shutil
 import signal
 import sys
 import time
+
+from worker_entry import markers
 
 _PR_SET_PDEATHSIG = 1
 
@@ -48,9 +52,13 @@ def _watchdog(task_pid: int, task_pipe: int, watch_stdin: bool, quiet_limit: flo
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin = sys.stdin.fileno()
     fds = [task_pipe] + ([stdin] if watch_stdin else [])
-    heard = time.monotonic()
+    heard = beat = time.monotonic()
     while True:
         ready, _, _ = select.select(fds, [], [], 0.5 if quiet_limit else None)
+        if quiet_limit and time.monotonic() - beat >= 1.0:
+            beat = time.monotonic()
+            with contextlib.suppress(OSError):
+                os.write(sys.stdout.fileno(), markers.BEAT)  # tells the coordinator we are alive
         if quiet_limit and stdin not in ready and time.monotonic() - heard > quiet_limit:
             ready = [stdin]  # no heartbeat: the connection is cut; treat as closed
             os.close(stdin)

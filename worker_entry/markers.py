@@ -11,6 +11,9 @@ import sys
 from typing import Any
 
 PREFIX = "@tfo "
+# With a heartbeat lifeline (SSH), the task's watchdog writes this byte to stdout every
+# second; one byte, so it lands whole even amid the task's own output. Readers drop it.
+BEAT = b"\x1e"
 
 # Events a task reports, in the order it reaches them.
 UP = "up"  # the process runs; TensorFlow not imported yet

@@ -10,9 +10,11 @@ host's workdir: sshd makes every session its own process group, and `exec` keeps
 shell's pid, so the group to signal is the pid the shell prints first. Every value from the
 spec reaches the remote shell through shlex.quote.
 
-The lifeline: the coordinator sends a byte down each task's stdin every second; the task's
-watchdog kills its group when stdin closes or goes quiet for LIFELINE_SECONDS (a dropped
-connection or a cut network, even where sshd sends no keepalives).
+The lifeline runs both ways. The coordinator sends a byte down each task's stdin every
+second; the task's watchdog kills its group when stdin closes or goes quiet for
+LIFELINE_SECONDS (a dropped connection or a cut network, even where sshd sends no
+keepalives). The watchdog in turn writes BEAT to the task's output every second, so the
+coordinator knows the task is lost when the output goes quiet that long.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ import paramiko
 
 from orchestrator.plan import TaskPlan
 from orchestrator.spec import HostSpec
+from worker_entry import markers
 
 HEARTBEAT_SECONDS = 1.0
 LIFELINE_SECONDS = 5.0
 CONNECT_TIMEOUT = 10.0
+FIRST_BEAT_SECONDS = 30.0  # python's start on a slow host, before its watchdog beats
 _PID_PREFIX = "@tfo-pid "
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", "runs", ".pytest_cache", ".ruff_cache"}
 
@@ -107,6 +111,9 @@ class SshHandle:
         self._remote_pid: int | None = None
         self._returncode: int | None = None
         self._closed = threading.Event()
+        self._lost = False  # the connection is gone: no remote commands any more
+        self._started = time.monotonic()
+        self._heard: float | None = None  # when the task's output (or beat) last arrived
         transport = conn.client.get_transport()
         if transport is None or not transport.is_active():
             raise SshError(f"host {task.host}: connection lost")
@@ -143,7 +150,8 @@ class SshHandle:
                 data = b""
             if not data:
                 break
-            buf += data
+            self._heard = time.monotonic()
+            buf += data.replace(markers.BEAT, b"")
             *lines, buf = buf.split(b"\n")
             for raw in lines:
                 self._line(raw.decode(errors="replace").rstrip("\r"))
@@ -166,11 +174,30 @@ class SshHandle:
                 return
 
     def poll(self) -> int | None:
-        if self._returncode is None and self._chan.exit_status_ready():
+        if self._returncode is not None:
+            return self._returncode
+        if self._chan.exit_status_ready():
             status = self._chan.recv_exit_status()
             # -1: no status (killed by a signal, or the connection dropped).
             self._returncode = status if status >= 0 else 255
+        elif self._silent() or not self._transport_ok():
+            # The task's watchdog stops it on its side once our heartbeats stop arriving.
+            self._lost = True
+            self._queue.put(f"[tfo] lost the connection to {self.task.host}: nothing heard for "
+                            f"{LIFELINE_SECONDS:g} s; the task stops itself on its side")
+            self._returncode = 255
+            self._chan.close()
         return self._returncode
+
+    def _silent(self) -> bool:
+        now = time.monotonic()
+        if self._heard is None:
+            return now - self._started > FIRST_BEAT_SECONDS
+        return now - self._heard > LIFELINE_SECONDS
+
+    def _transport_ok(self) -> bool:
+        transport = self._chan.get_transport()
+        return transport is not None and transport.is_active()
 
     def lines(self) -> list[str]:
         out = []
@@ -181,13 +208,12 @@ class SshHandle:
                 return out
 
     def _signal_group(self, sig: str) -> None:
+        if self._lost:
+            return
         if self._remote_pid is None:
             self._chan.close()  # no pid yet: closing the lifeline makes the task stop itself
             return
-        with contextlib.suppress(Exception):
-            self._conn.run(f"kill -{sig} -- -{self._remote_pid} 2>/dev/null || true",
-                           hide=True, warn=True, in_stream=False, pty=False,
-                           timeout=CONNECT_TIMEOUT)
+        _remote_exec(self._conn, f"kill -{sig} -- -{self._remote_pid} 2>/dev/null")
 
     def terminate(self) -> None:
         self._signal_group("TERM")
@@ -199,12 +225,30 @@ class SshHandle:
         self._reader.join(timeout)
         self._closed.set()
         rest = self.lines()
-        with contextlib.suppress(Exception):
+        if not self._lost:
             tmp = _remote_path(self.task.tmp_dir)
-            self._conn.run(f"rm -rf {tmp}; rmdir $(dirname {tmp}) 2>/dev/null; true",
-                           hide=True, warn=True, in_stream=False, timeout=CONNECT_TIMEOUT)
+            _remote_exec(self._conn, f"rm -rf {tmp}; rmdir $(dirname {tmp}) 2>/dev/null")
         self._chan.close()
         return rest
+
+
+def _remote_exec(conn: fabric.Connection, command: str, timeout: float = 5.0) -> int | None:
+    """Run a short command on the host, bounded in time even over a cut network (fabric's
+    `run` can wait an hour for a channel there). Its exit status, or None."""
+    transport = conn.client.get_transport()
+    if transport is None or not transport.is_active():
+        return None
+    try:
+        chan = transport.open_session(timeout=timeout)
+        chan.exec_command(command)
+        until = time.monotonic() + timeout
+        while not chan.exit_status_ready() and time.monotonic() < until:
+            time.sleep(0.02)
+        status = chan.recv_exit_status() if chan.exit_status_ready() else None
+        chan.close()
+        return status
+    except (paramiko.SSHException, OSError, EOFError):
+        return None
 
 
 class SshHosts:
