@@ -15,6 +15,7 @@ import secrets
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated
 
@@ -171,9 +172,12 @@ def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer
         problems = _preflight(spec, p, hosts, show=False)
         if problems:
             raise _fail("cannot start, nothing was started:\n  " + "\n  ".join(problems))
-        for name in dict.fromkeys(t.host for t in p.tasks if not t.is_local):
-            copied = hosts.sync_code(name, packages, spec.hosts[name].workdir)
-            err.print(f"[bold]tfo[/]: {name}: code synced ({copied} file(s) copied)")
+        remote = list(dict.fromkeys(t.host for t in p.tasks if not t.is_local))
+        with ThreadPoolExecutor(max_workers=max(1, len(remote))) as pool:
+            copied = pool.map(lambda n: hosts.sync_code(n, packages, spec.hosts[n].workdir),
+                              remote)
+            for name, count in zip(remote, copied, strict=True):
+                err.print(f"[bold]tfo[/]: {name}: code synced ({count} file(s) copied)")
         err.print(f"[bold]tfo[/]: run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
 
         def start(task: TaskPlan, attempt: int) -> TaskHandle:

@@ -231,12 +231,24 @@ class ClusterSpec(_Model):
             if missing:
                 raise _field_error("tasks", "a parameter_server job needs "
                                    + ", ".join(missing) + " task")
+        for role, index, address in t.all():
+            if address.host != LOCALHOST and address.host not in self.hosts:
+                raise _field_error(f"tasks.{role}[{index}]", (
+                    f"host {address.host!r} is neither 'localhost' nor a name under hosts: "
+                    f"({', '.join(self.hosts) or 'none'})"))
+        remote = [(f"tasks.{r}[{i}]", a.host) for r, i, a in t.all() if a.host != LOCALHOST]
+        if remote:
+            # TF_CONFIG names each task by its host's address; "localhost" would point a lab
+            # machine at itself.
+            for role, index, address in t.all():
+                if address.host == LOCALHOST and role != "evaluator":
+                    raise _field_error(f"tasks.{role}[{index}]", (
+                        f"localhost cannot be reached from the lab hosts ({remote[0][0]} runs "
+                        f"on {remote[0][1]}); list this machine under hosts: with an address "
+                        "the others can reach"))
         seen: dict[tuple[str, int], str] = {}
         for role, index, address in t.all():
             field = f"tasks.{role}[{index}]"
-            if address.host != LOCALHOST and address.host not in self.hosts:
-                raise _field_error(field, f"host {address.host!r} is neither 'localhost' nor "
-                                   f"a name under hosts: ({', '.join(self.hosts) or 'none'})")
             if address.port is None:
                 continue
             key = (self._machine(address.host), address.port)

@@ -50,6 +50,10 @@ BAD = [
     ("negative max_restarts", GOOD + "restart: {max_restarts: -1}\n",
      ["restart.max_restarts", "-1"]),
     ("not a mapping", "- a\n- b\n", ["mapping"]),
+    ("localhost beside lab hosts", GOOD.replace("localhost:20000", "lab:20000")
+     + "hosts: {lab: {address: 10.0.0.2}}\n", ["tasks.worker[1]", "localhost cannot be reached"]),
+    ("unknown host key", GOOD + "hosts: {lab: {address: 10.0.0.2, passwd: x}}\n",
+     ["hosts.lab", "unknown key 'passwd'"]),
     ("PS job without ps", GOOD.replace("name: t", "name: t\nstrategy: parameter_server")
      + "  chief: [localhost:20002]\n", ["tasks", "parameter_server", "at least one ps"]),
     ("PS job with two chiefs", GOOD.replace("name: t", "name: t\nstrategy: parameter_server")
