@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -190,6 +191,10 @@ class Supervisor:
                 time.sleep(POLL_SECONDS)
         except _Stop as s:
             stop = s
+        except Exception as e:  # a bug of ours: still tear down, and say where to look
+            crash_log = Path(self.plan.run_dir) / "supervisor-error.log"
+            crash_log.write_text(traceback.format_exc())
+            stop = _Stop(JobState.FAILED, f"supervisor error {e!r}; traceback in {crash_log}")
         finally:
             self._teardown(list(self.records.values()), "job finished")
             for s, handler in old.items():

@@ -1,0 +1,168 @@
+"""The supervisor's state machine with scripted handles: no processes, no TensorFlow.
+
+Each fake task prints its markers at once and exits with a scripted code after a delay
+(None: runs until stopped), per attempt."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from orchestrator.plan import TaskPlan, make_plan
+from orchestrator.spec import parse_spec
+from orchestrator.supervise import JobState, Supervisor, TaskState
+
+READY = '@tfo {"event": "ready", "what": "training"}'
+
+
+@dataclass
+class Script:
+    """What a task does on each attempt: (exit code or None, after seconds, ready?)."""
+
+    attempts: list[tuple[int | None, float, bool]] = field(default_factory=list)
+
+    def for_attempt(self, n: int) -> tuple[int | None, float, bool]:
+        return self.attempts[min(n, len(self.attempts) - 1)] if self.attempts else (0, 0, True)
+
+
+class FakeHandle:
+    def __init__(self, task: TaskPlan, attempt: int, script: Script) -> None:
+        self.task, self.attempt = task, attempt
+        self.code, self.after, ready = script.for_attempt(attempt)
+        self._t0 = time.monotonic()
+        self._lines = [READY] if ready else ["booting"]
+        self._rc: int | None = None
+        self.pid = 1000 + attempt
+
+    @property
+    def returncode(self) -> int | None:
+        return self._rc
+
+    def poll(self) -> int | None:
+        if self._rc is None and self.code is not None and \
+                time.monotonic() - self._t0 >= self.after:
+            self._rc = self.code
+        return self._rc
+
+    def terminate(self) -> None:
+        self._rc = -15
+
+    def kill(self) -> None:
+        self._rc = -9
+
+    def lines(self) -> list[str]:
+        out, self._lines = self._lines, []
+        return out
+
+    def close(self, timeout: float = 1.0) -> list[str]:
+        return self.lines()
+
+
+def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script]):
+    cluster = parse_spec(spec)
+    plan = make_plan(cluster, run_id="t", run_dir=tmp_path / "run", workdir=tmp_path)
+    started: list[tuple[str, int]] = []
+
+    def start(task: TaskPlan, attempt: int) -> FakeHandle:
+        started.append((task.name, attempt))
+        return FakeHandle(task, attempt, scripts.get(task.name, Script()))
+
+    sup = Supervisor(plan, cluster, start=start, echo=lambda task, line: None)
+    result = sup.run()
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    return result, started, events
+
+
+def spec(strategy="multi_worker_mirrored", policy="on-failure", max_restarts=2, **tasks):
+    tasks = tasks or {"worker": ["localhost:1", "localhost:2"]}
+    return {"name": "t", "strategy": strategy, "job": {"entry": "a.b:c"}, "tasks": tasks,
+            "restart": {"policy": policy, "max_restarts": max_restarts, "backoff_seconds": 0},
+            "timeouts": {"startup_seconds": 1, "grace_seconds": 0.2, "evaluator_seconds": 0.5}}
+
+
+PS = {"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"], "ps": ["localhost:4"]}
+
+
+@pytest.mark.timeout(20)
+def test_mwms_success(tmp_path):
+    result, started, _ = supervise(tmp_path, spec(), {})
+    assert result.state is JobState.SUCCEEDED and result.exit_code == 0
+    assert sorted(started) == [("worker:0", 0), ("worker:1", 0)]
+
+
+@pytest.mark.timeout(20)
+def test_mwms_loss_restarts_the_whole_group(tmp_path):
+    scripts = {"worker:0": Script([(None, 0, True), (0, 0.1, True)]),
+               "worker:1": Script([(-9, 0.1, True), (0, 0.1, True)])}
+    result, started, events = supervise(tmp_path, spec(), scripts)
+    assert result.state is JobState.SUCCEEDED and result.restarts == 1
+    assert sorted(started) == [("worker:0", 0), ("worker:0", 1), ("worker:1", 0), ("worker:1", 1)]
+    assert {e["task"] for e in events if e["event"] == "task_restarted"} == {"worker:0",
+                                                                              "worker:1"}
+
+
+@pytest.mark.timeout(20)
+def test_max_restarts_is_a_limit_over_the_job(tmp_path):
+    scripts = {"worker:1": Script([(3, 0.05, True)])}
+    result, started, _ = supervise(tmp_path, spec(max_restarts=2), scripts)
+    assert result.state is JobState.FAILED and result.exit_code == 1
+    assert result.restarts == 2 and result.failed_task == "worker:1"
+    assert "no restarts left" in result.reason
+    assert started.count(("worker:1", 2)) == 1 and ("worker:1", 3) not in started
+
+
+@pytest.mark.timeout(20)
+def test_exit_code_policy_does_not_retry_a_program_verdict(tmp_path):
+    scripts = {"worker:1": Script([(3, 0.05, True)])}
+    result, _, _ = supervise(tmp_path, spec(policy="exit-code"), scripts)
+    assert result.state is JobState.FAILED and result.restarts == 0
+    assert "restart policy exit-code" in result.reason
+
+
+@pytest.mark.timeout(20)
+def test_ps_worker_restarts_alone_and_chief_decides(tmp_path):
+    scripts = {"chief:0": Script([(0, 0.6, True)]),
+               "worker:1": Script([(-9, 0.1, True), (None, 0, True)]),
+               "worker:0": Script([(None, 0, True)]), "ps:0": Script([(None, 0, True)])}
+    result, started, events = supervise(tmp_path, spec("parameter_server", **PS), scripts)
+    assert result.state is JobState.SUCCEEDED
+    assert [e["task"] for e in events if e["event"] == "task_restarted"] == ["worker:1"]
+    assert started.count(("chief:0", 0)) == 1 and ("chief:0", 1) not in started
+    # Servers never exit on their own: the supervisor stopped them after the chief.
+    assert {t.name: t.state for t in result.tasks}["ps:0"] is TaskState.STOPPED
+
+
+@pytest.mark.timeout(20)
+def test_ps_loss_restarts_the_job_and_chief_waits_for_servers(tmp_path):
+    scripts = {"chief:0": Script([(None, 0, True), (0, 0.2, True)]),
+               "ps:0": Script([(-9, 0.2, True), (None, 0, True)]),
+               "worker:0": Script([(None, 0, True)]), "worker:1": Script([(None, 0, True)])}
+    result, started, events = supervise(tmp_path, spec("parameter_server", **PS), scripts)
+    assert result.state is JobState.SUCCEEDED and result.restarts == 1
+    assert {e["task"] for e in events if e["event"] == "task_restarted"} == {
+        "chief:0", "worker:0", "worker:1", "ps:0"}
+    order = [n for n, a in started if a == 0]
+    assert order.index("chief:0") > max(order.index(s) for s in ("ps:0", "worker:0", "worker:1"))
+
+
+@pytest.mark.timeout(20)
+def test_evaluator_failure_never_fails_the_job(tmp_path):
+    tasks = {"worker": ["localhost:1"], "evaluator": ["localhost:2"]}
+    scripts = {"worker:0": Script([(0, 0.5, True)]), "evaluator:0": Script([(1, 0.05, True)])}
+    result, started, _ = supervise(tmp_path, spec(policy={"evaluator": "on-failure"},
+                                                  max_restarts=1, **tasks), scripts)
+    assert result.state is JobState.SUCCEEDED
+    assert ("evaluator:0", 1) in started and result.restarts == 0
+
+
+@pytest.mark.timeout(20)
+def test_startup_timeout_names_every_task_not_up(tmp_path):
+    scripts = {"worker:1": Script([(None, 0, False)]), "worker:0": Script([(None, 0, True)])}
+    result, _, _ = supervise(tmp_path, spec(policy="never"), scripts)
+    assert result.state is JobState.FAILED
+    assert "startup timeout (1 s): never came up: worker:1" in result.reason
+    assert "worker:0" not in result.reason.split("never came up")[1]
