@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -29,7 +30,7 @@ from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, preflight
 from orchestrator.launch.ssh import SshError, SshHosts
 from orchestrator.plan import Plan, TaskPlan, make_plan, task_name
-from orchestrator.spec import ClusterSpec, SpecError, load_spec
+from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, load_spec
 from orchestrator.supervise import RunResult, Supervisor, tail
 
 EXIT_BAD_SPEC = 2
@@ -56,9 +57,28 @@ def _auto_ports(spec: ClusterSpec) -> dict[str, int]:
     return dict(zip(wanted, free_ports(len(wanted), avoid=taken), strict=True))
 
 
+def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
+    """The entry's top-level package must be findable by local tasks. Only located, never
+    imported: importing user code could import TensorFlow into the coordinator."""
+    if not any(t == LOCALHOST for t in (a.host for _, _, a in spec.tasks.all())):
+        return
+    top = spec.job.entry.split(":")[0].split(".")[0]
+    sys.path.insert(0, str(workdir))
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    finally:
+        sys.path.remove(str(workdir))
+    if not found:
+        raise SpecError(f"job.entry: no module named {top!r} in {workdir} or the installed "
+                        f"packages ({spec.job.entry}); run tfo from the directory that holds it")
+
+
 def prepare(file: Path, run_dir: Path | None) -> tuple[ClusterSpec, Plan]:
     """Load, validate and plan; raises SpecError with a message for the user."""
     spec = load_spec(file)
+    check_entry_importable(spec, Path.cwd())
     run_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     run_dir = (run_dir or Path("runs") / run_id).resolve()
     plan = make_plan(spec, run_id=run_id, run_dir=run_dir, workdir=Path.cwd(),

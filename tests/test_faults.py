@@ -197,6 +197,7 @@ def test_sigkill_of_the_coordinator_leaves_no_task(run_dir: Path, tmp_path: Path
 @pytest.mark.timeout(60)
 def test_port_in_use_fails_before_anything_starts(run_dir: Path, tmp_path: Path):
     holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT from earlier tests
     holder.bind(("127.0.0.1", 20001))
     holder.listen()
     try:

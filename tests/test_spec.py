@@ -89,6 +89,16 @@ def test_cli_exits_2_without_traceback(case, tmp_path):
 
 
 @pytest.mark.timeout(30)
+def test_entry_module_that_does_not_exist(tmp_path):
+    spec = write_spec(tmp_path / "c.yaml", GOOD.replace("worker_entry.examples.digits",
+                                                        "no_such_pkg.mod"))
+    res = run_tfo("plan", str(spec), timeout=20)
+    assert res.returncode == 2, res.output
+    assert "job.entry: no module named 'no_such_pkg'" in res.stderr
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.timeout(30)
 def test_missing_file_and_json(tmp_path):
     res = run_tfo("plan", str(tmp_path / "nope.yaml"), timeout=20)
     assert res.returncode == 2 and "no such cluster file" in res.output

@@ -166,6 +166,7 @@ def test_cut_network_is_seen_from_both_ends(lab, run_dir: Path, tmp_path: Path):
 def test_preflight_names_every_problem(loopback_sshd, lab, run_dir: Path, tmp_path: Path):
     h = loopback_sshd
     holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT from earlier tests
     holder.bind(("127.0.0.1", 20001))
     holder.listen()
     try:
