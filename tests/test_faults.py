@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -192,6 +193,19 @@ def test_sigkill_of_the_coordinator_leaves_no_task(run_dir: Path, tmp_path: Path
         assert wait_until(lambda: port_is_free(20000) and port_is_free(20001), 5)
     finally:
         tfo.close()
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_a_straggler_that_left_the_group_is_killed(run_dir: Path, tmp_path: Path):
+    spec = write_spec(tmp_path / "c.yaml", mwms(sleep=1.5).replace(
+        "epochs: 5", "epochs: 2, orphan_task: 'worker:1'"))
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 0, res.output[-3000:]
+    log = (run_dir / "logs" / "worker-1.log").read_text()
+    pid = int(re.search(r"started a straggler pid=(\d+)", log).group(1))
+    assert wait_until(lambda: not psutil.pid_exists(pid)
+                      or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 3)
 
 
 @pytest.mark.timeout(60)

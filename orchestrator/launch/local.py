@@ -15,10 +15,13 @@ import queue
 import signal
 import subprocess
 import threading
+import time
 
 import psutil
 
 from orchestrator.plan import TaskPlan
+
+TREE_SCAN_SECONDS = 1.0  # how often the task's process tree is noted while it runs
 
 
 class LocalHandle:
@@ -34,6 +37,7 @@ class LocalHandle:
         self._pgid = self._proc.pid  # start_new_session: the leader's pid is the group id
         self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._known: dict[int, psutil.Process] = {}
+        self._scanned = 0.0
         self._remember_tree()
         self._reader = threading.Thread(target=self._read, name=f"out-{task.name}", daemon=True)
         self._reader.start()
@@ -52,14 +56,19 @@ class LocalHandle:
             self._queue.put(raw.decode(errors="replace").rstrip("\r\n"))
 
     def _remember_tree(self) -> None:
-        """Note every process in the task's tree, to kill stragglers that left the group."""
+        """Note every process in the task's tree, to kill stragglers that left the group
+        (a child that called setsid) once the task is gone."""
+        self._scanned = time.monotonic()
         with contextlib.suppress(psutil.Error):
             leader = psutil.Process(self._proc.pid)
             for p in [leader, *leader.children(recursive=True)]:
                 self._known.setdefault(p.pid, p)
 
     def poll(self) -> int | None:
-        return self._proc.poll()
+        rc = self._proc.poll()
+        if rc is None and time.monotonic() - self._scanned > TREE_SCAN_SECONDS:
+            self._remember_tree()
+        return rc
 
     def lines(self) -> list[str]:
         out = []
@@ -80,11 +89,14 @@ class LocalHandle:
     def kill(self) -> None:
         self._remember_tree()
         self._signal_group(signal.SIGKILL)
+        self._kill_known()
+        self._proc.poll()
+
+    def _kill_known(self) -> None:
         for p in self._known.values():
             with contextlib.suppress(psutil.Error):
                 if p.is_running():  # psutil checks the create time: never a reused pid
                     p.kill()
-        self._proc.poll()
 
     def alive(self) -> list[psutil.Process]:
         """Processes of this task's tree that still run (zombies excluded)."""
@@ -97,12 +109,19 @@ class LocalHandle:
         return out
 
     def close(self, timeout: float = 1.0) -> list[str]:
+        # The task is gone; whatever it started goes too (its watchdog has cleaned up by the
+        # time the output pipe closes, which the reader waits for).
         self._reader.join(timeout)
+        self._kill_known()
         rest = self.lines()
-        for stream in (self._proc.stdin, self._proc.stdout):
+        with contextlib.suppress(OSError):
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        # A reader still blocked in readline holds the stream's lock (something still has the
+        # pipe open): closing it here would wait for that. The daemon reader ends on EOF.
+        if not self._reader.is_alive() and self._proc.stdout is not None:
             with contextlib.suppress(OSError):
-                if stream is not None:
-                    stream.close()
+                self._proc.stdout.close()
         return rest
 
 

@@ -3,6 +3,7 @@
 - args `fail_task`, `fail_epoch`, `exit_code`: that task exits with the code after that
   epoch, on its first attempt only (all attempts with `fail_always`).
 - args `epoch_sleep`: seconds to pause after each epoch, so a test can kill mid-run.
+- args `orphan_task`: that task starts `sleep 300` in a session of its own (a straggler).
 - env `FAULTY_HANG_TASK`: that task hangs while importing this module, before TF starts.
 """
 
@@ -36,6 +37,11 @@ class _ExitAfterEpoch(tf.keras.callbacks.Callback):
 
 def train(ctx: TaskContext) -> None:
     args = ctx.args
+    if args.get("orphan_task") == ctx.task:  # a child that leaves the task's process group
+        import subprocess
+
+        child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        print(f"[faulty] started a straggler pid={child.pid}", flush=True)
     callbacks = []
     if args.get("fail_task") == ctx.task and (ctx.attempt == 0 or args.get("fail_always")):
         callbacks.append(_ExitAfterEpoch(int(args.get("fail_epoch", 0)),
