@@ -38,10 +38,6 @@ class TaskPlan:
     tmp_dir: str  # on the task's host; removed at teardown
 
     @property
-    def slug(self) -> str:
-        return f"{self.role}-{self.index}"
-
-    @property
     def is_local(self) -> bool:
         return self.host == LOCALHOST
 
@@ -61,9 +57,6 @@ class Plan:
 
     def task(self, name: str) -> TaskPlan:
         return next(t for t in self.tasks if t.name == name)
-
-    def by_role(self, *roles: str) -> list[TaskPlan]:
-        return [t for t in self.tasks if t.role in roles]
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "strategy": self.strategy.value, "run_id": self.run_id,

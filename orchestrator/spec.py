@@ -29,7 +29,6 @@ from pydantic import (
 )
 
 ROLES = ("chief", "worker", "ps", "evaluator")
-TRAINING_ROLES = ("chief", "worker")
 LOCALHOST = "localhost"
 _ENTRY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_.\-]+$")

@@ -98,16 +98,6 @@ class LocalHandle:
                 if p.is_running():  # psutil checks the create time: never a reused pid
                     p.kill()
 
-    def alive(self) -> list[psutil.Process]:
-        """Processes of this task's tree that still run (zombies excluded)."""
-        self._remember_tree()
-        out = []
-        for p in self._known.values():
-            with contextlib.suppress(psutil.Error):
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    out.append(p)
-        return out
-
     def close(self, timeout: float = 1.0) -> list[str]:
         # The task is gone; whatever it started goes too (its watchdog has cleaned up by the
         # time the output pipe closes, which the reader waits for).

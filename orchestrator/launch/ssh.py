@@ -26,8 +26,6 @@ import shlex
 import stat
 import threading
 import time
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import fabric
@@ -266,15 +264,6 @@ class SshHosts:
             if conn is None or transport is None or not transport.is_active():
                 conn = self._conns[name] = connect(name, self.hosts[name])
             return conn
-
-    def connect_all(self, names: Iterable[str]) -> None:
-        """Connect in parallel; raises SshError naming every host that failed."""
-        names = list(dict.fromkeys(names))
-        with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
-            futures = {n: pool.submit(self.connection, n) for n in names}
-        errors = [str(f.exception()) for f in futures.values() if f.exception()]
-        if errors:
-            raise SshError("\n".join(errors))
 
     def start(self, task: TaskPlan, attempt: int) -> SshHandle:
         return SshHandle(task, attempt, self.connection(task.host))
