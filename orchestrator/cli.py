@@ -226,6 +226,9 @@ def print_summary(result: RunResult) -> None:
                   f"last lines of {failed.log_path}:", soft_wrap=True)
         for line in tail(failed.log_path, 20):
             err.print(f"  {line}", markup=False, soft_wrap=True)
+    if result.evaluation:
+        metrics = ", ".join(f"{k}={v:.4f}" for k, v in (result.evaluation["metrics"] or {}).items())
+        err.print(f"evaluator: epoch {result.evaluation['epoch']}: {metrics}")
     err.print(f"run directory: {result.run_dir} (restarts: {result.restarts})")
 
 

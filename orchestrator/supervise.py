@@ -130,6 +130,7 @@ class RunResult:
     tasks: list[TaskOutcome] = field(default_factory=list)
     restarts: int = 0
     failed_task: str | None = None
+    evaluation: dict[str, Any] | None = None  # the evaluator's last: {"epoch", "metrics"}
 
 
 class EventLog:
@@ -170,6 +171,7 @@ class Supervisor:
         self.state = JobState.PENDING
         self.records = {t.name: TaskRecord(t) for t in plan.tasks}
         self.restarts = 0  # job-level, against spec.restart.max_restarts
+        self.evaluation: dict[str, Any] | None = None
         self._signal: signal.Signals | None = None
         self._signal_count = 0
         self._t0 = time.monotonic()
@@ -214,7 +216,7 @@ class Supervisor:
                 rec.log.close()
         return RunResult(
             state=stop.state, exit_code=code, reason=stop.reason, run_dir=self.plan.run_dir,
-            restarts=self.restarts, failed_task=stop.failed_task,
+            restarts=self.restarts, failed_task=stop.failed_task, evaluation=self.evaluation,
             tasks=[TaskOutcome(r.name, r.state, r.returncode, r.restarts, r.task.log_path)
                    for r in self.records.values()],
         )
@@ -295,6 +297,8 @@ class Supervisor:
             rec.last_marker = event
             if event == markers.READY and rec.state is TaskState.STARTING:
                 rec.state = TaskState.RUNNING
+            elif event == markers.EVALUATED:
+                self.evaluation = {"epoch": marker.get("epoch"), "metrics": marker.get("metrics")}
             fields = {"attempt": rec.attempt, "pid": rec.handle.pid if rec.handle else None}
             self.events.write(f"task_{event}", rec.name, **{**fields, **marker})
 

@@ -48,6 +48,8 @@ def test_ps_cluster_runs_and_the_evaluator_sees_every_checkpoint(run_dir: Path):
     assert sorted(evaluated(run_dir)) == [1, 2, 3, 4, 5]
     assert len([e for e in ev if e["event"] == "task_evaluated"]) == 5
     assert list((run_dir / "tensorboard" / "eval").glob("events.out.tfevents.*"))
+    acc = evaluated(run_dir)[5]["accuracy"]
+    assert "evaluator: epoch 5: loss=" in res.stderr and f"accuracy={acc:.4f}" in res.stderr
     assert first(ev, "task_exited", "evaluator:0")["returncode"] == 0
 
     # The servers were stopped by the supervisor after the chief, and nothing is left.
