@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -193,6 +194,31 @@ def test_sigkill_of_the_coordinator_leaves_no_task(run_dir: Path, tmp_path: Path
         assert wait_until(lambda: port_is_free(20000) and port_is_free(20001), 5)
     finally:
         tfo.close()
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_a_lost_backup_makes_the_group_start_over_together(run_dir: Path, tmp_path: Path):
+    """worker:1's backup vanishes between attempts (a host's disk wiped): stock tf-keras
+    would restore epoch 2 on worker:0 only and fail every restart on mismatched
+    collectives; the workers notice before restoring and start over together."""
+    spec = write_spec(tmp_path / "c.yaml", mwms(sleep=0).replace(
+        "epochs: 5", "epochs: 4, fail_task: 'worker:1', fail_epoch: 1, exit_code: 3").replace(
+        "backoff_seconds: 0.5", "backoff_seconds: 4"))
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_restarted", "worker:1")
+        assert (run_dir / "backup" / "worker-0" / "chief" / "checkpoint").exists()
+        shutil.rmtree(run_dir / "backup" / "worker-1")
+        code, err = tfo.finish()
+        assert code == 0, err[-3000:]
+    finally:
+        tfo.close()
+    ev = events(run_dir)
+    assert ev[-1]["restarts"] == 1
+    assert min(e["epoch"] for e in ev if e["event"] == "task_epoch" and e["attempt"] == 1) == 0
+    for i in (0, 1):
+        assert "backups disagree" in (run_dir / "logs" / f"worker-{i}.log").read_text()
 
 
 @pytest.mark.tf

@@ -156,11 +156,34 @@ class _TaskBackup(tf.keras.callbacks.BackupAndRestore):
     """
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self._agree_on_backup()
         super().on_train_begin(logs)
         state = self._training_state
         if state.write_checkpoint_manager is not state.read_checkpoint_manager:
             tf.io.gfile.rmtree(state.write_checkpoint_manager.directory)  # the unused temp dir
             state.write_checkpoint_manager = state.read_checkpoint_manager
+
+    def _agree_on_backup(self) -> None:
+        """Every worker must resume from the same backup, or the restore's collectives
+        mismatch and every restart fails the same way. Before restoring, the workers compare
+        their latest backup (one all-reduce); if they differ (a host's backup was lost, or a
+        worker died between the workers' writes), all discard theirs and start over."""
+        strategy = self.model.distribute_strategy
+        if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            return
+        backup = os.path.join(self.backup_dir, "chief")
+        latest = tf.train.latest_checkpoint(backup) if tf.io.gfile.exists(backup) else None
+        number = float(latest.rsplit("-", 1)[1]) if latest else -1.0  # the save counter
+        local = tf.constant([number, number * number, 1.0])
+        total, squares, n = strategy.reduce(
+            tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(local)), axis=None
+        ).numpy()
+        if abs(squares * n - total * total) < 1e-6:  # all the same
+            return
+        print(f"[tfo] backups disagree across workers (this one: {latest or 'none'}); "
+              "every worker discards its backup and training starts over", flush=True)
+        if tf.io.gfile.exists(backup):
+            tf.io.gfile.rmtree(backup)
 
 
 class _EpochProgress(tf.keras.callbacks.Callback):
