@@ -165,8 +165,12 @@ def check(file: FileArg) -> None:
     raise typer.Exit(1 if problems else 0)
 
 
-# TensorFlow's C++ INFO/WARNING lines (glog format): in the task logs, not on the console.
-_TF_CHATTER = re.compile(r"^[IW]\d{4} \d+:\d+:\d+\.\d+\s+\d+ \S+:\d+\]")
+# TensorFlow's C++ INFO/WARNING lines (glog format) and its start-up banners: in the task
+# logs, not on the console. Errors (E lines) always show.
+_TF_CHATTER = re.compile(
+    r"^[IW]\d{4} \d+:\d+:\d+\.\d+\s+\d+ \S+:\d+\]"
+    r"|^WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|^To enable the following instructions: .* rebuild TensorFlow")
 
 
 def _console_echo(verbose: bool) -> Callable[[str, str], None]:

@@ -49,10 +49,14 @@ def test_describe_exit():
 def test_console_hides_tensorflow_chatter_unless_verbose(capsys):
     from orchestrator.cli import _console_echo
 
-    chatter = "I0000 00:00:1795304277.398374     655 generator_dataset_op.cc:213] Memory patch"
+    chatter = ["I0000 00:00:1795304277.398374     655 generator_dataset_op.cc:213] Memory patch",
+               "WARNING: All log messages before absl::InitializeLog() is called are written to "
+               "STDERR"]
+    error = "E0000 00:00:1795305343.269266    8166 cuda_platform.cc:52] failed call to cuInit"
     for verbose in (False, True):
         echo = _console_echo(verbose)
-        echo("worker:1", chatter)
-        echo("worker:1", "Epoch 1/5")
-    assert capsys.readouterr().out.splitlines() == [
-        "[worker:1] Epoch 1/5", f"[worker:1] {chatter}", "[worker:1] Epoch 1/5"]
+        for line in [*chatter, error, "Epoch 1/5"]:
+            echo("worker:1", line)
+    shown = capsys.readouterr().out.splitlines()
+    quiet = [f"[worker:1] {error}", "[worker:1] Epoch 1/5"]
+    assert shown == quiet + [f"[worker:1] {x}" for x in chatter] + quiet

@@ -175,9 +175,13 @@ class _TaskBackup(tf.keras.callbacks.BackupAndRestore):
         latest = tf.train.latest_checkpoint(backup) if tf.io.gfile.exists(backup) else None
         number = float(latest.rsplit("-", 1)[1]) if latest else -1.0  # the save counter
         local = tf.constant([number, number * number, 1.0])
-        total, squares, n = strategy.reduce(
-            tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(local)), axis=None
-        ).numpy()
+
+        @tf.function  # eager collectives work but warn about their overhead
+        def all_sum(x: Any) -> Any:
+            return strategy.reduce(tf.distribute.ReduceOp.SUM,
+                                   strategy.run(tf.identity, args=(x,)), axis=None)
+
+        total, squares, n = all_sum(local).numpy()
         if abs(squares * n - total * total) < 1e-6:  # all the same
             return
         print(f"[tfo] backups disagree across workers (this one: {latest or 'none'}); "
