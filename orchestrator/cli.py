@@ -60,9 +60,9 @@ def _auto_ports(spec: ClusterSpec) -> dict[str, int]:
 def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
     """The entry's top-level package must be findable by local tasks. Only located, never
     imported: importing user code could import TensorFlow into the coordinator."""
-    if not any(t == LOCALHOST for t in (a.host for _, _, a in spec.tasks.all())):
+    if not any(a.host == LOCALHOST for _, _, a in spec.tasks.all()):
         return
-    top = spec.job.entry.split(":")[0].split(".")[0]
+    top = spec.job.package
     sys.path.insert(0, str(workdir))
     try:
         found = importlib.util.find_spec(top) is not None
@@ -114,7 +114,7 @@ def job_packages(spec: ClusterSpec, workdir: Path) -> list[Path]:
     import worker_entry
 
     pkgs = [Path(worker_entry.__file__).parent]
-    top = spec.job.entry.split(":")[0].split(".")[0]
+    top = spec.job.package
     if top != "worker_entry":
         for candidate in (workdir / top, workdir / f"{top}.py"):
             if candidate.exists():

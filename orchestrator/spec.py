@@ -102,6 +102,11 @@ class JobSpec(_Model):
     # {run_id} and {run_dir} are filled in by the plan; relative paths are under the workdir.
     model_dir: str = "{run_dir}/model"
 
+    @property
+    def package(self) -> str:
+        """The entry's top-level package: what a task must be able to import."""
+        return self.entry.split(":")[0].split(".")[0]
+
     @field_validator("entry")
     @classmethod
     def _entry_shape(cls, entry: str) -> str:

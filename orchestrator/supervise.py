@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import signal
 import sys
 import time
@@ -305,14 +304,16 @@ class Supervisor:
     # ---- exits and restarts -----------------------------------------------------------
     def _collect(self, rec: TaskRecord, rc: int | None) -> None:
         assert rec.handle is not None
-        self._consume(rec, rec.handle.close())
+        self._consume(rec, rec.handle.close())  # the handle also removes the task's temp dir
         rec.returncode = rc
-        self._remove_tmp(rec)
 
-    def _on_exit(self, rec: TaskRecord, rc: int) -> None:
+    def _exited(self, rec: TaskRecord, rc: int) -> None:
         self.events.write("task_exited", rec.name, pid=rec.handle.pid if rec.handle else None,
                           returncode=rc, attempt=rec.attempt, how=describe_exit(rc))
         self._collect(rec, rc)
+
+    def _on_exit(self, rec: TaskRecord, rc: int) -> None:
+        self._exited(rec, rc)
         ps_job = self.plan.strategy is Strategy.PARAMETER_SERVER
         # PS servers never exit on their own: any exit of one is a loss.
         lost = rc != 0 or (ps_job and rec.role in ("ps", "worker"))
@@ -398,9 +399,7 @@ class Supervisor:
                 return
             for r in evaluators:
                 if r.state.live and r.handle is not None and (rc := r.handle.poll()) is not None:
-                    self.events.write("task_exited", r.name, pid=r.handle.pid, returncode=rc,
-                                      attempt=r.attempt, how=describe_exit(rc))
-                    self._collect(r, rc)
+                    self._exited(r, rc)
                     r.state = TaskState.SUCCEEDED if rc == 0 else TaskState.FAILED
             time.sleep(POLL_SECONDS)
 
@@ -431,12 +430,6 @@ class Supervisor:
             r.state = TaskState.STOPPED
             self.events.write("task_stopped", r.name, pid=r.handle.pid,
                               returncode=r.returncode, how=describe_exit(r.returncode))
-
-    def _remove_tmp(self, rec: TaskRecord) -> None:
-        # The task removes its own temp dir, except when it was SIGKILLed.
-        if rec.task.is_local:
-            shutil.rmtree(rec.task.tmp_dir, ignore_errors=True)
-
 
 def _wait_exit(handle: TaskHandle, timeout: float) -> None:
     until = time.monotonic() + timeout

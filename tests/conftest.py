@@ -71,6 +71,12 @@ def events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def task_pids(run_dir: Path, attempt: int = 0) -> dict[str, int]:
+    """The pid of each task's given attempt, from the run's task_started events."""
+    return {e["task"]: e["pid"] for e in events(run_dir)
+            if e["event"] == "task_started" and e["attempt"] == attempt}
+
+
 def run_processes(run_id: str) -> list[psutil.Process]:
     """Every live process whose environment says it belongs to this run."""
     found = []

@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from tests import sshlab
-from tests.conftest import events, kill_tree, run_processes, run_tfo, wait_until, write_spec
+from tests.conftest import (
+    events,
+    kill_tree,
+    run_processes,
+    run_tfo,
+    task_pids,
+    wait_until,
+    write_spec,
+)
 from tests.test_faults import Tfo
 
 pytestmark = [pytest.mark.ssh]
@@ -85,8 +93,7 @@ def test_mwms_across_two_lab_hosts(lab, run_dir: Path, tmp_path: Path):
     tfo = Tfo(spec, run_dir)
     try:
         tfo.wait_event("task_epoch", "worker:1", epoch=0)
-        pids = {e["task"]: e["pid"] for e in events(run_dir) if e["event"] == "task_started"
-                and "port" in e}
+        pids = task_pids(run_dir)
         # Each worker runs on its own host, listening on that host's address.
         assert pids["worker:0"] in netns_pids(lab1.netns)
         assert pids["worker:1"] in netns_pids(lab2.netns)
@@ -141,7 +148,7 @@ def test_cut_network_is_seen_from_both_ends(lab, run_dir: Path, tmp_path: Path):
     tfo = Tfo(spec, run_dir)
     try:
         tfo.wait_event("task_epoch", "worker:1", epoch=0)
-        pids = {e["task"]: e["pid"] for e in events(run_dir) if e["event"] == "task_started"}
+        pids = task_pids(run_dir)
         with sshlab.partition(lab2.netns):  # no FIN, no RST: the packets just stop
             t0, cut_at = time.monotonic(), time.time()
             gone = wait_until(lambda: pids["worker:1"] not in netns_pids(lab2.netns), 10)

@@ -6,6 +6,7 @@ where a task runs.
 
 from __future__ import annotations
 
+import queue
 import signal
 from typing import Protocol
 
@@ -45,6 +46,16 @@ class TaskHandle(Protocol):
 
 class Launcher(Protocol):
     def __call__(self, task: TaskPlan, attempt: int) -> TaskHandle: ...
+
+
+def drain(lines: queue.SimpleQueue[str]) -> list[str]:
+    """Everything a reader thread has queued so far, without waiting."""
+    out = []
+    while True:
+        try:
+            out.append(lines.get_nowait())
+        except queue.Empty:
+            return out
 
 
 def describe_exit(returncode: int | None) -> str:

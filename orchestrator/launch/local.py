@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import threading
@@ -19,6 +20,7 @@ import time
 
 import psutil
 
+from orchestrator.launch import drain
 from orchestrator.plan import TaskPlan
 
 TREE_SCAN_SECONDS = 1.0  # how often the task's process tree is noted while it runs
@@ -71,12 +73,7 @@ class LocalHandle:
         return rc
 
     def lines(self) -> list[str]:
-        out = []
-        while True:
-            try:
-                out.append(self._queue.get_nowait())
-            except queue.Empty:
-                return out
+        return drain(self._queue)
 
     def _signal_group(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -112,6 +109,8 @@ class LocalHandle:
         if not self._reader.is_alive() and self._proc.stdout is not None:
             with contextlib.suppress(OSError):
                 self._proc.stdout.close()
+        # The task removes its own temp dir, except when it was SIGKILLed.
+        shutil.rmtree(self.task.tmp_dir, ignore_errors=True)
         return rest
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -65,7 +64,6 @@ class HostCheck:
     versions: dict[str, str | None] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-    seconds: float = 0.0
 
 
 def _check_local(plan: Plan) -> HostCheck:
@@ -126,14 +124,11 @@ def _check_remote(name: str, spec: ClusterSpec, plan: Plan, hosts: SshHosts) -> 
 def preflight(spec: ClusterSpec, plan: Plan, hosts: SshHosts) -> list[HostCheck]:
     used = list(dict.fromkeys(t.host for t in plan.tasks))
 
-    def timed(name: str) -> HostCheck:
-        t0 = time.monotonic()
-        row = _check_local(plan) if name == LOCALHOST else _check_remote(name, spec, plan, hosts)
-        row.seconds = time.monotonic() - t0
-        return row
+    def check(name: str) -> HostCheck:
+        return _check_local(plan) if name == LOCALHOST else _check_remote(name, spec, plan, hosts)
 
     with ThreadPoolExecutor(max_workers=max(1, len(used))) as pool:
-        rows = list(pool.map(timed, used))
+        rows = list(pool.map(check, used))
     # The same TensorFlow everywhere: mixed versions break collectives and checkpoints.
     for pkg in TF_PACKAGES:
         seen = {r.versions.get(pkg) for r in rows if r.versions.get(pkg)}

@@ -31,6 +31,7 @@ from pathlib import Path
 import fabric
 import paramiko
 
+from orchestrator.launch import drain
 from orchestrator.plan import TaskPlan
 from orchestrator.spec import HostSpec
 from worker_entry import markers
@@ -86,9 +87,8 @@ def connect(name: str, host: HostSpec) -> fabric.Connection:
 def remote_command(task: TaskPlan, extra_env: dict[str, str]) -> str:
     env = {**task.env, **extra_env}
     assigns = " ".join(f"{k}={_remote_path(v)}" for k, v in env.items())
-    workdir = task.cwd
-    cd = f"cd {_remote_path(workdir)}"
-    return (f"mkdir -p {_remote_path(workdir)} && {cd} && echo {_PID_PREFIX}$$ && "
+    workdir = _remote_path(task.cwd)
+    return (f"mkdir -p {workdir} && cd {workdir} && echo {_PID_PREFIX}$$ && "
             f"exec env {assigns} {shlex.quote(task.command[0])} "
             + " ".join(shlex.quote(a) for a in task.command[1:]))
 
@@ -198,12 +198,7 @@ class SshHandle:
         return transport is not None and transport.is_active()
 
     def lines(self) -> list[str]:
-        out = []
-        while True:
-            try:
-                out.append(self._queue.get_nowait())
-            except queue.Empty:
-                return out
+        return drain(self._queue)
 
     def _signal_group(self, sig: str) -> None:
         if self._lost:
