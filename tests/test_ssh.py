@@ -233,3 +233,49 @@ tasks:
     assert res.returncode == 1
     assert "host lab (127.0.0.1): unknown host key" in res.stderr
     assert "host trusting" not in res.stderr
+
+
+@pytest.mark.timeout(60)
+def test_env_keys_and_values_never_run_on_the_host(loopback_sshd, tmp_path: Path):
+    """Issue 8.1: an env key or value that would run a command if unquoted runs nothing."""
+    h = loopback_sshd
+    key_pwned, value_pwned = tmp_path / "pwned-by-key", tmp_path / "pwned-by-value"
+    bad_key = f"A$(touch {key_pwned})"
+    bad_value = f"$(touch {value_pwned}); `touch {value_pwned}`"
+    text = f"""\
+name: inject
+job: {{entry: "worker_entry.examples.digits:train"}}
+hosts:
+{host_yaml("lab", h, tmp_path / "w")}
+tasks:
+  worker: [lab:20007]
+env: {json.dumps({bad_key: "v", "NOTE": bad_value})}
+"""
+    spec_file = write_spec(tmp_path / "inject.yaml", text)
+    for cmd in ("plan", "run"):
+        res = run_tfo(cmd, str(spec_file), "--run-dir", str(tmp_path / "run"), timeout=30)
+        assert res.returncode == 2, res.output
+        assert "env" in res.stderr and bad_key in res.stderr, res.stderr
+        assert "Traceback" not in res.output
+    # Past the spec (a plan built by other means), the remote shell still runs nothing:
+    # the task's command is `env`, which prints the environment it was given.
+    from dataclasses import replace
+
+    from orchestrator.launch.ssh import SshHosts
+    from orchestrator.plan import make_plan
+    from orchestrator.spec import load_spec
+
+    spec = load_spec(write_spec(tmp_path / "ok.yaml", text.replace(bad_key, "SAFE")))
+    task = make_plan(spec, run_id="inject", run_dir=tmp_path / "run", workdir=tmp_path).tasks[0]
+    task = replace(task, command=["/usr/bin/env"], env={**task.env, bad_key: "v"})
+    hosts = SshHosts(spec.hosts)
+    try:
+        handle = hosts.start(task, 0)
+        assert wait_until(lambda: handle.poll() is not None, 20) is not False
+        assert handle.poll() == 0
+        output = handle.lines() + handle.close()
+    finally:
+        hosts.close()
+    env = dict(line.split("=", 1) for line in output if "=" in line)
+    assert env[bad_key] == "v" and env["NOTE"] == bad_value
+    assert not key_pwned.exists() and not value_pwned.exists()

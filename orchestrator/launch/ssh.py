@@ -85,12 +85,22 @@ def connect(name: str, host: HostSpec) -> fabric.Connection:
 
 
 def remote_command(task: TaskPlan, extra_env: dict[str, str]) -> str:
+    """The shell line for one task, built from quoted parts only: nothing the spec or the
+    plan says (env keys and values, paths, the command) reaches the remote shell unquoted.
+    The spec already refuses env keys that are not shell names; quoting each `K=V` whole
+    means a bad one could still never run anything."""
     env = {**task.env, **extra_env}
-    assigns = " ".join(f"{k}={_remote_path(v)}" for k, v in env.items())
+    assigns = " ".join(_remote_assign(k, v) for k, v in env.items())
     workdir = _remote_path(task.cwd)
     return (f"mkdir -p {workdir} && cd {workdir} && echo {_PID_PREFIX}$$ && "
-            f"exec env {assigns} {shlex.quote(task.command[0])} "
-            + " ".join(shlex.quote(a) for a in task.command[1:]))
+            f"exec env {assigns} " + " ".join(shlex.quote(a) for a in task.command))
+
+
+def _remote_assign(key: str, value: str) -> str:
+    """`'K=V'` for `env`; a value starting with ~/ keeps its ~ expanding on the host."""
+    if value == "~" or value.startswith("~/"):
+        return shlex.quote(f"{key}=") + _remote_path(value)
+    return shlex.quote(f"{key}={value}")
 
 
 def _remote_path(path: str) -> str:
