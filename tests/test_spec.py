@@ -62,6 +62,46 @@ BAD = [
     ("PS job without chief", GOOD.replace("name: t", "name: t\nstrategy: parameter_server")
      + "  ps: [localhost:20004]\n", ["tasks", "exactly one chief"]),
 ]
+# Issue 8: inputs that gave a traceback, a hang or a silently wrong value.
+HOSTILE = [
+    ("shell in an env key", GOOD + "env: {'A$(touch /tmp/pwned)': v}\n",
+     ["env: bad key 'A$(touch /tmp/pwned)'", "letters, digits and _"]),
+    ("shell in a host env key", GOOD.replace("localhost", "lab")
+     + "hosts: {lab: {address: 10.0.0.2, env: {'A;id': v}}}\n",
+     ["hosts.lab.env: bad key 'A;id'"]),
+    ("env key with =", GOOD + "env: {A=B: v}\n", ["env: bad key 'A=B'"]),
+    ("NUL in an env value", GOOD + 'env: {A: "x\\0y"}\n', ["env", "A", "NUL"]),
+    ("200 KB of args", GOOD.replace("train\"}", "train\", args: {blob: " + "x" * 200_000 + "}}"),
+     ["job.args", "200,0", "131,072", "TFO_JOB"]),
+    ("unknown model_dir placeholder", GOOD.replace("train\"}", "train\", model_dir: '{model}'}"),
+     ["job.model_dir", "{model}", "{run_id}, {run_dir}"]),
+    ("unclosed model_dir placeholder",
+     GOOD.replace("train\"}", "train\", model_dir: '/m/{run_id'}"),
+     ["job.model_dir", "'/m/{run_id'", "{run_id}, {run_dir}"]),
+    ("infinite backoff", GOOD + "restart: {backoff_seconds: .inf}\n",
+     ["restart.backoff_seconds", "finite"]),
+    ("nan startup timeout", GOOD + "timeouts: {startup_seconds: .nan}\n",
+     ["timeouts.startup_seconds", "finite"]),
+    ("infinite deadline", GOOD + "timeouts: {deadline_seconds: .inf}\n",
+     ["timeouts.deadline_seconds", "finite"]),
+    ("infinite connect timeout", GOOD.replace("localhost", "lab")
+     + "hosts: {lab: {address: 10.0.0.2, connect_timeout_seconds: .inf}}\n",
+     ["hosts.lab.connect_timeout_seconds", "finite"]),
+    ("port true", GOOD.replace("localhost:20001", "{host: localhost, port: true}"),
+     ["tasks.worker[1].port", "True"]),
+    ("host port true", GOOD.replace("localhost", "lab")
+     + "hosts: {lab: {address: 10.0.0.2, port: true}}\n", ["hosts.lab.port", "True"]),
+    ("max_restarts true", GOOD + "restart: {max_restarts: true}\n",
+     ["restart.max_restarts", "True"]),
+    ("duplicate key", GOOD + "name: u\n", ["line 5", "duplicate key 'name'", "first at line 1"]),
+    ("YAML alias bomb", GOOD + "x: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+     + "".join(f"x{i}: &a{i} [{', '.join(['*a' if i == 0 else f'*a{i - 1}'] * 9)}]\n"
+               for i in range(9)),
+     ["line 5", "anchors and aliases (&a)"]),
+    ("100,000 nested [ in YAML", GOOD + "x: " + "[" * 100_000 + "]" * 100_000 + "\n",
+     ["line 5", "nested more than 64 levels"]),
+]
+BAD += HOSTILE
 
 
 @pytest.mark.parametrize(("case", "text", "needles"), BAD, ids=[c for c, _, _ in BAD])
@@ -75,7 +115,7 @@ def test_bad_spec_is_rejected_with_the_field_named(case, text, needles, tmp_path
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", ["unknown role", "duplicate address", "entry without function",
                                   "bad yaml", "ps in an MWMS job", "PS job without ps",
-                                  "PS job with two chiefs"])
+                                  "PS job with two chiefs", *[c for c, _, _ in HOSTILE]])
 def test_cli_exits_2_without_traceback(case, tmp_path):
     text, needles = next((t, n) for c, t, n in BAD if c == case)
     spec = write_spec(tmp_path / "c.yaml", text)
