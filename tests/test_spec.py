@@ -3,6 +3,9 @@ message naming the field and the offending value, and no traceback."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -174,3 +177,87 @@ def test_per_role_restart_policy():
 def test_relative_path_example(tmp_path: Path):
     spec = write_spec(tmp_path / "c.yaml", GOOD)
     assert load_spec(spec).name == "t"
+
+
+def _not_cluster_files(tmp_path: Path) -> list[tuple[Path, str]]:
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # reading it would wait for a writer forever
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(GOOD.encode() + "# caf\u00e9\n".encode("latin-1"))
+    deep_json = write_spec(tmp_path / "deep.json", "[" * 100_000 + "]" * 100_000)
+    huge = write_spec(tmp_path / "huge.yaml", GOOD + "#" * (2 << 20) + "\n")
+    return [(fifo, "not a regular file (a FIFO)"), (Path("/dev/zero"), "(a character device)"),
+            (tmp_path, "not a regular file (a directory)"),
+            (latin1, "not UTF-8 text: byte 0xe9 at line 5, column 6"),
+            (deep_json, "nested more than 64 levels deep"),
+            (huge, "larger than 1,048,576 bytes")]
+
+
+@pytest.mark.timeout(120)
+def test_files_that_are_not_cluster_files_exit_2_at_once(tmp_path: Path):
+    for path, needle in _not_cluster_files(tmp_path):
+        t0 = time.monotonic()
+        res = run_tfo("plan", str(path), timeout=20)
+        assert res.returncode == 2, res.output
+        assert f"{path}: " in res.stderr and needle in res.stderr, res.stderr
+        assert "Traceback" not in res.output
+        assert time.monotonic() - t0 < 15
+
+
+@pytest.mark.timeout(30)
+def test_an_alias_bomb_is_refused_within_a_second(tmp_path: Path):
+    text = next(t for c, t, _ in BAD if c == "YAML alias bomb")
+    t0 = time.monotonic()
+    with pytest.raises(SpecError, match="anchors and aliases"):
+        load_spec(write_spec(tmp_path / "c.yaml", text))
+    assert time.monotonic() - t0 < 1
+
+
+AUTO = GOOD.replace("localhost:20000, localhost:20001", "localhost:auto, localhost:auto")
+
+
+@pytest.mark.timeout(60)
+def test_a_run_dir_that_cannot_be_made(tmp_path: Path):
+    spec = write_spec(tmp_path / "c.yaml", AUTO)
+    a_file = write_spec(tmp_path / "a-file", "x")
+    for command, run_dir, needle in [
+            ("plan", a_file, f"--run-dir {a_file}: {a_file} is not a directory"),
+            ("run", a_file / "sub", f"--run-dir {a_file}/sub: {a_file} is not a directory"),
+            ("run", Path("/proc/tfo-x"), "run directory /proc/tfo-x: cannot write /proc/tfo-x")]:
+        res = run_tfo(command, str(spec), "--run-dir", str(run_dir), timeout=30)
+        assert res.returncode == 2, res.output
+        assert needle in res.stderr
+        assert "Traceback" not in res.output
+
+
+@pytest.mark.timeout(60)
+def test_a_full_disk_is_an_error_before_anything_starts(tmp_path: Path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill up: {mounted.stderr.strip()}")
+    try:
+        with pytest.raises(OSError), (disk / "filler").open("wb") as f:
+            for _ in range(64):
+                f.write(b"x" * 4096)
+                f.flush()
+        spec = write_spec(tmp_path / "c.yaml", AUTO)
+        res = run_tfo("run", str(spec), "--run-dir", str(disk / "run"), timeout=30)
+        assert res.returncode == 2, res.output
+        assert f"run directory {disk}/run: cannot write" in res.stderr
+        assert "No space left on device; nothing was started" in res.stderr
+        assert "Traceback" not in res.output
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.timeout(60)
+def test_more_local_tasks_than_cpus_is_a_warning_with_the_numbers(tmp_path: Path):
+    count = (os.cpu_count() or 1) + 1
+    spec = write_spec(tmp_path / "c.yaml", GOOD.replace(
+        "[localhost:20000, localhost:20001]", "[" + ", ".join(["localhost"] * count) + "]"))
+    res = run_tfo("plan", str(spec), timeout=30)
+    assert res.returncode == 0, res.output
+    assert f"warning: {count} tasks on localhost but {os.cpu_count()} CPU(s)" in res.stderr
