@@ -253,6 +253,10 @@ def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer
         result = Supervisor(p, spec, start=start, echo=_console_echo(verbose)).run()
     except SshError as e:
         raise _fail(str(e)) from None
+    except OSError as e:  # e.g. the run directory's disk filled up once the run was going
+        where = f"{e.filename}: " if e.filename else ""
+        err.print(f"[bold red]error:[/] {where}{e.strerror or e}", soft_wrap=True)
+        raise typer.Exit(1) from None
     finally:
         hosts.close()
     print_summary(result)

@@ -119,11 +119,13 @@ def _many(n: int, host: str = "lab") -> dict:
                                                             for i in range(n)]}}
 
 
-def test_make_plan_is_linear_and_fast():
+def test_make_plan_and_plan_json_are_fast():
     spec = parse_spec(_many(1000))
     t0 = time.perf_counter()
     plan = make_plan(spec, run_id="r1", run_dir="/runs/r1", workdir="/w")
-    assert time.perf_counter() - t0 < 0.5  # 15 s for 10,000 before: quadratic
+    plan.to_json()  # what run writes to plan.json
+    # 1.9 s before (0.07 s now): every task re-serialized, and to_json deep-copied, the cluster.
+    assert time.perf_counter() - t0 < 0.5
     for t in plan.tasks[::250]:  # what a task reads is exactly what json.dumps gives
         assert t.env["TF_CONFIG"] == json.dumps(t.tf_config, sort_keys=True)
         job = json.loads(t.env["TFO_JOB"])
