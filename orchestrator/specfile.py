@@ -72,9 +72,25 @@ def _kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a plain file")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
 def _parse_json(path: Path, text: str) -> Any:
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as err:
+        raise SpecFileError(f"{path}: duplicate key {err.args[0]!r} in one object; give each "
+                            "key once") from None
     except json.JSONDecodeError as err:
         raise SpecFileError(f"{path}: not valid JSON at line {err.lineno}, column {err.colno}: "
                             f"{err.msg}") from None

@@ -270,3 +270,9 @@ def test_more_local_tasks_than_cpus_is_a_warning_with_the_numbers(tmp_path: Path
     res = run_tfo("plan", str(spec), timeout=30)
     assert res.returncode == 0, res.output
     assert f"warning: {count} tasks on localhost but {os.cpu_count()} CPU(s)" in res.stderr
+
+
+def test_a_duplicate_key_in_json(tmp_path: Path):
+    path = write_spec(tmp_path / "c.json", '{"name": "t", "name": "u"}')
+    with pytest.raises(SpecError, match="duplicate key 'name' in one object"):
+        load_spec(path)
