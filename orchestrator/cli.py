@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -24,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.entry import EntryError, check_entry
 from orchestrator.launch import TaskHandle, describe_exit
 from orchestrator.launch.local import start_local
 from orchestrator.launch.ports import free_ports
@@ -57,30 +57,69 @@ def _auto_ports(spec: ClusterSpec) -> dict[str, int]:
     return dict(zip(wanted, free_ports(len(wanted), avoid=taken), strict=True))
 
 
+# A TensorFlow task wants about a core and half a GiB; beyond this many on one machine a
+# job is a mistake (10,000 workers grew the coordinator to 9.4 GB before anything started).
+MAX_LOCAL_TASKS = 256
+
+
 def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
-    """The entry's top-level package must be findable by local tasks. Only located, never
-    imported: importing user code could import TensorFlow into the coordinator."""
-    if not any(a.host == LOCALHOST for _, _, a in spec.tasks.all()):
-        return
-    top = spec.job.package
-    sys.path.insert(0, str(workdir))
+    """The entry's module and function must exist where tasks will look for them. Only
+    located and parsed, never imported: user code could import TensorFlow, or do anything."""
+    local = any(a.host == LOCALHOST for _, _, a in spec.tasks.all())
+    shipped = spec.job.package == "worker_entry" or (workdir / spec.job.package).exists() \
+        or (workdir / f"{spec.job.package}.py").exists()
+    if not (local or shipped):
+        return  # lab hosts' own packages; `job_packages` says if the code cannot be shipped
     try:
-        found = importlib.util.find_spec(top) is not None
-    except (ImportError, ValueError):
-        found = False
-    finally:
-        sys.path.remove(str(workdir))
-    if not found:
-        raise SpecError(f"job.entry: no module named {top!r} in {workdir} or the installed "
-                        f"packages ({spec.job.entry}); run tfo from the directory that holds it")
+        check_entry(spec.job.entry, workdir)
+    except EntryError as e:
+        raise SpecError(f"job.entry: {e} ({spec.job.entry})") from None
+
+
+def check_local_tasks(spec: ClusterSpec) -> None:
+    """Refuse more localhost tasks than can make sense; warn beyond one per CPU."""
+    count = sum(1 for _, _, a in spec.tasks.all() if a.host == LOCALHOST)
+    if count > MAX_LOCAL_TASKS:
+        raise SpecError(f"tasks: {count:,} tasks on localhost; at most {MAX_LOCAL_TASKS} run on "
+                        "one machine (each TensorFlow task wants about a core and 0.5 GB); "
+                        "spread them over hosts:")
+    cpus = os.cpu_count() or 1
+    if count > cpus:
+        err.print(f"[yellow]warning:[/] {count} tasks on localhost but {cpus} CPU(s): each "
+                  "TensorFlow task wants about a core and 0.5 GB; expect a slow start",
+                  soft_wrap=True)
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """What can be told without creating it: the run directory, or the nearest existing
+    folder above it, must be a directory."""
+    path = run_dir
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        raise SpecError(f"--run-dir {run_dir}: {path} is not a directory")
+
+
+def make_run_dir(p: Plan) -> None:
+    """Made, and plan.json written, before anything starts: a bad place or a full disk is an
+    error for the user here, not a traceback later."""
+    rd = Path(p.run_dir)
+    try:
+        (rd / "logs").mkdir(parents=True, exist_ok=True)
+        (rd / "plan.json").write_text(json.dumps(p.to_json(), indent=2))
+    except OSError as e:
+        raise SpecError(f"run directory {rd}: cannot write {e.filename or rd}: "
+                        f"{e.strerror or e}") from None
 
 
 def prepare(file: Path, run_dir: Path | None) -> tuple[ClusterSpec, Plan]:
     """Load, validate and plan; raises SpecError with a message for the user."""
     spec = load_spec(file)
     check_entry_importable(spec, Path.cwd())
+    check_local_tasks(spec)
     run_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     run_dir = (run_dir or Path("runs") / run_id).resolve()
+    check_run_dir(run_dir)
     plan = make_plan(spec, run_id=run_id, run_dir=run_dir, workdir=Path.cwd(),
                      ports=_auto_ports(spec))
     return spec, plan
@@ -196,6 +235,10 @@ def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer
         problems = _preflight(spec, p, hosts, show=False)
         if problems:
             raise _fail("cannot start, nothing was started:\n  " + "\n  ".join(problems))
+        try:
+            make_run_dir(p)
+        except SpecError as e:
+            raise _fail(f"{e}; nothing was started") from None
         remote = list(dict.fromkeys(t.host for t in p.tasks if not t.is_local))
         with ThreadPoolExecutor(max_workers=max(1, len(remote))) as pool:
             copied = pool.map(lambda n: hosts.sync_code(n, packages, spec.hosts[n].workdir),
@@ -210,6 +253,10 @@ def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer
         result = Supervisor(p, spec, start=start, echo=_console_echo(verbose)).run()
     except SshError as e:
         raise _fail(str(e)) from None
+    except OSError as e:  # e.g. the run directory's disk filled up once the run was going
+        where = f"{e.filename}: " if e.filename else ""
+        err.print(f"[bold red]error:[/] {where}{e.strerror or e}", soft_wrap=True)
+        raise typer.Exit(1) from None
     finally:
         hosts.close()
     print_summary(result)

@@ -13,11 +13,11 @@ import json
 import posixpath
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from orchestrator.spec import LOCALHOST, ClusterSpec, Strategy
+from orchestrator.spec import LOCALHOST, MAX_ARG_STRLEN, ClusterSpec, SpecError, Strategy
 
 CLUSTER_ROLES = ("chief", "worker", "ps")  # the evaluator is never part of `cluster`
 
@@ -42,9 +42,10 @@ class TaskPlan:
         return self.host == LOCALHOST
 
     def to_json(self) -> dict[str, Any]:
+        # No asdict: it deep-copies every task's cluster, quadratic in the number of tasks.
         keys = ("name", "host", "port", "tf_config", "command", "env", "role", "index",
                 "address", "cwd", "log_path")
-        return {k: v for k, v in asdict(self).items() if k in keys}
+        return {k: getattr(self, k) for k in keys}
 
 
 @dataclass(frozen=True)
@@ -94,10 +95,13 @@ def make_plan(
         resolved.append((role, index, addr.host, address, port))
 
     cluster: dict[str, list[str]] = {}
-    for role in CLUSTER_ROLES:
-        members = sorted((i, f"{a}:{p}") for r, i, _, a, p in resolved if r == role)
-        if members:
-            cluster[role] = [hp for _, hp in members]
+    for role, _, _, address, port in resolved:  # spec.tasks.all() gives each role in order
+        if role in CLUSTER_ROLES:
+            cluster.setdefault(role, []).append(f"{address}:{port}")
+    cluster = {role: cluster[role] for role in sorted(cluster)}
+    # Serialized once and shared: every task's TF_CONFIG holds the whole cluster.
+    cluster_json = json.dumps(cluster)
+    args_json = json.dumps(spec.job.args, sort_keys=True)
 
     tasks = []
     for role, index, host, address, port in resolved:
@@ -112,27 +116,47 @@ def make_plan(
         model_dir = spec.job.model_dir.format(run_id=run_id, run_dir=task_run_dir)
         if not posixpath.isabs(model_dir) and not model_dir.startswith("~"):
             model_dir = posixpath.join(task_workdir, model_dir)
-        tf_config = {"cluster": cluster, "task": {"type": role, "index": index}}
+        task = {"type": role, "index": index}
+        task_json = json.dumps(task, sort_keys=True)
         tmp_dir = posixpath.join(task_run_dir, "tmp", f"{role}-{index}")
-        job = {"entry": spec.job.entry, "args": spec.job.args, "model_dir": model_dir,
+        job = {"entry": spec.job.entry, "model_dir": model_dir,
                "strategy": spec.strategy.value, "run_id": run_id, "run_dir": task_run_dir,
                "tmp_dir": tmp_dir}
         env = {
             **spec.env,
             **(spec.hosts[host].env if host in spec.hosts else {}),
-            "TF_CONFIG": json.dumps(tf_config, sort_keys=True),
+            # What json.dumps(..., sort_keys=True) gives, without re-serializing the cluster.
+            "TF_CONFIG": f'{{"cluster": {cluster_json}, "task": {task_json}}}',
             "TFO_TASK": name,
-            "TFO_JOB": json.dumps(job, sort_keys=True),
+            "TFO_JOB": f'{{"args": {args_json}, {json.dumps(job, sort_keys=True)[1:]}',
             # Keras 3 in TF 2.21 breaks multi-worker fit and has no PS support.
             "TF_USE_LEGACY_KERAS": "1",
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": task_workdir,
         }
+        _check_env_fits(name, host, env)
         tasks.append(TaskPlan(
             name=name, role=role, index=index, host=host, address=address, port=port,
-            tf_config=tf_config, command=[exe, "-m", "worker_entry"], env=env,
-            cwd=task_workdir, log_path=posixpath.join(run_dir, "logs", f"{role}-{index}.log"),
-            tmp_dir=tmp_dir,
+            tf_config={"cluster": cluster, "task": task}, command=[exe, "-m", "worker_entry"],
+            env=env, cwd=task_workdir,
+            log_path=posixpath.join(run_dir, "logs", f"{role}-{index}.log"), tmp_dir=tmp_dir,
         ))
     return Plan(name=spec.name, strategy=spec.strategy, run_id=run_id, run_dir=run_dir,
                 tasks=tasks)
+
+
+def _check_env_fits(name: str, host: str, env: Mapping[str, str]) -> None:
+    """Linux refuses to start a process (E2BIG) with any environment string over
+    MAX_ARG_STRLEN; an SSH task's whole environment is one shell command, under the same cap."""
+    sizes = {k: len(k.encode()) + len(v.encode()) + 2 for k, v in env.items()}  # K=V and NUL
+    biggest = max(sizes, key=sizes.__getitem__)
+    if sizes[biggest] > MAX_ARG_STRLEN:
+        what = ("the cluster is too large for one TF_CONFIG" if biggest == "TF_CONFIG"
+                else "make it smaller")
+        raise SpecError(f"{name}: its environment variable {biggest} is {sizes[biggest]:,} "
+                        f"bytes; Linux allows {MAX_ARG_STRLEN:,} (MAX_ARG_STRLEN): {what}")
+    total = sum(sizes.values()) + 4096  # room for the command around it
+    if host != LOCALHOST and total > MAX_ARG_STRLEN:
+        raise SpecError(f"{name}: its environment is {total:,} bytes and travels to {host} in "
+                        f"one SSH command, which Linux caps at {MAX_ARG_STRLEN:,} bytes "
+                        "(MAX_ARG_STRLEN); make env, job.args or the cluster smaller")

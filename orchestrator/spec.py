@@ -12,26 +12,35 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from orchestrator.specfile import SpecFileError, read_data
+
 ROLES = ("chief", "worker", "ps", "evaluator")
 LOCALHOST = "localhost"
 _ENTRY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MODEL_DIR_PLACEHOLDERS = ("run_id", "run_dir")
+# Linux's MAX_ARG_STRLEN: the most one argv or environment string may hold, its NUL included.
+# A task's job (TFO_JOB) and TF_CONFIG travel in its environment.
+MAX_ARG_STRLEN = 32 * 4096
 
 
 class SpecError(Exception):
@@ -53,14 +62,37 @@ class RestartPolicy(str, Enum):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf/nan in any float: an infinite backoff or timeout idles forever.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# Strict: YAML's `true` would otherwise become 1 (a port, a count).
+Int = Annotated[int, Strict()]
+Port = Annotated[int, Strict(), Field(ge=1, le=65535)]
+# Strict floats still take ints but refuse booleans.
+Seconds = Annotated[float, Strict()]
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    """Names a shell and `env` take as names (an SSH task's env reaches a remote shell)."""
+    for key, value in env.items():
+        if not _ENV_KEY.match(key):
+            raise ValueError(f"bad key {key!r}: environment variable names are letters, digits "
+                             "and _, not starting with a digit")
+        if "\0" in value:
+            raise ValueError(f"the value of {key} contains a NUL character, which no "
+                             "environment variable can hold")
+    return env
+
+
+Env = Annotated[dict[str, str], AfterValidator(_check_env)]
 
 
 class Address(_Model):
     """Where one task listens. `port=None` means: take a free port at launch (`port: auto`)."""
 
     host: str
-    port: int | None = None
+    port: Int | None = None
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port if self.port is not None else 'auto'}"
@@ -86,7 +118,7 @@ def parse_address(value: Any) -> Any:
         raise ValueError(f"bad host {host!r} in {value!r}")
     if port_text == "auto":
         return {"host": host, "port": None}
-    if not port_text.isdigit():
+    if not (port_text.isascii() and port_text.isdigit()):
         raise ValueError(f"port must be a number or 'auto', got {port_text!r} in {value!r}")
     return {"host": host, "port": int(port_text)}
 
@@ -106,6 +138,35 @@ class JobSpec(_Model):
     def package(self) -> str:
         """The entry's top-level package: what a task must be able to import."""
         return self.entry.split(":")[0].split(".")[0]
+
+    @field_validator("model_dir")
+    @classmethod
+    def _model_dir_placeholders(cls, model_dir: str) -> str:
+        allowed = ", ".join(f"{{{p}}}" for p in MODEL_DIR_PLACEHOLDERS)
+        try:
+            names = [n for _, n, _, _ in string.Formatter().parse(model_dir) if n is not None]
+            unknown = [n for n in names if n not in MODEL_DIR_PLACEHOLDERS]
+            if not unknown:
+                model_dir.format(**dict.fromkeys(MODEL_DIR_PLACEHOLDERS, "x"))
+        except (ValueError, KeyError, IndexError, AttributeError) as e:
+            raise ValueError(f"{model_dir!r} is not a valid path template ({e}); placeholders are "
+                             f"{allowed}, and {{{{ }}}} stand for literal braces") from None
+        if unknown:
+            raise ValueError(f"unknown placeholder {{{unknown[0]}}} in {model_dir!r}; placeholders "
+                             f"are {allowed}, and {{{{ }}}} stand for literal braces")
+        return model_dir
+
+    @field_validator("args")
+    @classmethod
+    def _args_fit_in_the_environment(cls, args: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(args).encode())
+        limit = MAX_ARG_STRLEN - 4096  # the rest of TFO_JOB: entry, paths, run id
+        if size > limit:
+            raise ValueError(f"{size:,} bytes as JSON, more than the {limit:,} a task can be "
+                             f"given: the job travels in the task's environment (TFO_JOB), and "
+                             f"Linux allows {MAX_ARG_STRLEN:,} bytes per variable; put large "
+                             "data in a file and pass its path")
+        return args
 
     @field_validator("entry")
     @classmethod
@@ -156,8 +217,8 @@ class RestartSpec(_Model):
     """How the job reacts to a lost task; the strategy decides what is restarted with it."""
 
     policy: RestartPolicy | dict[str, RestartPolicy] = RestartPolicy.NEVER
-    max_restarts: int = Field(default=3, ge=0)
-    backoff_seconds: float = Field(default=1.0, ge=0)
+    max_restarts: Int = Field(default=3, ge=0)
+    backoff_seconds: Seconds = Field(default=1.0, ge=0)
 
     @field_validator("policy")
     @classmethod
@@ -176,25 +237,25 @@ class RestartSpec(_Model):
 
 
 class TimeoutSpec(_Model):
-    startup_seconds: float = Field(default=300.0, gt=0)
-    deadline_seconds: float | None = Field(default=None, gt=0)
-    grace_seconds: float = Field(default=10.0, ge=0)
-    evaluator_seconds: float = Field(default=60.0, ge=0)
+    startup_seconds: Seconds = Field(default=300.0, gt=0)
+    deadline_seconds: Seconds | None = Field(default=None, gt=0)
+    grace_seconds: Seconds = Field(default=10.0, ge=0)
+    evaluator_seconds: Seconds = Field(default=60.0, ge=0)
 
 
 class HostSpec(_Model):
     """A lab machine reached over SSH."""
 
     address: str
-    port: int = Field(default=22, ge=1, le=65535)
+    port: Port = 22
     user: str | None = None
     key: str | None = None
     python: str = "python3"
     workdir: str = "~/tfo"
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     check_host_key: bool = True  # known_hosts checking; false trusts any host key
     known_hosts: str | None = None  # default ~/.ssh/known_hosts
-    connect_timeout_seconds: float = Field(default=10.0, gt=0)
+    connect_timeout_seconds: Seconds = Field(default=10.0, gt=0)
 
     @field_validator("address")
     @classmethod
@@ -212,7 +273,7 @@ class ClusterSpec(_Model):
     hosts: dict[str, HostSpec] = Field(default_factory=dict)
     restart: RestartSpec = Field(default_factory=RestartSpec)
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     evaluator_required: bool = False
 
     @model_validator(mode="after")
@@ -315,24 +376,8 @@ def parse_spec(data: Any, source: str = "<spec>") -> ClusterSpec:
 
 def load_spec(path: str | Path) -> ClusterSpec:
     """Read a YAML or JSON cluster file; any mistake raises SpecError."""
-    path = Path(path)
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such cluster file") from None
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read: {err.strerror}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as err:
-        where = ""
-        mark = getattr(err, "problem_mark", None)
-        if mark is not None:
-            where = f" at line {mark.line + 1}, column {mark.column + 1}"
-        elif isinstance(err, json.JSONDecodeError):
-            where = f" at line {err.lineno}, column {err.colno}"
-        problem = getattr(err, "problem", None) or getattr(err, "msg", str(err))
-        raise SpecError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}"
-                        f"{where}: {problem}") from None
+        data = read_data(Path(path))
+    except SpecFileError as err:
+        raise SpecError(str(err)) from None
     return parse_spec(data, str(path))
-

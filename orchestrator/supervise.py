@@ -74,7 +74,10 @@ class JobState(str, Enum):
 
 
 def restart_allowed(policy: RestartPolicy, returncode: int | None) -> bool:
-    """TFJob's rules; `returncode` None means the task never came up (retryable)."""
+    """TFJob's rules; `returncode` None means the task never came up (retryable). A task
+    that exits EXIT_PERMANENT (its entry does not exist) is never restarted."""
+    if returncode == markers.EXIT_PERMANENT:
+        return False
     if policy is RestartPolicy.ALWAYS:
         return True
     if policy is RestartPolicy.NEVER:
@@ -326,6 +329,11 @@ class Supervisor:
 
     def _task_lost(self, rec: TaskRecord, rc: int | None, why: str) -> None:
         policy = self.spec.restart.for_role(rec.role)
+        if rc == markers.EXIT_PERMANENT:
+            why = (f"{rec.name}: entry {self.spec.job.entry} cannot be found "
+                   f"(exit code {rc}: permanent, not restarted)")
+            if rec.role != "evaluator":
+                raise _Stop(JobState.FAILED, why, rec.name)
         if rec.role == "evaluator":
             # A sidecar: restarts alone, and fails the job only when the spec says so.
             if restart_allowed(policy, rc) and rec.restarts < self.spec.restart.max_restarts:

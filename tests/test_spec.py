@@ -3,6 +3,9 @@ message naming the field and the offending value, and no traceback."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +65,46 @@ BAD = [
     ("PS job without chief", GOOD.replace("name: t", "name: t\nstrategy: parameter_server")
      + "  ps: [localhost:20004]\n", ["tasks", "exactly one chief"]),
 ]
+# Issue 8: inputs that gave a traceback, a hang or a silently wrong value.
+HOSTILE = [
+    ("shell in an env key", GOOD + "env: {'A$(touch /tmp/pwned)': v}\n",
+     ["env: bad key 'A$(touch /tmp/pwned)'", "letters, digits and _"]),
+    ("shell in a host env key", GOOD.replace("localhost", "lab")
+     + "hosts: {lab: {address: 10.0.0.2, env: {'A;id': v}}}\n",
+     ["hosts.lab.env: bad key 'A;id'"]),
+    ("env key with =", GOOD + "env: {A=B: v}\n", ["env: bad key 'A=B'"]),
+    ("NUL in an env value", GOOD + 'env: {A: "x\\0y"}\n', ["env", "A", "NUL"]),
+    ("200 KB of args", GOOD.replace("train\"}", "train\", args: {blob: " + "x" * 200_000 + "}}"),
+     ["job.args", "200,0", "131,072", "TFO_JOB"]),
+    ("unknown model_dir placeholder", GOOD.replace("train\"}", "train\", model_dir: '{model}'}"),
+     ["job.model_dir", "{model}", "{run_id}, {run_dir}"]),
+    ("unclosed model_dir placeholder",
+     GOOD.replace("train\"}", "train\", model_dir: '/m/{run_id'}"),
+     ["job.model_dir", "'/m/{run_id'", "{run_id}, {run_dir}"]),
+    ("infinite backoff", GOOD + "restart: {backoff_seconds: .inf}\n",
+     ["restart.backoff_seconds", "finite"]),
+    ("nan startup timeout", GOOD + "timeouts: {startup_seconds: .nan}\n",
+     ["timeouts.startup_seconds", "finite"]),
+    ("infinite deadline", GOOD + "timeouts: {deadline_seconds: .inf}\n",
+     ["timeouts.deadline_seconds", "finite"]),
+    ("infinite connect timeout", GOOD.replace("localhost", "lab")
+     + "hosts: {lab: {address: 10.0.0.2, connect_timeout_seconds: .inf}}\n",
+     ["hosts.lab.connect_timeout_seconds", "finite"]),
+    ("port true", GOOD.replace("localhost:20001", "{host: localhost, port: true}"),
+     ["tasks.worker[1].port", "True"]),
+    ("host port true", GOOD.replace("localhost", "lab")
+     + "hosts: {lab: {address: 10.0.0.2, port: true}}\n", ["hosts.lab.port", "True"]),
+    ("max_restarts true", GOOD + "restart: {max_restarts: true}\n",
+     ["restart.max_restarts", "True"]),
+    ("duplicate key", GOOD + "name: u\n", ["line 5", "duplicate key 'name'", "first at line 1"]),
+    ("YAML alias bomb", GOOD + "x: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+     + "".join(f"x{i}: &a{i} [{', '.join(['*a' if i == 0 else f'*a{i - 1}'] * 9)}]\n"
+               for i in range(9)),
+     ["line 5", "anchors and aliases (&a)"]),
+    ("100,000 nested [ in YAML", GOOD + "x: " + "[" * 100_000 + "]" * 100_000 + "\n",
+     ["line 5", "nested more than 64 levels"]),
+]
+BAD += HOSTILE
 
 
 @pytest.mark.parametrize(("case", "text", "needles"), BAD, ids=[c for c, _, _ in BAD])
@@ -75,7 +118,7 @@ def test_bad_spec_is_rejected_with_the_field_named(case, text, needles, tmp_path
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", ["unknown role", "duplicate address", "entry without function",
                                   "bad yaml", "ps in an MWMS job", "PS job without ps",
-                                  "PS job with two chiefs"])
+                                  "PS job with two chiefs", *[c for c, _, _ in HOSTILE]])
 def test_cli_exits_2_without_traceback(case, tmp_path):
     text, needles = next((t, n) for c, t, n in BAD if c == case)
     spec = write_spec(tmp_path / "c.yaml", text)
@@ -134,3 +177,102 @@ def test_per_role_restart_policy():
 def test_relative_path_example(tmp_path: Path):
     spec = write_spec(tmp_path / "c.yaml", GOOD)
     assert load_spec(spec).name == "t"
+
+
+def _not_a_cluster_file(case: str, tmp_path: Path) -> Path:
+    if case == "FIFO":
+        os.mkfifo(tmp_path / "fifo.yaml")  # reading it would wait for a writer forever
+        return tmp_path / "fifo.yaml"
+    if case == "/dev/zero":
+        return Path("/dev/zero")  # never ends
+    if case == "directory":
+        return tmp_path
+    if case == "latin-1":
+        path = tmp_path / "latin1.yaml"
+        path.write_bytes(GOOD.encode() + "# caf\u00e9\n".encode("latin-1"))
+        return path
+    if case == "100,000 nested [ in JSON":
+        return write_spec(tmp_path / "deep.json", "[" * 100_000 + "]" * 100_000)
+    return write_spec(tmp_path / "huge.yaml", GOOD + "#" * (2 << 20) + "\n")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("case", "needle"), [
+    ("FIFO", "not a regular file (a FIFO)"), ("/dev/zero", "(a character device)"),
+    ("directory", "not a regular file (a directory)"),
+    ("latin-1", "not UTF-8 text: byte 0xe9 at line 5, column 6"),
+    ("100,000 nested [ in JSON", "nested more than 64 levels deep"),
+    ("2 MiB", "larger than 1,048,576 bytes")])
+def test_files_that_are_not_cluster_files_exit_2_at_once(case, needle, tmp_path: Path):
+    path = _not_a_cluster_file(case, tmp_path)
+    t0 = time.monotonic()
+    res = run_tfo("plan", str(path), timeout=20)
+    assert res.returncode == 2, res.output
+    assert f"{path}: " in res.stderr and needle in res.stderr, res.stderr
+    assert "Traceback" not in res.output
+    assert time.monotonic() - t0 < 15
+
+
+@pytest.mark.timeout(30)
+def test_an_alias_bomb_is_refused_within_a_second(tmp_path: Path):
+    text = next(t for c, t, _ in BAD if c == "YAML alias bomb")
+    t0 = time.monotonic()
+    with pytest.raises(SpecError, match="anchors and aliases"):
+        load_spec(write_spec(tmp_path / "c.yaml", text))
+    assert time.monotonic() - t0 < 1
+
+
+AUTO = GOOD.replace("localhost:20000, localhost:20001", "localhost:auto, localhost:auto")
+
+
+@pytest.mark.timeout(60)
+def test_a_run_dir_that_cannot_be_made(tmp_path: Path):
+    spec = write_spec(tmp_path / "c.yaml", AUTO)
+    a_file = write_spec(tmp_path / "a-file", "x")
+    for command, run_dir, needle in [
+            ("plan", a_file, f"--run-dir {a_file}: {a_file} is not a directory"),
+            ("run", a_file / "sub", f"--run-dir {a_file}/sub: {a_file} is not a directory"),
+            ("run", Path("/proc/tfo-x"), "run directory /proc/tfo-x: cannot write /proc/tfo-x")]:
+        res = run_tfo(command, str(spec), "--run-dir", str(run_dir), timeout=30)
+        assert res.returncode == 2, res.output
+        assert needle in res.stderr
+        assert "Traceback" not in res.output
+
+
+@pytest.mark.timeout(60)
+def test_a_full_disk_is_an_error_before_anything_starts(tmp_path: Path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill up: {mounted.stderr.strip()}")
+    try:
+        with pytest.raises(OSError), (disk / "filler").open("wb") as f:
+            for _ in range(64):
+                f.write(b"x" * 4096)
+                f.flush()
+        spec = write_spec(tmp_path / "c.yaml", AUTO)
+        res = run_tfo("run", str(spec), "--run-dir", str(disk / "run"), timeout=30)
+        assert res.returncode == 2, res.output
+        assert f"run directory {disk}/run: cannot write" in res.stderr
+        assert "No space left on device; nothing was started" in res.stderr
+        assert "Traceback" not in res.output
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.timeout(60)
+def test_more_local_tasks_than_cpus_is_a_warning_with_the_numbers(tmp_path: Path):
+    count = (os.cpu_count() or 1) + 1
+    spec = write_spec(tmp_path / "c.yaml", GOOD.replace(
+        "[localhost:20000, localhost:20001]", "[" + ", ".join(["localhost"] * count) + "]"))
+    res = run_tfo("plan", str(spec), timeout=30)
+    assert res.returncode == 0, res.output
+    assert f"warning: {count} tasks on localhost but {os.cpu_count()} CPU(s)" in res.stderr
+
+
+def test_a_duplicate_key_in_json(tmp_path: Path):
+    path = write_spec(tmp_path / "c.json", '{"name": "t", "name": "u"}')
+    with pytest.raises(SpecError, match="duplicate key 'name' in one object"):
+        load_spec(path)

@@ -15,6 +15,7 @@ import pytest
 from orchestrator.plan import TaskPlan, make_plan
 from orchestrator.spec import parse_spec
 from orchestrator.supervise import JobState, Supervisor, TaskState
+from worker_entry.markers import EXIT_PERMANENT
 
 READY = '@tfo {"event": "ready", "what": "training"}'
 
@@ -166,3 +167,27 @@ def test_startup_timeout_names_every_task_not_up(tmp_path):
     assert result.state is JobState.FAILED
     assert "startup timeout (1 s): never came up: worker:1" in result.reason
     assert "worker:0" not in result.reason.split("never came up")[1]
+
+
+@pytest.mark.timeout(20)
+def test_an_entry_that_cannot_be_found_is_never_restarted(tmp_path):
+    """EXIT_PERMANENT (the task's entry does not exist) ends the job under any policy."""
+    scripts = {"worker:1": Script([(EXIT_PERMANENT, 0.05, False), (0, 0.05, True)])}
+    result, started, events = supervise(tmp_path, spec(policy="always", max_restarts=5), scripts)
+    assert result.state is JobState.FAILED and result.exit_code == 1
+    assert result.restarts == 0 and ("worker:1", 1) not in started
+    assert result.failed_task == "worker:1"
+    assert result.reason == ("worker:1: entry a.b:c cannot be found (exit code 78: permanent, "
+                             "not restarted)")
+    assert not [e for e in events if e["event"] == "task_restarted"]
+
+
+@pytest.mark.timeout(20)
+def test_an_evaluator_whose_entry_cannot_be_found_is_not_restarted(tmp_path):
+    tasks = {"worker": ["localhost:1"], "evaluator": ["localhost:2"]}
+    scripts = {"worker:0": Script([(0, 0.5, True)]),
+               "evaluator:0": Script([(EXIT_PERMANENT, 0.05, False)])}
+    result, started, _ = supervise(tmp_path, spec(policy="always", max_restarts=3, **tasks),
+                                   scripts)
+    assert result.state is JobState.SUCCEEDED  # a sidecar: the job goes on without it
+    assert ("evaluator:0", 1) not in started

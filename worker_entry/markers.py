@@ -25,6 +25,11 @@ EVALUATED = "evaluated"  # the evaluator evaluated a checkpoint (`epoch`, `metri
 SAVED = "saved"  # the model was written (`path`, `chief`)
 DONE = "done"  # the entry returned
 
+# A task's exit code for "retrying cannot help": its entry's module or function does not
+# exist. The supervisor never restarts it, whatever the restart policy. 78 is EX_CONFIG
+# (sysexits.h); user code exiting 78 on its own is taken the same way.
+EXIT_PERMANENT = 78
+
 
 def emit(event: str, **fields: Any) -> None:
     print(PREFIX + json.dumps({"event": event, **fields}, default=str), flush=True)

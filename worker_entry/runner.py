@@ -12,18 +12,32 @@ import os
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from worker_entry import lifeline, markers
 
 
 def resolve_entry(entry: str) -> Callable[[Any], Any]:
+    """The entry's function. One that does not exist exits EXIT_PERMANENT; an error raised
+    by the user's module while it imports is an ordinary failure (it may be transient)."""
     module_name, _, func_name = entry.partition(":")
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        # Only the entry's own module or a parent: a missing dependency is the module's error.
+        if e.name is None or not f"{module_name}.".startswith(f"{e.name}."):
+            raise
+        _permanent(f"entry {entry}: no module named {e.name!r}")
     func = getattr(module, func_name, None)
     if not callable(func):
-        raise SystemExit(f"[tfo] entry {entry!r}: {module_name} has no function {func_name!r}")
+        _permanent(f"entry {entry}: module {module_name!r} has no function {func_name!r}")
     return func
+
+
+def _permanent(why: str) -> NoReturn:
+    print(f"[tfo] {why} (exit code {markers.EXIT_PERMANENT}: permanent, not restarted)",
+          file=sys.stderr, flush=True)
+    raise SystemExit(markers.EXIT_PERMANENT)
 
 
 def _serve(tf: Any, role: str, index: int) -> int:

@@ -1,0 +1,110 @@
+"""An entry that does not exist is a permanent error: `plan`/`check`/`run` refuse it without
+importing anything, and a task that meets one anyway exits EXIT_PERMANENT (never restarted)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.entry import EntryError, check_entry
+from orchestrator.plan import make_plan
+from orchestrator.spec import parse_spec
+from tests.conftest import REPO, run_tfo, write_spec
+from worker_entry.markers import EXIT_PERMANENT
+
+SPEC = """\
+name: t
+job: {entry: "ENTRY"}
+tasks:
+  worker: [localhost:auto, localhost:auto]
+"""
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ("worker_entry.examples.digitz:train",
+     "module 'worker_entry.examples' has no module 'digitz' (modules there: digits)"),
+    ("worker_entry.examples.digits:trian",
+     "module 'worker_entry.examples.digits' has no function 'trian' (defined there: "
+     "build_model, load_data, train)"),
+    ("no_such_pkg.mod:train", "no module named 'no_such_pkg'"),
+])
+def test_a_missing_module_or_function_is_named(entry, message):
+    with pytest.raises(EntryError) as err:
+        check_entry(entry, REPO)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("entry", [
+    "worker_entry.examples.digits:train", "tests.jobs.faulty:train",
+    "json:loads",  # an installed package
+    "math:anything",  # an extension module: no source, the task decides
+    "os.path:join",  # a submodule only importing makes
+])
+def test_entries_that_exist_or_cannot_be_told_pass(entry):
+    check_entry(entry, REPO)
+
+
+def test_conditional_and_imported_bindings_count(tmp_path: Path):
+    (tmp_path / "userjob.py").write_text(
+        "try:\n    from fastlib import train\nexcept ImportError:\n"
+        "    def train(ctx): pass\n"
+        "if True:\n    evaluate = train\n"
+        "with open(__file__) as f:\n    pass\n"
+        "def helper():\n    inner = 1\n")
+    for fn in ("train", "evaluate", "f", "helper"):
+        check_entry(f"userjob:{fn}", tmp_path)
+    with pytest.raises(EntryError, match="has no function 'inner'"):
+        check_entry("userjob:inner", tmp_path)  # local to a function: not the module's
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("entry", "needle"), [
+    ("worker_entry.examples.digitz:train", "job.entry: module 'worker_entry.examples' has no "
+                                           "module 'digitz' (modules there: digits)"),
+    ("worker_entry.examples.digits:trian", "job.entry: module 'worker_entry.examples.digits' "
+                                           "has no function 'trian'"),
+])
+def test_plan_check_and_run_refuse_a_missing_entry(entry, needle, tmp_path: Path):
+    spec = write_spec(tmp_path / "c.yaml", SPEC.replace("ENTRY", entry))
+    for command in ("plan", "check", "run"):
+        res = run_tfo(command, str(spec), *(["--run-dir", str(tmp_path / "run")]
+                                            if command != "check" else []), timeout=30)
+        assert res.returncode == 2, res.output
+        assert needle in res.stderr
+        assert "Traceback" not in res.output
+    assert not (tmp_path / "run").exists()
+
+
+def _run_task(entry: str, workdir: Path) -> subprocess.CompletedProcess[str]:
+    """A real task process (`python -m worker_entry`) with the env the plan gives it."""
+    spec = parse_spec({"name": "t", "job": {"entry": entry},
+                       "tasks": {"worker": ["localhost:1"]}})
+    task = make_plan(spec, run_id="r", run_dir=workdir / "run", workdir=workdir).tasks[0]
+    env = {**os.environ, **task.env, "PYTHONPATH": f"{workdir}{os.pathsep}{REPO}"}
+    env.pop("TFO_LIFELINE", None)
+    return subprocess.run(task.command, cwd=workdir, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_a_task_whose_entry_is_missing_exits_permanent(tmp_path: Path):
+    res = _run_task("worker_entry.examples.digitz:train", tmp_path)
+    assert res.returncode == EXIT_PERMANENT, res.stderr[-2000:]
+    assert ("entry worker_entry.examples.digitz:train: no module named "
+            "'worker_entry.examples.digitz' (exit code 78: permanent, not restarted)") in res.stderr
+    assert "Traceback" not in res.stderr
+    res = _run_task("worker_entry.examples.digits:trian", tmp_path)
+    assert res.returncode == EXIT_PERMANENT, res.stderr[-2000:]
+    assert "module 'worker_entry.examples.digits' has no function 'trian'" in res.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_missing_dependency_of_the_entry_is_an_ordinary_failure(tmp_path: Path):
+    (tmp_path / "userjob.py").write_text("import no_such_dependency_tfo\n\ndef train(ctx): pass\n")
+    res = _run_task("userjob:train", tmp_path)
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert "No module named 'no_such_dependency_tfo'" in res.stderr
+
