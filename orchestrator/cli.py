@@ -112,12 +112,18 @@ def make_run_dir(p: Plan) -> None:
                         f"{e.strerror or e}") from None
 
 
-def prepare(file: Path, run_dir: Path | None) -> tuple[ClusterSpec, Plan]:
-    """Load, validate and plan; raises SpecError with a message for the user."""
+RUN_ID_PATTERN = "YYYYmmdd-HHMMSS-xxxx"  # what a dry run shows for the id a run will get
+
+
+def prepare(file: Path, run_dir: Path | None, dry_run: bool = False) -> tuple[ClusterSpec, Plan]:
+    """Load, validate and plan; raises SpecError with a message for the user. A dry run
+    names no run id: each real run gets a new one, so a made-up id would be a false promise."""
     spec = load_spec(file)
     check_entry_importable(spec, Path.cwd())
     check_local_tasks(spec)
-    run_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    stamp = RUN_ID_PATTERN if dry_run else \
+        f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    run_id = f"{spec.name}-{stamp}"
     run_dir = (run_dir or Path("runs") / run_id).resolve()
     check_run_dir(run_dir)
     plan = make_plan(spec, run_id=run_id, run_dir=run_dir, workdir=Path.cwd(),
@@ -130,7 +136,7 @@ def plan(file: FileArg, as_json: Annotated[bool, typer.Option(
         "--json", help="print a JSON list of tasks")] = False, run_dir: RunDirOpt = None) -> None:
     """Print what `run` would start, without starting anything."""
     try:
-        _, p = prepare(file, run_dir)
+        _, p = prepare(file, run_dir, dry_run=True)
     except SpecError as e:
         raise _fail(str(e)) from None
     if as_json:
@@ -145,7 +151,10 @@ def plan(file: FileArg, as_json: Annotated[bool, typer.Option(
     out.print(table)
     cluster = p.tasks[0].tf_config["cluster"] if p.tasks else {}
     out.print(f"cluster: {json.dumps(cluster)}")
-    out.print(f"run directory: {p.run_dir}")
+    if run_dir is None:
+        out.print(f"run directory: {p.run_dir} (a new id for each run; --run-dir picks one)")
+    else:
+        out.print(f"run directory: {p.run_dir}")
 
 
 def job_packages(spec: ClusterSpec, workdir: Path) -> list[Path]:
@@ -191,7 +200,7 @@ def check(file: FileArg) -> None:
     """Preflight every host at once: reachable, authenticated, python, TF versions, ports,
     workdir. Exit 0 when all is well, 1 naming each problem."""
     try:
-        spec, p = prepare(file, None)
+        spec, p = prepare(file, None, dry_run=True)
     except SpecError as e:
         raise _fail(str(e)) from None
     hosts = SshHosts(spec.hosts)

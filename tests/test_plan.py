@@ -101,6 +101,12 @@ def test_plan_cli_json_and_no_tensorflow(tmp_path: Path):
         assert {"name", "host", "port", "tf_config", "command", "env"} <= set(t)
     table = run_tfo("plan", "clusters/localhost.yaml", timeout=30)
     assert "worker:1" in table.stdout and "20001" in table.stdout
+    # No made-up run id that the real run would not use; --run-dir is shown as given.
+    assert "runs/localhost-mwms-YYYYmmdd-HHMMSS-xxxx (a new id for each run" in table.stdout
+    assert "YYYYmmdd-HHMMSS-xxxx" in tasks[0]["env"]["TFO_JOB"]
+    chosen = run_tfo("plan", "clusters/localhost.yaml", "--run-dir", str(tmp_path / "r"),
+                     timeout=30)
+    assert f"run directory: {tmp_path / 'r'}\n" in chosen.stdout
     imp = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator", "plan",
                           "clusters/localhost.yaml"], cwd=REPO, capture_output=True, text=True,
                          timeout=30)
