@@ -282,7 +282,10 @@ def print_summary(result: RunResult) -> None:
     err.print(table)
     if result.failed_task:
         failed = next(t for t in result.tasks if t.name == result.failed_task)
-        err.print(f"[bold red]{failed.name} failed: {describe_exit(failed.returncode)}[/]; "
+        # No exit code: it never started (its start failed), so it cannot be "still running".
+        how = describe_exit(failed.returncode) if failed.returncode is not None \
+            else "could not start"
+        err.print(f"[bold red]{failed.name} failed: {how}[/]; "
                   f"last lines of {failed.log_path}:", soft_wrap=True)
         for line in tail(failed.log_path, 20):
             err.print(f"  {line}", markup=False, soft_wrap=True)

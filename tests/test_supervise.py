@@ -191,3 +191,24 @@ def test_an_evaluator_whose_entry_cannot_be_found_is_not_restarted(tmp_path):
                                    scripts)
     assert result.state is JobState.SUCCEEDED  # a sidecar: the job goes on without it
     assert ("evaluator:0", 1) not in started
+
+
+@pytest.mark.timeout(20)
+def test_a_task_that_could_not_start_is_not_still_running(tmp_path, capsys):
+    from orchestrator.cli import print_summary
+
+    cluster = parse_spec(spec(policy="never"))
+    plan = make_plan(cluster, run_id="t", run_dir=tmp_path / "run", workdir=tmp_path)
+
+    def start(task: TaskPlan, attempt: int) -> FakeHandle:
+        if task.name == "worker:1":
+            raise OSError("host lab1 dropped off the network")
+        return FakeHandle(task, attempt, Script([(None, 0, True)]))
+
+    result = Supervisor(plan, cluster, start=start, echo=lambda task, line: None).run()
+    assert result.state is JobState.FAILED and result.failed_task == "worker:1"
+    assert "worker:1 could not start: host lab1 dropped off the network" in result.reason
+    print_summary(result)
+    summary = capsys.readouterr().err
+    assert "worker:1 failed: could not start" in summary
+    assert "still running" not in summary
