@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -15,7 +16,7 @@ import re
 import secrets
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated
@@ -24,11 +25,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.console import ConsoleWriter, console_echo
 from orchestrator.launch import TaskHandle, describe_exit
 from orchestrator.launch.local import start_local
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, preflight
 from orchestrator.launch.ssh import SshError, SshHosts
+from orchestrator.markers import is_marker
 from orchestrator.plan import Plan, TaskPlan, make_plan, task_name
 from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, load_spec
 from orchestrator.supervise import RunResult, Supervisor, tail
@@ -165,22 +168,6 @@ def check(file: FileArg) -> None:
     raise typer.Exit(1 if problems else 0)
 
 
-# TensorFlow's C++ INFO/WARNING lines (glog format) and its start-up banners: in the task
-# logs, not on the console. Errors (E lines) always show.
-_TF_CHATTER = re.compile(
-    r"^[IW]\d{4} \d+:\d+:\d+\.\d+\s+\d+ \S+:\d+\]"
-    r"|^WARNING: All log messages before absl::InitializeLog\(\) is called"
-    r"|^To enable the following instructions: .* rebuild TensorFlow")
-
-
-def _console_echo(verbose: bool) -> Callable[[str, str], None]:
-    def echo(task: str, line: str) -> None:
-        if verbose or not _TF_CHATTER.match(line):
-            sys.stdout.write(f"[{task}] {line}\n")
-
-    return echo
-
-
 @app.command()
 def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="also show TensorFlow's C++ INFO/WARNING lines")] = False,
@@ -207,13 +194,36 @@ def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer
         def start(task: TaskPlan, attempt: int) -> TaskHandle:
             return start_local(task, attempt) if task.is_local else hosts.start(task, attempt)
 
-        result = Supervisor(p, spec, start=start, echo=_console_echo(verbose)).run()
+        console = ConsoleWriter(sys.stdout.fileno())
+        try:
+            echo = console_echo(console.write, verbose)
+            result = Supervisor(p, spec, start=start, echo=echo).run()
+        finally:
+            console.close()
     except SshError as e:
         raise _fail(str(e)) from None
     finally:
         hosts.close()
-    print_summary(result)
+    with _reader_may_leave():
+        if console.dropped:
+            err.print(f"tfo: {console.dropped} console lines dropped (slow reader); logs are "
+                      f"complete in {p.run_dir}/logs", soft_wrap=True)
+        if console.reader_gone:
+            err.print(f"tfo: stdout was closed; console echo stopped; logs are complete in "
+                      f"{p.run_dir}/logs", soft_wrap=True)
+        print_summary(result)
     raise typer.Exit(result.exit_code)
+
+
+@contextlib.contextmanager
+def _reader_may_leave() -> Iterator[None]:
+    """The summary after a job whose output went into `| head`: the job's exit code stands."""
+    try:
+        yield
+    except BrokenPipeError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(null, fd)
 
 
 def print_summary(result: RunResult) -> None:
@@ -270,22 +280,31 @@ def status(run_dir: Annotated[Path | None, typer.Argument(help="a run directory"
     out.print(table)
 
 
+_TASK_NAME = re.compile(r"^[a-z_]+:\d+$")
+
+
 @app.command()
-def logs(run_dir: Annotated[Path | None, typer.Argument(help="a run directory")] = None,
+def logs(run_dir: Annotated[str | None, typer.Argument(
+            help="a run directory, or a task name (of the latest run)", show_default=False)] = None,
          task: Annotated[str | None, typer.Argument(help="e.g. worker:1")] = None,
-         lines: Annotated[int, typer.Option("-n", help="last N lines")] = 0) -> None:
-    """Print a task's log (every task's, when none is named)."""
-    rd = _latest_run(run_dir)
-    paths = sorted((rd / "logs").glob("*.log"))
-    if task:
-        paths = [rd / "logs" / (task.replace(":", "-") + ".log")]
-    for path in paths:
-        if not path.exists():
-            raise _fail(f"no log {path}; tasks: "
-                        + ", ".join(p.stem for p in (rd / "logs").glob("*.log")))
-        text = path.read_text(errors="replace").splitlines()
+         lines: Annotated[int, typer.Option("-n", help="last N lines")] = 0,
+         raw: Annotated[bool, typer.Option(
+             "--raw", help="also the @tfo marker lines tfo itself reads")] = False) -> None:
+    """Print a task's log (every task's, when none is named): `tfo logs`, `tfo logs worker:1`,
+    `tfo logs RUN_DIR worker:1`."""
+    if task is None and run_dir and _TASK_NAME.match(run_dir) and not Path(run_dir).is_dir():
+        run_dir, task = None, run_dir
+    rd = _latest_run(Path(run_dir) if run_dir else None)
+    found = {p.stem.replace("-", ":", 1): p for p in sorted((rd / "logs").glob("*.log"))}
+    if not found:
+        raise _fail(f"{rd}: no task logs there (is it a run directory?)")
+    if task and task not in found:
+        raise _fail(f"no task {task!r} in {rd}; tasks: {', '.join(found)}")
+    for name, path in found.items() if not task else [(task, found[task])]:
+        text = [line for line in path.read_text(errors="replace").splitlines()
+                if raw or not is_marker(line)]
         for line in text[-lines:] if lines else text:
-            print(f"[{path.stem}] {line}" if not task else line)
+            print(f"[{name}] {line}" if not task else line)
 
 
 def main() -> None:
