@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -16,7 +15,6 @@ import re
 import secrets
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated
@@ -25,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.console import ConsoleWriter, console_echo
+from orchestrator.console import ConsoleWriter, console_echo, point_at_devnull
 from orchestrator.launch import TaskHandle, describe_exit
 from orchestrator.launch.local import start_local
 from orchestrator.launch.ports import free_ports
@@ -39,9 +37,19 @@ from orchestrator.supervise import RunResult, Supervisor, tail
 EXIT_BAD_SPEC = 2
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run multi-worker TensorFlow jobs on this machine or on a lab's machines.")
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader went away (`| head -1`): write no more, and let the command's exit code
+        stand (rich's default exits 1)."""
+        self.quiet = True
+        point_at_devnull(self.file.fileno())
+
+
 # Piped output (CI, `| less`, tests) gets wide tables instead of rich's 80 columns.
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+out = _Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+err = _Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
 FileArg = Annotated[Path, typer.Argument(help="cluster file (YAML or JSON)", show_default=False)]
 RunDirOpt = Annotated[Path | None, typer.Option(
@@ -204,26 +212,14 @@ def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer
         raise _fail(str(e)) from None
     finally:
         hosts.close()
-    with _reader_may_leave():
-        if console.dropped:
-            err.print(f"tfo: {console.dropped} console lines dropped (slow reader); logs are "
-                      f"complete in {p.run_dir}/logs", soft_wrap=True)
-        if console.reader_gone:
-            err.print(f"tfo: stdout was closed; console echo stopped; logs are complete in "
-                      f"{p.run_dir}/logs", soft_wrap=True)
-        print_summary(result)
+    if console.dropped:
+        err.print(f"tfo: {console.dropped} console lines dropped (slow reader); logs are "
+                  f"complete in {p.run_dir}/logs", soft_wrap=True)
+    if console.reader_gone:
+        err.print(f"tfo: stdout was closed; console echo stopped; logs are complete in "
+                  f"{p.run_dir}/logs", soft_wrap=True)
+    print_summary(result)
     raise typer.Exit(result.exit_code)
-
-
-@contextlib.contextmanager
-def _reader_may_leave() -> Iterator[None]:
-    """The summary after a job whose output went into `| head`: the job's exit code stands."""
-    try:
-        yield
-    except BrokenPipeError:
-        null = os.open(os.devnull, os.O_WRONLY)
-        for fd in (1, 2):
-            os.dup2(null, fd)
 
 
 def print_summary(result: RunResult) -> None:
@@ -300,11 +296,15 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
         raise _fail(f"{rd}: no task logs there (is it a run directory?)")
     if task and task not in found:
         raise _fail(f"no task {task!r} in {rd}; tasks: {', '.join(found)}")
-    for name, path in found.items() if not task else [(task, found[task])]:
-        text = [line for line in path.read_text(errors="replace").splitlines()
-                if raw or not is_marker(line)]
-        for line in text[-lines:] if lines else text:
-            print(f"[{name}] {line}" if not task else line)
+    try:
+        for name, path in found.items() if not task else [(task, found[task])]:
+            text = [line for line in path.read_text(errors="replace").splitlines()
+                    if raw or not is_marker(line)]
+            for line in text[-lines:] if lines else text:
+                print(f"[{name}] {line}" if not task else line)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `tfo logs | head`: the reader has what it wanted
+        point_at_devnull(sys.stdout.fileno())
 
 
 def main() -> None:

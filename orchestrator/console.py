@@ -98,7 +98,7 @@ class ConsoleWriter:
                     self._cond.notify_all()
                 if e.errno == errno.EPIPE:
                     self.reader_gone = True
-                    _point_at_devnull(self._fd)
+                    point_at_devnull(self._fd)
                 return
             with self._cond:
                 self._written += len(lines)
@@ -115,9 +115,9 @@ def _write_all(fd: int, data: bytes) -> None:
             select.select([], [fd], [], 1.0)
 
 
-def _point_at_devnull(fd: int) -> None:
-    """The reader closed the pipe: from now on, whatever writes to it (print, the exit-time
-    flush of sys.stdout) writes nowhere, without an error."""
+def point_at_devnull(fd: int) -> None:
+    """The reader closed the pipe: from now on, whatever writes to `fd` (print, rich, the
+    exit-time flush of sys.stdout) writes nowhere, without an error."""
     with contextlib.suppress(OSError):
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, fd)
