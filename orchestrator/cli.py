@@ -14,7 +14,6 @@ import re
 import secrets
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated
@@ -23,12 +22,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.console import ConsoleWriter, console_echo, point_at_devnull
 from orchestrator.entry import EntryError, check_entry
 from orchestrator.launch import TaskHandle, describe_exit
 from orchestrator.launch.local import start_local
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, preflight
 from orchestrator.launch.ssh import SshError, SshHosts
+from orchestrator.markers import is_marker
 from orchestrator.plan import Plan, TaskPlan, make_plan, task_name
 from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, load_spec
 from orchestrator.supervise import RunResult, Supervisor, tail
@@ -36,9 +37,19 @@ from orchestrator.supervise import RunResult, Supervisor, tail
 EXIT_BAD_SPEC = 2
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run multi-worker TensorFlow jobs on this machine or on a lab's machines.")
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader went away (`| head -1`): write no more, and let the command's exit code
+        stand (rich's default exits 1)."""
+        self.quiet = True
+        point_at_devnull(self.file.fileno())
+
+
 # Piped output (CI, `| less`, tests) gets wide tables instead of rich's 80 columns.
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+out = _Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+err = _Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
 FileArg = Annotated[Path, typer.Argument(help="cluster file (YAML or JSON)", show_default=False)]
 RunDirOpt = Annotated[Path | None, typer.Option(
@@ -213,22 +224,6 @@ def check(file: FileArg) -> None:
     raise typer.Exit(1 if problems else 0)
 
 
-# TensorFlow's C++ INFO/WARNING lines (glog format) and its start-up banners: in the task
-# logs, not on the console. Errors (E lines) always show.
-_TF_CHATTER = re.compile(
-    r"^[IW]\d{4} \d+:\d+:\d+\.\d+\s+\d+ \S+:\d+\]"
-    r"|^WARNING: All log messages before absl::InitializeLog\(\) is called"
-    r"|^To enable the following instructions: .* rebuild TensorFlow")
-
-
-def _console_echo(verbose: bool) -> Callable[[str, str], None]:
-    def echo(task: str, line: str) -> None:
-        if verbose or not _TF_CHATTER.match(line):
-            sys.stdout.write(f"[{task}] {line}\n")
-
-    return echo
-
-
 @app.command()
 def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="also show TensorFlow's C++ INFO/WARNING lines")] = False,
@@ -259,7 +254,12 @@ def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer
         def start(task: TaskPlan, attempt: int) -> TaskHandle:
             return start_local(task, attempt) if task.is_local else hosts.start(task, attempt)
 
-        result = Supervisor(p, spec, start=start, echo=_console_echo(verbose)).run()
+        console = ConsoleWriter(sys.stdout.fileno())
+        try:
+            echo = console_echo(console.write, verbose)
+            result = Supervisor(p, spec, start=start, echo=echo).run()
+        finally:
+            console.close()
     except SshError as e:
         raise _fail(str(e)) from None
     except OSError as e:  # e.g. the run directory's disk filled up once the run was going
@@ -268,6 +268,12 @@ def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer
         raise typer.Exit(1) from None
     finally:
         hosts.close()
+    if console.dropped:
+        err.print(f"tfo: {console.dropped} console lines dropped (slow reader); logs are "
+                  f"complete in {p.run_dir}/logs", soft_wrap=True)
+    if console.reader_gone:
+        err.print(f"tfo: stdout was closed; console echo stopped; logs are complete in "
+                  f"{p.run_dir}/logs", soft_wrap=True)
     print_summary(result)
     raise typer.Exit(result.exit_code)
 
@@ -329,22 +335,35 @@ def status(run_dir: Annotated[Path | None, typer.Argument(help="a run directory"
     out.print(table)
 
 
+_TASK_NAME = re.compile(r"^[a-z_]+:\d+$")
+
+
 @app.command()
-def logs(run_dir: Annotated[Path | None, typer.Argument(help="a run directory")] = None,
+def logs(run_dir: Annotated[str | None, typer.Argument(
+            help="a run directory, or a task name (of the latest run)", show_default=False)] = None,
          task: Annotated[str | None, typer.Argument(help="e.g. worker:1")] = None,
-         lines: Annotated[int, typer.Option("-n", help="last N lines")] = 0) -> None:
-    """Print a task's log (every task's, when none is named)."""
-    rd = _latest_run(run_dir)
-    paths = sorted((rd / "logs").glob("*.log"))
-    if task:
-        paths = [rd / "logs" / (task.replace(":", "-") + ".log")]
-    for path in paths:
-        if not path.exists():
-            raise _fail(f"no log {path}; tasks: "
-                        + ", ".join(p.stem for p in (rd / "logs").glob("*.log")))
-        text = path.read_text(errors="replace").splitlines()
-        for line in text[-lines:] if lines else text:
-            print(f"[{path.stem}] {line}" if not task else line)
+         lines: Annotated[int, typer.Option("-n", help="last N lines")] = 0,
+         raw: Annotated[bool, typer.Option(
+             "--raw", help="also the @tfo marker lines tfo itself reads")] = False) -> None:
+    """Print a task's log (every task's, when none is named): `tfo logs`, `tfo logs worker:1`,
+    `tfo logs RUN_DIR worker:1`."""
+    if task is None and run_dir and _TASK_NAME.match(run_dir) and not Path(run_dir).is_dir():
+        run_dir, task = None, run_dir
+    rd = _latest_run(Path(run_dir) if run_dir else None)
+    found = {p.stem.replace("-", ":", 1): p for p in sorted((rd / "logs").glob("*.log"))}
+    if not found:
+        raise _fail(f"{rd}: no task logs there (is it a run directory?)")
+    if task and task not in found:
+        raise _fail(f"no task {task!r} in {rd}; tasks: {', '.join(found)}")
+    try:
+        for name, path in found.items() if not task else [(task, found[task])]:
+            text = [line for line in path.read_text(errors="replace").splitlines()
+                    if raw or not is_marker(line)]
+            for line in text[-lines:] if lines else text:
+                print(f"[{name}] {line}" if not task else line)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `tfo logs | head`: the reader has what it wanted
+        point_at_devnull(sys.stdout.fileno())
 
 
 def main() -> None:

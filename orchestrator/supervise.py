@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from orchestrator.launch import Launcher, TaskHandle, describe_exit
+from orchestrator.markers import BadMarker, Evaluated, read_marker
 from orchestrator.plan import Plan, TaskPlan
 from orchestrator.spec import ClusterSpec, RestartPolicy, Strategy
 from worker_entry import markers
@@ -288,21 +289,24 @@ class Supervisor:
                 self._consume(rec, rec.handle.lines())
 
     def _consume(self, rec: TaskRecord, lines: list[str]) -> None:
+        """Lines a task printed (its handle wrote them to its log): markers, or the console.
+        Output is untrusted: a line that only looks like a marker is an ordinary line."""
         for line in lines:
-            if rec.log:
-                rec.log.write(line + "\n")
-            marker = markers.parse(line)
+            own = {"attempt": rec.attempt, "pid": rec.handle.pid if rec.handle else None}
+            try:
+                marker = read_marker(line)
+            except BadMarker as e:
+                self.events.write("task_bad_marker", rec.name, **own, error=str(e))
+                marker = None
             if marker is None:
                 self.echo(rec.name, line)
                 continue
-            event = marker.pop("event")
-            rec.last_marker = event
-            if event == markers.READY and rec.state is TaskState.STARTING:
+            rec.last_marker = marker.event
+            if marker.event == markers.READY and rec.state is TaskState.STARTING:
                 rec.state = TaskState.RUNNING
-            elif event == markers.EVALUATED:
-                self.evaluation = {"epoch": marker.get("epoch"), "metrics": marker.get("metrics")}
-            fields = {"attempt": rec.attempt, "pid": rec.handle.pid if rec.handle else None}
-            self.events.write(f"task_{event}", rec.name, **{**fields, **marker})
+            elif isinstance(marker, Evaluated):
+                self.evaluation = {"epoch": marker.epoch, "metrics": marker.metrics}
+            self.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})
 
     # ---- exits and restarts -----------------------------------------------------------
     def _collect(self, rec: TaskRecord, rc: int | None) -> None:

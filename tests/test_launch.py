@@ -46,17 +46,51 @@ def test_describe_exit():
     assert describe_exit(None) == "still running"
 
 
-def test_console_hides_tensorflow_chatter_unless_verbose(capsys):
-    from orchestrator.cli import _console_echo
+# Real lines from the task logs of a PS and an MWMS job on a machine without a GPU; hidden:
+# whether the console hides it (unless --verbose). The logs keep every one.
+CHATTER = [
+    ("ps:0", "WARNING: All log messages before absl::InitializeLog() is called are written to "
+             "STDERR", True),
+    ("ps:0", "I0000 00:00:1795370022.290786    3549 cudart_stub.cc:31] Could not find cuda "
+             "drivers on your machine, GPU will not be used.", True),
+    ("ps:0", "I0000 00:00:1795370022.771718    3549 cpu_feature_guard.cc:227] This TensorFlow "
+             "binary is optimized to use available CPU instructions in performance-critical "
+             "operations.", True),
+    ("ps:0", "To enable the following instructions: AVX2 FMA, in other operations, rebuild "
+             "TensorFlow with the appropriate compiler flags.", True),
+    # Harmless where TF said there is no GPU (above): hidden; an error otherwise (below).
+    ("ps:0", "E0000 00:00:1795370033.766679    3549 cuda_platform.cc:52] failed call to cuInit: "
+             "INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)", True),
+    ("ps:0", "I0000 00:00:1795370046.198802    3747 eager_service_impl.cc:355] SessionOptions: "
+             "goo.gle/debugonly  ", True),
+    *[("ps:0", line, True) for line in [  # the ConfigProto dump: the same INFO message
+        "device_count {", '  key: "CPU"', "  value: 1", "}", "gpu_options {", "  experimental {",
+        "  }", "}", "allow_soft_placement: true", "experimental {",
+        '  collective_group_leader: "/job:worker/replica:0/task:0"', "}", ""]],
+    ("ps:0", "Epoch 1/2", False),
+    ("ps:0", "device_count {", False),  # not after an INFO line: the task's own
+    ("worker:0", "E0000 00:00:1795370110.707597    5266 cuda_platform.cc:52] failed call to "
+                 "cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)", False),
+    ("worker:0", "I0000 00:00:1795370110.752647    5395 coordination_service.cc:505] Example "
+                 "stragglers:", True),
+    ("worker:0", "/job:worker/replica:0/task:1", True),
+    ("worker:0", "W0000 00:00:1795370113.661093    5268 dataset.cc:997] Input of "
+                 "GeneratorDatasetOp::Dataset will not be optimized", True),
+    ("worker:0", "22/22 - 2s - loss: 1.5372 - accuracy: 0.6030 - 2s/epoch - 71ms/step", False),
+    ("worker:0", "E0000 00:00:1795305343.269266    8166 collective_ops.cc:123] Collective op "
+                 "failed", False),
+    ("worker:0", "WARNING:tensorflow:5 out of the last 5 calls to <function> triggered "
+                 "tf.function retracing.", False),
+]
 
-    chatter = ["I0000 00:00:1795304277.398374     655 generator_dataset_op.cc:213] Memory patch",
-               "WARNING: All log messages before absl::InitializeLog() is called are written to "
-               "STDERR"]
-    error = "E0000 00:00:1795305343.269266    8166 cuda_platform.cc:52] failed call to cuInit"
+
+def test_console_hides_tensorflow_chatter_unless_verbose():
+    from orchestrator.console import console_echo
+
     for verbose in (False, True):
-        echo = _console_echo(verbose)
-        for line in [*chatter, error, "Epoch 1/5"]:
-            echo("worker:1", line)
-    shown = capsys.readouterr().out.splitlines()
-    quiet = [f"[worker:1] {error}", "[worker:1] Epoch 1/5"]
-    assert shown == quiet + [f"[worker:1] {x}" for x in chatter] + quiet
+        shown: list[str] = []
+        echo = console_echo(shown.append, verbose)
+        for task, line, _ in CHATTER:
+            echo(task, line)
+        assert shown == [f"[{task}] {line}" for task, line, hidden in CHATTER
+                         if verbose or not hidden]

@@ -1,7 +1,8 @@
 """The one-line protocol by which a task tells the coordinator how far it got.
 
 A marker is a line on stdout: `@tfo {"event": "ready", ...}`. The coordinator reads
-them from the task's output (local pipe or SSH channel alike) and records them as events.
+them from the task's output (local pipe or SSH channel alike), checks each against its
+model in orchestrator.markers and records it as an event. This side stays free of pydantic.
 """
 
 from __future__ import annotations
@@ -34,14 +35,3 @@ EXIT_PERMANENT = 78
 def emit(event: str, **fields: Any) -> None:
     print(PREFIX + json.dumps({"event": event, **fields}, default=str), flush=True)
     sys.stdout.flush()
-
-
-def parse(line: str) -> dict[str, Any] | None:
-    """The marker in one output line, or None for an ordinary line."""
-    if not line.startswith(PREFIX):
-        return None
-    try:
-        data = json.loads(line[len(PREFIX):])
-    except json.JSONDecodeError:
-        return None
-    return data if isinstance(data, dict) and "event" in data else None

@@ -6,7 +6,6 @@ where a task runs.
 
 from __future__ import annotations
 
-import queue
 import signal
 from typing import Protocol
 
@@ -38,7 +37,8 @@ class TaskHandle(Protocol):
         """SIGKILL to the task's whole process group and any straggler in its tree."""
 
     def lines(self) -> list[str]:
-        """Output lines (stdout and stderr) that arrived since the last call."""
+        """Output lines (stdout and stderr) that arrived since the last call, each cut at
+        output.LINE_CAP. The handle itself writes the complete output to task.log_path."""
 
     def close(self, timeout: float = 1.0) -> list[str]:
         """After exit: wait briefly for the rest of the output, release pipes; the last lines."""
@@ -46,16 +46,6 @@ class TaskHandle(Protocol):
 
 class Launcher(Protocol):
     def __call__(self, task: TaskPlan, attempt: int) -> TaskHandle: ...
-
-
-def drain(lines: queue.SimpleQueue[str]) -> list[str]:
-    """Everything a reader thread has queued so far, without waiting."""
-    out = []
-    while True:
-        try:
-            out.append(lines.get_nowait())
-        except queue.Empty:
-            return out
 
 
 def describe_exit(returncode: int | None) -> str:

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import shutil
 import signal
 import subprocess
-import threading
 import time
 
 import psutil
 
-from orchestrator.launch import drain
+from orchestrator.launch.output import TaskOutput
 from orchestrator.plan import TaskPlan
 
 TREE_SCAN_SECONDS = 1.0  # how often the task's process tree is noted while it runs
@@ -34,15 +32,15 @@ class LocalHandle:
         os.makedirs(task.cwd, exist_ok=True)
         self._proc = subprocess.Popen(
             task.command, cwd=task.cwd, env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, bufsize=0,
         )
         self._pgid = self._proc.pid  # start_new_session: the leader's pid is the group id
-        self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._known: dict[int, psutil.Process] = {}
         self._scanned = 0.0
         self._remember_tree()
-        self._reader = threading.Thread(target=self._read, name=f"out-{task.name}", daemon=True)
-        self._reader.start()
+        assert self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        self._output = TaskOutput(task.log_path, lambda: os.read(fd, 65536), f"out-{task.name}")
 
     @property
     def pid(self) -> int:
@@ -51,11 +49,6 @@ class LocalHandle:
     @property
     def returncode(self) -> int | None:
         return self._proc.returncode
-
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        for raw in iter(self._proc.stdout.readline, b""):
-            self._queue.put(raw.decode(errors="replace").rstrip("\r\n"))
 
     def _remember_tree(self) -> None:
         """Note every process in the task's tree, to kill stragglers that left the group
@@ -73,7 +66,7 @@ class LocalHandle:
         return rc
 
     def lines(self) -> list[str]:
-        return drain(self._queue)
+        return self._output.lines()
 
     def _signal_group(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -98,15 +91,14 @@ class LocalHandle:
     def close(self, timeout: float = 1.0) -> list[str]:
         # The task is gone; whatever it started goes too (its watchdog has cleaned up by the
         # time the output pipe closes, which the reader waits for).
-        self._reader.join(timeout)
+        rest = self._output.close(timeout)
         self._kill_known()
-        rest = self.lines()
         with contextlib.suppress(OSError):
             if self._proc.stdin is not None:
                 self._proc.stdin.close()
-        # A reader still blocked in readline holds the stream's lock (something still has the
-        # pipe open): closing it here would wait for that. The daemon reader ends on EOF.
-        if not self._reader.is_alive() and self._proc.stdout is not None:
+        # A reader still in read() (something still has the pipe open) keeps the pipe: closing
+        # it under the reader could hand its number to a file opened meanwhile. It ends on EOF.
+        if self._output.done and self._proc.stdout is not None:
             with contextlib.suppress(OSError):
                 self._proc.stdout.close()
         # The task removes its own temp dir, except when it was SIGKILLed.

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import shlex
 import stat
 import threading
@@ -31,7 +30,7 @@ from pathlib import Path
 import fabric
 import paramiko
 
-from orchestrator.launch import drain
+from orchestrator.launch.output import TaskOutput
 from orchestrator.plan import TaskPlan
 from orchestrator.spec import HostSpec
 from worker_entry import markers
@@ -41,6 +40,7 @@ LIFELINE_SECONDS = 5.0
 CONNECT_TIMEOUT = 10.0
 FIRST_BEAT_SECONDS = 30.0  # python's start on a slow host, before its watchdog beats
 _PID_PREFIX = "@tfo-pid "
+_PID_LINE_MAX = 64  # the pid line comes first and is short; anything else is output
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", "runs", ".pytest_cache", ".ruff_cache"}
 
 
@@ -115,8 +115,8 @@ class SshHandle:
 
     def __init__(self, task: TaskPlan, attempt: int, conn: fabric.Connection) -> None:
         self.task, self.attempt, self._conn = task, attempt, conn
-        self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._remote_pid: int | None = None
+        self._head: bytes | None = b""  # output before the pid line was seen; None after
         self._returncode: int | None = None
         self._closed = threading.Event()
         self._lost = False  # the connection is gone: no remote commands any more
@@ -129,17 +129,16 @@ class SshHandle:
         self._chan.set_combine_stderr(True)
         self._chan.exec_command(remote_command(task, {
             "TFO_ATTEMPT": str(attempt), "TFO_LIFELINE": f"stdin:{LIFELINE_SECONDS:g}"}))
-        self._reader = threading.Thread(target=self._read, name=f"ssh-{task.name}", daemon=True)
-        self._reader.start()
+        self._output = TaskOutput(task.log_path, self._recv, f"ssh-{task.name}")
         self._beat = threading.Thread(target=self._heartbeat, name=f"beat-{task.name}",
                                       daemon=True)
         self._beat.start()
         until = time.monotonic() + CONNECT_TIMEOUT  # the pid line comes before anything else
-        while self._remote_pid is None and time.monotonic() < until and not self._eof():
+        while self._head is not None and time.monotonic() < until and not self._eof():
             time.sleep(0.01)
 
     def _eof(self) -> bool:
-        return self._chan.exit_status_ready() and not self._reader.is_alive()
+        return self._chan.exit_status_ready() and self._output.done
 
     @property
     def pid(self) -> int | None:
@@ -149,29 +148,38 @@ class SshHandle:
     def returncode(self) -> int | None:
         return self._returncode
 
-    def _read(self) -> None:
-        buf = b""
+    def _recv(self) -> bytes:
+        """The task's output for TaskOutput: without the watchdog's beats, and without the
+        pid line that comes first; b"" at the end."""
         while True:
             try:
                 data = self._chan.recv(65536)
             except OSError:
                 data = b""
             if not data:
-                break
+                head, self._head = self._head or b"", None
+                return head
             self._heard = time.monotonic()
-            buf += data.replace(markers.BEAT, b"")
-            *lines, buf = buf.split(b"\n")
-            for raw in lines:
-                self._line(raw.decode(errors="replace").rstrip("\r"))
-        if buf:
-            self._line(buf.decode(errors="replace"))
+            data = data.replace(markers.BEAT, b"")
+            if self._head is not None:
+                data = self._take_pid(data)
+            if data:
+                return data
 
-    def _line(self, line: str) -> None:
-        if self._remote_pid is None and line.startswith(_PID_PREFIX):
+    def _take_pid(self, data: bytes) -> bytes:
+        """Holds output back until the first line is complete; takes the pid from it."""
+        assert self._head is not None
+        head = self._head + data
+        if b"\n" not in head and len(head) <= _PID_LINE_MAX:
+            self._head = head
+            return b""
+        self._head = None
+        first, _, rest = head.partition(b"\n")
+        if first.startswith(_PID_PREFIX.encode()):
             with contextlib.suppress(ValueError):
-                self._remote_pid = int(line[len(_PID_PREFIX):])
-                return
-        self._queue.put(line)
+                self._remote_pid = int(first[len(_PID_PREFIX):])
+                return rest
+        return head
 
     def _heartbeat(self) -> None:
         while not self._closed.wait(HEARTBEAT_SECONDS):
@@ -191,13 +199,15 @@ class SshHandle:
         elif self._silent() or not self._transport_ok():
             # The task's watchdog stops it on its side once our heartbeats stop arriving.
             self._lost = True
-            self._queue.put(f"[tfo] lost the connection to {self.task.host}: nothing heard for "
+            self._output.note(f"[tfo] lost the connection to {self.task.host}: nothing heard for "
                             f"{LIFELINE_SECONDS:g} s; the task stops itself on its side")
             self._returncode = 255
             self._chan.close()
         return self._returncode
 
     def _silent(self) -> bool:
+        if self._output.waiting:  # we are not reading: the task waits for us
+            return False
         now = time.monotonic()
         if self._heard is None:
             return now - self._started > FIRST_BEAT_SECONDS
@@ -208,7 +218,7 @@ class SshHandle:
         return transport is not None and transport.is_active()
 
     def lines(self) -> list[str]:
-        return drain(self._queue)
+        return self._output.lines()
 
     def _signal_group(self, sig: str) -> None:
         if self._lost:
@@ -225,9 +235,8 @@ class SshHandle:
         self._signal_group("KILL")
 
     def close(self, timeout: float = 1.0) -> list[str]:
-        self._reader.join(timeout)
+        rest = self._output.close(timeout)
         self._closed.set()
-        rest = self.lines()
         if not self._lost:
             tmp = _remote_path(self.task.tmp_dir)
             _remote_exec(self._conn, f"rm -rf {tmp}; rmdir $(dirname {tmp}) 2>/dev/null")

@@ -1,0 +1,168 @@
+"""A task's output as it arrives, for local and SSH tasks alike.
+
+    output = TaskOutput(task.log_path, read=lambda: os.read(fd, 65536), name="out-worker:1")
+    output.lines()          # the lines that arrived since the last call
+    output.close(timeout)   # after the task exited: the rest, once its output ends
+
+A reader thread writes every byte the task prints to the task's log as it arrives, in
+order, whatever the supervisor is doing: the log is always complete. The supervisor gets
+the lines, for markers and the console, each held to LINE_CAP in memory: a longer line is
+cut there, with a note of how many bytes more the log has. They wait in a queue bounded in
+size; a task that prints faster than the supervisor takes its lines waits, as it would on
+a full pipe.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import BinaryIO
+
+LINE_CAP = 64 * 1024  # characters of one line held in memory
+QUEUE_CHARS = 4 * 1024 * 1024  # lines waiting for the supervisor, in characters
+
+
+def cut_note(more: int) -> str:
+    return f" [… {more} bytes more in the log]"
+
+
+class _LineQueue:
+    """Lines from the reader thread to the supervisor; `put` waits while the queue is full,
+    and drops the line once the supervisor stopped reading (the log has it)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._lines: deque[str] = deque()
+        self._size = 0
+        self._open = True
+        self._cond = threading.Condition()
+        self.full = False  # the reader waits for the supervisor
+
+    def put(self, line: str) -> None:
+        with self._cond:
+            while self._open and self._lines and self._size + len(line) > self._limit:
+                self.full = True
+                self._cond.wait()
+            self.full = False
+            if self._open:
+                self._lines.append(line)
+                self._size += len(line)
+
+    def take(self) -> list[str]:
+        with self._cond:
+            lines = list(self._lines)
+            self._lines.clear()
+            self._size = 0
+            self._cond.notify_all()
+            return lines
+
+    def shut(self) -> list[str]:
+        with self._cond:
+            self._open = False
+        return self.take()
+
+
+class TaskOutput:
+    """Reads a task's output on a thread of its own; see the module's docstring.
+
+    `read` returns the next bytes, or b"" at the end (it may raise OSError: the end too).
+    """
+
+    def __init__(self, log_path: str, read: Callable[[], bytes], name: str) -> None:
+        self._read = read
+        self._log: BinaryIO | None = open(log_path, "ab")  # noqa: SIM115
+        self._queue = _LineQueue(QUEUE_CHARS)
+        self._line = bytearray()  # the current line, up to LINE_CAP bytes
+        self._more = 0  # bytes of the current line beyond LINE_CAP: in the log only
+        self._ended_line = True  # the log ends with a newline
+        self._log_lock = threading.Lock()  # the reader and note() both write
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        """The output ended (EOF) and every line is queued."""
+        return not self._thread.is_alive()
+
+    @property
+    def waiting(self) -> bool:
+        """The reader waits for the supervisor to take lines (not reading meanwhile)."""
+        return self._queue.full
+
+    def lines(self) -> list[str]:
+        return self._queue.take()
+
+    def note(self, line: str) -> None:
+        """A line of tfo's own about this task: into its log and its lines."""
+        self._write(("" if self._ended_line else "\n") + line + "\n")
+        self._queue.put(line)
+
+    def close(self, timeout: float = 1.0) -> list[str]:
+        """The lines not taken yet, once the output ended or `timeout` passed. Lines that
+        arrive after that (from a straggler holding the pipe) still go to the log."""
+        until = time.monotonic() + timeout
+        rest: list[str] = []
+        size = 0
+        while not self.done and time.monotonic() < until and size < QUEUE_CHARS:
+            got = self._queue.take()
+            rest += got
+            size += sum(map(len, got))
+            self._thread.join(0.02)
+        return rest + self._queue.shut()
+
+    # ---- the reader thread --------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            try:
+                data = self._read()
+            except OSError:
+                data = b""
+            if not data:
+                break
+            self._write(data)
+            self._split(data)
+        if self._line or self._more:
+            self._end_line()
+        if not self._ended_line:
+            self._write(b"\n")  # the next attempt's header starts a line of its own
+        with self._log_lock:
+            log, self._log = self._log, None
+        if log is not None:
+            log.close()
+
+    def _write(self, data: bytes | str) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        with self._log_lock:
+            if self._log is None:
+                return
+            try:
+                self._log.write(raw)
+                self._log.flush()  # `tfo logs` and the summary's tail see it at once
+                self._ended_line = raw.endswith(b"\n")
+                return
+            except OSError as e:  # e.g. a full disk: the task must not block on our log
+                self._log, error = None, e
+        self._queue.put(f"[tfo] cannot write the log any more: {error}")
+
+    def _split(self, data: bytes) -> None:
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            self._take(data[start:end])
+            self._end_line()
+            start = end + 1
+        self._take(data[start:])
+
+    def _take(self, part: bytes) -> None:
+        room = LINE_CAP - len(self._line)
+        self._line += part[:room]
+        self._more += max(0, len(part) - room)
+
+    def _end_line(self) -> None:
+        text = self._line.decode(errors="replace").rstrip("\r")
+        if self._more:
+            text += cut_note(self._more)
+        self._line.clear()
+        self._more = 0
+        self._queue.put(text)

@@ -1,0 +1,116 @@
+"""Markers as the coordinator reads them: untrusted input, validated per kind.
+
+    marker = read_marker(line)   # None: an ordinary line; raises BadMarker for a line that
+                                 # starts like a marker but is not a valid one
+    marker.event, marker.record()
+
+A task writes markers with worker_entry.markers.emit (kept free of pydantic: lab hosts may
+lack it). Anything a task prints can look like a marker, user code's included, so every one
+is checked here before the supervisor acts on it or records it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from worker_entry import markers as m
+
+# The keys of the event record a marker becomes; a marker's own fields must not clash.
+RESERVED = frozenset({"time", "event", "task", "attempt", "pid"})
+
+
+class BadMarker(ValueError):
+    """A line that starts like a marker but is not a valid one; says what is wrong."""
+
+
+class _Marker(BaseModel):
+    # Fields beyond a kind's own are recorded as they are (a newer worker_entry may add one),
+    # unless they would overwrite the record's own keys.
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    @model_validator(mode="after")
+    def _no_reserved_extras(self) -> _Marker:
+        clash = sorted(RESERVED & set(self.model_extra or {}))
+        if clash:
+            raise ValueError(f"field(s) {', '.join(clash)} are tfo's own")
+        return self
+
+    def record(self) -> dict[str, Any]:
+        """The fields the task sent, to record with the event (`event` itself excluded)."""
+        return self.model_dump(exclude={"event"}, exclude_unset=True)
+
+
+class Up(_Marker):
+    event: Literal[m.UP]
+    pid: int
+    host: str = ""
+
+
+class Connecting(_Marker):
+    event: Literal[m.CONNECTING]
+
+
+class Ready(_Marker):
+    event: Literal[m.READY]
+    what: str = ""
+    target: str | None = None
+
+
+class FirstStep(_Marker):
+    event: Literal[m.FIRST_STEP]
+    batch: int | None = None
+    approximate: bool = False
+
+
+class Epoch(_Marker):
+    event: Literal[m.EPOCH]
+    epoch: int
+
+
+class Evaluated(_Marker):
+    event: Literal[m.EVALUATED]
+    epoch: int
+    checkpoint: str = ""
+    metrics: dict[str, float]
+
+
+class Saved(_Marker):
+    event: Literal[m.SAVED]
+    path: str
+    chief: bool = False
+
+
+class Done(_Marker):
+    event: Literal[m.DONE]
+
+
+Marker = Annotated[Up | Connecting | Ready | FirstStep | Epoch | Evaluated | Saved | Done,
+                   Field(discriminator="event")]
+_MARKER: TypeAdapter[Marker] = TypeAdapter(Marker)
+
+
+def read_marker(line: str) -> Marker | None:
+    """The marker in one output line, or None for an ordinary line."""
+    if not line.startswith(m.PREFIX):
+        return None
+    try:
+        data = json.loads(line[len(m.PREFIX):])
+    except (ValueError, RecursionError) as e:  # 64 KiB of `[` is too deep for json
+        raise BadMarker(f"not JSON: {str(e)[:200]}") from None
+    try:
+        return _MARKER.validate_python(data)
+    except ValidationError as e:
+        raise BadMarker("; ".join(
+            f"{'.'.join(map(str, err['loc'])) or 'marker'}: {err['msg']}"
+            for err in e.errors()[:3])) from None
+
+
+def is_marker(line: str) -> bool:
+    """A valid marker: a line tfo reads, not one to show (a bad one is shown)."""
+    try:
+        return read_marker(line) is not None
+    except BadMarker:
+        return False

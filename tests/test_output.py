@@ -1,0 +1,388 @@
+"""What a task prints is untrusted input: markers are validated, lines are capped in memory,
+logs are complete, and the console never holds up supervision (a reader that does not read,
+a reader that went away)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from orchestrator.console import ConsoleWriter
+from orchestrator.launch.output import LINE_CAP, TaskOutput
+from orchestrator.markers import BadMarker, Evaluated, Up, read_marker
+from tests import sshlab
+from tests.conftest import REPO, events, kill_tree, tfo_cmd, write_spec
+from tests.jobs.noisy import BAD_MARKERS
+from tests.test_ssh import host_yaml
+from worker_entry import markers
+
+# ---- markers: (line, what the error names) -------------------------------------------------
+BAD = [
+    ('@tfo {"event": "hello", "task": "worker:9"}', "does not match any of the expected tags"),
+    ('@tfo {"event": "evaluated", "metrics": "oops"}', "evaluated.metrics"),
+    ('@tfo {"event": "evaluated", "epoch": 1, "metrics": {"loss": "oops"}}',
+     "evaluated.metrics.loss"),
+    ('@tfo {"event": "ready", "task": "worker:9"}', "task are tfo's own"),
+    ('@tfo {"event": "epoch", "epoch": 2, "pid": 1, "time": 0}', "pid, time are tfo's own"),
+    ('@tfo {"event": "up", "pid": "me"}', "up.pid"),
+    ('@tfo {"event": "epoch", "epoch": "many"}', "epoch.epoch"),
+    ('@tfo {"epoch": 1}', "event"),
+    ('@tfo ["event", "ready"]', "valid dictionary"),
+    ('@tfo "ready"', "valid dictionary"),
+    ("@tfo {not json", "not JSON"),
+    ("@tfo " + "[" * 5000, "not JSON"),  # deeper than json's recursion limit
+]
+
+
+@pytest.mark.parametrize(("line", "error"), BAD)
+def test_bad_markers_are_refused_with_the_reason(line, error):
+    with pytest.raises(BadMarker, match=error.replace(".", r"\.")):
+        read_marker(line)
+
+
+def test_markers_and_ordinary_lines():
+    assert read_marker("Epoch 1/5") is None
+    assert read_marker(' @tfo {"event": "done"}') is None
+    up = read_marker('@tfo {"event": "up", "pid": 12, "host": "vm"}')
+    assert isinstance(up, Up) and up.record() == {"pid": 12, "host": "vm"}
+    ev = read_marker('@tfo {"event": "evaluated", "epoch": 3, "checkpoint": "c", '
+                     '"metrics": {"loss": 0.5, "accuracy": NaN}}')
+    assert isinstance(ev, Evaluated) and ev.metrics["loss"] == 0.5
+    # A field a newer worker_entry may add is recorded as it is.
+    ready = read_marker('@tfo {"event": "ready", "what": "training", "gpus": 2}')
+    assert ready is not None and ready.record() == {"what": "training", "gpus": 2}
+
+
+# ---- TaskOutput: lines capped in memory, the log complete ---------------------------------
+def _chunks(*parts: bytes):
+    it = iter(parts)
+    return lambda: next(it, b"")
+
+
+def _collect(out: TaskOutput) -> list[str]:
+    return out.close(timeout=5)
+
+
+def test_an_overlong_line_is_cut_in_memory_and_whole_in_the_log(tmp_path):
+    log = tmp_path / "t.log"
+    big = 3 * LINE_CAP + 123
+    chunk = b"y" * 65536
+    parts = [b"first\r\nsecond\n", *[chunk] * (big // 65536), b"y" * (big % 65536),
+             b"\nlast, no newline"]
+    lines = _collect(TaskOutput(str(log), _chunks(*parts), "t"))
+    assert lines[:2] == ["first", "second"]
+    assert lines[2] == "y" * LINE_CAP + f" [… {big - LINE_CAP} bytes more in the log]"
+    assert lines[3:] == ["last, no newline"]
+    data = log.read_bytes()
+    assert data == b"".join(parts) + b"\n"  # every byte, and the log ends a line
+
+
+def test_a_full_queue_makes_the_reader_wait_not_grow(tmp_path):
+    """A task printing faster than the supervisor takes its lines waits on the pipe."""
+    from orchestrator.launch import output
+
+    line = b"z" * 1000 + b"\n"
+    sent = 0
+
+    def read() -> bytes:
+        nonlocal sent
+        sent += 1
+        return line * 100 if sent <= 1000 else b""  # 100 MB in all
+
+    out = TaskOutput(str(tmp_path / "t.log"), read, "t")
+    time.sleep(0.5)
+    assert out.waiting and not out.done
+    first = out.lines()
+    assert sum(map(len, first)) <= output.QUEUE_CHARS + 1000
+    got = len(first)
+    while not out.done:
+        got += len(out.lines())
+        time.sleep(0.001)
+    got += len(out.close())
+    assert got == 100_000
+    assert (tmp_path / "t.log").stat().st_size == 100_000 * len(line)
+
+
+# ---- the console: never waits ---------------------------------------------------------------
+def test_console_into_a_pipe_nobody_reads_drops_lines_and_never_waits():
+    r, w = os.pipe()
+    try:
+        console = ConsoleWriter(w, limit=100_000)
+        t0 = time.monotonic()
+        for i in range(50_000):  # 5 MB: far more than the pipe and the buffer hold
+            console.write(f"line {i} " + "." * 90)
+        assert time.monotonic() - t0 < 2.0
+        t0 = time.monotonic()
+        console.close(stall_seconds=0.5)
+        assert time.monotonic() - t0 < 2.0
+        assert console.dropped > 40_000 and not console.reader_gone
+    finally:
+        os.close(r)  # ends the write the thread is blocked in, before w's number is reused
+        assert _wait(lambda: console.reader_gone, 5)
+        os.close(w)
+
+
+def test_console_whose_reader_went_away_stops_quietly():
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        console = ConsoleWriter(w)
+        console.write("nobody reads this")
+        assert _wait(lambda: console.reader_gone, 5)
+        console.write("nor this")
+        console.close()
+        os.write(w, b"and any later write goes nowhere, without EPIPE\n")
+    finally:
+        os.close(w)
+
+
+def _wait(pred, timeout: float) -> bool:  # noqa: ANN001
+    until = time.monotonic() + timeout
+    while not pred() and time.monotonic() < until:
+        time.sleep(0.02)
+    return bool(pred())
+
+
+# ---- real runs ------------------------------------------------------------------------------
+NOISY = """\
+name: noisy
+job:
+  entry: tests.jobs.noisy:main
+  args: {args}
+tasks:
+  worker: [localhost:auto]
+timeouts: {{grace_seconds: 3}}
+"""
+LINES = 20_000  # ~2 MB: far more than a pipe (64 KiB) and the console buffer hold
+
+
+def _start(tmp_path: Path, run_dir: Path, stdout: Any, args: str = "",
+           spec: Path | None = None) -> subprocess.Popen:
+    """`tfo run` of the noisy job with these args (or of `spec`), stderr into a file."""
+    spec = spec or write_spec(tmp_path / "noisy.yaml", NOISY.format(args=args))
+    proc = subprocess.Popen(tfo_cmd("run", str(spec), "--run-dir", str(run_dir)), cwd=REPO,
+                            stdout=stdout, stderr=(tmp_path / "stderr").open("w"),
+                            start_new_session=True)
+    if isinstance(stdout, int) and stdout >= 0:
+        os.close(stdout)  # tfo has it now
+    return proc
+
+
+@contextlib.contextmanager
+def _stdout_nobody_reads() -> Iterator[int]:
+    """The write end of a pipe whose read end we hold and never read: `| sleep 600`."""
+    r, w = os.pipe()
+    try:
+        yield w
+    finally:
+        os.close(r)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> int:
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        proc.wait()
+        pytest.fail(f"tfo did not finish within {timeout} s")
+
+
+def _log(run_dir: Path) -> str:
+    path = run_dir / "logs" / "worker-0.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _noisy_lines(run_dir: Path) -> int:
+    return sum(line.startswith("noisy line ") for line in _log(run_dir).splitlines())
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_stdout_nobody_reads_does_not_hold_up_the_job(run_dir: Path, tmp_path: Path):
+    """`tfo run … | sleep 600`: the job finishes, the logs are complete, drops are counted."""
+    with _stdout_nobody_reads() as stdout:
+        proc = _start(tmp_path, run_dir, stdout, f"{{lines: {LINES}}}")
+        assert _finish(proc, 180) == 0, (tmp_path / "stderr").read_text()[-3000:]
+    stderr = (tmp_path / "stderr").read_text()
+    assert "console lines dropped (slow reader); logs are complete in" in stderr
+    assert _noisy_lines(run_dir) == LINES
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_sigterm_ends_tfo_whose_stdout_nobody_reads(run_dir: Path, tmp_path: Path):
+    with _stdout_nobody_reads() as stdout:
+        proc = _start(tmp_path, run_dir, stdout, f"{{lines: {LINES}, sleep: 120}}")
+        try:
+            assert _wait(lambda: "noisy: printed" in _log(run_dir), 150), \
+                "the task never got its lines out"
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            code = _finish(proc, 3 + 10)
+        finally:
+            kill_tree(proc.pid)
+        assert code == 143
+        assert time.monotonic() - t0 < 3 + 5  # grace_seconds + a few
+    assert _noisy_lines(run_dir) == LINES
+    assert any(e["event"] == "job_finished" and e["exit_code"] == 143 for e in events(run_dir))
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_stdout_closed_by_the_reader_does_not_fail_the_job(run_dir: Path, tmp_path: Path):
+    """`tfo run … | head -1`: echo stops, the job goes on and exits 0; no traceback."""
+    proc = _start(tmp_path, run_dir, subprocess.PIPE, f"{{lines: {LINES}}}")
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    code = _finish(proc, 180)
+    stderr = (tmp_path / "stderr").read_text()
+    assert first.startswith(b"[worker:0] ")
+    assert code == 0, stderr[-3000:]
+    assert "stdout was closed; console echo stopped" in stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr
+    assert _noisy_lines(run_dir) == LINES
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_lines_that_only_look_like_markers_are_ordinary_output(run_dir: Path, tmp_path: Path):
+    out = tmp_path / "stdout"
+    proc = _start(tmp_path, run_dir, out.open("w"), "{bad_markers: true}")
+    code = _finish(proc, 180)
+    stderr = (tmp_path / "stderr").read_text()
+    assert code == 0, stderr[-3000:]
+    assert "Traceback" not in stderr + out.read_text()
+    log, shown = _log(run_dir).splitlines(), out.read_text().splitlines()
+    for line in BAD_MARKERS:
+        assert line in log
+        assert f"[worker:0] {line}" in shown
+    bad = [e for e in events(run_dir) if e["event"] == "task_bad_marker"]
+    assert len(bad) == len(BAD_MARKERS) and all(e["task"] == "worker:0" for e in bad)
+    assert "evaluator:" not in stderr  # no evaluation came from the bad `evaluated` lines
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_a_100mb_line_is_logged_whole_without_holding_it(run_dir: Path, tmp_path: Path):
+    mb = 100
+    out = tmp_path / "stdout"
+    proc = _start(tmp_path, run_dir, out.open("w"), f"{{big_line_mb: {mb}}}")
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        me = psutil.Process(proc.pid)
+        while not done.is_set():
+            try:
+                peak = max(peak, me.memory_info().rss)
+            except psutil.Error:
+                return
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        code = _finish(proc, 180)
+    finally:
+        done.set()
+        sampler.join()
+    assert code == 0, (tmp_path / "stderr").read_text()[-3000:]
+    print(f"coordinator peak RSS {peak / 2**20:.0f} MiB")
+    assert peak < 250 * 2**20, f"coordinator peak RSS {peak / 2**20:.0f} MiB"
+    log = run_dir / "logs" / "worker-0.log"
+    assert log.stat().st_size > mb * 2**20
+    with log.open("rb") as f:
+        f.seek(-(2**20 + 1), os.SEEK_END)
+        assert f.read() == b"x" * 2**20 + b"\n"
+    shown = [line for line in out.read_text().splitlines() if line.startswith("[worker:0] xxx")]
+    assert shown == ["[worker:0] " + "x" * LINE_CAP
+                     + f" [… {mb * 2**20 - LINE_CAP} bytes more in the log]"]
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    sshlab.ensure_openssh()
+    with sshlab.start_sshd(tmp_path_factory.mktemp("sshd")) as host:
+        yield host
+
+
+@pytest.mark.ssh
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_output_over_ssh_is_capped_in_memory_and_logged_whole(sshd, run_dir: Path,
+                                                              tmp_path: Path):
+    mb = 20
+    spec = write_spec(tmp_path / "ssh.yaml", f"""\
+name: noisy-ssh
+job: {{entry: "tests.jobs.noisy:main", args: {{bad_markers: true, lines: 2000, big_line_mb: {mb}}}}}
+hosts:
+{host_yaml("lab", sshd, tmp_path / "lab")}
+tasks:
+  worker: ["lab:21100"]
+timeouts: {{grace_seconds: 3}}
+""")
+    out = tmp_path / "stdout"
+    code = _finish(_start(tmp_path, run_dir, out.open("w"), spec=spec), 180)
+    assert code == 0, (tmp_path / "stderr").read_text()[-3000:]
+    log = (run_dir / "logs" / "worker-0.log").read_bytes()
+    assert b"@tfo-pid" not in log and markers.BEAT not in log
+    assert log.endswith(b"noisy: printed\n" + b"x" * (mb * 2**20) + b"\n")
+    assert _noisy_lines(run_dir) == 2000
+    assert all(line.encode() in log for line in BAD_MARKERS)
+    evs = events(run_dir)
+    assert isinstance(next(e["pid"] for e in evs if e["event"] == "task_started"), int)
+    assert sum(e["event"] == "task_bad_marker" for e in evs) == len(BAD_MARKERS)
+    assert f" [… {mb * 2**20 - LINE_CAP} bytes more in the log]" in out.read_text()
+
+
+# ---- tfo logs -------------------------------------------------------------------------------
+def _fake_run(root: Path, name: str, mtime: float) -> Path:
+    rd = root / "runs" / name
+    (rd / "logs").mkdir(parents=True)
+    for task in ("worker-0", "worker-1"):
+        (rd / "logs" / f"{task}.log").write_text(
+            f"===== tfo: {task} attempt 0 =====\n@tfo {{\"event\": \"up\", \"pid\": 1}}\n"
+            f"{name} {task} says hi\n{BAD_MARKERS[0]}\n@tfo {{\"event\": \"done\"}}\n")
+    (rd / "events.jsonl").write_text("{}\n")
+    os.utime(rd / "events.jsonl", (mtime, mtime))
+    return rd
+
+
+def test_logs_hide_markers_and_take_a_task_name_alone(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    old = _fake_run(tmp_path, "old", 1_000_000)
+    _fake_run(tmp_path, "new", 2_000_000)
+    monkeypatch.chdir(tmp_path)
+
+    def logs(*args: str) -> tuple[int, list[str]]:
+        res = CliRunner().invoke(app, ["logs", *args])
+        return res.exit_code, res.output.splitlines()
+
+    one = ["===== tfo: worker-1 attempt 0 =====", "new worker-1 says hi", BAD_MARKERS[0]]
+    assert logs("worker:1") == (0, one)  # the latest run's
+    assert logs("-n", "2", "worker:1") == (0, one[-2:])
+    assert logs(str(old), "worker:1") == (0, [x.replace("new", "old") for x in one])
+    code, shown = logs("--raw", "worker:1")
+    assert code == 0 and '@tfo {"event": "done"}' in shown and len(shown) == 5
+    code, shown = logs()
+    assert code == 0 and len(shown) == 6 and shown[4] == "[worker:1] new worker-1 says hi"
+    code, shown = logs("worker:7")
+    assert code == 2 and "no task 'worker:7'" in " ".join(shown) and "worker:0, worker:1" \
+        in " ".join(shown)
+    code, shown = logs(str(tmp_path / "nowhere"))
+    assert code == 2 and "no task logs there" in " ".join(shown)
