@@ -81,14 +81,21 @@ class Wrapped:
                 return line
         raise AssertionError(f"the task never started; exit {self.proc.wait()}")
 
+    def close_lifeline(self) -> None:
+        """What the kernel does when the coordinator dies."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.stdin = None
+
     def close(self) -> str:
         if self.output is None:
             if self.proc.poll() is None:
                 kill_tree(self.proc.pid)
-            assert self.proc.stdout is not None
-            self.output = self.proc.stdout.read()  # EOF once nothing holds the pipe
-            self.proc.stdout.close()
-            self.proc.wait()
+            try:
+                self.output = self.proc.communicate(timeout=10)[0]
+            except subprocess.TimeoutExpired:  # something still holds the output pipe
+                self.output = ""
+                self.proc.kill()
         return self.output
 
 
@@ -121,7 +128,7 @@ def test_a_stopped_task_takes_what_it_started(how: str, marker: str, tmp_path: P
         if how == "teardown SIGTERM":
             os.killpg(w.proc.pid, signal.SIGTERM)  # what LocalHandle.terminate sends
         else:
-            w.proc.stdin.close()  # what the kernel does when the coordinator dies
+            w.close_lifeline()
         code = w.proc.wait(timeout=10)
         took = time.monotonic() - t0
         out = w.close()

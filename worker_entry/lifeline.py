@@ -117,8 +117,18 @@ class _Wrapper:
             if pid == self.task_pid:
                 self.status = status
 
-    def watch(self) -> None:
-        """Until the task ends; then clean up and exit like it. Never returns."""
+    def run(self) -> None:
+        """Watch until the task ends; then clean up and exit like it. Never returns."""
+        try:
+            self._watch()
+        except BaseException:  # a bug of ours: say where, and still clean up
+            _say(traceback.format_exc())
+        self._end_descendants()  # the task too, if a bug left it running
+        if self.tmp_dir:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        _exit_like(self.status if self.status is not None else 70 << 8)
+
+    def _watch(self) -> None:
         wake_r, wake_w = os.pipe()
         for fd in (wake_r, wake_w):
             os.set_blocking(fd, False)
@@ -154,13 +164,9 @@ class _Wrapper:
                 heard, lost = now, not data
             if lost:
                 fds.remove(stdin)
-                print(f"[tfo] lifeline to the coordinator closed: killing task pid "
-                      f"{self.task_pid} and everything it started", file=sys.stderr, flush=True)
+                _say(f"[tfo] lifeline to the coordinator closed: killing task pid "
+                     f"{self.task_pid} and everything it started")
                 self._kill_task()
-        self._end_descendants()
-        if self.tmp_dir:
-            shutil.rmtree(self.tmp_dir, ignore_errors=True)
-        _exit_like(self.status)
 
     def _end_descendants(self) -> None:
         """SIGKILL and reap all below us. A dying parent's children come to us, so repeat
@@ -174,9 +180,16 @@ class _Wrapper:
             self._reap()
 
 
+def _say(message: str) -> None:
+    """To stderr, which may be a pipe nobody reads any more (the coordinator is gone)."""
+    with contextlib.suppress(OSError, ValueError):
+        print(message, file=sys.stderr, flush=True)
+
+
 def _exit_like(status: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         with contextlib.suppress(ValueError, OSError):
@@ -213,8 +226,7 @@ def wrap() -> None:
         try:
             os.makedirs(tmp_dir, exist_ok=True)
         except OSError as e:
-            print(f"[tfo] cannot create the task's temp dir {tmp_dir}: {e.strerror or e}",
-                  file=sys.stderr, flush=True)
+            _say(f"[tfo] cannot create the task's temp dir {tmp_dir}: {e.strerror or e}")
             os._exit(1)
     lifeline = os.environ.get("TFO_LIFELINE")
     sys.stdout.flush()
@@ -227,8 +239,4 @@ def wrap() -> None:
             os.dup2(devnull, sys.stdin.fileno())
             os.close(devnull)
         return
-    try:
-        _Wrapper(task_pid, tmp_dir, lifeline).watch()
-    except BaseException:  # a bug of ours: say where; the task dies with us (PDEATHSIG)
-        traceback.print_exc()
-    os._exit(70)
+    _Wrapper(task_pid, tmp_dir, lifeline).run()
