@@ -33,6 +33,7 @@ from tests.conftest import (
     wait_until,
     write_spec,
 )
+from tests.test_ssh import lab, lab_spec  # noqa: F401 (a fixture)
 
 
 def escapees(marker: str) -> list[psutil.Process]:
@@ -322,3 +323,20 @@ def test_status_skips_lines_that_are_not_events(tmp_path: Path):
     assert re.search(r"worker:0\s.*task_started\s.*12", res.stdout)
     assert "worker:[/]1" in res.stdout
     assert "skipped 5 unreadable line(s)" in res.stderr
+
+
+@pytest.mark.ssh
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_nothing_a_task_started_outlives_it_on_a_lab_host(
+        lab, marker: str, run_dir: Path, tmp_path: Path):  # noqa: F811 (the fixture)
+    spec = lab_spec(lab, tmp_path, entry="tests.jobs.escape:train",
+                    args=f"{{marker: {marker}, exit_code: 0, hold: 0}}")
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=240)
+    assert res.returncode == 0, res.output[-3000:]
+    assert "[escape] started a session child" in res.stdout
+    assert escapees(marker) == []  # the lab hosts share this machine's process table
+    run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+    for host in ("lab1", "lab2"):
+        assert f"tempdir={tmp_path / host / 'runs' / run_id / 'tmp'}" in res.stdout
+        assert not (tmp_path / host / "runs" / run_id / "tmp").exists()
