@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -219,7 +220,8 @@ def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer
         raise _fail(str(e)) from None
     finally:
         hosts.close()
-    print_summary(result)
+    with contextlib.suppress(OSError):  # a closed terminal (SIGHUP); events.jsonl has it all
+        print_summary(result)
     raise typer.Exit(result.exit_code)
 
 

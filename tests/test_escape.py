@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pty
 import re
+import select
 import signal
 import subprocess
 import time
@@ -275,6 +277,44 @@ def test_sighup_tears_down_like_sigterm(marker: str, run_dir: Path, tmp_path: Pa
     assert run_processes(json.loads((run_dir / "plan.json").read_text())["run_id"]) == []
     status = run_tfo("status", str(run_dir), timeout=30)
     assert "interrupted: interrupted by SIGHUP" in status.stdout
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_a_closed_terminal_tears_the_run_down(marker: str, run_dir: Path, tmp_path: Path):
+    """tfo leads a session on a terminal (a pty) that goes away: the kernel sends it SIGHUP,
+    and every write to the terminal fails from then on."""
+    spec = escape_spec(tmp_path, marker, hold=600)
+    pid, terminal = pty.fork()
+    if pid == 0:
+        try:
+            os.chdir(REPO)
+            os.execv(PYTHON, tfo_cmd("run", str(spec), "--run-dir", str(run_dir)))
+        finally:
+            os._exit(127)
+    status = None
+    try:
+        until = time.monotonic() + 150
+        while len(escapees(marker)) != 2 and time.monotonic() < until:
+            if select.select([terminal], [], [], 0.2)[0]:
+                os.read(terminal, 65536)  # what the user would have seen
+        assert len(escapees(marker)) == 2, "the tasks never started"
+        os.close(terminal)
+        until = time.monotonic() + 30
+        while status is None and time.monotonic() < until:
+            done, wait_status = os.waitpid(pid, os.WNOHANG)
+            status = wait_status if done else None
+            time.sleep(0.05)
+    finally:
+        if status is None:
+            kill_tree(pid)
+            os.waitpid(pid, 0)
+    assert status is not None, "tfo still ran 30 s after its terminal closed"
+    assert os.waitstatus_to_exitcode(status) == 129
+    last = events(run_dir)[-1]
+    assert last["event"] == "job_finished" and last["exit_code"] == 129
+    assert escapees(marker) == []
+    assert run_processes(json.loads((run_dir / "plan.json").read_text())["run_id"]) == []
 
 
 @pytest.mark.tf
