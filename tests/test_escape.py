@@ -187,14 +187,14 @@ job:
 tasks:
   worker: [{workers}]
 restart: {{policy: never}}
-timeouts: {{grace_seconds: 5}}
+timeouts: {{grace_seconds: 5{timeouts}}}
 """
 
 
 def escape_spec(tmp_path: Path, marker: str, workers: int = 1, exit_code: int = 0,
-                hold: float = 0) -> Path:
+                hold: float = 0, timeouts: str = "") -> Path:
     return write_spec(tmp_path / "c.yaml", ESCAPE.format(
-        marker=marker, exit_code=exit_code, hold=hold,
+        marker=marker, exit_code=exit_code, hold=hold, timeouts=timeouts,
         workers=", ".join(["localhost:auto"] * workers)))
 
 
@@ -235,6 +235,18 @@ def test_a_failed_task_leaves_no_process(marker: str, run_dir: Path, tmp_path: P
                   str(run_dir), timeout=150)
     assert res.returncode == 1, res.output[-3000:]
     assert "worker:0 failed: exit code 3" in res.stderr
+    assert escapees(marker) == []
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_a_task_stopped_by_the_deadline_leaves_no_process(marker: str, run_dir: Path,
+                                                           tmp_path: Path):
+    spec = escape_spec(tmp_path, marker, hold=600, timeouts=", deadline_seconds: 25")
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 1, res.output[-3000:]
+    assert "deadline of 25 s reached" in res.stderr
+    assert "[escape] started a session child" in res.stdout  # before the deadline
     assert escapees(marker) == []
 
 
