@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.console import ConsoleWriter, console_echo, point_at_devnull
 from orchestrator.entry import EntryError, check_entry
@@ -32,7 +34,13 @@ from orchestrator.launch.ssh import SshError, SshHosts
 from orchestrator.markers import is_marker
 from orchestrator.plan import Plan, TaskPlan, make_plan, task_name
 from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, load_spec
-from orchestrator.supervise import RunResult, Supervisor, tail
+from orchestrator.supervise import (
+    RunResult,
+    Supervisor,
+    coordinator_gone,
+    read_events,
+    tail,
+)
 
 EXIT_BAD_SPEC = 2
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -228,7 +236,7 @@ def check(file: FileArg) -> None:
 def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="also show TensorFlow's C++ INFO/WARNING lines")] = False,
         ) -> None:
-    """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/130/143."""
+    """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/143."""
     try:
         spec, p = prepare(file, run_dir)
         packages = job_packages(spec, Path.cwd()) if spec.hosts else []
@@ -268,13 +276,14 @@ def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer
         raise typer.Exit(1) from None
     finally:
         hosts.close()
-    if console.dropped:
-        err.print(f"tfo: {console.dropped} console lines dropped (slow reader); logs are "
-                  f"complete in {p.run_dir}/logs", soft_wrap=True)
-    if console.reader_gone:
-        err.print(f"tfo: stdout was closed; console echo stopped; logs are complete in "
-                  f"{p.run_dir}/logs", soft_wrap=True)
-    print_summary(result)
+    with contextlib.suppress(OSError):  # a closed terminal (SIGHUP); events.jsonl has it all
+        if console.dropped:
+            err.print(f"tfo: {console.dropped} console lines dropped (slow reader); logs are "
+                      f"complete in {p.run_dir}/logs", soft_wrap=True)
+        if console.reader_gone:
+            err.print(f"tfo: stdout was closed; console echo stopped; logs are complete in "
+                      f"{p.run_dir}/logs", soft_wrap=True)
+        print_summary(result)
     raise typer.Exit(result.exit_code)
 
 
@@ -315,24 +324,35 @@ def status(run_dir: Annotated[Path | None, typer.Argument(help="a run directory"
     """The tasks of a run (the latest by default) as its events.jsonl tells them."""
     rd = _latest_run(run_dir)
     try:
-        events = [json.loads(line) for line in (rd / "events.jsonl").read_text().splitlines()]
-    except (OSError, json.JSONDecodeError) as e:
-        raise _fail(f"{rd}: cannot read events.jsonl: {e}") from None
+        events, skipped = read_events(rd / "events.jsonl")
+    except OSError as e:
+        raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
     tasks: dict[str, dict] = {}
     job = "running"
     for e in events:
-        if e["event"] == "job_finished":
-            job = f"{e['state']}: {e.get('reason', '')}"
-        if e.get("task"):
-            tasks.setdefault(e["task"], {}).update(last=e["event"], pid=e.get("pid"),
-                                                   returncode=e.get("returncode"))
-    table = Table(title=f"{rd.name}: {job}", title_justify="left")
+        if e["event"] == "run_started":
+            job = (f"coordinator lost: pid {e['coordinator_pid']} is gone; the run did not "
+                   "finish cleanly") if coordinator_gone(e) else "running"
+        elif e["event"] == "job_finished":
+            job = f"{e.get('state')}: {e.get('reason', '')}"
+        if isinstance(e.get("task"), str):
+            tasks.setdefault(e["task"], {}).update(
+                last=e["event"], pid=_int_or_none(e.get("pid")),
+                returncode=_int_or_none(e.get("returncode")))
+    # Text, not markup: a reason or task name may hold brackets.
+    table = Table(title=Text(f"{rd.name}: {job}"), title_justify="left")
     for col in ("task", "last event", "pid", "exit"):
         table.add_column(col)
     for name, t in sorted(tasks.items()):
-        table.add_row(name, t["last"], str(t["pid"] or "-"), describe_exit(t["returncode"])
-                      if t["returncode"] is not None else "-")
+        table.add_row(Text(name), Text(t["last"]), str(t["pid"] or "-"),
+                      describe_exit(t["returncode"]) if t["returncode"] is not None else "-")
     out.print(table)
+    if skipped:
+        err.print(f"{rd / 'events.jsonl'}: skipped {skipped} unreadable line(s)", markup=False)
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 _TASK_NAME = re.compile(r"^[a-z_]+:\d+$")

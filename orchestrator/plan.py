@@ -35,7 +35,7 @@ class TaskPlan:
     env: dict[str, str]
     cwd: str  # on the task's host
     log_path: str  # on the coordinator's machine
-    tmp_dir: str  # on the task's host; removed at teardown
+    tmp_dir: str  # on the task's host; its TMPDIR, removed when it ends
 
     @property
     def is_local(self) -> bool:
@@ -133,6 +133,8 @@ def make_plan(
             "TF_USE_LEGACY_KERAS": "1",
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": task_workdir,
+            # TensorFlow's autograph files and the like: gone with the task (lifeline.py).
+            "TMPDIR": tmp_dir, "TEMP": tmp_dir, "TMP": tmp_dir,
         }
         _check_env_fits(name, host, env)
         tasks.append(TaskPlan(

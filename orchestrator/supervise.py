@@ -2,7 +2,7 @@
 
     supervisor = Supervisor(plan, spec, start=start_local)
     result = supervisor.run()          # blocks; SIGINT/SIGTERM tear everything down
-    sys.exit(result.exit_code)         # 0 ok, 1 failed, 130 SIGINT, 143 SIGTERM
+    sys.exit(result.exit_code)         # 0 ok, 1 failed, 129 SIGHUP, 130 SIGINT, 143 SIGTERM
 
 One thread, one loop (poll every 50 ms): pump output into logs and console, notice
 exits, decide restarts, start what is due. Every step is written to events.jsonl.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -22,6 +23,8 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
+import psutil
+
 from orchestrator.launch import Launcher, TaskHandle, describe_exit
 from orchestrator.markers import BadMarker, Evaluated, read_marker
 from orchestrator.plan import Plan, TaskPlan
@@ -29,7 +32,9 @@ from orchestrator.spec import ClusterSpec, RestartPolicy, Strategy
 from worker_entry import markers
 
 POLL_SECONDS = 0.05
-SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# A closed terminal or a dropped SSH session to the user's machine sends SIGHUP: a teardown
+# like Ctrl-C, not a silent death that leaves the run looking alive.
+SIGNAL_EXIT = {signal.SIGHUP: 129, signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 class TaskState(str, Enum):
@@ -63,7 +68,7 @@ class JobState(str, Enum):
           allowed and left    ▼  │
                             RESTARTING
         RUNNING/RESTARTING ──lost with no restart left, startup timeout, deadline──▶ FAILED
-        RUNNING/RESTARTING ──SIGINT/SIGTERM──▶ INTERRUPTED
+        RUNNING/RESTARTING ──SIGHUP/SIGINT/SIGTERM──▶ INTERRUPTED
     """
 
     PENDING = "pending"
@@ -150,6 +155,48 @@ class EventLog:
         self._file.close()
 
 
+def coordinator_identity() -> dict[str, Any]:
+    """Who supervises the run, for `tfo status` to tell a live run from a dead one; the
+    create time tells a reused pid apart."""
+    me = psutil.Process()
+    return {"coordinator_pid": me.pid, "coordinator_created": me.create_time(),
+            "coordinator_host": socket.gethostname()}
+
+
+def coordinator_gone(run_started: dict[str, Any]) -> bool:
+    """Whether the coordinator named in a run_started record is gone. False when that
+    cannot be told: a run from an older tfo, or one supervised from another machine."""
+    pid, created = run_started.get("coordinator_pid"), run_started.get("coordinator_created")
+    if not isinstance(pid, int) or not isinstance(created, int | float) \
+            or run_started.get("coordinator_host") != socket.gethostname():
+        return False
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - created) > 1.0 or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The records of an events.jsonl, and how many lines were not records (a line cut
+    short by a crash, garbage): skipped, never fatal. Raises OSError."""
+    records, bad = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("event"), str):
+            records.append(record)
+        else:
+            bad += 1
+    return records, bad
+
+
 def tail(path: str, n: int = 20) -> list[str]:
     try:
         with open(path, errors="replace") as f:
@@ -187,7 +234,7 @@ class Supervisor:
     def run(self) -> RunResult:
         old = {s: signal.signal(s, self._on_signal) for s in SIGNAL_EXIT}
         self.events.write("run_started", run_id=self.plan.run_id, strategy=self.plan.strategy.value,
-                          tasks=[t.name for t in self.plan.tasks])
+                          tasks=[t.name for t in self.plan.tasks], **coordinator_identity())
         self.state = JobState.RUNNING
         stop = _Stop(JobState.FAILED, "supervisor crashed")
         try:

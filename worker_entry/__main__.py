@@ -5,6 +5,10 @@ import sys
 # parameter-server support (keras-team/keras#20585, #18624); tf-keras works.
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
+from worker_entry import lifeline  # noqa: E402
+
+lifeline.wrap()  # the wrapper stays in there for good; the task, a child, goes on
+
 from worker_entry.runner import main  # noqa: E402
 
 sys.exit(main())

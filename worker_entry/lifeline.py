@@ -1,112 +1,242 @@
-"""Nothing outlives the coordinator: a task dies with it, and its temp dir goes too.
+"""Nothing a task starts outlives it, and nothing outlives the coordinator.
 
-A task's main thread can sit inside a TensorFlow op holding the GIL for minutes (building
-MultiWorkerMirroredStrategy while peers are missing, a collective that waits), so nothing
-here relies on Python code running in the task:
+`python -m worker_entry` is two processes. The one the coordinator starts (the pid in
+`task_started`, its process group's leader) is a small wrapper that never imports
+TensorFlow; it forks the task proper, which does. The task's main thread can sit inside a
+TensorFlow op holding the GIL for minutes (building MultiWorkerMirroredStrategy while peers
+are missing, a collective that waits), so every duty that must not wait is the wrapper's,
+whose main thread only ever waits in select:
 
-- SIGTERM (teardown sends it to the task's whole group) is acted on by the watchdog below,
-  which SIGKILLs the task: TensorFlow installs its own SIGTERM handler (preemption notice)
-  in the task, so the task itself would not stop.
-- PR_SET_PDEATHSIG(SIGKILL): the kernel kills the task when the process that started it
-  (the coordinator locally, the SSH session remotely) dies.
-- With "stdin:SECONDS", the coordinator sends heartbeats and the watchdog answers with a
-  BEAT byte on stdout every second, so a cut network is seen from both ends.
-- A watchdog process, forked before TensorFlow starts, waits on two pipes: the task's stdin,
-  whose write end the coordinator holds and never writes (the lifeline: EOF means the
-  coordinator or the SSH connection is gone), and a pipe from the task itself (EOF means the
-  task ended, however). On lifeline EOF it kills the task and its whole process group; on
-  task end it removes the task's temp dir and exits.
+- It is a child subreaper (PR_SET_CHILD_SUBREAPER): whatever the task starts stays the
+  wrapper's descendant however it detaches (a session of its own, a double-forked daemon),
+  because the kernel re-parents orphans to it, not to init. When the task ends, however it
+  ends, the wrapper SIGKILLs and reaps every descendant left, removes the task's temp dir,
+  and exits with the task's status (killed by signal N: it kills itself with N, so the
+  coordinator sees the same -N).
+- SIGTERM or SIGHUP (teardown signals the whole group): it SIGKILLs the task at once.
+  TensorFlow installs its own SIGTERM handler in the task (a preemption notice), so the
+  task itself would not stop.
+- The lifeline: the task's stdin, whose write end the coordinator holds. EOF means the
+  coordinator or the SSH connection is gone; with "stdin:SECONDS" the coordinator also
+  writes a heartbeat, and silence that long means a cut network. Either way: kill all.
+  The wrapper answers with a BEAT byte on stdout every second, so the coordinator sees a
+  cut network from its end too.
+- PR_SET_PDEATHSIG: the wrapper gets SIGTERM when its parent (the coordinator, or the SSH
+  session) dies, a second path to the same cleanup; the task gets SIGKILL when the
+  wrapper dies, so a SIGKILLed wrapper never leaves a task holding its port. What the task
+  started then escapes to init: the coordinator kills those from the process tree it
+  samples while the task runs (launch/local.py).
+- TMPDIR, TEMP and TMP point into the task's temp dir (plan.py), which the wrapper makes
+  before the task starts: TensorFlow's autograph files and anything else written through
+  `tempfile` go with the task, even a SIGKILLed one.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
+import json
 import os
+import resource
 import select
 import shutil
 import signal
 import sys
 import time
+import traceback
 
 from worker_entry import markers
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_CLEANUP_SECONDS = 5.0  # at most this long killing descendants (a fork bomb): then give up
 
 
-def _set_parent_death_signal(sig: int) -> None:
+def _prctl(option: int, value: int) -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, sig)
+        libc.prctl(option, value, 0, 0, 0)
 
 
-def _watchdog(task_pid: int, task_pipe: int, watch_stdin: bool, quiet_limit: float | None,
-              tmp_dir: str | None) -> None:
-    def stop_task(signum: int, frame: object) -> None:
-        with contextlib.suppress(OSError):
-            os.kill(task_pid, signal.SIGKILL)
-
-    signal.signal(signal.SIGTERM, stop_task)
-    signal.signal(signal.SIGHUP, stop_task)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    stdin = sys.stdin.fileno()
-    fds = [task_pipe] + ([stdin] if watch_stdin else [])
-    heard = beat = time.monotonic()
-    while True:
-        ready, _, _ = select.select(fds, [], [], 0.5 if quiet_limit else None)
-        if quiet_limit and time.monotonic() - beat >= 1.0:
-            beat = time.monotonic()
-            with contextlib.suppress(OSError):
-                os.write(sys.stdout.fileno(), markers.BEAT)  # tells the coordinator we are alive
-        if quiet_limit and stdin not in ready and time.monotonic() - heard > quiet_limit:
-            ready = [stdin]  # no heartbeat: the connection is cut; treat as closed
-            os.close(stdin)
-        for fd in ready:
-            try:
-                data = os.read(fd, 4096)
-            except OSError:
-                data = b""
-            if data:
-                heard = time.monotonic()
-                continue
-            if fd != task_pipe:  # the lifeline closed: the coordinator is gone
-                print(f"[tfo] lifeline to the coordinator closed: killing task pid {task_pid}",
-                      file=sys.stderr, flush=True)
-                with contextlib.suppress(OSError):
-                    os.kill(task_pid, signal.SIGKILL)
-                select.select([task_pipe], [], [], 5.0)  # until the task is gone
-            if tmp_dir:
-                shutil.rmtree(tmp_dir, ignore_errors=True)
-            if fd != task_pipe:
-                # Anything the task started, and this watchdog last.
-                with contextlib.suppress(OSError):
-                    os.killpg(os.getpgrp(), signal.SIGKILL)
-            os._exit(0)
-
-
-def install(tmp_dir: str | None, lifeline: str | None) -> None:
-    """Call first thing in the task, before TensorFlow is imported (no threads yet).
-
-    `lifeline`: None (no coordinator to follow), "stdin" (EOF means gone) or "stdin:SECONDS"
-    (the coordinator also sends heartbeats; silence that long means gone).
-    """
-    watch_stdin = bool(lifeline and lifeline.startswith("stdin"))
-    quiet_limit = float(lifeline.split(":", 1)[1]) if lifeline and ":" in lifeline else None
+def _follow_parent(sig: signal.Signals) -> None:
+    """Get `sig` when the parent dies; if it died before prctl took effect, exit now."""
     parent = os.getppid()
-    _set_parent_death_signal(signal.SIGKILL)
-    if os.getppid() != parent:  # the coordinator died before prctl took effect
-        os._exit(137)
-    read_end, write_end = os.pipe()  # close-on-exec; the task holds the write end for life
+    _prctl(_PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent:
+        os._exit(128 + sig)
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root`, from /proc (Linux; elsewhere none are found)."""
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        # The command name may hold spaces and ')': the fields after the last ')' are
+        # state, ppid, ...
+        ppid = int(stat[stat.rfind(b")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+class _Wrapper:
+    def __init__(self, task_pid: int, tmp_dir: str | None, lifeline: str | None) -> None:
+        self.task_pid, self.tmp_dir = task_pid, tmp_dir
+        self.watch_stdin = bool(lifeline and lifeline.startswith("stdin"))
+        self.quiet_limit = float(lifeline.split(":", 1)[1]) if lifeline and ":" in lifeline \
+            else None
+        self.status: int | None = None  # the task's wait status, once reaped
+
+    def _kill_task(self, signum: int = 0, frame: object = None) -> None:
+        if self.status is None:
+            with contextlib.suppress(OSError):
+                os.kill(self.task_pid, signal.SIGKILL)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.task_pid:
+                self.status = status
+
+    def run(self) -> None:
+        """Watch until the task ends; then clean up and exit like it. Never returns."""
+        try:
+            self._watch()
+        except BaseException:  # a bug of ours: say where, and still clean up
+            _say(traceback.format_exc())
+        self._end_descendants()  # the task too, if a bug left it running
+        if self.tmp_dir:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        _exit_like(self.status if self.status is not None else 70 << 8)
+
+    def _watch(self) -> None:
+        wake_r, wake_w = os.pipe()
+        for fd in (wake_r, wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(wake_w)  # SIGCHLD (the task ended) wakes the select below
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        signal.signal(signal.SIGTERM, self._kill_task)
+        signal.signal(signal.SIGHUP, self._kill_task)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator stops us with SIGTERM
+        self._reap()  # it may have ended before the handler was in place
+        stdin = sys.stdin.fileno()
+        fds = [wake_r, stdin] if self.watch_stdin else [wake_r]
+        heard = beat = time.monotonic()
+        while self.status is None:
+            ready, _, _ = select.select(fds, [], [], 0.5 if self.quiet_limit else None)
+            now = time.monotonic()
+            if wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wake_r, 512):
+                        pass
+                self._reap()
+            if self.quiet_limit and now - beat >= 1.0:
+                beat = now
+                with contextlib.suppress(OSError):
+                    os.write(sys.stdout.fileno(), markers.BEAT)  # we are alive
+            if stdin not in fds:
+                continue
+            lost = self.quiet_limit is not None and now - heard > self.quiet_limit
+            if stdin in ready:
+                try:
+                    data = os.read(stdin, 4096)
+                except OSError:
+                    data = b""
+                heard, lost = now, not data
+            if lost:
+                fds.remove(stdin)
+                _say(f"[tfo] lifeline to the coordinator closed: killing task pid "
+                     f"{self.task_pid} and everything it started")
+                self._kill_task()
+
+    def _end_descendants(self) -> None:
+        """SIGKILL and reap all below us. A dying parent's children come to us, so repeat
+        until none is left."""
+        until = time.monotonic() + _CLEANUP_SECONDS
+        while (left := descendants(os.getpid())) and time.monotonic() < until:
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.005)
+            self._reap()
+
+
+def _say(message: str) -> None:
+    """To stderr, which may be a pipe nobody reads any more (the coordinator is gone)."""
+    with contextlib.suppress(OSError, ValueError):
+        print(message, file=sys.stderr, flush=True)
+
+
+def _exit_like(status: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the task's crash, not ours
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, signal.SIG_DFL)  # SIGKILL has no handler to reset
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)  # a signal whose default is not to terminate
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def _task_tmp_dir() -> str | None:
+    try:
+        tmp_dir = json.loads(os.environ.get("TFO_JOB") or "{}").get("tmp_dir")
+    except (ValueError, AttributeError):
+        return None  # the runner names the problem
+    return os.path.expanduser(tmp_dir) if isinstance(tmp_dir, str) and tmp_dir else None
+
+
+def wrap() -> None:
+    """Call first thing in `python -m worker_entry`, before TensorFlow is imported.
+
+    Returns in the task (a forked child); in the wrapper it never returns. TFO_LIFELINE:
+    unset (no coordinator to follow), "stdin" (EOF means gone) or "stdin:SECONDS" (the
+    coordinator also sends heartbeats; silence that long means gone).
+    """
+    _follow_parent(signal.SIGTERM)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    tmp_dir = _task_tmp_dir()
+    if tmp_dir:
+        for var in ("TMPDIR", "TEMP", "TMP"):  # a lab host's workdir may be ~/something
+            if var in os.environ:
+                os.environ[var] = os.path.expanduser(os.environ[var])
+        try:
+            os.makedirs(tmp_dir, exist_ok=True)
+        except OSError as e:
+            _say(f"[tfo] cannot create the task's temp dir {tmp_dir}: {e.strerror or e}")
+            os._exit(1)
+    lifeline = os.environ.get("TFO_LIFELINE")
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        os.close(write_end)
-        try:
-            _watchdog(os.getppid(), read_end, watch_stdin, quiet_limit, tmp_dir)
-        finally:
-            os._exit(0)
-    os.close(read_end)
-    if tmp_dir:
-        atexit.register(shutil.rmtree, tmp_dir, True)
+    task_pid = os.fork()
+    if task_pid == 0:
+        _follow_parent(signal.SIGKILL)
+        if lifeline:  # the heartbeat is the wrapper's to read
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, sys.stdin.fileno())
+            os.close(devnull)
+        return
+    _Wrapper(task_pid, tmp_dir, lifeline).run()

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 PREFIX = "@tfo "
-# With a heartbeat lifeline (SSH), the task's watchdog writes this byte to stdout every
+# With a heartbeat lifeline (SSH), the task's wrapper writes this byte to stdout every
 # second; one byte, so it lands whole even amid the task's own output. Readers drop it.
 BEAT = b"\x1e"
 

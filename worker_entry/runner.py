@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from worker_entry import lifeline, markers
+from worker_entry import markers
 
 
 def resolve_entry(entry: str) -> Callable[[Any], Any]:
@@ -56,7 +56,6 @@ def main() -> int:
     for key in ("model_dir", "run_dir", "tmp_dir"):  # a lab host's workdir may be ~/something
         job[key] = os.path.expanduser(job[key])
     role, index = tf_config["task"]["type"], int(tf_config["task"]["index"])
-    lifeline.install(job.get("tmp_dir"), os.environ.get("TFO_LIFELINE"))
     markers.emit(markers.UP, pid=os.getpid(), host=socket.gethostname())
     ps_job = job["strategy"] == "parameter_server"
 

@@ -4,7 +4,8 @@
     handle.poll(); handle.lines(); handle.terminate(); handle.kill()
 
 The task's stdin is a pipe we hold and never write: its lifeline. If the coordinator dies,
-the kernel closes it and the task kills its own group (see worker_entry.lifeline).
+the kernel closes it and the task's wrapper kills the task and everything it started (see
+worker_entry.lifeline). The pid we know is that wrapper's.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ class LocalHandle:
         return self._proc.returncode
 
     def _remember_tree(self) -> None:
-        """Note every process in the task's tree, to kill stragglers that left the group
-        (a child that called setsid) once the task is gone."""
+        """Note every process in the task's tree. The wrapper, a child subreaper, keeps all
+        the task started in it and kills them when the task ends; this list is for when
+        the wrapper itself is SIGKILLed and they fall out of the tree."""
         self._scanned = time.monotonic()
         with contextlib.suppress(psutil.Error):
             leader = psutil.Process(self._proc.pid)
@@ -89,7 +91,7 @@ class LocalHandle:
                     p.kill()
 
     def close(self, timeout: float = 1.0) -> list[str]:
-        # The task is gone; whatever it started goes too (its watchdog has cleaned up by the
+        # The task is gone; whatever it started goes too (its wrapper has cleaned up by the
         # time the output pipe closes, which the reader waits for).
         rest = self._output.close(timeout)
         self._kill_known()
@@ -101,7 +103,7 @@ class LocalHandle:
         if self._output.done and self._proc.stdout is not None:
             with contextlib.suppress(OSError):
                 self._proc.stdout.close()
-        # The task removes its own temp dir, except when it was SIGKILLed.
+        # The wrapper removes the task's temp dir, except when it was SIGKILLed itself.
         shutil.rmtree(self.task.tmp_dir, ignore_errors=True)
         return rest
 

@@ -11,9 +11,9 @@ shell's pid, so the group to signal is the pid the shell prints first. Every val
 spec reaches the remote shell through shlex.quote.
 
 The lifeline runs both ways. The coordinator sends a byte down each task's stdin every
-second; the task's watchdog kills its group when stdin closes or goes quiet for
-LIFELINE_SECONDS (a dropped connection or a cut network, even where sshd sends no
-keepalives). The watchdog in turn writes BEAT to the task's output every second, so the
+second; the task's wrapper kills the task and all it started when stdin closes or goes
+quiet for LIFELINE_SECONDS (a dropped connection or a cut network, even where sshd sends no
+keepalives). The wrapper in turn writes BEAT to the task's output every second, so the
 coordinator knows the task is lost when the output goes quiet that long.
 """
 
@@ -38,7 +38,7 @@ from worker_entry import markers
 HEARTBEAT_SECONDS = 1.0
 LIFELINE_SECONDS = 5.0
 CONNECT_TIMEOUT = 10.0
-FIRST_BEAT_SECONDS = 30.0  # python's start on a slow host, before its watchdog beats
+FIRST_BEAT_SECONDS = 30.0  # python's start on a slow host, before its wrapper beats
 _PID_PREFIX = "@tfo-pid "
 _PID_LINE_MAX = 64  # the pid line comes first and is short; anything else is output
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", "runs", ".pytest_cache", ".ruff_cache"}
@@ -197,7 +197,7 @@ class SshHandle:
             # -1: no status (killed by a signal, or the connection dropped).
             self._returncode = status if status >= 0 else 255
         elif self._silent() or not self._transport_ok():
-            # The task's watchdog stops it on its side once our heartbeats stop arriving.
+            # The task's wrapper stops it on its side once our heartbeats stop arriving.
             self._lost = True
             self._output.note(f"[tfo] lost the connection to {self.task.host}: nothing heard for "
                             f"{LIFELINE_SECONDS:g} s; the task stops itself on its side")

@@ -1,0 +1,394 @@
+"""Nothing a task starts outlives it: a child in a session of its own and a double-forked
+daemon (tests/jobs/escape.py) are gone when the task ends, however it ends; so are its temp
+dir and TensorFlow's temp files. And a hung-up or killed `tfo` is told apart by `status`.
+
+The wrapper alone (no TensorFlow) for each way a task ends, then whole runs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator.launch.local import TREE_SCAN_SECONDS, LocalHandle
+from orchestrator.plan import TaskPlan
+from tests.conftest import (
+    PYTHON,
+    REPO,
+    events,
+    kill_tree,
+    run_processes,
+    run_tfo,
+    tfo_cmd,
+    wait_until,
+    write_spec,
+)
+from tests.test_ssh import lab, lab_spec  # noqa: F401 (a fixture)
+
+
+def escapees(marker: str) -> list[psutil.Process]:
+    """Live processes started by tests/jobs/escape.py under this marker."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error):
+            if p.environ().get("TFO_ESCAPEE", "").startswith(marker) \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+    return found
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    m = f"tfo-escape-{uuid.uuid4().hex[:12]}"
+    try:
+        yield m
+    finally:
+        for p in escapees(m):  # the test fails on them; they must not outlive it either
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+# ---- the wrapper, no TensorFlow --------------------------------------------------------
+
+def wrapper_env(tmp: Path) -> dict[str, str]:
+    return {**os.environ, "TFO_JOB": json.dumps({"tmp_dir": str(tmp)}), "TMPDIR": str(tmp),
+            "TFO_LIFELINE": "stdin"}
+
+
+class Wrapped:
+    """`python -m tests.jobs.escape MARKER ACTION` as the coordinator starts a task."""
+
+    def __init__(self, marker: str, action: str, tmp: Path) -> None:
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "tests.jobs.escape", marker, action], cwd=REPO, env=wrapper_env(tmp),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+        self.output: str | None = None
+
+    def task_line(self) -> str:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("[escape] task pid="):
+                return line
+        raise AssertionError(f"the task never started; exit {self.proc.wait()}")
+
+    def close_lifeline(self) -> None:
+        """What the kernel does when the coordinator dies."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.stdin = None
+
+    def close(self) -> str:
+        if self.output is None:
+            if self.proc.poll() is None:
+                kill_tree(self.proc.pid)
+            try:
+                self.output = self.proc.communicate(timeout=10)[0]
+            except subprocess.TimeoutExpired:  # something still holds the output pipe
+                self.output = ""
+                self.proc.kill()
+        return self.output
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("action", "returncode"), [
+    ("exit:0", 0), ("exit:3", 3), ("signal:9", -9), ("signal:10", -10)])
+def test_the_wrapper_kills_what_an_ended_task_started(action: str, returncode: int,
+                                                       marker: str, tmp_path: Path):
+    tmp = tmp_path / "tmp" / "worker-0"
+    w = Wrapped(marker, action, tmp)
+    try:
+        line = w.task_line()
+        assert w.proc.wait(timeout=20) == returncode  # the task's own status, signals too
+    finally:
+        w.close()
+    assert escapees(marker) == []  # already reaped when the wrapper exits: no waiting
+    assert f"tempdir={tmp}" in line
+    assert not tmp.exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["teardown SIGTERM", "lifeline closed"])
+def test_a_stopped_task_takes_what_it_started(how: str, marker: str, tmp_path: Path):
+    tmp = tmp_path / "tmp" / "worker-0"
+    w = Wrapped(marker, "hold", tmp)  # the task ignores SIGTERM, as TensorFlow's does
+    try:
+        task_pid = int(re.search(r"pid=(\d+)", w.task_line()).group(1))
+        assert len(escapees(marker)) == 2
+        t0 = time.monotonic()
+        if how == "teardown SIGTERM":
+            os.killpg(w.proc.pid, signal.SIGTERM)  # what LocalHandle.terminate sends
+        else:
+            w.close_lifeline()
+        code = w.proc.wait(timeout=10)
+        took = time.monotonic() - t0
+        out = w.close()
+    finally:
+        w.close()
+    assert code == -signal.SIGKILL
+    assert took < 2.0, f"took {took:.2f} s"
+    assert escapees(marker) == []
+    assert not psutil.pid_exists(task_pid)
+    assert not tmp.exists()
+    if how == "lifeline closed":
+        assert "lifeline to the coordinator closed" in out
+
+
+@pytest.mark.timeout(60)
+def test_a_sigkilled_wrapper_leaves_nothing_behind_the_handle(marker: str, tmp_path: Path):
+    """The wrapper cannot clean up after SIGKILL: the task dies with it (PDEATHSIG) and the
+    coordinator's handle kills the rest from the tree it sampled while they were in it."""
+    tmp = tmp_path / "tmp" / "worker-0"
+    env = {k: v for k, v in wrapper_env(tmp).items() if k != "TFO_LIFELINE"}
+    task = TaskPlan(name="worker:0", role="worker", index=0, host="localhost",
+                    address="localhost", port=0, tf_config={},
+                    command=[PYTHON, "-m", "tests.jobs.escape", marker, "hold"], env=env,
+                    cwd=str(REPO), log_path=str(tmp_path / "log"), tmp_dir=str(tmp))
+    handle = LocalHandle(task, 0)
+    try:
+        task_line = wait_until(lambda: next((x for x in handle.lines()
+                                             if x.startswith("[escape] task pid=")), None), 30)
+        assert task_line, "the task never started"
+        task_pid = int(re.search(r"pid=(\d+)", task_line).group(1))
+        wait_until(lambda: handle.poll() is not None, 2 * TREE_SCAN_SECONDS + 0.5)
+        assert len(escapees(marker)) == 2
+        os.kill(handle.pid, signal.SIGKILL)
+        assert wait_until(lambda: handle.poll() is not None, 5)
+        assert handle.returncode == -signal.SIGKILL
+        handle.close()
+        assert wait_until(lambda: not escapees(marker), 2), escapees(marker)
+        assert wait_until(lambda: not psutil.pid_exists(task_pid), 2)
+        assert not tmp.exists()
+    finally:
+        if handle.poll() is None:
+            handle.kill()
+            handle.close()
+
+
+# ---- whole runs ------------------------------------------------------------------------
+
+ESCAPE = """\
+name: escape
+job:
+  entry: tests.jobs.escape:train
+  args: {{marker: {marker}, exit_code: {exit_code}, hold: {hold}}}
+tasks:
+  worker: [{workers}]
+restart: {{policy: never}}
+timeouts: {{grace_seconds: 5{timeouts}}}
+"""
+
+
+def escape_spec(tmp_path: Path, marker: str, workers: int = 1, exit_code: int = 0,
+                hold: float = 0, timeouts: str = "") -> Path:
+    return write_spec(tmp_path / "c.yaml", ESCAPE.format(
+        marker=marker, exit_code=exit_code, hold=hold, timeouts=timeouts,
+        workers=", ".join(["localhost:auto"] * workers)))
+
+
+def autograph_files_naming(name: str) -> set[str]:
+    """TensorFlow's autograph files in /tmp holding a function of this name."""
+    found = set()
+    for path in Path("/tmp").glob("__autograph_generated_file*.py"):
+        with contextlib.suppress(OSError):
+            if name in path.read_text(errors="replace"):
+                found.add(path.name)
+    return found
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_a_finished_run_leaves_no_process_and_no_temp_file(marker: str, run_dir: Path,
+                                                            tmp_path: Path):
+    before = autograph_files_naming("tfo_escape_probe")
+    res = run_tfo("run", str(escape_spec(tmp_path, marker, workers=2)), "--run-dir",
+                  str(run_dir), timeout=200)
+    assert res.returncode == 0, res.output[-3000:]
+    assert escapees(marker) == []  # nothing to wait for: gone before tfo returned
+    for i in (0, 1):
+        # TensorFlow's temp files went to the task's own temp dir, and that is gone.
+        found = re.search(rf"worker:{i} tempdir=(\S+) autograph_files=(\d+)", res.stdout)
+        assert found, res.stdout[-3000:]
+        assert found.group(1) == str(run_dir / "tmp" / f"worker-{i}")
+        assert int(found.group(2)) >= 1
+    assert not (run_dir / "tmp").exists()
+    # Only this test's function names the probe, so another run's files do not count.
+    assert autograph_files_naming("tfo_escape_probe") - before == set()
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_a_failed_task_leaves_no_process(marker: str, run_dir: Path, tmp_path: Path):
+    res = run_tfo("run", str(escape_spec(tmp_path, marker, exit_code=3)), "--run-dir",
+                  str(run_dir), timeout=150)
+    assert res.returncode == 1, res.output[-3000:]
+    assert "worker:0 failed: exit code 3" in res.stderr
+    assert escapees(marker) == []
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_a_task_stopped_by_the_deadline_leaves_no_process(marker: str, run_dir: Path,
+                                                           tmp_path: Path):
+    spec = escape_spec(tmp_path, marker, hold=600, timeouts=", deadline_seconds: 25")
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 1, res.output[-3000:]
+    assert "deadline of 25 s reached" in res.stderr
+    assert "[escape] started a session child" in res.stdout  # before the deadline
+    assert escapees(marker) == []
+
+
+class Tfo:
+    def __init__(self, spec: Path, run_dir: Path) -> None:
+        self.proc = subprocess.Popen(tfo_cmd("run", str(spec), "--run-dir", str(run_dir)),
+                                     cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True, start_new_session=True)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            kill_tree(self.proc.pid)
+            self.proc.wait()
+
+
+def wait_for_escapees(tfo: Tfo, marker: str) -> None:
+    got = wait_until(lambda: len(escapees(marker)) == 2 or tfo.proc.poll() is not None, 150)
+    assert got and tfo.proc.poll() is None, tfo.proc.communicate()[1][-3000:]
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_sighup_tears_down_like_sigterm(marker: str, run_dir: Path, tmp_path: Path):
+    tfo = Tfo(escape_spec(tmp_path, marker, hold=600), run_dir)
+    try:
+        wait_for_escapees(tfo, marker)
+        t0 = time.monotonic()
+        tfo.proc.send_signal(signal.SIGHUP)  # the terminal closed
+        _, err = tfo.proc.communicate(timeout=30)
+        assert tfo.proc.returncode == 129, err[-3000:]
+        assert time.monotonic() - t0 < 15
+    finally:
+        tfo.close()
+    last = events(run_dir)[-1]
+    assert last["event"] == "job_finished" and last["exit_code"] == 129
+    assert last["state"] == "interrupted" and "SIGHUP" in last["reason"]
+    assert "job interrupted: interrupted by SIGHUP" in err  # the summary
+    assert "Traceback" not in err
+    assert escapees(marker) == []
+    assert run_processes(json.loads((run_dir / "plan.json").read_text())["run_id"]) == []
+    status = run_tfo("status", str(run_dir), timeout=30)
+    assert "interrupted: interrupted by SIGHUP" in status.stdout
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_a_closed_terminal_tears_the_run_down(marker: str, run_dir: Path, tmp_path: Path):
+    """tfo leads a session on a terminal (a pty) that goes away: the kernel sends it SIGHUP,
+    and every write to the terminal fails from then on."""
+    spec = escape_spec(tmp_path, marker, hold=600)
+    pid, terminal = pty.fork()
+    if pid == 0:
+        try:
+            os.chdir(REPO)
+            os.execv(PYTHON, tfo_cmd("run", str(spec), "--run-dir", str(run_dir)))
+        finally:
+            os._exit(127)
+    status = None
+    try:
+        until = time.monotonic() + 150
+        while len(escapees(marker)) != 2 and time.monotonic() < until:
+            if select.select([terminal], [], [], 0.2)[0]:
+                os.read(terminal, 65536)  # what the user would have seen
+        assert len(escapees(marker)) == 2, "the tasks never started"
+        os.close(terminal)
+        until = time.monotonic() + 30
+        while status is None and time.monotonic() < until:
+            done, wait_status = os.waitpid(pid, os.WNOHANG)
+            status = wait_status if done else None
+            time.sleep(0.05)
+    finally:
+        if status is None:
+            kill_tree(pid)
+            os.waitpid(pid, 0)
+    assert status is not None, "tfo still ran 30 s after its terminal closed"
+    assert os.waitstatus_to_exitcode(status) == 129
+    last = events(run_dir)[-1]
+    assert last["event"] == "job_finished" and last["exit_code"] == 129
+    assert escapees(marker) == []
+    assert run_processes(json.loads((run_dir / "plan.json").read_text())["run_id"]) == []
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_sigkill_of_tfo_leaves_nothing_and_status_says_coordinator_lost(
+        marker: str, run_dir: Path, tmp_path: Path):
+    tfo = Tfo(escape_spec(tmp_path, marker, hold=600), run_dir)
+    try:
+        wait_for_escapees(tfo, marker)
+        live = run_tfo("status", str(run_dir), timeout=30)
+        assert re.search(r": running\b", live.stdout), live.output
+        tfo.proc.kill()
+        tfo.proc.wait()
+        assert wait_until(lambda: not escapees(marker), 5), escapees(marker)
+        run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+        assert wait_until(lambda: not run_processes(run_id), 5)
+    finally:
+        tfo.close()
+    status = run_tfo("status", str(run_dir), timeout=30)
+    assert status.returncode == 0, status.output
+    assert (f"coordinator lost: pid {tfo.proc.pid} is gone; the run did not finish cleanly"
+            in " ".join(status.stdout.split()))
+
+
+# ---- tfo status on a damaged record ----------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_status_skips_lines_that_are_not_events(tmp_path: Path):
+    rd = tmp_path / "run"
+    rd.mkdir()
+    good = [
+        {"time": 1.0, "event": "run_started", "task": None, "run_id": "r"},
+        {"time": 2.0, "event": "task_started", "task": "worker:0", "pid": 12, "attempt": 0},
+        {"time": 3.0, "event": "task_exited", "task": "worker:[/]1", "pid": "x",
+         "returncode": "oops"},
+        {"time": 4.0, "event": "job_finished", "task": None, "state": "failed",
+         "reason": "[bold]worker:0 exited[/]"},
+    ]
+    lines = [json.dumps(good[0]), "{}", "garbage ][", json.dumps(good[1]), "[1, 2]",
+             '{"event": 7}', json.dumps(good[2]), json.dumps(good[3]), '{"time": 5.0, "ev']
+    (rd / "events.jsonl").write_text("\n".join(lines))
+    res = run_tfo("status", str(rd), timeout=30)
+    assert res.returncode == 0, res.output
+    assert "Traceback" not in res.output
+    assert "failed: [bold]worker:0 exited[/]" in res.stdout  # shown as written, not markup
+    assert re.search(r"worker:0\s.*task_started\s.*12", res.stdout)
+    assert "worker:[/]1" in res.stdout
+    assert "skipped 5 unreadable line(s)" in res.stderr
+
+
+@pytest.mark.ssh
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_nothing_a_task_started_outlives_it_on_a_lab_host(
+        lab, marker: str, run_dir: Path, tmp_path: Path):  # noqa: F811 (the fixture)
+    spec = lab_spec(lab, tmp_path, entry="tests.jobs.escape:train",
+                    args=f"{{marker: {marker}, exit_code: 0, hold: 0}}")
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=240)
+    assert res.returncode == 0, res.output[-3000:]
+    assert "[escape] started a session child" in res.stdout
+    assert escapees(marker) == []  # the lab hosts share this machine's process table
+    run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+    for host in ("lab1", "lab2"):
+        assert f"tempdir={tmp_path / host / 'runs' / run_id / 'tmp'}" in res.stdout
+        assert not (tmp_path / host / "runs" / run_id / "tmp").exists()
