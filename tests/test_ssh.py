@@ -268,6 +268,7 @@ env: {json.dumps({bad_key: "v", "NOTE": bad_value})}
     spec = load_spec(write_spec(tmp_path / "ok.yaml", text.replace(bad_key, "SAFE")))
     task = make_plan(spec, run_id="inject", run_dir=tmp_path / "run", workdir=tmp_path).tasks[0]
     task = replace(task, command=["/usr/bin/env"], env={**task.env, bad_key: "v"})
+    Path(task.log_path).parent.mkdir(parents=True)  # the handle writes the task's log
     hosts = SshHosts(spec.hosts)
     try:
         handle = hosts.start(task, 0)
