@@ -254,3 +254,33 @@ def test_each_task_gets_its_own_gpus_and_the_collective(tmp_path, run_dir):
     assert {s[3] for s in seen.values()} == {"3.0"}  # one all-reduce over the three tasks
     if sys.platform == "linux" and not Path("/dev/nvidia0").exists():
         assert {s[1] for s in seen.values()} == {"0"}
+
+
+@pytest.mark.ssh
+@pytest.mark.timeout(90)
+def test_auto_on_a_lab_host_asks_over_ssh(tmp_path):
+    """`tfo check` asks the host's nvidia-smi over the preflight's connection (a private sshd
+    on loopback whose sessions find a fake nvidia-smi first on PATH), and refuses a job
+    that needs more than it reports."""
+    from tests import sshlab
+    from tests.test_ssh import host_yaml
+
+    fake = fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)
+    with sshlab.start_sshd(tmp_path / "sshd", extra_config=[
+            f"SetEnv PATH={fake}:/usr/local/bin:/usr/bin:/bin"]) as h:
+        text = (f"name: labgpus\njob: {{entry: \"worker_entry.examples.digits:train\", "
+                f"gpus_per_task: 1}}\nhosts:\n{host_yaml('lab', h, tmp_path / 'w', gpus='auto')}"
+                "tasks:\n  worker: [lab:auto, lab:auto]\n")
+        spec = write_spec(tmp_path / "c.yaml", text)
+        res = run_tfo("plan", str(spec), timeout=30)  # no SSH in a dry run: says when it asks
+        assert res.returncode == 0, res.output
+        assert "lab: gpus auto: nvidia-smi -L on lab tells when the job runs" in res.stdout
+        res = run_tfo("check", str(spec), timeout=60)
+        assert res.returncode == 0, res.output
+        row = next(line for line in res.stdout.splitlines() if line.startswith("│ lab"))
+        assert "│ 2 (0,1) │" in row, res.stdout
+        spec.write_text(text.replace("gpus_per_task: 1", "gpus_per_task: 2"))
+        res = run_tfo("check", str(spec), timeout=60)
+        assert res.returncode == 2, res.output
+        assert "host lab: 2 tasks × 2 GPUs need 4, it has 2 ([0, 1])" in res.stderr
+        assert "Traceback" not in res.output
