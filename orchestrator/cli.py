@@ -27,6 +27,7 @@ from rich.text import Text
 from orchestrator.console import ConsoleWriter, console_echo, point_at_devnull
 from orchestrator.entry import EntryError, check_entry
 from orchestrator.launch import TaskHandle, describe_exit
+from orchestrator.launch.gpus import GpuReport, auto_gpus, auto_notes
 from orchestrator.launch.local import start_local
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, preflight
@@ -145,9 +146,32 @@ def prepare(file: Path, run_dir: Path | None, dry_run: bool = False) -> tuple[Cl
     run_id = f"{spec.name}-{stamp}"
     run_dir = (run_dir or Path("runs") / run_id).resolve()
     check_run_dir(run_dir)
+    gpus = auto_gpus(spec, None)  # this machine's, if `auto`; lab hosts: with_lab_gpus
+    _warn_gpu_notes(gpus)
     plan = make_plan(spec, run_id=run_id, run_dir=run_dir, workdir=Path.cwd(),
-                     ports=_auto_ports(spec))
+                     ports=_auto_ports(spec), gpus=_ids(gpus))
     return spec, plan
+
+
+def _ids(reports: dict[str, GpuReport]) -> dict[str, list[int]]:
+    return {host: report.ids for host, report in reports.items()}
+
+
+def _warn_gpu_notes(reports: dict[str, GpuReport]) -> None:
+    for name, report in reports.items():
+        if report.note:
+            err.print(f"[yellow]warning:[/] {name}: gpus auto: {report}", soft_wrap=True)
+
+
+def with_lab_gpus(spec: ClusterSpec, p: Plan, hosts: SshHosts) -> Plan:
+    """The plan again, with the GPUs of `auto` lab hosts asked over the preflight's
+    connections (prepare asked only this machine)."""
+    reports = auto_gpus(spec, hosts)
+    if all(name == LOCALHOST for name in reports):
+        return p
+    _warn_gpu_notes({n: r for n, r in reports.items() if n != LOCALHOST})
+    return make_plan(spec, run_id=p.run_id, run_dir=p.run_dir, workdir=Path.cwd(),
+                     ports={t.name: t.port for t in p.tasks}, gpus=_ids(reports))
 
 
 @app.command()
@@ -155,19 +179,21 @@ def plan(file: FileArg, as_json: Annotated[bool, typer.Option(
         "--json", help="print a JSON list of tasks")] = False, run_dir: RunDirOpt = None) -> None:
     """Print what `run` would start, without starting anything."""
     try:
-        _, p = prepare(file, run_dir, dry_run=True)
+        spec, p = prepare(file, run_dir, dry_run=True)
     except SpecError as e:
         raise _fail(str(e)) from None
     if as_json:
         print(json.dumps([t.to_json() for t in p.tasks], indent=2))
         return
     table = Table(title=f"{p.name}: {p.strategy.value}, {len(p.tasks)} tasks", title_justify="left")
-    for col in ("task", "host", "port", "TF_CONFIG task", "command"):
+    for col in ("task", "host", "port", "gpus", "TF_CONFIG task", "command"):
         table.add_column(col, overflow="fold")
     for t in p.tasks:
-        table.add_row(t.name, t.host, str(t.port), json.dumps(t.tf_config["task"]),
-                      " ".join(t.command))
+        table.add_row(t.name, t.host, str(t.port), ",".join(map(str, t.gpus)) or "-",
+                      json.dumps(t.tf_config["task"]), " ".join(t.command))
     out.print(table)
+    for note in auto_notes(spec, auto_gpus(spec, None)):
+        out.print(note, markup=False)
     cluster = p.tasks[0].tf_config["cluster"] if p.tasks else {}
     out.print(f"cluster: {json.dumps(cluster)}")
     if run_dir is None:
@@ -195,12 +221,13 @@ def job_packages(spec: ClusterSpec, workdir: Path) -> list[Path]:
 
 def _preflight_table(rows: list[HostCheck]) -> Table:
     table = Table(title="preflight", title_justify="left")
-    for col in ("host", "address", "ssh", "python", "tensorflow", "tf_keras", "ports", "ok"):
+    for col in ("host", "address", "ssh", "python", "tensorflow", "tf_keras", "ports", "gpus",
+                "ok"):
         table.add_column(col)
     for r in rows:
         table.add_row(r.host, r.address, "ok" if r.reachable else "FAILED", r.python or "-",
                       r.versions.get("tensorflow") or "-", r.versions.get("tf_keras") or "-",
-                      ",".join(map(str, r.ports)),
+                      ",".join(map(str, r.ports)), str(r.gpus) if r.gpus else "-",
                       "[green]ok[/]" if not r.problems else f"[red]{len(r.problems)} problem(s)[/]")
     return table
 
@@ -224,7 +251,10 @@ def check(file: FileArg) -> None:
         raise _fail(str(e)) from None
     hosts = SshHosts(spec.hosts)
     try:
+        p = with_lab_gpus(spec, p, hosts)
         problems = _preflight(spec, p, hosts, show=True)
+    except SpecError as e:
+        raise _fail(str(e)) from None
     finally:
         hosts.close()
     for problem in problems:
@@ -244,6 +274,7 @@ def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer
         raise _fail(str(e)) from None
     hosts = SshHosts(spec.hosts)
     try:
+        p = with_lab_gpus(spec, p, hosts)
         problems = _preflight(spec, p, hosts, show=False)
         if problems:
             raise _fail("cannot start, nothing was started:\n  " + "\n  ".join(problems))
@@ -268,7 +299,7 @@ def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer
             result = Supervisor(p, spec, start=start, echo=echo).run()
         finally:
             console.close()
-    except SshError as e:
+    except (SshError, SpecError) as e:
         raise _fail(str(e)) from None
     except OSError as e:  # e.g. the run directory's disk filled up once the run was going
         where = f"{e.filename}: " if e.filename else ""

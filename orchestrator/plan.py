@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from orchestrator.devices import task_gpus, visible_devices
 from orchestrator.spec import LOCALHOST, MAX_ARG_STRLEN, ClusterSpec, SpecError, Strategy
 
 CLUSTER_ROLES = ("chief", "worker", "ps")  # the evaluator is never part of `cluster`
@@ -36,6 +37,7 @@ class TaskPlan:
     cwd: str  # on the task's host
     log_path: str  # on the coordinator's machine
     tmp_dir: str  # on the task's host; its TMPDIR, removed when it ends
+    gpus: list[int] = field(default_factory=list)  # its CUDA_VISIBLE_DEVICES; [] is none
 
     @property
     def is_local(self) -> bool:
@@ -44,7 +46,7 @@ class TaskPlan:
     def to_json(self) -> dict[str, Any]:
         # No asdict: it deep-copies every task's cluster, quadratic in the number of tasks.
         keys = ("name", "host", "port", "tf_config", "command", "env", "role", "index",
-                "address", "cwd", "log_path")
+                "address", "cwd", "log_path", "gpus")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -76,12 +78,14 @@ def make_plan(
     workdir: PurePosixPath | str,
     ports: Mapping[str, int] | None = None,
     python: str = sys.executable,
+    gpus: Mapping[str, list[int]] | None = None,
 ) -> Plan:
     """Work out every task's port, TF_CONFIG, command, env and paths.
 
     `run_dir` and `workdir` are absolute paths on the coordinator's machine; `ports` fills
     in the tasks whose port is `auto` (the launcher finds free ones). Remote tasks run in
-    their host's `workdir` with the run directory mirrored under it.
+    their host's `workdir` with the run directory mirrored under it. `gpus` gives the GPUs
+    of hosts whose gpus are `auto` (launch/gpus.py asks them); devices.py has the rest.
     """
     ports = dict(ports or {})
     run_dir, workdir = str(run_dir), str(workdir)
@@ -102,9 +106,10 @@ def make_plan(
     # Serialized once and shared: every task's TF_CONFIG holds the whole cluster.
     cluster_json = json.dumps(cluster)
     args_json = json.dumps(spec.job.args, sort_keys=True)
+    devices = task_gpus(spec, gpus or {})  # in spec.tasks.all() order, as `resolved`
 
     tasks = []
-    for role, index, host, address, port in resolved:
+    for (role, index, host, address, port), task_devices in zip(resolved, devices, strict=True):
         name = task_name(role, index)
         if host == LOCALHOST:
             task_workdir, task_run_dir, exe = workdir, run_dir, python
@@ -121,7 +126,7 @@ def make_plan(
         tmp_dir = posixpath.join(task_run_dir, "tmp", f"{role}-{index}")
         job = {"entry": spec.job.entry, "model_dir": model_dir,
                "strategy": spec.strategy.value, "run_id": run_id, "run_dir": task_run_dir,
-               "tmp_dir": tmp_dir}
+               "tmp_dir": tmp_dir, "collective": spec.job.collective.value}
         env = {
             **spec.env,
             **(spec.hosts[host].env if host in spec.hosts else {}),
@@ -135,6 +140,10 @@ def make_plan(
             "PYTHONPATH": task_workdir,
             # TensorFlow's autograph files and the like: gone with the task (lifeline.py).
             "TMPDIR": tmp_dir, "TEMP": tmp_dir, "TMP": tmp_dir,
+            # Its own GPUs only ("" for none: unset, TensorFlow takes every GPU), numbered
+            # as nvidia-smi numbers them (CUDA's default order is fastest first).
+            "CUDA_VISIBLE_DEVICES": visible_devices(task_devices),
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         }
         _check_env_fits(name, host, env)
         tasks.append(TaskPlan(
@@ -142,6 +151,7 @@ def make_plan(
             tf_config={"cluster": cluster, "task": task}, command=[exe, "-m", "worker_entry"],
             env=env, cwd=task_workdir,
             log_path=posixpath.join(run_dir, "logs", f"{role}-{index}.log"), tmp_dir=tmp_dir,
+            gpus=task_devices,
         ))
     return Plan(name=spec.name, strategy=spec.strategy, run_id=run_id, run_dir=run_dir,
                 tasks=tasks)

@@ -16,7 +16,7 @@ import string
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -50,6 +50,14 @@ class SpecError(Exception):
 class Strategy(str, Enum):
     MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
     PARAMETER_SERVER = "parameter_server"
+
+
+class Collective(str, Enum):
+    """MWMS's all-reduce: TensorFlow's CommunicationImplementation, by its lower-case name."""
+
+    AUTO = "auto"
+    RING = "ring"
+    NCCL = "nccl"
 
 
 class RestartPolicy(str, Enum):
@@ -86,6 +94,48 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
 
 
 Env = Annotated[dict[str, str], AfterValidator(_check_env)]
+
+
+def _parse_gpus(value: Any) -> Any:
+    """A host's GPUs: ids as `nvidia-smi -L` numbers them, or 'auto' (ask nvidia-smi)."""
+    if value is None:
+        return []
+    if value == "auto":
+        return value
+    hint = "a list of GPU ids like [0, 1] or 'auto' (what nvidia-smi -L reports)"
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        hint += f"; for {value} GPUs write {list(range(value))}"
+    if not isinstance(value, list):
+        raise ValueError(f"expected {hint}, got {value!r}")
+    for gpu in value:
+        if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
+            raise ValueError(f"GPU ids are integers >= 0, got {gpu!r} in {value!r}")
+    if len(set(value)) < len(value):
+        dup = next(g for g in value if value.count(g) > 1)
+        raise ValueError(f"GPU {dup} is listed twice in {value!r}")
+    return value
+
+
+# `auto` is resolved by the launcher before the plan (orchestrator/launch/gpus.py).
+Gpus = Annotated[list[int] | Literal["auto"], BeforeValidator(_parse_gpus)]
+
+
+def _check_gpus_per_task(value: Any) -> Any:
+    if isinstance(value, dict):
+        for role, count in value.items():
+            if role not in ROLES:
+                raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise ValueError(f"{role}: expected a number of GPUs >= 0, got {count!r}")
+    elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"expected a number of GPUs >= 0 (every chief and worker) or a map "
+                         f"of role to number ({{worker: 1, ps: 0}}), got {value!r}")
+    return value
+
+
+GpusPerTask = Annotated[int | dict[str, int], BeforeValidator(_check_gpus_per_task)]
+# An int gives GPUs to the roles that train; a ps holds variables, an evaluator only reads.
+GPU_ROLES = ("chief", "worker")
 
 
 class Address(_Model):
@@ -133,11 +183,21 @@ class JobSpec(_Model):
     args: dict[str, Any] = Field(default_factory=dict)
     # {run_id} and {run_dir} are filled in by the plan; relative paths are under the workdir.
     model_dir: str = "{run_dir}/model"
+    # GPUs per task: an int for every chief and worker, or per role; see devices.py.
+    gpus_per_task: GpusPerTask = 0
+    collective: Collective = Collective.AUTO
 
     @property
     def package(self) -> str:
         """The entry's top-level package: what a task must be able to import."""
         return self.entry.split(":")[0].split(".")[0]
+
+    def gpus_for(self, role: str) -> int:
+        """How many GPUs each task of the role gets: a map's entry (0 when absent), or the
+        int for every chief and worker."""
+        if isinstance(self.gpus_per_task, dict):
+            return self.gpus_per_task.get(role, 0)
+        return self.gpus_per_task if role in GPU_ROLES else 0
 
     @field_validator("model_dir")
     @classmethod
@@ -256,6 +316,7 @@ class HostSpec(_Model):
     check_host_key: bool = True  # known_hosts checking; false trusts any host key
     known_hosts: str | None = None  # default ~/.ssh/known_hosts
     connect_timeout_seconds: Seconds = Field(default=10.0, gt=0)
+    gpus: Gpus = Field(default_factory=list)
 
     @field_validator("address")
     @classmethod
@@ -265,12 +326,19 @@ class HostSpec(_Model):
         return address
 
 
+class LocalhostSpec(_Model):
+    """This machine, for the tasks on `localhost`."""
+
+    gpus: Gpus = Field(default_factory=list)
+
+
 class ClusterSpec(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
     strategy: Strategy = Strategy.MULTI_WORKER_MIRRORED
     job: JobSpec
     tasks: TasksSpec
     hosts: dict[str, HostSpec] = Field(default_factory=dict)
+    localhost: LocalhostSpec = Field(default_factory=LocalhostSpec)
     restart: RestartSpec = Field(default_factory=RestartSpec)
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
     env: Env = Field(default_factory=dict)
@@ -322,6 +390,26 @@ class ClusterSpec(_Model):
             seen[key] = field
         return self
 
+    @model_validator(mode="after")
+    def _device_rules(self) -> ClusterSpec:
+        for where, env in [("env", self.env)] + [(f"hosts.{n}.env", h.env)
+                                                  for n, h in self.hosts.items()]:
+            if "CUDA_VISIBLE_DEVICES" in env:
+                raise _field_error(f"{where}.CUDA_VISIBLE_DEVICES", (
+                    "tfo sets it for each task from the hosts' gpus and job.gpus_per_task; "
+                    "remove it"))
+        collective = self.job.collective
+        if collective is not Collective.AUTO and self.strategy is not \
+                Strategy.MULTI_WORKER_MIRRORED:
+            raise _field_error("job.collective", (
+                f"{collective.value} is for strategy multi_worker_mirrored only; remove it"))
+        if collective is Collective.NCCL and not any(
+                self.job.gpus_for(role) for role, _, _ in self.tasks.all()):
+            raise _field_error("job.collective", (
+                "nccl needs GPUs, and no task of this job gets one: set job.gpus_per_task "
+                "(and the hosts' gpus), or use ring or auto"))
+        return self
+
     def _machine(self, host: str) -> str:
         return self.hosts[host].address if host in self.hosts else LOCALHOST
 
@@ -348,6 +436,10 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
+# The fields our model-level checks name at the start of their message.
+_MODEL_FIELDS = ("tasks", "job.", "env.", "hosts.")
+
+
 def format_validation_error(err: ValidationError) -> str:
     lines: dict[str, str] = {}
     for e in err.errors():
@@ -357,7 +449,7 @@ def format_validation_error(err: ValidationError) -> str:
             loc = _loc(e["loc"][:-1])
         elif e["type"] == "missing":
             msg = "is required"
-        elif ": " in msg and msg.split(": ", 1)[0].startswith("tasks"):
+        elif ": " in msg and msg.split(": ", 1)[0].startswith(_MODEL_FIELDS):
             loc, msg = msg.split(": ", 1)  # our model-level checks carry their own field
         elif e["type"] not in ("value_error", "assertion_error"):
             msg = f"{msg} (got {e.get('input')!r})"

@@ -105,6 +105,38 @@ HOSTILE = [
      ["line 5", "nested more than 64 levels"]),
 ]
 BAD += HOSTILE
+# Issue 9: GPUs in the cluster file.
+LAB_GPUS = GOOD.replace("localhost", "lab") + "hosts: {lab: {address: 10.0.0.2, gpus: GPUS}}\n"
+GPUS = [
+    ("negative GPU id", GOOD + "localhost: {gpus: [0, -1]}\n",
+     ["localhost.gpus", "GPU ids are integers >= 0, got -1"]),
+    ("GPU listed twice", LAB_GPUS.replace("GPUS", "[0, 1, 1]"),
+     ["hosts.lab.gpus", "GPU 1 is listed twice"]),
+    ("GPU count instead of ids", LAB_GPUS.replace("GPUS", "4"),
+     ["hosts.lab.gpus", "'auto'", "for 4 GPUs write [0, 1, 2, 3]"]),
+    ("GPUs 'all'", GOOD + "localhost: {gpus: all}\n", ["localhost.gpus", "'all'", "'auto'"]),
+    ("GPU id true", GOOD + "localhost: {gpus: [true]}\n", ["localhost.gpus", "True"]),
+    ("unknown localhost key", GOOD + "localhost: {cpus: 4}\n", ["localhost", "unknown key 'cpus'"]),
+    ("negative gpus_per_task", GOOD.replace("train\"}", "train\", gpus_per_task: -1}"),
+     ["job.gpus_per_task", "-1"]),
+    ("gpus_per_task of an unknown role", GOOD.replace("train\"}", "train\", gpus_per_task: "
+                                                      "{master: 1}}"),
+     ["job.gpus_per_task", "unknown role 'master'"]),
+    ("unknown collective", GOOD.replace("train\"}", "train\", collective: mpi}"),
+     ["job.collective", "mpi"]),
+    ("nccl without GPUs", GOOD.replace("train\"}", "train\", collective: nccl}"),
+     ["job.collective", "nccl needs GPUs", "job.gpus_per_task"]),
+    ("collective in a PS job", GOOD.replace("name: t", "name: t\nstrategy: parameter_server")
+     .replace("train\"}", "train\", collective: ring}")
+     + "  chief: [localhost:20002]\n  ps: [localhost:20004]\n",
+     ["job.collective", "multi_worker_mirrored only"]),
+    ("CUDA_VISIBLE_DEVICES in env", GOOD + "env: {CUDA_VISIBLE_DEVICES: '0'}\n",
+     ["env.CUDA_VISIBLE_DEVICES", "tfo sets it"]),
+    ("CUDA_VISIBLE_DEVICES in a host's env", GOOD.replace("localhost", "lab")
+     + "hosts: {lab: {address: 10.0.0.2, env: {CUDA_VISIBLE_DEVICES: ''}}}\n",
+     ["hosts.lab.env.CUDA_VISIBLE_DEVICES", "tfo sets it"]),
+]
+BAD += GPUS
 
 
 @pytest.mark.parametrize(("case", "text", "needles"), BAD, ids=[c for c, _, _ in BAD])
@@ -118,7 +150,8 @@ def test_bad_spec_is_rejected_with_the_field_named(case, text, needles, tmp_path
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", ["unknown role", "duplicate address", "entry without function",
                                   "bad yaml", "ps in an MWMS job", "PS job without ps",
-                                  "PS job with two chiefs", *[c for c, _, _ in HOSTILE]])
+                                  "PS job with two chiefs", *[c for c, _, _ in HOSTILE],
+                                  "nccl without GPUs", "GPU count instead of ids"])
 def test_cli_exits_2_without_traceback(case, tmp_path):
     text, needles = next((t, n) for c, t, n in BAD if c == case)
     spec = write_spec(tmp_path / "c.yaml", text)

@@ -50,6 +50,12 @@ def _serve(tf: Any, role: str, index: int) -> int:
     return 0
 
 
+def _communication_options(tf: Any, collective: str) -> Any:
+    """The job's `collective` (auto, ring, nccl) as TensorFlow's CommunicationOptions."""
+    impl = tf.distribute.experimental.CommunicationImplementation[collective.upper()]
+    return tf.distribute.experimental.CommunicationOptions(implementation=impl)
+
+
 def main() -> int:
     tf_config = json.loads(os.environ["TF_CONFIG"])
     job = json.loads(os.environ["TFO_JOB"])
@@ -78,7 +84,8 @@ def main() -> int:
         strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     else:
         # Built first thing: it blocks until every worker has connected.
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=_communication_options(tf, job.get("collective", "auto")))
     is_chief = role == "chief" or (role == "worker" and index == 0 and not cluster.get("chief"))
     ctx = TaskContext(
         role=role, index=index, strategy=strategy, strategy_name=job["strategy"],

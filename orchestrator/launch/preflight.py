@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
 
+from orchestrator.launch.gpus import GpuReport, gpu_problem, local_gpus, remote_gpus
 from orchestrator.launch.ports import port_problem
 from orchestrator.launch.ssh import SshError, SshHosts
 from orchestrator.plan import Plan
@@ -63,12 +64,14 @@ class HostCheck:
     python: str | None = None
     versions: dict[str, str | None] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)
+    gpus: GpuReport | None = None  # what nvidia-smi -L reports there
     problems: list[str] = field(default_factory=list)
 
 
 def _check_local(plan: Plan) -> HostCheck:
     row = HostCheck(LOCALHOST, "127.0.0.1", reachable=True, python=sys.version.split()[0])
     row.ports = [t.port for t in plan.tasks if t.is_local]
+    row.gpus = local_gpus()
     for name in TF_PACKAGES:
         try:
             row.versions[name] = metadata.version(name)
@@ -108,6 +111,7 @@ def _check_remote(name: str, spec: ClusterSpec, plan: Plan, hosts: SshHosts) -> 
         row.problems.append(f"host {name}: {h.python} failed: {res.stderr.strip()[-300:]}")
         return row
     row.python = probe["python"]
+    row.gpus = remote_gpus(conn)
     for pkg in TF_PACKAGES:
         row.versions[pkg] = probe[pkg]
         if probe[pkg] is None:
@@ -129,6 +133,9 @@ def preflight(spec: ClusterSpec, plan: Plan, hosts: SshHosts) -> list[HostCheck]
 
     with ThreadPoolExecutor(max_workers=max(1, len(used))) as pool:
         rows = list(pool.map(check, used))
+    for r in rows:
+        if r.gpus and (problem := gpu_problem(spec, r.host, r.gpus)):
+            r.problems.append(problem)
     # The same TensorFlow everywhere: mixed versions break collectives and checkpoints.
     for pkg in TF_PACKAGES:
         seen = {r.versions.get(pkg) for r in rows if r.versions.get(pkg)}
