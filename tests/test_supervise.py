@@ -39,10 +39,6 @@ class FakeHandle:
         self._rc: int | None = None
         self.pid = 1000 + attempt
 
-    @property
-    def returncode(self) -> int | None:
-        return self._rc
-
     def poll(self) -> int | None:
         if self._rc is None and self.code is not None and \
                 time.monotonic() - self._t0 >= self.after:
@@ -72,7 +68,7 @@ def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script]):
         started.append((task.name, attempt))
         return FakeHandle(task, attempt, scripts.get(task.name, Script()))
 
-    sup = Supervisor(plan, cluster, start=start, echo=lambda task, line: None)
+    sup = Supervisor(plan, start=start, echo=lambda task, line: None)
     result = sup.run()
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     return result, started, events
@@ -205,7 +201,7 @@ def test_a_task_that_could_not_start_is_not_still_running(tmp_path, capsys):
             raise OSError("host lab1 dropped off the network")
         return FakeHandle(task, attempt, Script([(None, 0, True)]))
 
-    result = Supervisor(plan, cluster, start=start, echo=lambda task, line: None).run()
+    result = Supervisor(plan, start=start, echo=lambda task, line: None).run()
     assert result.state is JobState.FAILED and result.failed_task == "worker:1"
     assert "worker:1 could not start: host lab1 dropped off the network" in result.reason
     print_summary(result)

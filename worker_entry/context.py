@@ -28,6 +28,7 @@ from typing import Any
 import tensorflow as tf
 
 from worker_entry import markers
+from worker_entry.markers import Strategy
 
 
 @dataclass
@@ -40,6 +41,7 @@ class TaskContext:
     model_dir: str
     run_dir: str
     tmp_dir: str  # this task's own scratch space, removed when the task ends
+    backup_dir: str  # this task's own BackupAndRestore state (tasks must not share one)
     attempt: int  # 0 on the first start, +1 on each restart
     args: dict[str, Any] = field(default_factory=dict)
 
@@ -121,12 +123,10 @@ class TaskContext:
         """Progress markers, BackupAndRestore (resume after a restart) and per-epoch
         checkpoints for the evaluator."""
         # ParameterServer fit refuses batch-level callbacks.
-        ps = self.strategy_name == "parameter_server"
+        ps = self.strategy_name == Strategy.PARAMETER_SERVER
         cbs: list[Any] = [_EpochProgress() if ps else _Progress()]
         if backup:
-            # One backup directory per task: tasks must not share one.
-            backup_dir = os.path.join(self.run_dir, "backup", f"{self.role}-{self.index}")
-            cbs.append(_TaskBackup(backup_dir=backup_dir))
+            cbs.append(_TaskBackup(backup_dir=self.backup_dir))
         if checkpoints:
             cbs.append(tf.keras.callbacks.ModelCheckpoint(
                 filepath=os.path.join(self.checkpoint_dir, "ckpt-{epoch:03d}"),
