@@ -87,7 +87,7 @@ class TaskContext:
         """The evaluator's work: evaluate each of the chief's per-epoch checkpoints once, in
         order, until the one of epoch `expected` (the last). Metrics go to the log, to a
         marker the coordinator records, and to TensorBoard under the run directory."""
-        state_path = os.path.join(self.run_dir, "evaluator", "evaluated.json")
+        state_path = os.path.join(self.run_dir, self.role, "evaluated.json")  # evaluator/
         os.makedirs(os.path.dirname(state_path), exist_ok=True)
         results: dict[int, dict[str, float]] = {}
         if os.path.exists(state_path):  # a restarted evaluator does not repeat itself
@@ -171,7 +171,7 @@ class _TaskBackup(tf.keras.callbacks.BackupAndRestore):
         strategy = self.model.distribute_strategy
         if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
             return
-        backup = os.path.join(self.backup_dir, "chief")
+        backup = os.path.join(self.backup_dir, "chief")  # tf-keras's name for the one it keeps
         latest = tf.train.latest_checkpoint(backup) if tf.io.gfile.exists(backup) else None
         number = float(latest.rsplit("-", 1)[1]) if latest else -1.0  # the save counter
         local = tf.constant([number, number * number, 1.0])
