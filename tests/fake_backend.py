@@ -4,41 +4,28 @@ for a host with `backend: fake`."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 
 from orchestrator.launch.preflight import HostCheck
 from orchestrator.plan import Plan, TaskPlan
 from orchestrator.spec import HostSpec
+from tests.test_supervise import FakeHandle, Script
 
 STARTED: list[tuple[str, int, str]] = []  # (task, attempt, TF_CONFIG) of every start
 
 
-class FakeTask:
+class FakeTask(FakeHandle):
+    """Ready at once, one line of its own, exit 0 after 0.2 s; its handle writes its log."""
+
     def __init__(self, task: TaskPlan, attempt: int) -> None:
-        self.task, self.attempt, self.pid = task, attempt, 4242
-        self._t0, self._rc = time.monotonic(), None
-        self._lines = ['@tfo {"event": "ready", "what": "training"}', f"{task.name} trained"]
-
-    def poll(self) -> int | None:
-        if self._rc is None and time.monotonic() - self._t0 > 0.2:
-            self._rc = 0
-        return self._rc
-
-    def terminate(self) -> None:
-        self._rc = -15
-
-    def kill(self) -> None:
-        self._rc = -9
+        super().__init__(task, attempt, Script([(0, 0.2, True)]))
+        self._lines.append(f"{task.name} trained")
 
     def lines(self) -> list[str]:
-        out, self._lines = self._lines, []
+        out = super().lines()
         with open(self.task.log_path, "a") as log:
             log.writelines(line + "\n" for line in out)
         return out
-
-    def close(self, timeout: float = 1.0) -> list[str]:
-        return self.lines()
 
 
 class FakeBackend:
