@@ -1,9 +1,13 @@
-"""The `tfo` command: plan, run, status, logs, check.
+"""The `tfo` command: plan, run, rerun, status, logs, check.
 
     tfo plan clusters/localhost.yaml          # the dry run: every task's TF_CONFIG and command
     tfo run clusters/localhost.yaml           # bring up, watch, restart, tear down
+    tfo run runs/<id>/plan.json               # the same tasks again, in a new run directory
+    tfo rerun last                            # the same (RUN: a run directory, id, id prefix)
     tfo status                                # the latest run's tasks, from its events.jsonl
-    tfo logs [RUN_DIR] worker:1               # one task's log
+    tfo logs [RUN] worker:1                   # one task's log
+
+`tfo run` is: spec → allocate (ports) → plan → check → sync → supervise.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ import re
 import secrets
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated
 
@@ -26,22 +29,16 @@ from rich.text import Text
 
 from orchestrator.console import ConsoleWriter, console_echo, point_at_devnull
 from orchestrator.entry import EntryError, check_entry
-from orchestrator.launch import TaskHandle, describe_exit
+from orchestrator.launch import BackendError, describe_exit
+from orchestrator.launch.backends import Backends
 from orchestrator.launch.gpus import GpuReport, auto_gpus, auto_notes
-from orchestrator.launch.local import start_local
-from orchestrator.launch.ports import free_ports
-from orchestrator.launch.preflight import HostCheck, preflight
-from orchestrator.launch.ssh import SshError, SshHosts
+from orchestrator.launch.preflight import HostCheck
 from orchestrator.markers import is_marker
-from orchestrator.plan import Plan, TaskPlan, make_plan, task_name
-from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, load_spec
-from orchestrator.supervise import (
-    RunResult,
-    Supervisor,
-    coordinator_gone,
-    read_events,
-    tail,
-)
+from orchestrator.plan import Plan, make_plan
+from orchestrator.rundir import LAST, RunDir, RunDirError, coordinator_gone
+from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, parse_spec
+from orchestrator.specfile import SpecFileError, read_data
+from orchestrator.supervise import RunResult, Supervisor, tail
 
 EXIT_BAD_SPEC = 2
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -60,21 +57,18 @@ class _Console(Console):
 out = _Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = _Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
-FileArg = Annotated[Path, typer.Argument(help="cluster file (YAML or JSON)", show_default=False)]
+FileArg = Annotated[Path, typer.Argument(help="cluster file (YAML or JSON), or a run's plan.json",
+                                          show_default=False)]
+RunArg = Annotated[str | None, typer.Argument(
+    help=f"a run directory, a run id, a prefix of one, or {LAST} [default: {LAST}]",
+    show_default=False)]
 RunDirOpt = Annotated[Path | None, typer.Option(
     "--run-dir", help="where the run's plan, events and logs go [default: runs/<run-id>]")]
-
 
 
 def _fail(message: str) -> typer.Exit:
     err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
     return typer.Exit(EXIT_BAD_SPEC)
-
-
-def _auto_ports(spec: ClusterSpec) -> dict[str, int]:
-    wanted = [task_name(r, i) for r, i, a in spec.tasks.all() if a.port is None]
-    taken = {a.port for _, _, a in spec.tasks.all() if a.port is not None}
-    return dict(zip(wanted, free_ports(len(wanted), avoid=taken), strict=True))
 
 
 # A TensorFlow task wants about a core and half a GiB; beyond this many on one machine a
@@ -123,38 +117,59 @@ def check_run_dir(run_dir: Path) -> None:
 def make_run_dir(p: Plan) -> None:
     """Made, and plan.json written, before anything starts: a bad place or a full disk is an
     error for the user here, not a traceback later."""
-    rd = Path(p.run_dir)
     try:
-        (rd / "logs").mkdir(parents=True, exist_ok=True)
-        (rd / "plan.json").write_text(json.dumps(p.to_json(), indent=2))
+        RunDir(p.run_dir).create(p.to_json())
     except OSError as e:
-        raise SpecError(f"run directory {rd}: cannot write {e.filename or rd}: "
+        raise SpecError(f"run directory {p.run_dir}: cannot write {e.filename or p.run_dir}: "
                         f"{e.strerror or e}") from None
 
 
 RUN_ID_PATTERN = "YYYYmmdd-HHMMSS-xxxx"  # what a dry run shows for the id a run will get
 
 
-def prepare(file: Path, run_dir: Path | None, dry_run: bool = False) -> tuple[ClusterSpec, Plan]:
-    """Load, validate and plan; raises SpecError with a message for the user. A dry run
-    names no run id: each real run gets a new one, so a made-up id would be a false promise."""
-    spec = load_spec(file)
+def load_source(file: Path) -> tuple[ClusterSpec, dict[str, int] | None]:
+    """A cluster file; or a run's plan.json, to run the same tasks again: the spec it was
+    made from, and the ports it had (the same TF_CONFIGs, `auto` ports included)."""
+    try:
+        data = read_data(file)
+    except SpecFileError as err:
+        raise SpecError(str(err)) from None
+    if not (isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys()):
+        return parse_spec(data, str(file)), None
+    try:
+        old = Plan.from_json(data)
+    except (KeyError, TypeError, ValueError) as e:
+        raise SpecError(f"{file}: not a plan.json this tfo can run again "
+                        f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    return old.spec, old.ports()
+
+
+def prepare(file: Path, run_dir: Path | None, dry_run: bool = False,
+            ask_hosts: bool = True) -> tuple[Plan, Backends]:
+    """Load, validate, allocate (ports, and GPUs of `auto` hosts) and plan; raises SpecError
+    with a message for the user. A dry run names no run id: each real run gets a new one, so
+    a made-up id would be a false promise. Without `ask_hosts` lab hosts are not contacted
+    (`tfo plan`). The caller closes the backends."""
+    spec, ports = load_source(file)
     check_entry_importable(spec, Path.cwd())
     check_local_tasks(spec)
     stamp = RUN_ID_PATTERN if dry_run else \
         f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     run_id = f"{spec.name}-{stamp}"
-    run_dir = (run_dir or Path("runs") / run_id).resolve()
-    check_run_dir(run_dir)
-    gpus = auto_gpus(spec, None)  # this machine's, if `auto`; lab hosts: with_lab_gpus
-    _warn_gpu_notes(gpus)
-    plan = make_plan(spec, run_id=run_id, run_dir=run_dir, workdir=Path.cwd(),
-                     ports=_auto_ports(spec), gpus=_ids(gpus))
-    return spec, plan
-
-
-def _ids(reports: dict[str, GpuReport]) -> dict[str, list[int]]:
-    return {host: report.ids for host, report in reports.items()}
+    rd = RunDir(str(run_dir.resolve())) if run_dir else RunDir.default(run_id)
+    check_run_dir(Path(rd.path))
+    backends = Backends(spec.hosts)
+    try:
+        if ports is None:
+            ports = backends.allocate(spec)
+        gpus = backends.gpus(spec, ask_hosts)
+        _warn_gpu_notes(gpus)
+        plan = make_plan(spec, run_id=run_id, run_dir=rd.path, workdir=Path.cwd(), ports=ports,
+                         gpus={host: report.ids for host, report in gpus.items()})
+    except SpecError:
+        backends.close()
+        raise
+    return plan, backends
 
 
 def _warn_gpu_notes(reports: dict[str, GpuReport]) -> None:
@@ -163,25 +178,15 @@ def _warn_gpu_notes(reports: dict[str, GpuReport]) -> None:
             err.print(f"[yellow]warning:[/] {name}: gpus auto: {report}", soft_wrap=True)
 
 
-def with_lab_gpus(spec: ClusterSpec, p: Plan, hosts: SshHosts) -> Plan:
-    """The plan again, with the GPUs of `auto` lab hosts asked over the preflight's
-    connections (prepare asked only this machine)."""
-    reports = auto_gpus(spec, hosts)
-    if all(name == LOCALHOST for name in reports):
-        return p
-    _warn_gpu_notes({n: r for n, r in reports.items() if n != LOCALHOST})
-    return make_plan(spec, run_id=p.run_id, run_dir=p.run_dir, workdir=Path.cwd(),
-                     ports={t.name: t.port for t in p.tasks}, gpus=_ids(reports))
-
-
 @app.command()
 def plan(file: FileArg, as_json: Annotated[bool, typer.Option(
         "--json", help="print a JSON list of tasks")] = False, run_dir: RunDirOpt = None) -> None:
     """Print what `run` would start, without starting anything."""
     try:
-        spec, p = prepare(file, run_dir, dry_run=True)
+        p, backends = prepare(file, run_dir, dry_run=True, ask_hosts=False)
     except SpecError as e:
         raise _fail(str(e)) from None
+    backends.close()
     if as_json:
         print(json.dumps([t.to_json() for t in p.tasks], indent=2))
         return
@@ -192,7 +197,7 @@ def plan(file: FileArg, as_json: Annotated[bool, typer.Option(
         table.add_row(t.name, t.host, str(t.port), ",".join(map(str, t.gpus)) or "-",
                       json.dumps(t.tf_config["task"]), " ".join(t.command))
     out.print(table)
-    for note in auto_notes(spec, auto_gpus(spec, None)):
+    for note in auto_notes(p.spec, auto_gpus(p.spec, None)):  # local_gpus is cached
         out.print(note, markup=False)
     cluster = p.tasks[0].tf_config["cluster"] if p.tasks else {}
     out.print(f"cluster: {json.dumps(cluster)}")
@@ -200,23 +205,6 @@ def plan(file: FileArg, as_json: Annotated[bool, typer.Option(
         out.print(f"run directory: {p.run_dir} (a new id for each run; --run-dir picks one)")
     else:
         out.print(f"run directory: {p.run_dir}")
-
-
-def job_packages(spec: ClusterSpec, workdir: Path) -> list[Path]:
-    """What a lab machine needs of the job's code: worker_entry and the entry's package."""
-    import worker_entry
-
-    pkgs = [Path(worker_entry.__file__).parent]
-    top = spec.job.package
-    if top != "worker_entry":
-        for candidate in (workdir / top, workdir / f"{top}.py"):
-            if candidate.exists():
-                pkgs.append(candidate)
-                break
-        else:
-            raise SpecError(f"job.entry: package {top!r} not found in {workdir}; run tfo from "
-                            f"the directory that holds it")
-    return pkgs
 
 
 def _preflight_table(rows: list[HostCheck]) -> Table:
@@ -232,9 +220,9 @@ def _preflight_table(rows: list[HostCheck]) -> Table:
     return table
 
 
-def _preflight(spec: ClusterSpec, p: Plan, hosts: SshHosts, show: bool) -> list[str]:
+def _preflight(p: Plan, backends: Backends, show: bool) -> list[str]:
     t0 = time.monotonic()
-    rows = preflight(spec, p, hosts)
+    rows = backends.check(p)
     if show:
         out.print(_preflight_table(rows))
         out.print(f"checked {len(rows)} host(s) in {time.monotonic() - t0:.2f} s")
@@ -246,67 +234,54 @@ def check(file: FileArg) -> None:
     """Preflight every host at once: reachable, authenticated, python, TF versions, ports,
     workdir. Exit 0 when all is well, 1 naming each problem."""
     try:
-        spec, p = prepare(file, None, dry_run=True)
+        p, backends = prepare(file, None, dry_run=True)
     except SpecError as e:
         raise _fail(str(e)) from None
-    hosts = SshHosts(spec.hosts)
     try:
-        p = with_lab_gpus(spec, p, hosts)
-        problems = _preflight(spec, p, hosts, show=True)
-    except SpecError as e:
-        raise _fail(str(e)) from None
+        problems = _preflight(p, backends, show=True)
     finally:
-        hosts.close()
+        backends.close()
     for problem in problems:
         err.print(f"[red]problem:[/] {problem}", soft_wrap=True)
     raise typer.Exit(1 if problems else 0)
 
 
+VerboseOpt = Annotated[bool, typer.Option(
+    "--verbose", "-v", help="also show TensorFlow's C++ INFO/WARNING lines")]
+
+
 @app.command()
-def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer.Option(
-        "--verbose", "-v", help="also show TensorFlow's C++ INFO/WARNING lines")] = False,
-        ) -> None:
-    """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/143."""
+def run(file: FileArg, run_dir: RunDirOpt = None, verbose: VerboseOpt = False) -> None:
+    """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/143.
+    FILE may be a run's plan.json: the same tasks again, in a new run directory."""
     try:
-        spec, p = prepare(file, run_dir)
-        packages = job_packages(spec, Path.cwd()) if spec.hosts else []
+        p, backends = prepare(file, run_dir)  # spec → allocate → plan
     except SpecError as e:
         raise _fail(str(e)) from None
-    hosts = SshHosts(spec.hosts)
     try:
-        p = with_lab_gpus(spec, p, hosts)
-        problems = _preflight(spec, p, hosts, show=False)
+        problems = _preflight(p, backends, show=False)  # check
         if problems:
             raise _fail("cannot start, nothing was started:\n  " + "\n  ".join(problems))
-        try:
-            make_run_dir(p)
-        except SpecError as e:
-            raise _fail(f"{e}; nothing was started") from None
-        remote = list(dict.fromkeys(t.host for t in p.tasks if not t.is_local))
-        with ThreadPoolExecutor(max_workers=max(1, len(remote))) as pool:
-            copied = pool.map(lambda n: hosts.sync_code(n, packages, spec.hosts[n].workdir),
-                              remote)
-            for name, count in zip(remote, copied, strict=True):
-                err.print(f"[bold]tfo[/]: {name}: code synced ({count} file(s) copied)")
+        make_run_dir(p)
+        for line in backends.sync(p):  # sync
+            err.print(f"[bold]tfo[/]: {line}", soft_wrap=True)
         err.print(f"[bold]tfo[/]: run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
-
-        def start(task: TaskPlan, attempt: int) -> TaskHandle:
-            return start_local(task, attempt) if task.is_local else hosts.start(task, attempt)
-
         console = ConsoleWriter(sys.stdout.fileno())
-        try:
+        try:  # supervise
             echo = console_echo(console.write, verbose)
-            result = Supervisor(p, spec, start=start, echo=echo).run()
+            result = Supervisor(p, start=backends.start, echo=echo).run()
         finally:
             console.close()
-    except (SshError, SpecError) as e:
+    except SpecError as e:
+        raise _fail(f"{e}; nothing was started") from None
+    except BackendError as e:
         raise _fail(str(e)) from None
     except OSError as e:  # e.g. the run directory's disk filled up once the run was going
         where = f"{e.filename}: " if e.filename else ""
         err.print(f"[bold red]error:[/] {where}{e.strerror or e}", soft_wrap=True)
         raise typer.Exit(1) from None
     finally:
-        hosts.close()
+        backends.close()
     with contextlib.suppress(OSError):  # a closed terminal (SIGHUP); events.jsonl has it all
         if console.dropped:
             err.print(f"tfo: {console.dropped} console lines dropped (slow reader); logs are "
@@ -316,6 +291,16 @@ def run(file: FileArg, run_dir: RunDirOpt = None, verbose: Annotated[bool, typer
                       f"{p.run_dir}/logs", soft_wrap=True)
         print_summary(result)
     raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt = False) -> None:
+    """Run a run's plan again: the same tasks, ports and TF_CONFIGs, in a new run directory."""
+    try:
+        rd = RunDir.find(run_ref)
+    except RunDirError as e:
+        raise _fail(str(e)) from None
+    run(Path(rd.plan_path), run_dir, verbose)
 
 
 def print_summary(result: RunResult) -> None:
@@ -341,21 +326,19 @@ def print_summary(result: RunResult) -> None:
     err.print(f"run directory: {result.run_dir} (restarts: {result.restarts})")
 
 
-def _latest_run(run_dir: Path | None) -> Path:
-    if run_dir is not None:
-        return run_dir
-    runs = sorted(Path("runs").glob("*/events.jsonl"), key=lambda p: p.stat().st_mtime)
-    if not runs:
-        raise _fail("no run found under runs/; give a run directory")
-    return runs[-1].parent
+def _find_run(ref: str | None) -> RunDir:
+    try:
+        return RunDir.find(ref)
+    except RunDirError as e:
+        raise _fail(str(e)) from None
 
 
 @app.command()
-def status(run_dir: Annotated[Path | None, typer.Argument(help="a run directory")] = None) -> None:
+def status(run_ref: RunArg = None) -> None:
     """The tasks of a run (the latest by default) as its events.jsonl tells them."""
-    rd = _latest_run(run_dir)
+    rd = _find_run(run_ref)
     try:
-        events, skipped = read_events(rd / "events.jsonl")
+        events, skipped = rd.read_events()
     except OSError as e:
         raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
     tasks: dict[str, dict] = {}
@@ -379,7 +362,7 @@ def status(run_dir: Annotated[Path | None, typer.Argument(help="a run directory"
                       describe_exit(t["returncode"]) if t["returncode"] is not None else "-")
     out.print(table)
     if skipped:
-        err.print(f"{rd / 'events.jsonl'}: skipped {skipped} unreadable line(s)", markup=False)
+        err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)", markup=False)
 
 
 def _int_or_none(value: object) -> int | None:
@@ -391,7 +374,8 @@ _TASK_NAME = re.compile(r"^[a-z_]+:\d+$")
 
 @app.command()
 def logs(run_dir: Annotated[str | None, typer.Argument(
-            help="a run directory, or a task name (of the latest run)", show_default=False)] = None,
+            help="a run directory, id or id prefix, or a task name (of the latest run)",
+            show_default=False)] = None,
          task: Annotated[str | None, typer.Argument(help="e.g. worker:1")] = None,
          lines: Annotated[int, typer.Option("-n", help="last N lines")] = 0,
          raw: Annotated[bool, typer.Option(
@@ -400,8 +384,8 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
     `tfo logs RUN_DIR worker:1`."""
     if task is None and run_dir and _TASK_NAME.match(run_dir) and not Path(run_dir).is_dir():
         run_dir, task = None, run_dir
-    rd = _latest_run(Path(run_dir) if run_dir else None)
-    found = {p.stem.replace("-", ":", 1): p for p in sorted((rd / "logs").glob("*.log"))}
+    rd = _find_run(run_dir)
+    found = rd.task_logs()
     if not found:
         raise _fail(f"{rd}: no task logs there (is it a run directory?)")
     if task and task not in found:

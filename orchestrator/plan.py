@@ -4,7 +4,8 @@
                      workdir=Path("/abs"), ports={"worker:1": 20001})
     plan.tasks[0].tf_config   # {"cluster": {"worker": [...]}, "task": {"type": "worker", ...}}
 
-Printing a plan is a dry run (`tfo plan FILE`).
+Printing a plan is a dry run (`tfo plan FILE`); plan.json is the plan as JSON, and
+`Plan.from_json` reads it back (`tfo rerun`).
 """
 
 from __future__ import annotations
@@ -12,24 +13,45 @@ from __future__ import annotations
 import json
 import posixpath
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
 from orchestrator.devices import task_gpus, visible_devices
-from orchestrator.spec import LOCALHOST, MAX_ARG_STRLEN, ClusterSpec, SpecError, Strategy
+from orchestrator.policy import Policy
+from orchestrator.rundir import RunDir
+from orchestrator.spec import LOCALHOST, MAX_ARG_STRLEN, ClusterSpec, SpecError
+from orchestrator.strategy import CLUSTER_ROLES, RULES, StrategyRules
+from worker_entry.markers import Role, Strategy
 
-CLUSTER_ROLES = ("chief", "worker", "ps")  # the evaluator is never part of `cluster`
+LOCAL = "local"  # the placement kind (backend) of tasks on the coordinator's machine
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a task runs and who starts it."""
+
+    kind: str  # the backend that starts it: a key of orchestrator.launch.BACKENDS
+    host: str  # "localhost" or a name under `hosts:`
+    address: str  # how the other tasks reach this one
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "host": self.host, "address": self.address}
+
+
+def placement(spec: ClusterSpec, host: str) -> Placement:
+    if host == LOCALHOST:
+        return Placement(LOCAL, LOCALHOST, LOCALHOST)
+    return Placement(spec.hosts[host].backend, host, spec.hosts[host].address)
 
 
 @dataclass(frozen=True)
 class TaskPlan:
     name: str  # "worker:1"
-    role: str
+    role: Role
     index: int
-    host: str  # "localhost" or a name under `hosts:`
-    address: str  # how the other tasks reach this one
+    placement: Placement
     port: int
     tf_config: dict[str, Any]
     command: list[str]
@@ -40,34 +62,92 @@ class TaskPlan:
     gpus: list[int] = field(default_factory=list)  # its CUDA_VISIBLE_DEVICES; [] is none
 
     @property
-    def is_local(self) -> bool:
-        return self.host == LOCALHOST
+    def host(self) -> str:
+        return self.placement.host
+
+    @property
+    def address(self) -> str:
+        return self.placement.address
+
+    _KEYS = ("name", "role", "index", "port", "tf_config", "command", "env", "cwd", "log_path",
+             "tmp_dir", "gpus")
 
     def to_json(self) -> dict[str, Any]:
         # No asdict: it deep-copies every task's cluster, quadratic in the number of tasks.
-        keys = ("name", "host", "port", "tf_config", "command", "env", "role", "index",
-                "address", "cwd", "log_path", "gpus")
-        return {k: getattr(self, k) for k in keys}
+        return {**{k: getattr(self, k) for k in self._KEYS}, "host": self.host,
+                "placement": self.placement.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TaskPlan:
+        fields = {k: data[k] for k in cls._KEYS}
+        return cls(**{**fields, "role": Role(data["role"])},
+                   placement=Placement(**data["placement"]))
 
 
 @dataclass(frozen=True)
 class Plan:
+    """Everything a run needs, decided before anything starts; plan.json is this, and
+    enough to run the same tasks again (`tfo rerun`)."""
+
     name: str
     strategy: Strategy
     run_id: str
     run_dir: str
+    job: str  # what every task runs, for messages: "entry pkg.mod:train"
+    policy: Policy
+    rules: StrategyRules
+    workdir: str  # where tfo ran: the job's code, and local tasks' cwd
+    spec: ClusterSpec  # what the plan was made from; a rerun plans it again, same ports
     tasks: list[TaskPlan] = field(default_factory=list)
 
     def task(self, name: str) -> TaskPlan:
         return next(t for t in self.tasks if t.name == name)
 
+    def ports(self) -> dict[str, int]:
+        return {t.name: t.port for t in self.tasks}
+
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "strategy": self.strategy.value, "run_id": self.run_id,
-                "run_dir": self.run_dir, "tasks": [t.to_json() for t in self.tasks]}
+                "run_dir": self.run_dir, "job": self.job, "policy": self.policy.to_json(),
+                "rules": self.rules.to_json(), "workdir": self.workdir,
+                "spec": self.spec.model_dump(mode="json"),
+                "tasks": [t.to_json() for t in self.tasks]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        """Raises KeyError, TypeError or ValueError (pydantic's ValidationError is one) on
+        anything that is not a plan.json."""
+        return cls(name=data["name"], strategy=Strategy(data["strategy"]),
+                   run_id=data["run_id"], run_dir=data["run_dir"], job=data["job"],
+                   policy=Policy.from_json(data["policy"]),
+                   rules=StrategyRules.from_json(data["rules"]), workdir=data["workdir"],
+                   spec=ClusterSpec.model_validate(data["spec"]),
+                   tasks=[TaskPlan.from_json(t) for t in data["tasks"]])
 
 
 def task_name(role: str, index: int) -> str:
     return f"{role}:{index}"
+
+
+def _entry_job(spec: ClusterSpec, python: str) -> tuple[list[str], dict[str, Any]]:
+    """`job.entry: module:function`: worker_entry calls the function with a TaskContext."""
+    return [python, "-m", "worker_entry"], {"entry": spec.job.entry}
+
+
+# How each kind of job is run: its command, and what its tasks read from TFO_JOB.
+JOB_KINDS: dict[str, Callable[[ClusterSpec, str], tuple[list[str], dict[str, Any]]]] = {
+    "entry": _entry_job,
+}
+
+
+def make_policy(spec: ClusterSpec) -> Policy:
+    t = spec.timeouts
+    return Policy(
+        restart={role: spec.restart.for_role(role) for role, _, _ in spec.tasks.all()},
+        max_restarts=spec.restart.max_restarts, backoff_seconds=spec.restart.backoff_seconds,
+        startup_seconds=t.startup_seconds, deadline_seconds=t.deadline_seconds,
+        grace_seconds=t.grace_seconds, evaluator_seconds=t.evaluator_seconds,
+        evaluator_required=spec.evaluator_required)
 
 
 def make_plan(
@@ -80,56 +160,59 @@ def make_plan(
     python: str = sys.executable,
     gpus: Mapping[str, list[int]] | None = None,
 ) -> Plan:
-    """Work out every task's port, TF_CONFIG, command, env and paths.
+    """Work out every task's placement, port, TF_CONFIG, command, env and paths, and the
+    job's policy and rules.
 
     `run_dir` and `workdir` are absolute paths on the coordinator's machine; `ports` fills
-    in the tasks whose port is `auto` (the launcher finds free ones). Remote tasks run in
+    in the tasks whose port is `auto` (the backends find free ones). Remote tasks run in
     their host's `workdir` with the run directory mirrored under it. `gpus` gives the GPUs
     of hosts whose gpus are `auto` (launch/gpus.py asks them); devices.py has the rest.
     """
     ports = dict(ports or {})
     run_dir, workdir = str(run_dir), str(workdir)
-    resolved: list[tuple[str, int, str, str, int]] = []  # role, index, host, address, port
+    rules = RULES[spec.strategy]
+    resolved: list[tuple[Role, int, Placement, int]] = []
     for role, index, addr in spec.tasks.all():
         name = task_name(role, index)
         port = addr.port if addr.port is not None else ports.get(name)
         if port is None:
             raise ValueError(f"{name}: port is 'auto' and no port was assigned")
-        address = spec.hosts[addr.host].address if addr.host in spec.hosts else LOCALHOST
-        resolved.append((role, index, addr.host, address, port))
+        resolved.append((role, index, placement(spec, addr.host), port))
 
     cluster: dict[str, list[str]] = {}
-    for role, _, _, address, port in resolved:  # spec.tasks.all() gives each role in order
+    for role, _, where, port in resolved:  # spec.tasks.all() gives each role in order
         if role in CLUSTER_ROLES:
-            cluster.setdefault(role, []).append(f"{address}:{port}")
+            cluster.setdefault(role.value, []).append(f"{where.address}:{port}")
     cluster = {role: cluster[role] for role in sorted(cluster)}
     # Serialized once and shared: every task's TF_CONFIG holds the whole cluster.
     cluster_json = json.dumps(cluster)
     args_json = json.dumps(spec.job.args, sort_keys=True)
+    kind = "entry"
+    local_run = RunDir(run_dir)
     devices = task_gpus(spec, gpus or {})  # in spec.tasks.all() order, as `resolved`
 
     tasks = []
-    for (role, index, host, address, port), task_devices in zip(resolved, devices, strict=True):
+    for (role, index, where, port), task_devices in zip(resolved, devices, strict=True):
         name = task_name(role, index)
-        if host == LOCALHOST:
-            task_workdir, task_run_dir, exe = workdir, run_dir, python
+        if where.host == LOCALHOST:
+            task_workdir, task_run, exe = workdir, local_run, python
         else:
-            h = spec.hosts[host]
-            task_workdir = h.workdir
-            task_run_dir = posixpath.join(h.workdir, "runs", run_id)
-            exe = h.python
-        model_dir = spec.job.model_dir.format(run_id=run_id, run_dir=task_run_dir)
+            h = spec.hosts[where.host]
+            task_workdir, task_run, exe = h.workdir, RunDir.on_host(h.workdir, run_id), h.python
+        model_dir = spec.job.model_dir.format(run_id=run_id, run_dir=task_run.path)
         if not posixpath.isabs(model_dir) and not model_dir.startswith("~"):
             model_dir = posixpath.join(task_workdir, model_dir)
-        task = {"type": role, "index": index}
+        task = {"type": role.value, "index": index}
         task_json = json.dumps(task, sort_keys=True)
-        tmp_dir = posixpath.join(task_run_dir, "tmp", f"{role}-{index}")
-        job = {"entry": spec.job.entry, "model_dir": model_dir,
-               "strategy": spec.strategy.value, "run_id": run_id, "run_dir": task_run_dir,
-               "tmp_dir": tmp_dir, "collective": spec.job.collective.value}
+        tmp_dir = task_run.tmp_dir(role, index)
+        command, job_fields = JOB_KINDS[kind](spec, exe)
+        job = {**job_fields, "model_dir": model_dir, "strategy": spec.strategy.value,
+               "run_id": run_id, "run_dir": task_run.path, "tmp_dir": tmp_dir,
+               "backup_dir": task_run.backup_dir(role, index), "serve": role in rules.servers,
+               "collective": spec.job.collective.value}
         env = {
             **spec.env,
-            **(spec.hosts[host].env if host in spec.hosts else {}),
+            **(spec.hosts[where.host].env if where.host in spec.hosts else {}),
             # What json.dumps(..., sort_keys=True) gives, without re-serializing the cluster.
             "TF_CONFIG": f'{{"cluster": {cluster_json}, "task": {task_json}}}',
             "TFO_TASK": name,
@@ -145,16 +228,16 @@ def make_plan(
             "CUDA_VISIBLE_DEVICES": visible_devices(task_devices),
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         }
-        _check_env_fits(name, host, env)
+        _check_env_fits(name, where.host, env)
         tasks.append(TaskPlan(
-            name=name, role=role, index=index, host=host, address=address, port=port,
-            tf_config={"cluster": cluster, "task": task}, command=[exe, "-m", "worker_entry"],
-            env=env, cwd=task_workdir,
-            log_path=posixpath.join(run_dir, "logs", f"{role}-{index}.log"), tmp_dir=tmp_dir,
+            name=name, role=role, index=index, placement=where, port=port,
+            tf_config={"cluster": cluster, "task": task}, command=command, env=env,
+            cwd=task_workdir, log_path=local_run.log_path(role, index), tmp_dir=tmp_dir,
             gpus=task_devices,
         ))
     return Plan(name=spec.name, strategy=spec.strategy, run_id=run_id, run_dir=run_dir,
-                tasks=tasks)
+                job=f"{kind} {spec.job.entry}", policy=make_policy(spec), rules=rules,
+                workdir=workdir, spec=spec, tasks=tasks)
 
 
 def _check_env_fits(name: str, host: str, env: Mapping[str, str]) -> None:

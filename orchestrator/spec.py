@@ -30,9 +30,14 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.policy import RestartPolicy
 from orchestrator.specfile import SpecFileError, read_data
+from orchestrator.strategy import CLUSTER_ROLES, RULES, START_ORDER
+from worker_entry.markers import Role, Strategy
 
-ROLES = ("chief", "worker", "ps", "evaluator")
+__all__ = ["RestartPolicy", "Role", "Strategy", "ClusterSpec", "SpecError", "load_spec",
+           "parse_spec"]
+ROLES = tuple(Role)
 LOCALHOST = "localhost"
 _ENTRY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -47,26 +52,12 @@ class SpecError(Exception):
     """A mistake in the cluster file; the message names the field and the value."""
 
 
-class Strategy(str, Enum):
-    MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
-    PARAMETER_SERVER = "parameter_server"
-
-
 class Collective(str, Enum):
     """MWMS's all-reduce: TensorFlow's CommunicationImplementation, by its lower-case name."""
 
     AUTO = "auto"
     RING = "ring"
     NCCL = "nccl"
-
-
-class RestartPolicy(str, Enum):
-    """TFJob's vocabulary. `exit-code`: 1-127 are permanent, 128-255 (signals) are retried."""
-
-    NEVER = "never"
-    ON_FAILURE = "on-failure"
-    ALWAYS = "always"
-    EXIT_CODE = "exit-code"
 
 
 class _Model(BaseModel):
@@ -255,7 +246,7 @@ class TasksSpec(_Model):
                 raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
         return data
 
-    @field_validator("chief", "worker", "ps", "evaluator", mode="before")
+    @field_validator(*ROLES, mode="before")
     @classmethod
     def _addresses(cls, value: Any) -> Any:
         if value is None:
@@ -266,9 +257,9 @@ class TasksSpec(_Model):
             raise ValueError(f"expected a list of 'host:port', got {value!r}")
         return value
 
-    def all(self) -> Iterator[tuple[str, int, Address]]:
+    def all(self) -> Iterator[tuple[Role, int, Address]]:
         """Every task as (role, index, address), in start order: ps, worker, chief, evaluator."""
-        for role in ("ps", "worker", "chief", "evaluator"):
+        for role in START_ORDER:
             for index, address in enumerate(getattr(self, role)):
                 yield role, index, address
 
@@ -289,10 +280,11 @@ class RestartSpec(_Model):
                     raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
         return policy
 
-    def for_role(self, role: str) -> RestartPolicy:
+    def for_role(self, role: Role) -> RestartPolicy:
         if isinstance(self.policy, dict):
-            default = RestartPolicy.ON_FAILURE if role == "evaluator" else RestartPolicy.NEVER
-            return self.policy.get(role, default)
+            sidecar = role not in CLUSTER_ROLES  # the evaluator: restarted alone by default
+            return self.policy.get(role, RestartPolicy.ON_FAILURE if sidecar
+                                   else RestartPolicy.NEVER)
         return self.policy
 
 
@@ -307,6 +299,8 @@ class HostSpec(_Model):
     """A lab machine reached over SSH."""
 
     address: str
+    # What starts its tasks: a key of orchestrator.launch.BACKENDS.
+    backend: str = Field(default="ssh", pattern=r"^[a-z][a-z0-9_]*$")
     port: Port = 22
     user: str | None = None
     key: str | None = None
@@ -355,15 +349,16 @@ class ClusterSpec(_Model):
                                f"{len(t.evaluator)}: {', '.join(map(str, t.evaluator))}")
         if not t.chief and not t.worker:
             raise _field_error("tasks", "no training tasks: list at least one worker or chief")
-        if self.strategy is Strategy.MULTI_WORKER_MIRRORED and t.ps:
-            raise _field_error("tasks.ps", "ps tasks are only for strategy parameter_server; "
-                               "remove them or set strategy: parameter_server")
-        if self.strategy is Strategy.PARAMETER_SERVER:
-            missing = [f"{n} {r}" for r, n in (("chief", "exactly one"), ("worker", "at least one"),
-                                               ("ps", "at least one")) if not getattr(t, r)]
-            if missing:
-                raise _field_error("tasks", "a parameter_server job needs "
-                                   + ", ".join(missing) + " task")
+        rules = RULES[self.strategy]
+        for role in Role:
+            if getattr(t, role) and role not in rules.roles:
+                where = next(s.value for s in Strategy if role in RULES[s].roles)
+                raise _field_error(f"tasks.{role}", f"{role} tasks are only for strategy {where}; "
+                                   f"remove them or set strategy: {where}")
+        missing = [f"{n} {r}" for r, n in rules.required if not getattr(t, r)]
+        if missing:
+            raise _field_error("tasks", f"a {self.strategy.value} job needs "
+                               + ", ".join(missing) + " task")
         for role, index, address in t.all():
             if address.host != LOCALHOST and address.host not in self.hosts:
                 raise _field_error(f"tasks.{role}[{index}]", (
@@ -374,7 +369,7 @@ class ClusterSpec(_Model):
             # TF_CONFIG names each task by its host's address; "localhost" would point a lab
             # machine at itself.
             for role, index, address in t.all():
-                if address.host == LOCALHOST and role != "evaluator":
+                if address.host == LOCALHOST and role in CLUSTER_ROLES:
                     raise _field_error(f"tasks.{role}[{index}]", (
                         f"localhost cannot be reached from the lab hosts ({remote[0][0]} runs "
                         f"on {remote[0][1]}); list this machine under hosts: with an address "

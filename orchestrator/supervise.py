@@ -1,19 +1,19 @@
 """The loop: start order, health, restart policy, success policy, deadline, signals, teardown.
 
-    supervisor = Supervisor(plan, spec, start=start_local)
+    supervisor = Supervisor(plan, start=backends.start)
     result = supervisor.run()          # blocks; SIGINT/SIGTERM tear everything down
     sys.exit(result.exit_code)         # 0 ok, 1 failed, 129 SIGHUP, 130 SIGINT, 143 SIGTERM
 
 One thread, one loop (poll every 50 ms): pump output into logs and console, notice
-exits, decide restarts, start what is due. Every step is written to events.jsonl.
+exits, decide restarts, start what is due. Every step is written to events.jsonl. What
+to do is the plan's: its policy (restarts, timeouts) and its strategy's rules (which roles
+serve first, which are servers, what restarts with what, what counts as done).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -23,13 +23,16 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
-import psutil
-
 from orchestrator.launch import Launcher, TaskHandle, describe_exit
 from orchestrator.markers import BadMarker, Evaluated, read_marker
 from orchestrator.plan import Plan, TaskPlan
-from orchestrator.spec import ClusterSpec, RestartPolicy, Strategy
+from orchestrator.policy import restart_allowed
+from orchestrator.rundir import RunDir, coordinator_identity
+from orchestrator.strategy import RestartUnit
 from worker_entry import markers
+from worker_entry.markers import Role
+
+__all__ = ["JobState", "RunResult", "Supervisor", "TaskState", "restart_allowed", "tail"]
 
 POLL_SECONDS = 0.05
 # A closed terminal or a dropped SSH session to the user's machine sends SIGHUP: a teardown
@@ -38,13 +41,15 @@ SIGNAL_EXIT = {signal.SIGHUP: 129, signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 class TaskState(str, Enum):
-    """One task across its attempts.
+    """One task across its attempts. Every transition, one a line (a test reads these):
 
-        PENDING ──start──▶ STARTING ──ready marker──▶ RUNNING ──exit 0──▶ SUCCEEDED
-                              │                          │
-                              └──── exit ≠ 0, signal, startup timeout ──▶ FAILED
+        PENDING ──start──▶ STARTING
+        PENDING ──could not start──▶ FAILED
+        STARTING ──ready marker──▶ RUNNING
+        STARTING/RUNNING ──exit 0──▶ SUCCEEDED
+        STARTING/RUNNING ──exit ≠ 0, signal, a server's exit──▶ FAILED
         STARTING/RUNNING ──teardown──▶ STOPPED
-        FAILED/STOPPED/SUCCEEDED ──restart──▶ PENDING (attempt + 1)
+        PENDING/FAILED/STOPPED/SUCCEEDED ──restart (attempt + 1)──▶ PENDING
     """
 
     PENDING = "pending"
@@ -59,41 +64,64 @@ class TaskState(str, Enum):
         return self in (TaskState.STARTING, TaskState.RUNNING)
 
 
-class JobState(str, Enum):
-    """The whole run.
+_T = TaskState
+TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    _T.PENDING: frozenset({_T.STARTING, _T.FAILED, _T.PENDING}),
+    _T.STARTING: frozenset({_T.RUNNING, _T.SUCCEEDED, _T.FAILED, _T.STOPPED}),
+    _T.RUNNING: frozenset({_T.SUCCEEDED, _T.FAILED, _T.STOPPED}),
+    _T.SUCCEEDED: frozenset({_T.PENDING}),
+    _T.FAILED: frozenset({_T.PENDING}),
+    _T.STOPPED: frozenset({_T.PENDING}),
+}
 
-        PENDING ──launch──▶ RUNNING ──success policy met──▶ SUCCEEDED
-                              │  ▲
-          task lost, restart  │  │ relaunched after the backoff
-          allowed and left    ▼  │
-                            RESTARTING
+
+class JobState(str, Enum):
+    """The whole run. Every transition, one a line (a test reads these):
+
+        PENDING ──launch──▶ RUNNING
+        RUNNING/RESTARTING ──task lost, restart allowed and left──▶ RESTARTING
+        RESTARTING ──relaunched after the backoff──▶ RUNNING
+        RUNNING/RESTARTING ──success policy met: wait for the sidecars──▶ FINISHING
+        FINISHING ──sidecars done, their time up, or a signal──▶ SUCCEEDED
         RUNNING/RESTARTING ──lost with no restart left, startup timeout, deadline──▶ FAILED
+        RUNNING/RESTARTING/FINISHING ──supervisor error──▶ FAILED
         RUNNING/RESTARTING ──SIGHUP/SIGINT/SIGTERM──▶ INTERRUPTED
     """
 
     PENDING = "pending"
     RUNNING = "running"
     RESTARTING = "restarting"
+    FINISHING = "finishing"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
 
 
-def restart_allowed(policy: RestartPolicy, returncode: int | None) -> bool:
-    """TFJob's rules; `returncode` None means the task never came up (retryable). A task
-    that exits EXIT_PERMANENT (its entry does not exist) is never restarted."""
-    if returncode == markers.EXIT_PERMANENT:
-        return False
-    if policy is RestartPolicy.ALWAYS:
-        return True
-    if policy is RestartPolicy.NEVER:
-        return False
-    if returncode is None:
-        return True
-    if policy is RestartPolicy.ON_FAILURE:
-        return returncode != 0
-    # EXIT_CODE: 1-127 are the program's own verdict (permanent); signals are retried.
-    return returncode < 0 or returncode >= 128
+_J = JobState
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    _J.PENDING: frozenset({_J.RUNNING}),
+    _J.RUNNING: frozenset({_J.RESTARTING, _J.FINISHING, _J.FAILED, _J.INTERRUPTED}),
+    _J.RESTARTING: frozenset({_J.RESTARTING, _J.RUNNING, _J.FINISHING, _J.FAILED,
+                              _J.INTERRUPTED}),
+    _J.FINISHING: frozenset({_J.SUCCEEDED, _J.FAILED}),
+    _J.SUCCEEDED: frozenset(),
+    _J.FAILED: frozenset(),
+    _J.INTERRUPTED: frozenset(),
+}
+TRANSITIONS: dict[type, dict[Any, frozenset[Any]]] = {TaskState: TASK_TRANSITIONS,
+                                                      JobState: JOB_TRANSITIONS}
+
+
+class IllegalTransition(Exception):
+    """A bug of ours: a state change the Enum's docstring does not draw."""
+
+
+def advance(current: TaskState | JobState, new: TaskState | JobState) -> Any:
+    """`new`, if the table next to the Enum allows current → new; raises otherwise."""
+    if new not in TRANSITIONS[type(current)][current]:
+        raise IllegalTransition(f"{type(current).__name__} {current.value} → {new.value} "
+                                "is not drawn in its docstring")
+    return new
 
 
 @dataclass
@@ -116,7 +144,7 @@ class TaskRecord:
         return self.task.name
 
     @property
-    def role(self) -> str:
+    def role(self) -> Role:
         return self.task.role
 
 
@@ -141,60 +169,13 @@ class RunResult:
     evaluation: dict[str, Any] | None = None  # the evaluator's last: {"epoch", "metrics"}
 
 
-class EventLog:
-    """events.jsonl: one JSON object a line, with `time` (unix seconds) and `event`."""
+@dataclass(frozen=True)
+class _Ending:
+    """Why the loop ends: the job's final state, recorded once."""
 
-    def __init__(self, path: Path) -> None:
-        self._file = path.open("a", buffering=1)
-
-    def write(self, event: str, task: str | None = None, **fields: Any) -> None:
-        record = {"time": round(time.time(), 4), "event": event, "task": task, **fields}
-        self._file.write(json.dumps(record, default=str) + "\n")
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def coordinator_identity() -> dict[str, Any]:
-    """Who supervises the run, for `tfo status` to tell a live run from a dead one; the
-    create time tells a reused pid apart."""
-    me = psutil.Process()
-    return {"coordinator_pid": me.pid, "coordinator_created": me.create_time(),
-            "coordinator_host": socket.gethostname()}
-
-
-def coordinator_gone(run_started: dict[str, Any]) -> bool:
-    """Whether the coordinator named in a run_started record is gone. False when that
-    cannot be told: a run from an older tfo, or one supervised from another machine."""
-    pid, created = run_started.get("coordinator_pid"), run_started.get("coordinator_created")
-    if not isinstance(pid, int) or not isinstance(created, int | float) \
-            or run_started.get("coordinator_host") != socket.gethostname():
-        return False
-    try:
-        p = psutil.Process(pid)
-        return abs(p.create_time() - created) > 1.0 or p.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False
-
-
-def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The records of an events.jsonl, and how many lines were not records (a line cut
-    short by a crash, garbage): skipped, never fatal. Raises OSError."""
-    records, bad = [], 0
-    for line in path.read_text(errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if isinstance(record, dict) and isinstance(record.get("event"), str):
-            records.append(record)
-        else:
-            bad += 1
-    return records, bad
+    state: JobState
+    reason: str
+    failed_task: str | None = None
 
 
 def tail(path: str, n: int = 20) -> list[str]:
@@ -205,88 +186,109 @@ def tail(path: str, n: int = 20) -> list[str]:
         return []
 
 
-class _Stop(Exception):
-    """Ends the loop: the job reached a final state."""
-
-    def __init__(self, state: JobState, reason: str, failed_task: str | None = None) -> None:
-        super().__init__(reason)
-        self.state, self.reason, self.failed_task = state, reason, failed_task
-
-
 class Supervisor:
-    def __init__(self, plan: Plan, spec: ClusterSpec, start: Launcher,
+    def __init__(self, plan: Plan, start: Launcher,
                  echo: Callable[[str, str], None] | None = None) -> None:
-        self.plan, self.spec, self._start = plan, spec, start
+        self.plan, self._start = plan, start
+        self.policy, self.rules = plan.policy, plan.rules
         self.echo = echo or _print_line
         self.state = JobState.PENDING
         self.records = {t.name: TaskRecord(t) for t in plan.tasks}
-        self.restarts = 0  # job-level, against spec.restart.max_restarts
+        self.restarts = 0  # job-level, against policy.max_restarts
         self.evaluation: dict[str, Any] | None = None
+        self._ending: _Ending | None = None
+        self._finish_by = 0.0  # FINISHING: how long the sidecars are waited for
         self._signal: signal.Signals | None = None
         self._signal_count = 0
         self._t0 = time.monotonic()
-        run_dir = Path(plan.run_dir)
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=2))
-        self.events = EventLog(run_dir / "events.jsonl")
+        self.run_dir = RunDir(plan.run_dir)
+        self.run_dir.create(plan.to_json())
+        self.events = self.run_dir.open_events()
+
+    # ---- states -----------------------------------------------------------------------
+    def _set(self, rec: TaskRecord | None, new: TaskState | JobState) -> None:
+        """Every state change, of a task (`rec`) or of the job (None), comes through here."""
+        if rec is None:
+            self.state = advance(self.state, new)
+        else:
+            rec.state = advance(rec.state, new)
+
+    def _end(self, state: JobState, reason: str, failed_task: str | None = None) -> None:
+        """The job reached a final state; the first ending stands."""
+        if self._ending is None:
+            self._set(None, state)
+            self._ending = _Ending(state, reason, failed_task)
 
     # ---- the loop ---------------------------------------------------------------------
     def run(self) -> RunResult:
         old = {s: signal.signal(s, self._on_signal) for s in SIGNAL_EXIT}
         self.events.write("run_started", run_id=self.plan.run_id, strategy=self.plan.strategy.value,
                           tasks=[t.name for t in self.plan.tasks], **coordinator_identity())
-        self.state = JobState.RUNNING
-        stop = _Stop(JobState.FAILED, "supervisor crashed")
+        self._set(None, JobState.RUNNING)
         try:
-            while True:
+            while self._ending is None:
                 self._tick()
-                time.sleep(POLL_SECONDS)
-        except _Stop as s:
-            stop = s
+                if self._ending is None:
+                    time.sleep(POLL_SECONDS)
         except Exception as e:  # a bug of ours: still tear down, and say where to look
-            crash_log = Path(self.plan.run_dir) / "supervisor-error.log"
+            crash_log = Path(self.run_dir.crash_log)
             crash_log.write_text(traceback.format_exc())
-            stop = _Stop(JobState.FAILED, f"supervisor error {e!r}; traceback in {crash_log}")
+            self._end(JobState.FAILED, f"supervisor error {e!r}; traceback in {crash_log}")
         finally:
             self._teardown(list(self.records.values()), "job finished")
             for s, handler in old.items():
                 signal.signal(s, handler)
-        self.state = stop.state
-        if stop.state is JobState.INTERRUPTED and self._signal is not None:
+        end = self._ending
+        assert end is not None
+        if end.state is JobState.INTERRUPTED and self._signal is not None:
             code = SIGNAL_EXIT[self._signal]
         else:
-            code = 0 if stop.state is JobState.SUCCEEDED else 1
-        self.events.write("job_finished", state=stop.state.value, exit_code=code,
-                          reason=stop.reason, failed_task=stop.failed_task, restarts=self.restarts)
+            code = 0 if end.state is JobState.SUCCEEDED else 1
+        self.events.write("job_finished", state=end.state.value, exit_code=code,
+                          reason=end.reason, failed_task=end.failed_task, restarts=self.restarts)
         self.events.close()
-        with contextlib.suppress(OSError):
-            (Path(self.plan.run_dir) / "tmp").rmdir()  # empty once every task cleaned up
+        self.run_dir.remove_tmp()  # empty once every task cleaned up
         for rec in self.records.values():
             if rec.log:
                 rec.log.close()
         return RunResult(
-            state=stop.state, exit_code=code, reason=stop.reason, run_dir=self.plan.run_dir,
-            restarts=self.restarts, failed_task=stop.failed_task, evaluation=self.evaluation,
+            state=end.state, exit_code=code, reason=end.reason, run_dir=self.plan.run_dir,
+            restarts=self.restarts, failed_task=end.failed_task, evaluation=self.evaluation,
             tasks=[TaskOutcome(r.name, r.state, r.returncode, r.restarts, r.task.log_path)
                    for r in self.records.values()],
         )
 
     def _tick(self) -> None:
         self._pump()
+        finishing = self.state is JobState.FINISHING
         if self._signal is not None:
-            raise _Stop(JobState.INTERRUPTED, f"interrupted by {self._signal.name}")
+            # Once training is done, a signal only cuts the wait for the sidecars short.
+            if finishing:
+                return self._end(JobState.SUCCEEDED, "all training tasks finished")
+            return self._end(JobState.INTERRUPTED, f"interrupted by {self._signal.name}")
+        if finishing:
+            self._poll_exits()
+            return self._check_finished()
         now = time.monotonic()
-        deadline = self.spec.timeouts.deadline_seconds
+        deadline = self.policy.deadline_seconds
         if deadline is not None and now - self._t0 > deadline:
-            raise _Stop(JobState.FAILED, f"deadline of {deadline:g} s reached; job stopped")
+            return self._end(JobState.FAILED, f"deadline of {deadline:g} s reached; job stopped")
         self._start_due(now)
+        self._poll_exits()
+        if self._ending is None:
+            self._check_startup(time.monotonic())
+        if self._ending is None:
+            self._check_success()
+        return None
+
+    def _poll_exits(self) -> None:
         for rec in self.records.values():
             if rec.state.live and rec.handle is not None:
                 rc = rec.handle.poll()
                 if rc is not None:
                     self._on_exit(rec, rc)
-        self._check_startup(time.monotonic())
-        self._check_success()
+                    if self._ending is not None:
+                        return
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signal_count += 1
@@ -295,22 +297,23 @@ class Supervisor:
 
     # ---- starting ---------------------------------------------------------------------
     def _prerequisites_ready(self, rec: TaskRecord) -> bool:
-        """PS jobs start ps, then workers, then chief and evaluator once the servers serve."""
-        if self.plan.strategy is not Strategy.PARAMETER_SERVER:
+        """The roles that serve first (PS: ps and workers) are up before the others start."""
+        first = self.rules.serve_first
+        if not first or rec.role in first:
             return True
-        if rec.role in ("ps", "worker"):
-            return True
-        servers = [r for r in self.records.values() if r.role in ("ps", "worker")]
-        return all(r.state is TaskState.RUNNING for r in servers)
+        return all(r.state is TaskState.RUNNING for r in self.records.values()
+                   if r.role in first)
 
     def _start_due(self, now: float) -> None:
         for rec in self.records.values():
             if rec.state is TaskState.PENDING and now >= rec.start_after \
                     and self._prerequisites_ready(rec):
                 self._launch(rec)
+                if self._ending is not None:
+                    return
         if self.state is JobState.RESTARTING and not any(
                 r.state is TaskState.PENDING for r in self.records.values()):
-            self.state = JobState.RUNNING
+            self._set(None, JobState.RUNNING)
 
     def _launch(self, rec: TaskRecord) -> None:
         rec.attempt += 1
@@ -320,12 +323,13 @@ class Supervisor:
         try:
             rec.handle = self._start(rec.task, rec.attempt)
         except Exception as e:  # noqa: BLE001 - e.g. a lab host dropped off the network
-            rec.handle, rec.state = None, TaskState.FAILED
+            rec.handle = None
+            self._set(rec, TaskState.FAILED)
             self.events.write("task_start_failed", rec.name, attempt=rec.attempt, error=str(e))
             self._task_lost(rec, None, f"{rec.name} could not start: {e}")
             return
-        rec.state, rec.started_at, rec.last_marker, rec.returncode = (
-            TaskState.STARTING, time.monotonic(), "", None)
+        self._set(rec, TaskState.STARTING)
+        rec.started_at, rec.last_marker, rec.returncode = time.monotonic(), "", None
         self.events.write("task_started", rec.name, pid=rec.handle.pid, attempt=rec.attempt,
                           host=rec.task.host, port=rec.task.port)
 
@@ -350,7 +354,7 @@ class Supervisor:
                 continue
             rec.last_marker = marker.event
             if marker.event == markers.READY and rec.state is TaskState.STARTING:
-                rec.state = TaskState.RUNNING
+                self._set(rec, TaskState.RUNNING)
             elif isinstance(marker, Evaluated):
                 self.evaluation = {"epoch": marker.epoch, "metrics": marker.metrics}
             self.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})
@@ -361,69 +365,70 @@ class Supervisor:
         self._consume(rec, rec.handle.close())  # the handle also removes the task's temp dir
         rec.returncode = rc
 
-    def _exited(self, rec: TaskRecord, rc: int) -> None:
+    def _on_exit(self, rec: TaskRecord, rc: int) -> None:
+        """Every task's exit, the sidecars' too, and while finishing."""
         self.events.write("task_exited", rec.name, pid=rec.handle.pid if rec.handle else None,
                           returncode=rc, attempt=rec.attempt, how=describe_exit(rc))
         self._collect(rec, rc)
-
-    def _on_exit(self, rec: TaskRecord, rc: int) -> None:
-        self._exited(rec, rc)
-        ps_job = self.plan.strategy is Strategy.PARAMETER_SERVER
-        # PS servers never exit on their own: any exit of one is a loss.
-        lost = rc != 0 or (ps_job and rec.role in ("ps", "worker"))
-        rec.state = TaskState.FAILED if lost else TaskState.SUCCEEDED
+        # Servers never exit on their own: any exit of one is a loss.
+        lost = rc != 0 or rec.role in self.rules.servers
+        self._set(rec, TaskState.FAILED if lost else TaskState.SUCCEEDED)
+        if self.state is JobState.FINISHING:
+            return  # training is done: nothing restarts, nothing changes the outcome
         if not lost:
-            if rec.role != "evaluator":
+            if rec.role not in self.rules.sidecars:
                 self.echo("tfo", f"{rec.name} finished")
             return
         self._task_lost(rec, rc, f"{rec.name} exited with {describe_exit(rc)}")
 
     def _task_lost(self, rec: TaskRecord, rc: int | None, why: str) -> None:
-        policy = self.spec.restart.for_role(rec.role)
+        policy, limit = self.policy.restart[rec.role], self.policy.max_restarts
+        sidecar = rec.role in self.rules.sidecars
         if rc == markers.EXIT_PERMANENT:
-            why = (f"{rec.name}: entry {self.spec.job.entry} cannot be found "
+            why = (f"{rec.name}: {self.plan.job} cannot be found "
                    f"(exit code {rc}: permanent, not restarted)")
-            if rec.role != "evaluator":
-                raise _Stop(JobState.FAILED, why, rec.name)
-        if rec.role == "evaluator":
-            # A sidecar: restarts alone, and fails the job only when the spec says so.
-            if restart_allowed(policy, rc) and rec.restarts < self.spec.restart.max_restarts:
+            if not sidecar:
+                return self._end(JobState.FAILED, why, rec.name)
+        if sidecar:
+            # Restarts alone, and fails the job only when the policy says so.
+            if restart_allowed(policy, rc) and rec.restarts < limit:
                 self._schedule_restart([rec], why)
-            elif self.spec.evaluator_required:
-                raise _Stop(JobState.FAILED, why, rec.name)
+            elif self.policy.evaluator_required:
+                self._end(JobState.FAILED, why, rec.name)
             else:
                 self.echo("tfo", f"{why}; the evaluator is a sidecar, the job goes on")
-            return
+            return None
         if not restart_allowed(policy, rc):
-            raise _Stop(JobState.FAILED, f"{why} (restart policy {policy.value})", rec.name)
-        if self.restarts >= self.spec.restart.max_restarts:
-            raise _Stop(JobState.FAILED, f"{why}; no restarts left "
-                        f"(max_restarts {self.spec.restart.max_restarts})", rec.name)
+            return self._end(JobState.FAILED, f"{why} (restart policy {policy.value})", rec.name)
+        if self.restarts >= limit:
+            return self._end(JobState.FAILED, f"{why}; no restarts left (max_restarts {limit})",
+                             rec.name)
         self.restarts += 1
         self._schedule_restart(self._restart_unit(rec), why)
+        return None
 
     def _restart_unit(self, rec: TaskRecord) -> list[TaskRecord]:
-        """What goes down with a lost task: MWMS collectives need every worker, so the
-        whole group; in PS a worker restarts alone, a ps or the chief restarts the job."""
-        training = [r for r in self.records.values() if r.role != "evaluator"]
-        if self.plan.strategy is Strategy.PARAMETER_SERVER and rec.role == "worker":
+        """What goes down with a lost task (the strategy's rules): the task alone, or every
+        training task (MWMS collectives need every worker)."""
+        if self.rules.restart_unit[rec.role] is RestartUnit.ALONE:
             return [rec]
-        return training
+        return [r for r in self.records.values() if r.role not in self.rules.sidecars]
 
     def _schedule_restart(self, unit: list[TaskRecord], why: str) -> None:
-        self.state = JobState.RESTARTING
+        self._set(None, JobState.RESTARTING)
         self.echo("tfo", f"{why}; restarting {', '.join(r.name for r in unit)}")
         self._teardown([r for r in unit if r.state.live], "restart")
-        backoff = self.spec.restart.backoff_seconds
+        backoff = self.policy.backoff_seconds
         due = time.monotonic() + backoff
         for r in unit:
             r.restarts += 1
-            r.state, r.start_after = TaskState.PENDING, due
+            self._set(r, TaskState.PENDING)
+            r.start_after = due
             self.events.write("task_restarted", r.name, attempt=r.attempt + 1,
                               restarts=r.restarts, reason=why, backoff=backoff)
 
     def _check_startup(self, now: float) -> None:
-        limit = self.spec.timeouts.startup_seconds
+        limit = self.policy.startup_seconds
         starting = [r for r in self.records.values() if r.state is TaskState.STARTING]
         if not any(now - r.started_at > limit for r in starting):
             return
@@ -438,29 +443,21 @@ class Supervisor:
 
     def _check_success(self) -> None:
         recs = list(self.records.values())
-        if self.plan.strategy is Strategy.PARAMETER_SERVER:
-            done = all(r.state is TaskState.SUCCEEDED for r in recs if r.role == "chief")
-        else:
-            done = all(r.state is TaskState.SUCCEEDED for r in recs if r.role != "evaluator")
-        if not done:
+        if not all(r.state is TaskState.SUCCEEDED for r in recs
+                   if r.role in self.rules.done_when):
             return
-        servers = [r for r in recs if r.role in ("ps", "worker") and r.state.live]
-        self._teardown(servers, "the chief finished")  # PS servers never exit on their own
-        self._wait_evaluator()
-        raise _Stop(JobState.SUCCEEDED, "all training tasks finished")
+        servers = [r for r in recs if r.role in self.rules.servers and r.state.live]
+        self._teardown(servers, "the chief finished")  # servers never exit on their own
+        self._set(None, JobState.FINISHING)
+        self._finish_by = time.monotonic() + self.policy.evaluator_seconds
+        self._check_finished()
 
-    def _wait_evaluator(self) -> None:
-        evaluators = [r for r in self.records.values() if r.role == "evaluator"]
-        until = time.monotonic() + self.spec.timeouts.evaluator_seconds
-        while any(r.state.live for r in evaluators) and time.monotonic() < until:
-            self._pump()
-            if self._signal is not None:
-                return
-            for r in evaluators:
-                if r.state.live and r.handle is not None and (rc := r.handle.poll()) is not None:
-                    self._exited(r, rc)
-                    r.state = TaskState.SUCCEEDED if rc == 0 else TaskState.FAILED
-            time.sleep(POLL_SECONDS)
+    def _check_finished(self) -> None:
+        """FINISHING: the sidecars (the evaluator) may finish their last work, for a while."""
+        waiting = any(r.state.live for r in self.records.values()
+                      if r.role in self.rules.sidecars)
+        if not waiting or time.monotonic() >= self._finish_by:
+            self._end(JobState.SUCCEEDED, "all training tasks finished")
 
     # ---- teardown ---------------------------------------------------------------------
     def _teardown(self, recs: list[TaskRecord], why: str) -> None:
@@ -471,7 +468,7 @@ class Supervisor:
         for r in live:
             self.events.write("task_stopping", r.name, pid=r.handle.pid, reason=why)
             r.handle.terminate()
-        grace = self.spec.timeouts.grace_seconds
+        grace = self.policy.grace_seconds
         until = time.monotonic() + grace
         while time.monotonic() < until and self._signal_count < 2:
             self._pump()
@@ -486,9 +483,10 @@ class Supervisor:
             with contextlib.suppress(Exception):
                 _wait_exit(r.handle, 5.0)
             self._collect(r, r.handle.poll())
-            r.state = TaskState.STOPPED
+            self._set(r, TaskState.STOPPED)
             self.events.write("task_stopped", r.name, pid=r.handle.pid,
                               returncode=r.returncode, how=describe_exit(r.returncode))
+
 
 def _wait_exit(handle: TaskHandle, timeout: float) -> None:
     until = time.monotonic() + timeout

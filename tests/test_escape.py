@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from orchestrator.launch.local import TREE_SCAN_SECONDS, LocalHandle
-from orchestrator.plan import TaskPlan
+from orchestrator.plan import Placement, TaskPlan
 from tests.conftest import (
     PYTHON,
     REPO,
@@ -36,6 +36,7 @@ from tests.conftest import (
     write_spec,
 )
 from tests.test_ssh import lab, lab_spec  # noqa: F401 (a fixture)
+from worker_entry.markers import Role
 
 
 def escapees(marker: str) -> list[psutil.Process]:
@@ -152,8 +153,8 @@ def test_a_sigkilled_wrapper_leaves_nothing_behind_the_handle(marker: str, tmp_p
     coordinator's handle kills the rest from the tree it sampled while they were in it."""
     tmp = tmp_path / "tmp" / "worker-0"
     env = {k: v for k, v in wrapper_env(tmp).items() if k != "TFO_LIFELINE"}
-    task = TaskPlan(name="worker:0", role="worker", index=0, host="localhost",
-                    address="localhost", port=0, tf_config={},
+    task = TaskPlan(name="worker:0", role=Role.WORKER, index=0,
+                    placement=Placement("local", "localhost", "localhost"), port=0, tf_config={},
                     command=[PYTHON, "-m", "tests.jobs.escape", marker, "hold"], env=env,
                     cwd=str(REPO), log_path=str(tmp_path / "log"), tmp_dir=str(tmp))
     handle = LocalHandle(task, 0)
@@ -166,7 +167,7 @@ def test_a_sigkilled_wrapper_leaves_nothing_behind_the_handle(marker: str, tmp_p
         assert len(escapees(marker)) == 2
         os.kill(handle.pid, signal.SIGKILL)
         assert wait_until(lambda: handle.poll() is not None, 5)
-        assert handle.returncode == -signal.SIGKILL
+        assert handle.poll() == -signal.SIGKILL
         handle.close()
         assert wait_until(lambda: not escapees(marker), 2), escapees(marker)
         assert wait_until(lambda: not psutil.pid_exists(task_pid), 2)

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import make_plan
+from orchestrator.plan import Placement, Plan, make_plan
+from orchestrator.policy import RestartPolicy
 from orchestrator.spec import SpecError, parse_spec
+from orchestrator.strategy import RULES
 from tests.conftest import REPO, run_tfo
+from worker_entry.markers import Role, Strategy
 
 FULL = {
     "name": "full",
@@ -165,3 +168,39 @@ def test_ten_thousand_local_workers_are_refused_quickly(tmp_path: Path):
     assert "tasks: 10,001 tasks on localhost; at most 256 run on one machine" in res.stderr
     assert "Traceback" not in res.output
     assert time.monotonic() - t0 < 10  # 50 s and 2 GB before
+
+
+PS_SPEC = {"name": "ps", "strategy": "parameter_server",
+           "job": {"entry": "worker_entry.examples.digits:train", "args": {"epochs": 2}},
+           "hosts": {"lab": {"address": "10.0.0.2", "workdir": "~/w"}},
+           "tasks": {"chief": ["lab:1"], "worker": ["lab:2", "lab:auto"], "ps": ["lab:4"],
+                     "evaluator": ["lab:5"]},
+           "restart": {"policy": {"worker": "always"}, "max_restarts": 5},
+           "timeouts": {"deadline_seconds": 600}}
+
+
+@pytest.mark.parametrize("spec", [FULL, PS_SPEC], ids=["mwms", "ps"])
+def test_plan_json_round_trips(spec):
+    """plan.json is the plan: reading it back gives the same plan, policy and rules included."""
+    plan = plan_of(spec, ports={"worker:1": 30002})
+    again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert again == plan
+    assert again.tasks[0].placement == plan.tasks[0].placement
+
+
+def test_the_plan_carries_policy_rules_and_placement():
+    plan = plan_of(PS_SPEC, ports={"worker:1": 30002})
+    assert plan.rules == RULES[Strategy.PARAMETER_SERVER]
+    assert plan.rules.serve_first == (Role.PS, Role.WORKER)
+    assert plan.policy.restart == {Role.PS: RestartPolicy.NEVER, Role.WORKER: RestartPolicy.ALWAYS,
+                                   Role.CHIEF: RestartPolicy.NEVER,
+                                   Role.EVALUATOR: RestartPolicy.ON_FAILURE}
+    assert plan.policy.deadline_seconds == 600 and plan.policy.max_restarts == 5
+    assert plan.job == "entry worker_entry.examples.digits:train"
+    chief = plan.task("chief:0")
+    assert chief.placement == Placement("ssh", "lab", "10.0.0.2")
+    job = json.loads(chief.env["TFO_JOB"])
+    assert job["backup_dir"] == "~/w/runs/r1/backup/chief-0" and job["serve"] is False
+    assert json.loads(plan.task("ps:0").env["TFO_JOB"])["serve"] is True
+    local = plan_of(FULL).tasks[0]
+    assert local.placement == Placement("local", "localhost", "localhost")

@@ -261,7 +261,7 @@ env: {json.dumps({bad_key: "v", "NOTE": bad_value})}
     # the task's command is `env`, which prints the environment it was given.
     from dataclasses import replace
 
-    from orchestrator.launch.ssh import SshHosts
+    from orchestrator.launch.ssh import SshBackend
     from orchestrator.plan import make_plan
     from orchestrator.spec import load_spec
 
@@ -269,7 +269,7 @@ env: {json.dumps({bad_key: "v", "NOTE": bad_value})}
     task = make_plan(spec, run_id="inject", run_dir=tmp_path / "run", workdir=tmp_path).tasks[0]
     task = replace(task, command=["/usr/bin/env"], env={**task.env, bad_key: "v"})
     Path(task.log_path).parent.mkdir(parents=True)  # the handle writes the task's log
-    hosts = SshHosts(spec.hosts)
+    hosts = SshBackend(spec.hosts)
     try:
         handle = hosts.start(task, 0)
         assert wait_until(lambda: handle.poll() is not None, 20) is not False

@@ -14,7 +14,15 @@ import pytest
 
 from orchestrator.plan import TaskPlan, make_plan
 from orchestrator.spec import parse_spec
-from orchestrator.supervise import JobState, Supervisor, TaskState
+from orchestrator.supervise import (
+    JOB_TRANSITIONS,
+    TASK_TRANSITIONS,
+    IllegalTransition,
+    JobState,
+    Supervisor,
+    TaskState,
+    advance,
+)
 from worker_entry.markers import EXIT_PERMANENT
 
 READY = '@tfo {"event": "ready", "what": "training"}'
@@ -38,10 +46,6 @@ class FakeHandle:
         self._lines = [READY] if ready else ["booting"]
         self._rc: int | None = None
         self.pid = 1000 + attempt
-
-    @property
-    def returncode(self) -> int | None:
-        return self._rc
 
     def poll(self) -> int | None:
         if self._rc is None and self.code is not None and \
@@ -72,7 +76,7 @@ def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script]):
         started.append((task.name, attempt))
         return FakeHandle(task, attempt, scripts.get(task.name, Script()))
 
-    sup = Supervisor(plan, cluster, start=start, echo=lambda task, line: None)
+    sup = Supervisor(plan, start=start, echo=lambda task, line: None)
     result = sup.run()
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     return result, started, events
@@ -205,10 +209,71 @@ def test_a_task_that_could_not_start_is_not_still_running(tmp_path, capsys):
             raise OSError("host lab1 dropped off the network")
         return FakeHandle(task, attempt, Script([(None, 0, True)]))
 
-    result = Supervisor(plan, cluster, start=start, echo=lambda task, line: None).run()
+    result = Supervisor(plan, start=start, echo=lambda task, line: None).run()
     assert result.state is JobState.FAILED and result.failed_task == "worker:1"
     assert "worker:1 could not start: host lab1 dropped off the network" in result.reason
     print_summary(result)
     summary = capsys.readouterr().err
     assert "worker:1 failed: could not start" in summary
     assert "still running" not in summary
+
+
+def _drawn(enum: type) -> set[tuple[str, str]]:
+    """The transitions an Enum's docstring draws: `A/B ──why──▶ C`, one a line."""
+    edges = set()
+    for line in (enum.__doc__ or "").splitlines():
+        if "──▶" not in line:
+            continue
+        left, right = line.split("──▶")
+        for source in left.split("──")[0].split("/"):
+            edges.add((source.strip(), right.strip().split()[0]))
+    return edges
+
+
+@pytest.mark.parametrize("enum", [TaskState, JobState])
+def test_the_transition_tables_are_what_the_docstrings_draw(enum):
+    table = {TaskState: TASK_TRANSITIONS, JobState: JOB_TRANSITIONS}[enum]
+    assert set(table) == set(enum)
+    assert {(a.name, b.name) for a, targets in table.items() for b in targets} == _drawn(enum)
+    for a in enum:  # every pair: drawn ones pass, the rest are refused
+        for b in enum:
+            if b in table[a]:
+                assert advance(a, b) is b
+            else:
+                with pytest.raises(IllegalTransition, match=f"{a.value} → {b.value}"):
+                    advance(a, b)
+
+
+@pytest.mark.timeout(20)
+def test_an_illegal_transition_in_the_loop_fails_the_run_and_tears_down(tmp_path):
+    """A bug of ours (a transition not drawn) ends the run as a supervisor error, with every
+    task stopped; it is never silently taken."""
+    cluster = parse_spec(spec())
+    plan = make_plan(cluster, run_id="t", run_dir=tmp_path / "run", workdir=tmp_path)
+    handles: list[FakeHandle] = []
+
+    def start(task: TaskPlan, attempt: int) -> FakeHandle:
+        handles.append(FakeHandle(task, attempt, Script([(None, 0, True)])))
+        return handles[-1]
+
+    sup = Supervisor(plan, start=start, echo=lambda task, line: None)
+    sup._check_success = lambda: sup._set(sup.records["worker:0"], TaskState.PENDING)
+    result = sup.run()
+    assert result.state is JobState.FAILED and "→ pending is not drawn" in result.reason
+    assert (tmp_path / "run" / "supervisor-error.log").exists()
+    assert all(h.poll() == -15 for h in handles)
+
+
+@pytest.mark.timeout(20)
+def test_the_evaluator_exit_while_finishing_takes_the_common_path(tmp_path):
+    """Training done: the evaluator's late exit is recorded like any other (task_exited), is
+    never restarted, and the job succeeds."""
+    tasks = {"worker": ["localhost:1"], "evaluator": ["localhost:2"]}
+    scripts = {"worker:0": Script([(0, 0.05, True)]), "evaluator:0": Script([(1, 0.2, True)])}
+    result, started, events = supervise(tmp_path, spec(policy="always", max_restarts=3,
+                                                       **tasks), scripts)
+    assert result.state is JobState.SUCCEEDED
+    assert ("evaluator:0", 1) not in started
+    exits = [e for e in events if e["event"] == "task_exited" and e["task"] == "evaluator:0"]
+    assert [e["returncode"] for e in exits] == [1]
+    assert {t.name: t.state for t in result.tasks}["evaluator:0"] is TaskState.FAILED

@@ -28,6 +28,7 @@ from typing import Any
 import tensorflow as tf
 
 from worker_entry import markers
+from worker_entry.markers import Strategy
 
 
 @dataclass
@@ -40,6 +41,7 @@ class TaskContext:
     model_dir: str
     run_dir: str
     tmp_dir: str  # this task's own scratch space, removed when the task ends
+    backup_dir: str  # this task's own BackupAndRestore state (tasks must not share one)
     attempt: int  # 0 on the first start, +1 on each restart
     args: dict[str, Any] = field(default_factory=dict)
 
@@ -85,7 +87,7 @@ class TaskContext:
         """The evaluator's work: evaluate each of the chief's per-epoch checkpoints once, in
         order, until the one of epoch `expected` (the last). Metrics go to the log, to a
         marker the coordinator records, and to TensorBoard under the run directory."""
-        state_path = os.path.join(self.run_dir, "evaluator", "evaluated.json")
+        state_path = os.path.join(self.run_dir, self.role, "evaluated.json")  # evaluator/
         os.makedirs(os.path.dirname(state_path), exist_ok=True)
         results: dict[int, dict[str, float]] = {}
         if os.path.exists(state_path):  # a restarted evaluator does not repeat itself
@@ -121,12 +123,10 @@ class TaskContext:
         """Progress markers, BackupAndRestore (resume after a restart) and per-epoch
         checkpoints for the evaluator."""
         # ParameterServer fit refuses batch-level callbacks.
-        ps = self.strategy_name == "parameter_server"
+        ps = self.strategy_name == Strategy.PARAMETER_SERVER
         cbs: list[Any] = [_EpochProgress() if ps else _Progress()]
         if backup:
-            # One backup directory per task: tasks must not share one.
-            backup_dir = os.path.join(self.run_dir, "backup", f"{self.role}-{self.index}")
-            cbs.append(_TaskBackup(backup_dir=backup_dir))
+            cbs.append(_TaskBackup(backup_dir=self.backup_dir))
         if checkpoints:
             cbs.append(tf.keras.callbacks.ModelCheckpoint(
                 filepath=os.path.join(self.checkpoint_dir, "ckpt-{epoch:03d}"),
@@ -171,7 +171,7 @@ class _TaskBackup(tf.keras.callbacks.BackupAndRestore):
         strategy = self.model.distribute_strategy
         if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
             return
-        backup = os.path.join(self.backup_dir, "chief")
+        backup = os.path.join(self.backup_dir, "chief")  # tf-keras's name for the one it keeps
         latest = tf.train.latest_checkpoint(backup) if tf.io.gfile.exists(backup) else None
         number = float(latest.rsplit("-", 1)[1]) if latest else -1.0  # the save counter
         local = tf.constant([number, number * number, 1.0])

@@ -96,9 +96,7 @@ def descendants(root: int) -> list[int]:
 class _Wrapper:
     def __init__(self, task_pid: int, tmp_dir: str | None, lifeline: str | None) -> None:
         self.task_pid, self.tmp_dir = task_pid, tmp_dir
-        self.watch_stdin = bool(lifeline and lifeline.startswith("stdin"))
-        self.quiet_limit = float(lifeline.split(":", 1)[1]) if lifeline and ":" in lifeline \
-            else None
+        self.watch_stdin, self.quiet_limit = markers.parse_lifeline(lifeline)
         self.status: int | None = None  # the task's wait status, once reaped
 
     def _kill_task(self, signum: int = 0, frame: object = None) -> None:
@@ -149,7 +147,7 @@ class _Wrapper:
                     while os.read(wake_r, 512):
                         pass
                 self._reap()
-            if self.quiet_limit and now - beat >= 1.0:
+            if self.quiet_limit and now - beat >= markers.HEARTBEAT_SECONDS:
                 beat = now
                 with contextlib.suppress(OSError):
                     os.write(sys.stdout.fileno(), markers.BEAT)  # we are alive
@@ -228,7 +226,7 @@ def wrap() -> None:
         except OSError as e:
             _say(f"[tfo] cannot create the task's temp dir {tmp_dir}: {e.strerror or e}")
             os._exit(1)
-    lifeline = os.environ.get("TFO_LIFELINE")
+    lifeline = os.environ.get(markers.LIFELINE_ENV)
     sys.stdout.flush()
     sys.stderr.flush()
     task_pid = os.fork()

@@ -1,19 +1,63 @@
-"""The one-line protocol by which a task tells the coordinator how far it got.
+"""The task protocol, imported by both sides: roles, strategies, markers, the lifeline.
 
 A marker is a line on stdout: `@tfo {"event": "ready", ...}`. The coordinator reads
 them from the task's output (local pipe or SSH channel alike), checks each against its
-model in orchestrator.markers and records it as an event. This side stays free of pydantic.
+model in orchestrator.markers and records it as an event. This side stays free of pydantic
+(it is all a lab host gets of tfo, with the job's own code).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from enum import Enum
 from typing import Any
+
+
+class Role(str, Enum):
+    """A task's type in TF_CONFIG. What each role does under a strategy is data:
+    orchestrator.strategy.RULES."""
+
+    CHIEF = "chief"
+    WORKER = "worker"
+    PS = "ps"
+    EVALUATOR = "evaluator"
+
+    def __str__(self) -> str:  # f"{role}:{index}" is "worker:1" (StrEnum needs Python 3.11)
+        return self.value
+
+
+class Strategy(str, Enum):
+    MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
+    PARAMETER_SERVER = "parameter_server"
+
+
+# The lifeline (worker_entry.lifeline): the task's stdin, whose write end the coordinator
+# holds. TFO_LIFELINE is "stdin" (EOF means the coordinator is gone) or "stdin:SECONDS"
+# (heartbeats both ways: the coordinator sends a byte down stdin every HEARTBEAT_SECONDS, the
+# task's wrapper writes BEAT as often; silence for LIFELINE_SECONDS means the other side is gone).
+LIFELINE_ENV = "TFO_LIFELINE"
+LIFELINE_STDIN = "stdin"
+HEARTBEAT_SECONDS = 1.0
+LIFELINE_SECONDS = 5.0
+
+
+def lifeline(heartbeat: bool) -> str:
+    """The TFO_LIFELINE value for a task: with heartbeats where EOF may never come (SSH)."""
+    return f"{LIFELINE_STDIN}:{LIFELINE_SECONDS:g}" if heartbeat else LIFELINE_STDIN
+
+
+def parse_lifeline(value: str | None) -> tuple[bool, float | None]:
+    """(watch stdin?, seconds of silence that mean gone, or None) from a TFO_LIFELINE value."""
+    if not value or not value.startswith(LIFELINE_STDIN):
+        return False, None
+    _, sep, seconds = value.partition(":")
+    return True, float(seconds) if sep else None
+
 
 PREFIX = "@tfo "
 # With a heartbeat lifeline (SSH), the task's wrapper writes this byte to stdout every
-# second; one byte, so it lands whole even amid the task's own output. Readers drop it.
+# HEARTBEAT_SECONDS; one byte, so it lands whole even amid the task's own output. Readers drop it.
 BEAT = b"\x1e"
 
 # Events a task reports, in the order it reaches them.

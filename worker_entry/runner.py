@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from worker_entry import markers
+from worker_entry.markers import Role, Strategy
 
 
 def resolve_entry(entry: str) -> Callable[[Any], Any]:
@@ -59,14 +60,16 @@ def _communication_options(tf: Any, collective: str) -> Any:
 def main() -> int:
     tf_config = json.loads(os.environ["TF_CONFIG"])
     job = json.loads(os.environ["TFO_JOB"])
-    for key in ("model_dir", "run_dir", "tmp_dir"):  # a lab host's workdir may be ~/something
+    # A lab host's workdir may be ~/something.
+    for key in ("model_dir", "run_dir", "tmp_dir", "backup_dir"):
         job[key] = os.path.expanduser(job[key])
     role, index = tf_config["task"]["type"], int(tf_config["task"]["index"])
     markers.emit(markers.UP, pid=os.getpid(), host=socket.gethostname())
-    ps_job = job["strategy"] == "parameter_server"
+    ps_job = job["strategy"] == Strategy.PARAMETER_SERVER
 
     # Import the user's module before TensorFlow's start-up cost, so a typo fails fast.
-    entry = None if ps_job and role in ("ps", "worker") else resolve_entry(job["entry"])
+    # A server (the plan says which roles are) runs no entry: it serves until stopped.
+    entry = None if job["serve"] else resolve_entry(job["entry"])
     if ps_job:  # TF's PS guide: RPC errors surface to the caller, so lost workers are retried
         os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     import tensorflow as tf
@@ -77,7 +80,7 @@ def main() -> int:
         return _serve(tf, role, index)
     cluster = tf_config.get("cluster", {})
     markers.emit(markers.CONNECTING)
-    if role == "evaluator":
+    if role == Role.EVALUATOR:
         strategy = None
     elif ps_job:
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -86,14 +89,16 @@ def main() -> int:
         # Built first thing: it blocks until every worker has connected.
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=_communication_options(tf, job.get("collective", "auto")))
-    is_chief = role == "chief" or (role == "worker" and index == 0 and not cluster.get("chief"))
+    is_chief = role == Role.CHIEF or (role == Role.WORKER and index == 0
+                                      and not cluster.get(Role.CHIEF))
     ctx = TaskContext(
         role=role, index=index, strategy=strategy, strategy_name=job["strategy"],
         is_chief=is_chief, model_dir=job["model_dir"], run_dir=job["run_dir"],
-        tmp_dir=job["tmp_dir"], attempt=int(os.environ.get("TFO_ATTEMPT", "0")),
+        tmp_dir=job["tmp_dir"], backup_dir=job["backup_dir"],
+        attempt=int(os.environ.get("TFO_ATTEMPT", "0")),
         args=dict(job.get("args") or {}),
     )
-    markers.emit(markers.READY, what="evaluating" if role == "evaluator" else "training")
+    markers.emit(markers.READY, what="evaluating" if role == Role.EVALUATOR else "training")
     entry(ctx)
     markers.emit(markers.DONE)
     sys.stdout.flush()

@@ -1,23 +1,30 @@
-"""Starting tasks: a subprocess here (`local`) or a process on a lab machine (`ssh`).
+"""Starting tasks: one Backend per placement kind, the same TaskHandle from each.
 
-Both return a TaskHandle with the same small interface, so the supervisor never asks
-where a task runs.
+    backends = Backends(spec.hosts)              # the registry below picks each kind's class
+    ports = backends.allocate(spec)              # `port: auto` tasks
+    rows = backends.check(plan)                  # preflight: one HostCheck per host
+    backends.sync(plan)                          # the job's code where it must go
+    handle = backends.start(task, attempt=0)     # by task.placement.kind
+    backends.close()
+
+A new backend is one class with the Backend methods, in a module of its own, and one line
+in BACKENDS (orchestrator/launch/backends.py). The supervisor never asks where a task runs.
 """
 
 from __future__ import annotations
 
 import signal
-from typing import Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
-from orchestrator.plan import TaskPlan
+if TYPE_CHECKING:
+    from orchestrator.launch.preflight import HostCheck
+    from orchestrator.plan import Plan, TaskPlan
+    from orchestrator.spec import HostSpec
 
 
 class TaskHandle(Protocol):
-    """The coordinator's grip on one running task.
-
-    `returncode` follows subprocess: None while running, >= 0 an exit code, < 0 the
-    number of the signal that killed it.
-    """
+    """The coordinator's grip on one running task (one attempt)."""
 
     task: TaskPlan
     attempt: int
@@ -25,10 +32,9 @@ class TaskHandle(Protocol):
     @property
     def pid(self) -> int | None: ...
 
-    @property
-    def returncode(self) -> int | None: ...
-
-    def poll(self) -> int | None: ...
+    def poll(self) -> int | None:
+        """None while running, >= 0 an exit code, < 0 the number of the signal that
+        killed it (as subprocess)."""
 
     def terminate(self) -> None:
         """SIGTERM to the task's whole process group."""
@@ -41,11 +47,37 @@ class TaskHandle(Protocol):
         output.LINE_CAP. The handle itself writes the complete output to task.log_path."""
 
     def close(self, timeout: float = 1.0) -> list[str]:
-        """After exit: wait briefly for the rest of the output, release pipes; the last lines."""
+        """After exit: wait briefly for the rest of the output, release pipes, remove the
+        task's temp dir; the last lines."""
 
 
 class Launcher(Protocol):
     def __call__(self, task: TaskPlan, attempt: int) -> TaskHandle: ...
+
+
+class Backend(Protocol):
+    """Starts the tasks of one placement kind. Made once per run from the spec's hosts;
+    each method gets only the tasks of its kind."""
+
+    def __init__(self, hosts: Mapping[str, HostSpec]) -> None: ...
+
+    def allocate(self, names: list[str], avoid: set[int]) -> dict[str, int]:
+        """A free port for each task (by name) whose port is `auto`, none in `avoid`."""
+
+    def check(self, tasks: list[TaskPlan]) -> list[HostCheck]:
+        """Preflight: can each host run its tasks? One row per host, problems named."""
+
+    def sync(self, plan: Plan, tasks: list[TaskPlan]) -> list[str]:
+        """Put the job's code where the tasks will look for it; what was done, for the user.
+        Raises BackendError."""
+
+    def start(self, task: TaskPlan, attempt: int) -> TaskHandle: ...
+
+    def close(self) -> None: ...
+
+
+class BackendError(Exception):
+    """A host could not be reached, authenticated or used; the message names the host."""
 
 
 def describe_exit(returncode: int | None) -> str:

@@ -14,12 +14,16 @@ import functools
 import re
 import subprocess
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import fabric
 
 from orchestrator.devices import gpus_field
-from orchestrator.launch.ssh import SshError, SshHosts
+from orchestrator.launch import BackendError
 from orchestrator.spec import LOCALHOST, ClusterSpec
+
+if TYPE_CHECKING:  # ssh.py imports preflight, which imports this module
+    from orchestrator.launch.ssh import SshBackend
 
 NVIDIA_SMI = "nvidia-smi -L"
 TIMEOUT_SECONDS = 20.0
@@ -62,7 +66,7 @@ def local_gpus() -> GpuReport:
 
 
 def remote_gpus(conn: fabric.Connection) -> GpuReport:
-    """Over an open connection (the preflight's: SshHosts keeps it)."""
+    """Over an open connection (the preflight's: SshBackend keeps it)."""
     try:
         res = conn.run(NVIDIA_SMI, hide=True, warn=True, in_stream=False, timeout=TIMEOUT_SECONDS)
     except Exception as e:  # noqa: BLE001 - a timeout or a dropped connection: no answer
@@ -77,7 +81,7 @@ def auto_hosts(spec: ClusterSpec) -> list[str]:
     return [h for h in used if listed.get(h) == "auto"]
 
 
-def auto_gpus(spec: ClusterSpec, hosts: SshHosts | None) -> dict[str, GpuReport]:
+def auto_gpus(spec: ClusterSpec, hosts: SshBackend | None) -> dict[str, GpuReport]:
     """Ask every `auto` host; lab hosts only with `hosts` (a dry run leaves them unknown).
     A lab host that cannot be reached stays unknown too: the preflight reports it."""
     reports = {}
@@ -87,7 +91,7 @@ def auto_gpus(spec: ClusterSpec, hosts: SshHosts | None) -> dict[str, GpuReport]
         elif hosts is not None:
             try:
                 reports[name] = remote_gpus(hosts.connection(name))
-            except SshError:
+            except BackendError:
                 continue
     return reports
 

@@ -1,6 +1,7 @@
-"""Local tasks: one subprocess per task, each in its own process group (and session).
+"""Local tasks (placement kind `local`): one subprocess per task, each in its own process
+group (and session).
 
-    handle = start_local(task, attempt=0)
+    handle = LocalBackend({}).start(task, attempt=0)
     handle.poll(); handle.lines(); handle.terminate(); handle.kill()
 
 The task's stdin is a pipe we hold and never write: its lifeline. If the coordinator dies,
@@ -16,20 +17,25 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 
 import psutil
 
 from orchestrator.launch.output import TaskOutput
-from orchestrator.plan import TaskPlan
+from orchestrator.launch.ports import free_ports
+from orchestrator.launch.preflight import HostCheck, check_local
+from orchestrator.plan import Plan, TaskPlan
+from orchestrator.spec import HostSpec
+from worker_entry import markers
 
 TREE_SCAN_SECONDS = 1.0  # how often the task's process tree is noted while it runs
 
 
 class LocalHandle:
-    def __init__(self, task: TaskPlan, attempt: int, extra_env: dict[str, str] | None = None):
+    def __init__(self, task: TaskPlan, attempt: int) -> None:
         self.task, self.attempt = task, attempt
-        env = {**os.environ, **task.env, **(extra_env or {}),
-               "TFO_ATTEMPT": str(attempt), "TFO_LIFELINE": "stdin"}
+        env = {**os.environ, **task.env, "TFO_ATTEMPT": str(attempt),
+               markers.LIFELINE_ENV: markers.lifeline(heartbeat=False)}
         os.makedirs(task.cwd, exist_ok=True)
         self._proc = subprocess.Popen(
             task.command, cwd=task.cwd, env=env, stdin=subprocess.PIPE,
@@ -46,10 +52,6 @@ class LocalHandle:
     @property
     def pid(self) -> int:
         return self._proc.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.returncode
 
     def _remember_tree(self) -> None:
         """Note every process in the task's tree. The wrapper, a child subreaper, keeps all
@@ -108,5 +110,23 @@ class LocalHandle:
         return rest
 
 
-def start_local(task: TaskPlan, attempt: int) -> LocalHandle:
-    return LocalHandle(task, attempt)
+class LocalBackend:
+    """Tasks on this machine."""
+
+    def __init__(self, hosts: Mapping[str, HostSpec]) -> None:
+        pass  # nothing to connect to
+
+    def allocate(self, names: list[str], avoid: set[int]) -> dict[str, int]:
+        return dict(zip(names, free_ports(len(names), avoid=avoid), strict=True))
+
+    def check(self, tasks: list[TaskPlan]) -> list[HostCheck]:
+        return [check_local(tasks)]
+
+    def sync(self, plan: Plan, tasks: list[TaskPlan]) -> list[str]:
+        return []  # local tasks run in the workdir, where the code is
+
+    def start(self, task: TaskPlan, attempt: int) -> LocalHandle:
+        return LocalHandle(task, attempt)
+
+    def close(self) -> None:
+        pass

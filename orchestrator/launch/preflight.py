@@ -1,11 +1,11 @@
 """Before anything starts: can every host run its tasks? (`tfo check`, and `tfo run` first.)
 
-    report = preflight(spec, plan, hosts)     # one HostCheck per host, checked in parallel
-    [p for row in report for p in row.problems]
+    rows = backends.check(plan)       # each backend's HostChecks, then same_versions(rows)
+    [p for row in rows for p in row.problems]
 
 Per host: reachable, authenticated, python found, tensorflow and tf_keras versions (the same
 everywhere), the task ports free, the workdir writable. Nothing here imports TensorFlow:
-versions come from package metadata.
+versions come from package metadata. The backends call these; this module knows no backend.
 """
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
+from typing import Any
 
-from orchestrator.launch.gpus import GpuReport, gpu_problem, local_gpus, remote_gpus
+from orchestrator.launch import BackendError
+from orchestrator.launch.gpus import GpuReport, local_gpus, remote_gpus
 from orchestrator.launch.ports import port_problem
-from orchestrator.launch.ssh import SshError, SshHosts
-from orchestrator.plan import Plan
-from orchestrator.spec import LOCALHOST, ClusterSpec
+from orchestrator.plan import TaskPlan
+from orchestrator.spec import LOCALHOST, HostSpec
 
 TF_PACKAGES = ("tensorflow", "tf_keras")
 
@@ -68,9 +69,9 @@ class HostCheck:
     problems: list[str] = field(default_factory=list)
 
 
-def _check_local(plan: Plan) -> HostCheck:
+def check_local(tasks: list[TaskPlan]) -> HostCheck:
     row = HostCheck(LOCALHOST, "127.0.0.1", reachable=True, python=sys.version.split()[0])
-    row.ports = [t.port for t in plan.tasks if t.is_local]
+    row.ports = [t.port for t in tasks]
     row.gpus = local_gpus()
     for name in TF_PACKAGES:
         try:
@@ -78,19 +79,20 @@ def _check_local(plan: Plan) -> HostCheck:
         except metadata.PackageNotFoundError:
             row.versions[name] = None
             row.problems.append(f"localhost: {name} is not installed for {sys.executable}")
-    for t in plan.tasks:
-        if t.is_local and (p := port_problem(t.port)):
+    for t in tasks:
+        if p := port_problem(t.port):
             row.problems.append(f"{t.name} (localhost:{t.port}): {p}")
     return row
 
 
-def _check_remote(name: str, spec: ClusterSpec, plan: Plan, hosts: SshHosts) -> HostCheck:
-    h = spec.hosts[name]
+def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan],
+                 connect: Callable[[], Any]) -> HostCheck:
+    """`connect()` gives the host's open fabric Connection, or raises BackendError."""
     row = HostCheck(name, h.address)
-    row.ports = [t.port for t in plan.tasks if t.host == name]
+    row.ports = [t.port for t in tasks]
     try:
-        conn = hosts.connection(name)
-    except SshError as e:
+        conn = connect()
+    except BackendError as e:
         row.problems.append(str(e))
         return row
     row.reachable = True
@@ -117,7 +119,7 @@ def _check_remote(name: str, spec: ClusterSpec, plan: Plan, hosts: SshHosts) -> 
         if probe[pkg] is None:
             row.problems.append(f"host {name}: {pkg} is not installed for {h.python}")
     for port in probe["busy"]:
-        task = next(t.name for t in plan.tasks if t.host == name and t.port == port)
+        task = next(t.name for t in tasks if t.port == port)
         row.problems.append(f"{task} ({name}:{port}): port {port} is in use on {h.address}")
     if probe["workdir_error"]:
         row.problems.append(f"host {name}: workdir not writable: {probe['workdir_error']} "
@@ -125,18 +127,8 @@ def _check_remote(name: str, spec: ClusterSpec, plan: Plan, hosts: SshHosts) -> 
     return row
 
 
-def preflight(spec: ClusterSpec, plan: Plan, hosts: SshHosts) -> list[HostCheck]:
-    used = list(dict.fromkeys(t.host for t in plan.tasks))
-
-    def check(name: str) -> HostCheck:
-        return _check_local(plan) if name == LOCALHOST else _check_remote(name, spec, plan, hosts)
-
-    with ThreadPoolExecutor(max_workers=max(1, len(used))) as pool:
-        rows = list(pool.map(check, used))
-    for r in rows:
-        if r.gpus and (problem := gpu_problem(spec, r.host, r.gpus)):
-            r.problems.append(problem)
-    # The same TensorFlow everywhere: mixed versions break collectives and checkpoints.
+def same_versions(rows: list[HostCheck]) -> list[HostCheck]:
+    """The same TensorFlow everywhere: mixed versions break collectives and checkpoints."""
     for pkg in TF_PACKAGES:
         seen = {r.versions.get(pkg) for r in rows if r.versions.get(pkg)}
         if len(seen) > 1:

@@ -1,7 +1,8 @@
-"""Tasks on lab machines over SSH (fabric), with the same handle interface as local ones.
+"""Tasks on lab machines over SSH (fabric; placement kind `ssh`), with the same handle
+interface as local ones.
 
-    hosts = SshHosts(spec.hosts)               # one fabric Connection per host, opened lazily
-    hosts.sync_code(["worker_entry", "mypkg"]) # copy the job's code, skipping unchanged files
+    hosts = SshBackend(spec.hosts)             # one fabric Connection per host, opened lazily
+    hosts.sync(plan, tasks)                    # copy the job's code, skipping unchanged files
     handle = hosts.start(task, attempt=0)      # poll(), lines(), terminate(), kill()
     hosts.close()
 
@@ -11,9 +12,9 @@ shell's pid, so the group to signal is the pid the shell prints first. Every val
 spec reaches the remote shell through shlex.quote.
 
 The lifeline runs both ways. The coordinator sends a byte down each task's stdin every
-second; the task's wrapper kills the task and all it started when stdin closes or goes
-quiet for LIFELINE_SECONDS (a dropped connection or a cut network, even where sshd sends no
-keepalives). The wrapper in turn writes BEAT to the task's output every second, so the
+HEARTBEAT_SECONDS; the task's wrapper kills the task and all it started when stdin closes or
+goes quiet for LIFELINE_SECONDS (a dropped connection or a cut network, even where sshd sends no
+keepalives). The wrapper in turn writes BEAT to the task's output as often, so the
 coordinator knows the task is lost when the output goes quiet that long.
 """
 
@@ -25,26 +26,31 @@ import shlex
 import stat
 import threading
 import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import fabric
 import paramiko
 
+from orchestrator.launch import BackendError
 from orchestrator.launch.output import TaskOutput
-from orchestrator.plan import TaskPlan
-from orchestrator.spec import HostSpec
+from orchestrator.launch.ports import free_ports
+from orchestrator.launch.preflight import HostCheck, check_remote
+from orchestrator.plan import Plan, TaskPlan
+from orchestrator.rundir import RUNS
+from orchestrator.spec import HostSpec, SpecError
 from worker_entry import markers
+from worker_entry.markers import HEARTBEAT_SECONDS, LIFELINE_SECONDS
 
-HEARTBEAT_SECONDS = 1.0
-LIFELINE_SECONDS = 5.0
 CONNECT_TIMEOUT = 10.0
 FIRST_BEAT_SECONDS = 30.0  # python's start on a slow host, before its wrapper beats
 _PID_PREFIX = "@tfo-pid "
 _PID_LINE_MAX = 64  # the pid line comes first and is short; anything else is output
-_SKIP_DIRS = {"__pycache__", ".git", ".venv", "runs", ".pytest_cache", ".ruff_cache"}
+_SKIP_DIRS = {"__pycache__", ".git", ".venv", RUNS, ".pytest_cache", ".ruff_cache"}
 
 
-class SshError(Exception):
+class SshError(BackendError):
     """A host could not be reached, authenticated or used; the message names the host."""
 
 
@@ -128,7 +134,7 @@ class SshHandle:
         self._chan = transport.open_session()
         self._chan.set_combine_stderr(True)
         self._chan.exec_command(remote_command(task, {
-            "TFO_ATTEMPT": str(attempt), "TFO_LIFELINE": f"stdin:{LIFELINE_SECONDS:g}"}))
+            "TFO_ATTEMPT": str(attempt), markers.LIFELINE_ENV: markers.lifeline(heartbeat=True)}))
         self._output = TaskOutput(task.log_path, self._recv, f"ssh-{task.name}")
         self._beat = threading.Thread(target=self._heartbeat, name=f"beat-{task.name}",
                                       daemon=True)
@@ -143,10 +149,6 @@ class SshHandle:
     @property
     def pid(self) -> int | None:
         return self._remote_pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._returncode
 
     def _recv(self) -> bytes:
         """The task's output for TaskOutput: without the watchdog's beats, and without the
@@ -263,10 +265,28 @@ def _remote_exec(conn: fabric.Connection, command: str, timeout: float = 5.0) ->
         return None
 
 
-class SshHosts:
+def job_packages(plan: Plan) -> list[Path]:
+    """What a lab machine needs of the job's code: worker_entry and the entry's package."""
+    import worker_entry
+
+    pkgs = [Path(worker_entry.__file__).parent]
+    top = plan.spec.job.package
+    workdir = Path(plan.workdir)
+    if top != "worker_entry":
+        for candidate in (workdir / top, workdir / f"{top}.py"):
+            if candidate.exists():
+                pkgs.append(candidate)
+                break
+        else:
+            raise SpecError(f"job.entry: package {top!r} not found in {workdir}; run tfo from "
+                            f"the directory that holds it")
+    return pkgs
+
+
+class SshBackend:
     """The coordinator's connections to the lab machines named in the spec."""
 
-    def __init__(self, hosts: dict[str, HostSpec]) -> None:
+    def __init__(self, hosts: Mapping[str, HostSpec]) -> None:
         self.hosts = hosts
         self._conns: dict[str, fabric.Connection] = {}
         self._lock = threading.Lock()
@@ -278,6 +298,26 @@ class SshHosts:
             if conn is None or transport is None or not transport.is_active():
                 conn = self._conns[name] = connect(name, self.hosts[name])
             return conn
+
+    def allocate(self, names: list[str], avoid: set[int]) -> dict[str, int]:
+        # Free here, and checked on the host by preflight.
+        return dict(zip(names, free_ports(len(names), avoid=avoid), strict=True))
+
+    def check(self, tasks: list[TaskPlan]) -> list[HostCheck]:
+        by_host: dict[str, list[TaskPlan]] = {}
+        for t in tasks:
+            by_host.setdefault(t.host, []).append(t)
+        with ThreadPoolExecutor(max_workers=max(1, len(by_host))) as pool:
+            return list(pool.map(lambda n: check_remote(
+                n, self.hosts[n], by_host[n], lambda: self.connection(n)), by_host))
+
+    def sync(self, plan: Plan, tasks: list[TaskPlan]) -> list[str]:
+        packages = job_packages(plan)
+        names = list(dict.fromkeys(t.host for t in tasks))
+        with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+            copied = pool.map(lambda n: self.sync_code(n, packages, self.hosts[n].workdir), names)
+            return [f"{name}: code synced ({count} file(s) copied)"
+                    for name, count in zip(names, copied, strict=True)]
 
     def start(self, task: TaskPlan, attempt: int) -> SshHandle:
         return SshHandle(task, attempt, self.connection(task.host))

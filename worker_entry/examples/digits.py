@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from worker_entry.context import TaskContext
+from worker_entry.markers import Role
 
 SEED = 7
 
@@ -53,7 +54,7 @@ def train(ctx: TaskContext, callbacks: list[Any] | tuple[Any, ...] = ()) -> None
     lr = float(ctx.args.get("learning_rate", 0.01))
     (x_tr, y_tr), (x_te, y_te) = load_data()
 
-    if ctx.role == "evaluator":
+    if ctx.role == Role.EVALUATOR:
         test = tf.data.Dataset.from_tensor_slices((x_te, y_te)).batch(256)
         ctx.follow_checkpoints(build_model(lr), test, expected=epochs)
         return

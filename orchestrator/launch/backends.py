@@ -1,0 +1,93 @@
+"""The registry: which Backend class starts the tasks of each placement kind.
+
+    backends = Backends(spec.hosts)
+    backends.start(task, attempt)      # BACKENDS[task.placement.kind], made on first use
+
+`local` runs tasks on this machine; a host under `hosts:` names its own (`backend: ssh`,
+the default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from orchestrator.launch import Backend, TaskHandle
+from orchestrator.launch.gpus import GpuReport, auto_gpus, gpu_problem
+from orchestrator.launch.local import LocalBackend
+from orchestrator.launch.preflight import HostCheck, same_versions
+from orchestrator.launch.ssh import SshBackend
+from orchestrator.plan import Plan, TaskPlan, placement, task_name
+from orchestrator.spec import ClusterSpec, HostSpec, SpecError
+
+BACKENDS: dict[str, type[Backend]] = {
+    "local": LocalBackend,
+    "ssh": SshBackend,
+}
+
+
+class Backends:
+    """The backends one run uses, one per placement kind, each made on first use."""
+
+    def __init__(self, hosts: Mapping[str, HostSpec]) -> None:
+        self._hosts = hosts
+        self._made: dict[str, Backend] = {}
+        for name, host in hosts.items():
+            if host.backend not in BACKENDS:
+                raise SpecError(f"hosts.{name}.backend: unknown backend {host.backend!r}; "
+                                f"backends are {', '.join(sorted(BACKENDS))}")
+
+    def get(self, kind: str) -> Backend:
+        if kind not in self._made:
+            self._made[kind] = BACKENDS[kind](self._hosts)
+        return self._made[kind]
+
+    def _by_kind(self, plan: Plan) -> dict[str, list[TaskPlan]]:
+        kinds: dict[str, list[TaskPlan]] = {}
+        for t in plan.tasks:
+            kinds.setdefault(t.placement.kind, []).append(t)
+        return kinds
+
+    def allocate(self, spec: ClusterSpec) -> dict[str, int]:
+        """Ports for the `auto` tasks, each from its own backend, all distinct."""
+        taken = {a.port for _, _, a in spec.tasks.all() if a.port is not None}
+        wanted: dict[str, list[str]] = {}
+        for role, index, addr in spec.tasks.all():
+            if addr.port is None:
+                kind = placement(spec, addr.host).kind
+                wanted.setdefault(kind, []).append(task_name(role, index))
+        ports: dict[str, int] = {}
+        for kind, names in wanted.items():
+            got = self.get(kind).allocate(names, taken | set(ports.values()))
+            ports.update(got)
+        return ports
+
+    def check(self, plan: Plan) -> list[HostCheck]:
+        """Every kind's preflight at once; then the same TensorFlow everywhere."""
+        kinds = self._by_kind(plan)
+        with ThreadPoolExecutor(max_workers=max(1, len(kinds))) as pool:
+            found = pool.map(lambda k: self.get(k).check(kinds[k]), kinds)
+            rows = [row for part in found for row in part]
+        for r in rows:
+            if r.gpus and (problem := gpu_problem(plan.spec, r.host, r.gpus)):
+                r.problems.append(problem)
+        return same_versions(rows)
+
+    def gpus(self, spec: ClusterSpec, ask_hosts: bool) -> dict[str, GpuReport]:
+        """What nvidia-smi -L reports on each host whose gpus are `auto`: this machine
+        always, lab hosts only with `ask_hosts` (a dry run does not connect)."""
+        ssh = self.get("ssh") if ask_hosts and any(
+            h.backend == "ssh" for h in spec.hosts.values()) else None
+        return auto_gpus(spec, ssh)
+
+    def sync(self, plan: Plan) -> list[str]:
+        kinds = self._by_kind(plan)
+        return [line for kind, tasks in kinds.items() for line in self.get(kind).sync(plan, tasks)]
+
+    def start(self, task: TaskPlan, attempt: int) -> TaskHandle:
+        return self.get(task.placement.kind).start(task, attempt)
+
+    def close(self) -> None:
+        for backend in self._made.values():
+            backend.close()
+        self._made.clear()

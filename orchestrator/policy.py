@@ -1,0 +1,58 @@
+"""How a job reacts to a lost task, and its time limits: the plan's `policy`.
+
+    restart_allowed(RestartPolicy.EXIT_CODE, 3)     # False: the program's own verdict
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from worker_entry.markers import EXIT_PERMANENT, Role
+
+
+class RestartPolicy(str, Enum):
+    """TFJob's vocabulary. `exit-code`: 1-127 are permanent, 128-255 (signals) are retried."""
+
+    NEVER = "never"
+    ON_FAILURE = "on-failure"
+    ALWAYS = "always"
+    EXIT_CODE = "exit-code"
+
+
+def restart_allowed(policy: RestartPolicy, returncode: int | None) -> bool:
+    """TFJob's rules; `returncode` None means the task never came up (retryable). A task
+    that exits EXIT_PERMANENT (its entry does not exist) is never restarted."""
+    if returncode == EXIT_PERMANENT:
+        return False
+    if policy is RestartPolicy.ALWAYS:
+        return True
+    if policy is RestartPolicy.NEVER:
+        return False
+    if returncode is None:
+        return True
+    if policy is RestartPolicy.ON_FAILURE:
+        return returncode != 0
+    # EXIT_CODE: 1-127 are the program's own verdict (permanent); signals are retried.
+    return returncode < 0 or returncode >= 128
+
+
+@dataclass(frozen=True)
+class Policy:
+    restart: dict[Role, RestartPolicy]  # for each role the job lists
+    max_restarts: int  # job restarts; a sidecar counts its own
+    backoff_seconds: float
+    startup_seconds: float  # from start to the ready marker
+    deadline_seconds: float | None  # the whole run
+    grace_seconds: float  # from SIGTERM to SIGKILL
+    evaluator_seconds: float  # how long sidecars are waited for once the job is done
+    evaluator_required: bool  # a sidecar that is lost for good fails the job
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "restart": {r.value: p.value for r, p in self.restart.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Policy:
+        return cls(**{**data, "restart": {Role(r): RestartPolicy(p)
+                                          for r, p in data["restart"].items()}})

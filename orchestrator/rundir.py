@@ -1,0 +1,203 @@
+"""The run directory, its one owner: where a run's plan, events, logs and scratch live.
+
+    rd = RunDir.default("demo-20250101-120000-ab12")  # runs/<id>, absolute
+    rd.log_path("worker", 1)                          # …/logs/worker-1.log
+    rd.create(plan.to_json())                         # logs/ and plan.json, before anything starts
+    events = rd.open_events(); events.write("task_started", "worker:1", pid=123)
+    RunDir.find("last")                               # or a run directory, an id, an id's prefix
+
+Paths are POSIX strings: a lab host's run directory (`RunDir.on_host`) lives under its
+workdir, which may start with ~.
+
+    runs/<run-id>/
+        plan.json              what runs: enough to run it again (`tfo rerun`)
+        events.jsonl           one JSON record a line: every step the supervisor took
+        logs/<role>-<i>.log    each task's complete output, every attempt
+        tmp/<role>-<i>/        each task's TMPDIR, removed when it ends
+        backup/<role>-<i>/     each task's BackupAndRestore state
+        model/                 the default job.model_dir
+        supervisor-error.log   only if tfo itself failed
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import posixpath
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+RUNS = "runs"  # under the directory tfo runs in, and under each lab host's workdir
+PLAN, EVENTS, LOGS, TMP, BACKUP = "plan.json", "events.jsonl", "logs", "tmp", "backup"
+CRASH_LOG = "supervisor-error.log"
+LAST = "last"
+
+
+class RunDirError(Exception):
+    """No such run, or more than one matches; the message says which and what to give."""
+
+
+def task_file(role: str, index: int) -> str:
+    """The name of a task's log, temp and backup entries: `worker-1`."""
+    return f"{role}-{index}"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: str
+
+    @classmethod
+    def default(cls, run_id: str, root: Path = Path(RUNS)) -> RunDir:
+        return cls(str((root / run_id).resolve()))
+
+    @classmethod
+    def on_host(cls, workdir: str, run_id: str) -> RunDir:
+        """A lab host's mirror of the run, under its workdir."""
+        return cls(posixpath.join(workdir, RUNS, run_id))
+
+    def __str__(self) -> str:
+        return self.path
+
+    def _join(self, *parts: str) -> str:
+        return posixpath.join(self.path, *parts)
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path.rstrip("/"))
+
+    @property
+    def plan_path(self) -> str:
+        return self._join(PLAN)
+
+    @property
+    def events_path(self) -> str:
+        return self._join(EVENTS)
+
+    @property
+    def logs(self) -> str:
+        return self._join(LOGS)
+
+    @property
+    def tmp(self) -> str:
+        return self._join(TMP)
+
+    @property
+    def crash_log(self) -> str:
+        return self._join(CRASH_LOG)
+
+    def log_path(self, role: str, index: int) -> str:
+        return self._join(LOGS, f"{task_file(role, index)}.log")
+
+    def tmp_dir(self, role: str, index: int) -> str:
+        return self._join(TMP, task_file(role, index))
+
+    def backup_dir(self, role: str, index: int) -> str:
+        return self._join(BACKUP, task_file(role, index))
+
+    # ---- files on this machine ---------------------------------------------------------
+    def create(self, plan: dict[str, Any]) -> None:
+        """logs/ and plan.json; raises OSError."""
+        Path(self.logs).mkdir(parents=True, exist_ok=True)
+        Path(self.plan_path).write_text(json.dumps(plan, indent=2))
+
+    def read_plan(self) -> dict[str, Any]:
+        """plan.json as written; raises OSError or ValueError."""
+        return json.loads(Path(self.plan_path).read_text())
+
+    def open_events(self) -> EventLog:
+        return EventLog(Path(self.events_path))
+
+    def read_events(self) -> tuple[list[dict[str, Any]], int]:
+        return read_events(Path(self.events_path))
+
+    def task_logs(self) -> dict[str, Path]:
+        """Each task's log by task name (`worker:1`), in name order."""
+        return {p.stem.replace("-", ":", 1): p for p in sorted(Path(self.logs).glob("*.log"))}
+
+    def remove_tmp(self) -> None:
+        """tmp/ once it is empty: every task removed its own."""
+        with contextlib.suppress(OSError):
+            Path(self.tmp).rmdir()
+
+    @classmethod
+    def find(cls, ref: str | None = None, root: Path = Path(RUNS)) -> RunDir:
+        """A run directory (a path), `last` (None too: the latest run under runs/), a run id
+        or a prefix of one naming exactly one run; raises RunDirError."""
+        if ref is None or ref == LAST:
+            runs = sorted(root.glob(f"*/{EVENTS}"), key=lambda p: p.stat().st_mtime)
+            if not runs:
+                raise RunDirError(f"no run found under {root}/; give a run directory")
+            return cls(str(runs[-1].parent))
+        path = Path(ref)
+        if "/" in ref or path.exists():
+            return cls(str(path))
+        found = sorted(p for p in root.glob(f"{ref}*") if p.is_dir())
+        exact = [p for p in found if p.name == ref]
+        if exact or len(found) == 1:
+            return cls(str((exact or found)[0]))
+        if not found:
+            raise RunDirError(f"no run {ref!r} under {root}/; give a run directory, a run id, "
+                              f"a prefix of one, or {LAST}")
+        raise RunDirError(f"{ref!r} names {len(found)} runs under {root}/: "
+                          f"{', '.join(p.name for p in found)}; give more of the id")
+
+
+class EventLog:
+    """events.jsonl: one JSON object a line, with `time` (unix seconds) and `event`."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("a", buffering=1)
+
+    def write(self, event: str, task: str | None = None, **fields: Any) -> None:
+        record = {"time": round(time.time(), 4), "event": event, "task": task, **fields}
+        self._file.write(json.dumps(record, default=str) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The records of an events.jsonl, and how many lines were not records (a line cut
+    short by a crash, garbage): skipped, never fatal. Raises OSError."""
+    records, bad = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("event"), str):
+            records.append(record)
+        else:
+            bad += 1
+    return records, bad
+
+
+def coordinator_identity() -> dict[str, Any]:
+    """Who supervises the run, for `tfo status` to tell a live run from a dead one; the
+    create time tells a reused pid apart."""
+    me = psutil.Process()
+    return {"coordinator_pid": me.pid, "coordinator_created": me.create_time(),
+            "coordinator_host": socket.gethostname()}
+
+
+def coordinator_gone(run_started: dict[str, Any]) -> bool:
+    """Whether the coordinator named in a run_started record is gone. False when that
+    cannot be told: a run from an older tfo, or one supervised from another machine."""
+    pid, created = run_started.get("coordinator_pid"), run_started.get("coordinator_created")
+    if not isinstance(pid, int) or not isinstance(created, int | float) \
+            or run_started.get("coordinator_host") != socket.gethostname():
+        return False
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - created) > 1.0 or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False

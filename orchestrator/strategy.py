@@ -1,0 +1,80 @@
+"""What each distribution strategy means for the supervisor, as data: the one place that
+says what a role does.
+
+    rules = RULES[Strategy.PARAMETER_SERVER]
+    rules.serve_first        # (Role.PS, Role.WORKER): up before the chief and evaluator start
+    rules.restart_unit[Role.WORKER]   # RestartUnit.ALONE
+
+The plan carries its strategy's rules (plan.json shows them); the supervisor reads only those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from worker_entry.markers import Role, Strategy
+
+# TF_CONFIG's `cluster` lists these; the evaluator is never part of it.
+CLUSTER_ROLES = (Role.CHIEF, Role.WORKER, Role.PS)
+# The order tasks are listed and started in: servers first.
+START_ORDER = (Role.PS, Role.WORKER, Role.CHIEF, Role.EVALUATOR)
+
+
+class RestartUnit(str, Enum):
+    ALONE = "alone"  # the lost task by itself
+    GROUP = "group"  # every training task (all but the sidecars)
+
+
+@dataclass(frozen=True)
+class StrategyRules:
+    roles: tuple[Role, ...]  # the roles a job may list
+    required: tuple[tuple[Role, str], ...]  # roles a job must list, and how many ("at least one")
+    serve_first: tuple[Role, ...]  # every task of these runs before any other role starts
+    servers: tuple[Role, ...]  # never exit on their own: any exit is a loss; stopped once done
+    restart_unit: dict[Role, RestartUnit]  # what goes down and comes back with a lost task
+    done_when: tuple[Role, ...]  # the job succeeded once every task of these roles has
+    # Restart alone on their own count, fail the job only if `evaluator_required`, and are
+    # waited for (timeouts.evaluator_seconds) once the job is done.
+    sidecars: tuple[Role, ...] = (Role.EVALUATOR,)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"roles": list(self.roles), "required": [list(r) for r in self.required],
+                "serve_first": list(self.serve_first), "servers": list(self.servers),
+                "restart_unit": dict(self.restart_unit), "done_when": list(self.done_when),
+                "sidecars": list(self.sidecars)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StrategyRules:
+        roles = {k: tuple(Role(r) for r in data[k])
+                 for k in ("roles", "serve_first", "servers", "done_when", "sidecars")}
+        return cls(**roles, required=tuple((Role(r), n) for r, n in data["required"]),
+                   restart_unit={Role(r): RestartUnit(u)
+                                 for r, u in data["restart_unit"].items()})
+
+
+RULES: dict[Strategy, StrategyRules] = {
+    # Collectives need every worker: losing one restarts them all; done when all are.
+    Strategy.MULTI_WORKER_MIRRORED: StrategyRules(
+        roles=(Role.CHIEF, Role.WORKER, Role.EVALUATOR),
+        required=(),
+        serve_first=(),
+        servers=(),
+        restart_unit={Role.CHIEF: RestartUnit.GROUP, Role.WORKER: RestartUnit.GROUP,
+                      Role.EVALUATOR: RestartUnit.ALONE},
+        done_when=(Role.CHIEF, Role.WORKER),
+    ),
+    # ps and workers are TF servers the chief drives; the chief's coordinator retries a lost
+    # worker's steps, so a worker restarts alone; a lost ps (the variables) restarts the job.
+    Strategy.PARAMETER_SERVER: StrategyRules(
+        roles=(Role.CHIEF, Role.WORKER, Role.PS, Role.EVALUATOR),
+        required=((Role.CHIEF, "exactly one"), (Role.WORKER, "at least one"),
+                  (Role.PS, "at least one")),
+        serve_first=(Role.PS, Role.WORKER),
+        servers=(Role.PS, Role.WORKER),
+        restart_unit={Role.CHIEF: RestartUnit.GROUP, Role.WORKER: RestartUnit.ALONE,
+                      Role.PS: RestartUnit.GROUP, Role.EVALUATOR: RestartUnit.ALONE},
+        done_when=(Role.CHIEF,),
+    ),
+}
