@@ -126,7 +126,7 @@ def _check_gpus_per_task(value: Any) -> Any:
 
 GpusPerTask = Annotated[int | dict[str, int], BeforeValidator(_check_gpus_per_task)]
 # An int gives GPUs to the roles that train; a ps holds variables, an evaluator only reads.
-GPU_ROLES = ("chief", "worker")
+GPU_ROLES = (Role.CHIEF, Role.WORKER)
 
 
 class Address(_Model):
