@@ -2,6 +2,7 @@
 
     tfo plan clusters/localhost.yaml          # the dry run: every task's TF_CONFIG and command
     tfo run clusters/localhost.yaml           # bring up, watch, restart, tear down
+    tfo run --workers 2 -- python train.py    # no file: flags make one (orchestrator/quick.py)
     tfo run runs/<id>/plan.json               # the same tasks again, in a new run directory
     tfo rerun last                            # the same (RUN: a run directory, id, id prefix)
     tfo status                                # the latest run's tasks, from its events.jsonl
@@ -17,8 +18,10 @@ import json
 import os
 import re
 import secrets
+import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -26,6 +29,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperCommand
 
 from orchestrator.console import ConsoleWriter, console_echo, point_at_devnull
 from orchestrator.entry import EntryError, check_entry
@@ -35,6 +39,7 @@ from orchestrator.launch.gpus import GpuReport, auto_gpus, auto_notes
 from orchestrator.launch.preflight import HostCheck
 from orchestrator.markers import is_marker
 from orchestrator.plan import Plan, make_plan
+from orchestrator.quick import QuickFlags, cluster_yaml, read_hosts_file, spec_from_command
 from orchestrator.rundir import LAST, RunDir, RunDirError, coordinator_gone
 from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, parse_spec
 from orchestrator.specfile import SpecFileError, read_data
@@ -59,6 +64,9 @@ err = _Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() e
 
 FileArg = Annotated[Path, typer.Argument(help="cluster file (YAML or JSON), or a run's plan.json",
                                           show_default=False)]
+SourceArg = Annotated[Path | None, typer.Argument(
+    help="cluster file (YAML or JSON), or a run's plan.json; or none, and a command after --",
+    show_default=False)]
 RunArg = Annotated[str | None, typer.Argument(
     help=f"a run directory, a run id, a prefix of one, or {LAST} [default: {LAST}]",
     show_default=False)]
@@ -127,9 +135,12 @@ def make_run_dir(p: Plan) -> None:
 RUN_ID_PATTERN = "YYYYmmdd-HHMMSS-xxxx"  # what a dry run shows for the id a run will get
 
 
-def load_source(file: Path) -> tuple[ClusterSpec, dict[str, int] | None]:
+def load_source(file: Path | dict) -> tuple[ClusterSpec, dict[str, int] | None]:
     """A cluster file; or a run's plan.json, to run the same tasks again: the spec it was
-    made from, and the ports it had (the same TF_CONFIGs, `auto` ports included)."""
+    made from, and the ports it had (the same TF_CONFIGs, `auto` ports included); or a
+    cluster file made from flags (a dict)."""
+    if isinstance(file, dict):
+        return parse_spec(file, "the cluster made from the command line"), None
     try:
         data = read_data(file)
     except SpecFileError as err:
@@ -144,7 +155,7 @@ def load_source(file: Path) -> tuple[ClusterSpec, dict[str, int] | None]:
     return old.spec, old.ports()
 
 
-def prepare(file: Path, run_dir: Path | None, dry_run: bool = False,
+def prepare(file: Path | dict, run_dir: Path | None, dry_run: bool = False,
             ask_hosts: bool = True) -> tuple[Plan, Backends]:
     """Load, validate, allocate (ports, and GPUs of `auto` hosts) and plan; raises SpecError
     with a message for the user. A dry run names no run id: each real run gets a new one, so
@@ -178,12 +189,93 @@ def _warn_gpu_notes(reports: dict[str, GpuReport]) -> None:
             err.print(f"[yellow]warning:[/] {name}: gpus auto: {report}", soft_wrap=True)
 
 
-@app.command()
-def plan(file: FileArg, as_json: Annotated[bool, typer.Option(
-        "--json", help="print a JSON list of tasks")] = False, run_dir: RunDirOpt = None) -> None:
-    """Print what `run` would start, without starting anything."""
+class _CommandAfterDashes(TyperCommand):
+    """`tfo run [FLAGS] -- python train.py --epochs 3`: everything after the first `--` is
+    the job's command, kept whole and away from tfo's own options."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta[_COMMAND] = args[cut + 1:]
+            args = args[:cut]
+        return super().parse_args(ctx, args)
+
+
+_COMMAND = "tfo.command"  # where _CommandAfterDashes leaves the command in ctx.meta
+_QUICK = "cluster without a file (with a command after --)"
+WorkersOpt = Annotated[int | None, typer.Option(
+    "--workers", help="worker tasks [default: 1]", rich_help_panel=_QUICK, show_default=False)]
+ChiefOpt = Annotated[bool, typer.Option(
+    "--chief", help="a chief task too (always one under parameter_server)",
+    rich_help_panel=_QUICK)]
+PsOpt = Annotated[int | None, typer.Option(
+    "--ps", help="ps tasks, for --strategy parameter_server [default: 1]",
+    rich_help_panel=_QUICK, show_default=False)]
+EvaluatorOpt = Annotated[bool, typer.Option(
+    "--evaluator", help="an evaluator task, beside the chief", rich_help_panel=_QUICK)]
+StrategyOpt = Annotated[str | None, typer.Option(
+    "--strategy", help="multi_worker_mirrored (mwms) or parameter_server (ps) "
+    "[default: multi_worker_mirrored]", rich_help_panel=_QUICK,
+    show_default=False)]
+HostsOpt = Annotated[str | None, typer.Option(
+    "--hosts", help="hosts to spread the tasks over, round-robin: localhost or names "
+    "from --hosts-file [default: every host of --hosts-file, else localhost]",
+    rich_help_panel=_QUICK, show_default=False)]
+HostsFileOpt = Annotated[Path | None, typer.Option(
+    "--hosts-file", help="a YAML file with a hosts: mapping, as in a cluster file",
+    rich_help_panel=_QUICK, show_default=False)]
+NameOpt = Annotated[str | None, typer.Option(
+    "--name", help="the job's name [default: the script's or module's]",
+    rich_help_panel=_QUICK, show_default=False)]
+RestartOpt = Annotated[str | None, typer.Option(
+    "--restart", help="restart policy: never, on-failure, always, exit-code [default: never]",
+    rich_help_panel=_QUICK, show_default=False)]
+MaxRestartsOpt = Annotated[int | None, typer.Option(
+    "--max-restarts", help="restarts over the whole job [default: 3]",
+    rich_help_panel=_QUICK, show_default=False)]
+_USAGE = ("give a cluster file (tfo run clusters/localhost.yaml) or a command after -- "
+          "(tfo run --workers 2 -- python train.py --epochs 3)")
+
+
+def _source(ctx: typer.Context, file: Path | None, flags: QuickFlags) -> Path | dict:
+    """What to run: FILE, or the cluster file the flags and the command after `--` make."""
+    command: list[str] | None = ctx.meta.get(_COMMAND)
+    if command is not None and file is not None:
+        raise _fail(f"both a file ({file}) and a command after -- ({shlex.join(command)}); "
+                    f"{_USAGE}")
+    if command is None and file is None:
+        raise _fail(f"nothing to run: {_USAGE}")
+    if file is not None:
+        if flags.given():
+            raise _fail(f"{', '.join(flags.given())}: these flags make a cluster for a command "
+                        f"after --; {file} says it all already (edit it instead)")
+        return file
     try:
-        p, backends = prepare(file, run_dir, dry_run=True, ask_hosts=False)
+        if flags.hosts_file is not None:
+            flags = replace(flags, hosts_data=read_hosts_file(Path(flags.hosts_file)))
+        return spec_from_command(command, flags)
+    except SpecError as e:
+        raise _fail(str(e)) from None
+
+
+def _made_by() -> str:
+    return shlex.join(["tfo", *sys.argv[1:]])
+
+
+@app.command(cls=_CommandAfterDashes)
+def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, typer.Option(
+        "--json", help="print a JSON list of tasks")] = False, run_dir: RunDirOpt = None,
+         workers: WorkersOpt = None, chief: ChiefOpt = False, ps: PsOpt = None,
+         evaluator: EvaluatorOpt = False, strategy: StrategyOpt = None, hosts: HostsOpt = None,
+         hosts_file: HostsFileOpt = None, name: NameOpt = None, restart: RestartOpt = None,
+         max_restarts: MaxRestartsOpt = None) -> None:
+    """Print what `run` would start, without starting anything: `tfo plan FILE`, or
+    `tfo plan --workers 2 -- python train.py` (then also the cluster file it makes)."""
+    source = _source(ctx, file, QuickFlags(
+        workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
+        max_restarts))
+    try:
+        p, backends = prepare(source, run_dir, dry_run=True, ask_hosts=False)
     except SpecError as e:
         raise _fail(str(e)) from None
     backends.close()
@@ -205,6 +297,10 @@ def plan(file: FileArg, as_json: Annotated[bool, typer.Option(
         out.print(f"run directory: {p.run_dir} (a new id for each run; --run-dir picks one)")
     else:
         out.print(f"run directory: {p.run_dir}")
+    if isinstance(source, dict):
+        out.print("cluster file (`tfo run` writes it into the run directory as cluster.yaml):",
+                  markup=False)
+        out.print(cluster_yaml(source, _made_by()), markup=False, end="", soft_wrap=True)
 
 
 def _preflight_table(rows: list[HostCheck]) -> Table:
@@ -250,12 +346,29 @@ VerboseOpt = Annotated[bool, typer.Option(
     "--verbose", "-v", help="also show TensorFlow's C++ INFO/WARNING lines")]
 
 
-@app.command()
-def run(file: FileArg, run_dir: RunDirOpt = None, verbose: VerboseOpt = False) -> None:
+@app.command(cls=_CommandAfterDashes)
+def run(ctx: typer.Context, file: SourceArg = None, run_dir: RunDirOpt = None,
+        verbose: VerboseOpt = False, workers: WorkersOpt = None, chief: ChiefOpt = False,
+        ps: PsOpt = None, evaluator: EvaluatorOpt = False, strategy: StrategyOpt = None,
+        hosts: HostsOpt = None, hosts_file: HostsFileOpt = None, name: NameOpt = None,
+        restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None) -> None:
     """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/143.
-    FILE may be a run's plan.json: the same tasks again, in a new run directory."""
+    FILE may be a run's plan.json: the same tasks again, in a new run directory. Without
+    FILE, the command after -- runs (`tfo run --workers 2 -- python train.py --epochs 3`), and
+    the cluster file made for it is written into the run directory as cluster.yaml."""
+    source = _source(ctx, file, QuickFlags(
+        workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
+        max_restarts))
+    _run(source, run_dir, verbose)
+
+
+def _str(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def _run(source: Path | dict, run_dir: Path | None, verbose: bool) -> None:
     try:
-        p, backends = prepare(file, run_dir)  # spec → allocate → plan
+        p, backends = prepare(source, run_dir)  # spec → allocate → plan
     except SpecError as e:
         raise _fail(str(e)) from None
     try:
@@ -263,6 +376,8 @@ def run(file: FileArg, run_dir: RunDirOpt = None, verbose: VerboseOpt = False) -
         if problems:
             raise _fail("cannot start, nothing was started:\n  " + "\n  ".join(problems))
         make_run_dir(p)
+        if isinstance(source, dict):
+            _write_cluster_file(p, source)
         for line in backends.sync(p):  # sync
             err.print(f"[bold]tfo[/]: {line}", soft_wrap=True)
         err.print(f"[bold]tfo[/]: run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
@@ -300,7 +415,20 @@ def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt
         rd = RunDir.find(run_ref)
     except RunDirError as e:
         raise _fail(str(e)) from None
-    run(Path(rd.plan_path), run_dir, verbose)
+    _run(Path(rd.plan_path), run_dir, verbose)
+
+
+def _write_cluster_file(p: Plan, spec: dict) -> None:
+    """The cluster file a command line made, so the run can be repeated and grown into a file."""
+    path = Path(RunDir(p.run_dir).cluster_path)
+    try:
+        path.write_text(cluster_yaml(spec, _made_by()))
+    except OSError as e:
+        raise SpecError(f"run directory {p.run_dir}: cannot write {path}: "
+                        f"{e.strerror or e}") from None
+    shown = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
+    err.print(f"[bold]tfo[/]: cluster file {shown}; to repeat: tfo run {shlex.quote(shown)}",
+              soft_wrap=True)
 
 
 def print_summary(result: RunResult) -> None:

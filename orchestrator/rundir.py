@@ -11,6 +11,7 @@ workdir, which may start with ~.
 
     runs/<run-id>/
         plan.json              what runs: enough to run it again (`tfo rerun`)
+        cluster.yaml           only for `tfo run -- COMMAND`: the cluster file the flags made
         events.jsonl           one JSON record a line: every step the supervisor took
         logs/<role>-<i>.log    each task's complete output, every attempt
         tmp/<role>-<i>/        each task's TMPDIR, removed when it ends
@@ -34,6 +35,7 @@ import psutil
 
 RUNS = "runs"  # under the directory tfo runs in, and under each lab host's workdir
 PLAN, EVENTS, LOGS, TMP, BACKUP = "plan.json", "events.jsonl", "logs", "tmp", "backup"
+CLUSTER = "cluster.yaml"
 CRASH_LOG = "supervisor-error.log"
 LAST = "last"
 
@@ -73,6 +75,10 @@ class RunDir:
     @property
     def plan_path(self) -> str:
         return self._join(PLAN)
+
+    @property
+    def cluster_path(self) -> str:
+        return self._join(CLUSTER)
 
     @property
     def events_path(self) -> str:
