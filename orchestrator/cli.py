@@ -237,9 +237,9 @@ _USAGE = ("give a cluster file (tfo run clusters/localhost.yaml) or a command af
           "(tfo run --workers 2 -- python train.py --epochs 3)")
 
 
-def _source(ctx: typer.Context, file: Path | None, flags: QuickFlags) -> Path | dict:
+def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags) -> Path | dict:
     """What to run: FILE, or the cluster file the flags and the command after `--` make."""
-    command: list[str] | None = ctx.meta.get(_COMMAND)
+    command: list[str] | None = ctx.meta.get(_COMMAND) if ctx is not None else None
     if command is not None and file is not None:
         raise _fail(f"both a file ({file}) and a command after -- ({shlex.join(command)}); "
                     f"{_USAGE}")
@@ -347,11 +347,12 @@ VerboseOpt = Annotated[bool, typer.Option(
 
 
 @app.command(cls=_CommandAfterDashes)
-def run(ctx: typer.Context, file: SourceArg = None, run_dir: RunDirOpt = None,
+def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         verbose: VerboseOpt = False, workers: WorkersOpt = None, chief: ChiefOpt = False,
         ps: PsOpt = None, evaluator: EvaluatorOpt = False, strategy: StrategyOpt = None,
         hosts: HostsOpt = None, hosts_file: HostsFileOpt = None, name: NameOpt = None,
-        restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None) -> None:
+        restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None,
+        ctx: typer.Context = None) -> None:  # type: ignore[assignment]  # last: run(FILE) works
     """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/143.
     FILE may be a run's plan.json: the same tasks again, in a new run directory. Without
     FILE, the command after -- runs (`tfo run --workers 2 -- python train.py --epochs 3`), and
