@@ -68,10 +68,10 @@ SourceArg = Annotated[Path | None, typer.Argument(
     help="cluster file (YAML or JSON), or a run's plan.json; or none, and a command after --",
     show_default=False)]
 RunArg = Annotated[str | None, typer.Argument(
-    help=f"a run directory, a run id, a prefix of one, or {LAST} [default: {LAST}]",
+    help=f"a run directory, a run id, a prefix of one, or {LAST} \\[default: {LAST}]",
     show_default=False)]
 RunDirOpt = Annotated[Path | None, typer.Option(
-    "--run-dir", help="where the run's plan, events and logs go [default: runs/<run-id>]")]
+    "--run-dir", help="where the run's plan, events and logs go \\[default: runs/<run-id>]")]
 
 
 def _fail(message: str) -> typer.Exit:
@@ -200,51 +200,55 @@ class _CommandAfterDashes(TyperCommand):
             args = args[:cut]
         return super().parse_args(ctx, args)
 
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "[-- COMMAND ARGS...]"]
+
 
 _COMMAND = "tfo.command"  # where _CommandAfterDashes leaves the command in ctx.meta
 _QUICK = "cluster without a file (with a command after --)"
 WorkersOpt = Annotated[int | None, typer.Option(
-    "--workers", help="worker tasks [default: 1]", rich_help_panel=_QUICK, show_default=False)]
+    "--workers", help="worker tasks \\[default: 1]", rich_help_panel=_QUICK, show_default=False)]
 ChiefOpt = Annotated[bool, typer.Option(
     "--chief", help="a chief task too (always one under parameter_server)",
     rich_help_panel=_QUICK)]
 PsOpt = Annotated[int | None, typer.Option(
-    "--ps", help="ps tasks, for --strategy parameter_server [default: 1]",
+    "--ps", help="ps tasks, for --strategy parameter_server \\[default: 1]",
     rich_help_panel=_QUICK, show_default=False)]
 EvaluatorOpt = Annotated[bool, typer.Option(
     "--evaluator", help="an evaluator task, beside the chief", rich_help_panel=_QUICK)]
 StrategyOpt = Annotated[str | None, typer.Option(
     "--strategy", help="multi_worker_mirrored (mwms) or parameter_server (ps) "
-    "[default: multi_worker_mirrored]", rich_help_panel=_QUICK,
+    "\\[default: multi_worker_mirrored]", rich_help_panel=_QUICK,
     show_default=False)]
 HostsOpt = Annotated[str | None, typer.Option(
     "--hosts", help="hosts to spread the tasks over, round-robin: localhost or names "
-    "from --hosts-file [default: every host of --hosts-file, else localhost]",
+    "from --hosts-file \\[default: every host of --hosts-file, else localhost]",
     rich_help_panel=_QUICK, show_default=False)]
 HostsFileOpt = Annotated[Path | None, typer.Option(
     "--hosts-file", help="a YAML file with a hosts: mapping, as in a cluster file",
     rich_help_panel=_QUICK, show_default=False)]
 NameOpt = Annotated[str | None, typer.Option(
-    "--name", help="the job's name [default: the script's or module's]",
+    "--name", help="the job's name \\[default: the script's or module's]",
     rich_help_panel=_QUICK, show_default=False)]
 RestartOpt = Annotated[str | None, typer.Option(
-    "--restart", help="restart policy: never, on-failure, always, exit-code [default: never]",
+    "--restart", help="restart policy: never, on-failure, always, exit-code \\[default: never]",
     rich_help_panel=_QUICK, show_default=False)]
 MaxRestartsOpt = Annotated[int | None, typer.Option(
-    "--max-restarts", help="restarts over the whole job [default: 3]",
+    "--max-restarts", help="restarts over the whole job \\[default: 3]",
     rich_help_panel=_QUICK, show_default=False)]
-_USAGE = ("give a cluster file (tfo run clusters/localhost.yaml) or a command after -- "
-          "(tfo run --workers 2 -- python train.py --epochs 3)")
+_USAGE = ("give a cluster file (tfo {0} clusters/localhost.yaml) or a command after -- "
+          "(tfo {0} --workers 2 -- python train.py --epochs 3)")
 
 
 def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags) -> Path | dict:
     """What to run: FILE, or the cluster file the flags and the command after `--` make."""
     command: list[str] | None = ctx.meta.get(_COMMAND) if ctx is not None else None
+    usage = _USAGE.format(ctx.info_name if ctx is not None else "run")
     if command is not None and file is not None:
         raise _fail(f"both a file ({file}) and a command after -- ({shlex.join(command)}); "
-                    f"{_USAGE}")
+                    f"{usage}")
     if command is None and file is None:
-        raise _fail(f"nothing to run: {_USAGE}")
+        raise _fail(f"nothing to run: {usage}")
     if file is not None:
         if flags.given():
             raise _fail(f"{', '.join(flags.given())}: these flags make a cluster for a command "

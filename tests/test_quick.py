@@ -253,7 +253,7 @@ def test_plan_needs_a_file_or_a_command() -> None:
     res = run_tfo("plan", timeout=30)
     assert res.returncode == 2, res.output
     assert "nothing to run" in res.stderr
-    assert "tfo run --workers 2 -- python train.py" in res.stderr
+    assert "tfo plan --workers 2 -- python train.py" in res.stderr
     res = run_tfo("run", "clusters/localhost.yaml", "--", "python", SCRIPT, timeout=30)
     assert res.returncode == 2, res.output
     assert "both a file (clusters/localhost.yaml) and a command after --" in res.stderr
