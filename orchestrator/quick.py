@@ -153,6 +153,11 @@ def _hosts(flags: QuickFlags) -> tuple[list[str], dict[str, Any]]:
                      if flags.hosts_file else "and no --hosts-file says how to reach it")
             raise FlagError(f"--hosts: {n!r} is neither localhost nor a known host: {where}")
     names = list(dict.fromkeys(names))
+    if LOCALHOST in names and len(names) > 1:
+        # TF_CONFIG names each task by its host's address: "localhost" would point a lab
+        # machine at itself.
+        raise FlagError(f"--hosts {','.join(names)}: localhost cannot be mixed with lab hosts; "
+                        "list this machine in the hosts file with an address they can reach")
     return names, {n: known[n] for n in names if n != LOCALHOST}
 
 

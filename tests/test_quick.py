@@ -175,6 +175,8 @@ BAD_FLAGS = [
     ("host not in the file", lab(hosts="lab1,lab9"),
      ["--hosts", "'lab9'", "lab.yaml", "lab1, lab2, lab3"]),
     ("host and no file", QuickFlags(hosts="lab1"), ["--hosts", "'lab1'", "no --hosts-file"]),
+    ("localhost with lab hosts", lab(hosts="localhost,lab1"),
+     ["--hosts localhost,lab1", "cannot be mixed", "an address they can reach"]),
     ("empty host name", QuickFlags(hosts="localhost,,x"), ["--hosts localhost,,x", "lab1,lab2"]),
     ("hosts file without hosts", QuickFlags(hosts_file="h.yaml", hosts_data={"name": "x"}),
      ["--hosts-file h.yaml", "hosts:"]),
