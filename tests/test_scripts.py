@@ -1,0 +1,117 @@
+"""A user's own training script, written as TensorFlow's tutorials write them
+(tests/scripts/), run by tfo unmodified: `job.script` with real TensorFlow processes."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, events, run_tfo, wait_until, write_spec
+from tests.test_faults import Tfo, first, kill_task
+
+pytestmark = [pytest.mark.tf]
+
+SCRIPTS = REPO / "tests" / "scripts"
+
+SPEC = """\
+name: scripts
+strategy: {strategy}
+job:
+  script: tests/scripts/{script}
+  args: {args}
+tasks:
+{tasks}
+restart: {{policy: {policy}, max_restarts: 2, backoff_seconds: 0.5}}
+timeouts: {{startup_seconds: 120, grace_seconds: 5}}
+"""
+
+TWO_WORKERS = "  worker: [localhost:auto, localhost:auto]"
+
+
+def spec(tmp_path: Path, script: str, args: list[str], tasks: str = TWO_WORKERS,
+         strategy: str = "multi_worker_mirrored", policy: str = "never") -> Path:
+    return write_spec(tmp_path / "cluster.yaml", SPEC.format(
+        strategy=strategy, script=script, args=json.dumps(args), tasks=tasks, policy=policy))
+
+
+def autograph_files() -> set[str]:
+    return set(glob.glob("/tmp/__autograph_generated_file*"))
+
+
+def attempts(log: str) -> list[str]:
+    """A task's log, cut where each attempt's task starts (its `up` marker)."""
+    return re.split(r'^@tfo \{"event": "up".*$', log, flags=re.M)[1:]
+
+
+def saved_models(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.rglob("saved_model.pb"))
+
+
+def reload_accuracy(path: Path) -> float:
+    """The saved Keras model scored on the digits, in a fresh process as a user would."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, tensorflow as tf\n"
+        "from sklearn.datasets import load_digits\n"
+        "x, y = load_digits(return_X_y=True)\n"
+        f"m = tf.keras.models.load_model({str(path)!r})\n"
+        "p = m.predict((x / 16.0).astype(np.float32), verbose=0).argmax(-1)\n"
+        "print('ACC', float((p == y).mean()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return float(out.stdout.split("ACC")[-1])
+
+
+@pytest.mark.timeout(180)
+def test_keras_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
+    before = autograph_files()
+    model = run_dir / "model" / "keras-model"
+    cluster = spec(tmp_path, "mwms_keras.py", ["--epochs", "3", "--model_path", str(model),
+                                               "--backup_dir", str(tmp_path / "backup")])
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    # Ready without any marker from the script: its gRPC port listened.
+    assert first(ev, "task_ready", "worker:1", by="port")
+    # Only the chief's model is left under the model directory, and it reloads and scores.
+    assert saved_models(run_dir / "model") == [model]
+    assert reload_accuracy(model) > 0.8
+    assert not list((run_dir / "model").glob("workertemp_*"))
+    assert autograph_files() <= before
+
+
+def first_epoch(log: str) -> int | None:
+    """The epoch Keras starts at (its `Epoch N/M` line, 1-based)."""
+    found = re.search(r"^Epoch (\d+)/\d+", log, flags=re.M)
+    return int(found.group(1)) if found else None
+
+
+@pytest.mark.timeout(240)
+def test_killed_worker_resumes_from_the_scripts_own_backup(tmp_path: Path, run_dir: Path):
+    model = run_dir / "model" / "keras-model"
+    cluster = spec(tmp_path, "mwms_keras.py", [
+        "--epochs", "6", "--steps_per_epoch", "150", "--model_path", str(model),
+        "--backup_dir", str(tmp_path / "backup")], policy="on-failure")
+    tfo = Tfo(cluster, run_dir)
+    try:
+        log = run_dir / "logs" / "worker-0.log"
+        # Two epochs backed up, then the worker is SIGKILLed mid-run.
+        assert wait_until(lambda: log.exists() and "Epoch 3/6" in log.read_text(), 120)
+        kill_task(tfo, "worker:1")
+        rc, err = tfo.finish(timeout=180)
+    finally:
+        tfo.close()
+    assert rc == 0, err[-4000:]
+    assert first(events(run_dir), "task_started", "worker:1", attempt=1)
+    runs = attempts(log.read_text())
+    assert len(runs) == 2 and first_epoch(runs[0]) == 1
+    assert first_epoch(runs[1]) >= 3, runs[1][-3000:]  # BackupAndRestore resumed it
+    assert saved_models(run_dir / "model") == [model]
