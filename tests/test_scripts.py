@@ -115,3 +115,38 @@ def test_killed_worker_resumes_from_the_scripts_own_backup(tmp_path: Path, run_d
     assert len(runs) == 2 and first_epoch(runs[0]) == 1
     assert first_epoch(runs[1]) >= 3, runs[1][-3000:]  # BackupAndRestore resumed it
     assert saved_models(run_dir / "model") == [model]
+
+
+@pytest.mark.timeout(180)
+def test_custom_training_loop_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
+    model = run_dir / "model" / "ctl-model"
+    ckpt = tmp_path / "ckpt"
+    cluster = spec(tmp_path, "mwms_ctl.py", ["--epochs", "3", "--model_path", str(model),
+                                             "--checkpoint_dir", str(ckpt / "ckpt")])
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 0, res.output[-4000:]
+    assert "Epoch: 2, accuracy:" in (run_dir / "logs" / "worker-0.log").read_text()
+    assert saved_models(run_dir / "model") == [model]
+    assert reload_accuracy(model) > 0.8
+    # Only the chief's checkpoints are left (the tutorial's rmtree leaves the other workers'
+    # temporary directories empty).
+    assert list((ckpt / "ckpt").glob("ckpt-3.index"))
+    assert not [p for p in ckpt.glob("workertemp_*/**/*") if p.is_file()]
+
+
+@pytest.mark.timeout(180)
+def test_parameter_server_tutorial_coordinator_runs_unmodified(tmp_path: Path, run_dir: Path):
+    model = run_dir / "model" / "ps-model"
+    tasks = "  chief: [localhost:auto]\n  worker: [localhost:auto, localhost:auto]\n" \
+            "  ps: [localhost:auto]"
+    cluster = spec(tmp_path, "ps_coordinator.py", ["--epochs", "3", "--model_path", str(model)],
+                   tasks=tasks, strategy="parameter_server")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    # The servers are ours, the script is the coordinator's: ready once its port listened.
+    assert first(ev, "task_ready", "ps:0", what="serving")
+    assert first(ev, "task_ready", "chief:0", by="port")
+    assert "Finished epoch 2, accuracy is" in (run_dir / "logs" / "chief-0.log").read_text()
+    assert saved_models(run_dir / "model") == [model]
+    assert reload_accuracy(model) > 0.8
