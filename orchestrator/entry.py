@@ -77,7 +77,10 @@ def _find_module(module_name: str, workdir: Path) -> ModuleSpec | None:
         locations = spec.submodule_search_locations
         if locations is None:
             return None
-        found = PathFinder.find_spec(name, list(locations))  # searches the parent's dirs only
+        try:
+            found = PathFinder.find_spec(name, list(locations))  # the parent's dirs only
+        except KeyError:  # a namespace package wants its parent imported: only the task knows
+            return None
         if found is None:
             subs = sorted(m.name for m in pkgutil.iter_modules(list(locations)))
             there = f" (modules there: {_few(subs)})" if subs else ""
