@@ -14,8 +14,6 @@ import pytest
 from tests.conftest import REPO, events, run_tfo, wait_until, write_spec
 from tests.test_faults import Tfo, first, kill_task
 
-pytestmark = [pytest.mark.tf]
-
 SCRIPTS = REPO / "tests" / "scripts"
 
 SPEC = """\
@@ -34,9 +32,10 @@ TWO_WORKERS = "  worker: [localhost:auto, localhost:auto]"
 
 
 def spec(tmp_path: Path, script: str, args: list[str], tasks: str = TWO_WORKERS,
-         strategy: str = "multi_worker_mirrored", policy: str = "never") -> Path:
+         strategy: str = "multi_worker_mirrored", policy: str = "never", extra: str = "") -> Path:
     return write_spec(tmp_path / "cluster.yaml", SPEC.format(
-        strategy=strategy, script=script, args=json.dumps(args), tasks=tasks, policy=policy))
+        strategy=strategy, script=script, args=json.dumps(args), tasks=tasks,
+        policy=policy) + extra)
 
 
 def autograph_files() -> set[str]:
@@ -70,6 +69,7 @@ def reload_accuracy(path: Path) -> float:
     return float(out.stdout.split("ACC")[-1])
 
 
+@pytest.mark.tf
 @pytest.mark.timeout(180)
 def test_keras_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
     before = autograph_files()
@@ -94,6 +94,7 @@ def first_epoch(log: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+@pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_killed_worker_resumes_from_the_scripts_own_backup(tmp_path: Path, run_dir: Path):
     model = run_dir / "model" / "keras-model"
@@ -117,6 +118,7 @@ def test_killed_worker_resumes_from_the_scripts_own_backup(tmp_path: Path, run_d
     assert saved_models(run_dir / "model") == [model]
 
 
+@pytest.mark.tf
 @pytest.mark.timeout(180)
 def test_custom_training_loop_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
     model = run_dir / "model" / "ctl-model"
@@ -134,6 +136,7 @@ def test_custom_training_loop_tutorial_script_runs_unmodified(tmp_path: Path, ru
     assert not [p for p in ckpt.glob("workertemp_*/**/*") if p.is_file()]
 
 
+@pytest.mark.tf
 @pytest.mark.timeout(180)
 def test_parameter_server_tutorial_coordinator_runs_unmodified(tmp_path: Path, run_dir: Path):
     model = run_dir / "model" / "ps-model"
@@ -150,3 +153,74 @@ def test_parameter_server_tutorial_coordinator_runs_unmodified(tmp_path: Path, r
     assert "Finished epoch 2, accuracy is" in (run_dir / "logs" / "chief-0.log").read_text()
     assert saved_models(run_dir / "model") == [model]
     assert reload_accuracy(model) > 0.8
+
+
+def shown(run_dir: Path, task: str) -> dict:
+    log = (run_dir / "logs" / f"{task.replace(':', '-')}.log").read_text()
+    return json.loads(log.split("SHOW ", 1)[1].splitlines()[0])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["script", "module"])
+def test_a_script_sees_argv_path_and_the_promised_environment(kind, tmp_path, run_dir):
+    cluster = spec(tmp_path, "show_env.py", ["--epochs", "3", "a b"],
+                   tasks="  chief: [localhost:auto]\n  worker: [localhost:auto]")
+    if kind == "module":
+        cluster.write_text(cluster.read_text().replace("script: tests/scripts/show_env.py",
+                                                       "module: tests.scripts.show_env"))
+    # The user's own TF_USE_LEGACY_KERAS wins over tfo's default.
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "0"}
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50, env=env)
+    assert res.returncode == 0, res.output[-4000:]
+    chief, worker = shown(run_dir, "chief:0"), shown(run_dir, "worker:0")
+    script = SCRIPTS / "show_env.py"
+    assert chief["name"] == "__main__"
+    assert chief["argv"] == [str(script), "--epochs", "3", "a b"]
+    if kind == "script":
+        assert chief["path0"] == str(SCRIPTS)  # as `python tests/scripts/show_env.py`
+    e = chief["env"]
+    assert json.loads(e["TF_CONFIG"])["task"] == {"type": "chief", "index": 0}
+    assert (e["TFO_TASK"], e["TFO_IS_CHIEF"], worker["env"]["TFO_IS_CHIEF"]) == \
+        ("chief:0", "1", "0")
+    assert e["TFO_MODEL_DIR"] == str(run_dir / "model") and e["TFO_RUN_DIR"] == str(run_dir)
+    assert e["TFO_BACKUP_DIR"].startswith(str(run_dir)) and e["TFO_ATTEMPT"] == "0"
+    assert e["TMPDIR"].startswith(str(run_dir)) and not Path(e["TMPDIR"]).exists()
+    assert e["TF_USE_LEGACY_KERAS"] == "0"
+
+
+@pytest.mark.timeout(60)
+def test_tf_use_legacy_keras_defaults_to_1_and_the_spec_wins(tmp_path, run_dir):
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    cluster = spec(tmp_path, "show_env.py", [], tasks="  worker: [localhost:auto]")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50, env=env)
+    assert res.returncode == 0, res.output[-4000:]
+    assert shown(run_dir, "worker:0")["env"]["TF_USE_LEGACY_KERAS"] == "1"
+    cluster = spec(tmp_path, "show_env.py", [], tasks="  worker: [localhost:auto]",
+                   extra="env: {TF_USE_LEGACY_KERAS: '0'}\n")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir / "2"), timeout=50, env=env)
+    assert res.returncode == 0, res.output[-4000:]
+    assert shown(run_dir / "2", "worker:0")["env"]["TF_USE_LEGACY_KERAS"] == "0"
+
+
+@pytest.mark.timeout(60)
+def test_a_script_that_raises_fails_its_task_with_the_traceback_shown(tmp_path, run_dir):
+    cluster = spec(tmp_path, "show_env.py", ["--fail"], tasks="  worker: [localhost:auto]")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
+    assert res.returncode == 1, res.output[-4000:]
+    assert first(events(run_dir), "task_exited", "worker:0", returncode=1)
+    # The summary shows the log's last lines: the traceback's end, the script's line in it.
+    assert "ValueError: the learning rate is negative" in res.stderr, res.stderr
+    assert "show_env.py" in res.stderr
+
+
+@pytest.mark.parametrize("job", [{"script": "no/such/train.py"}, {"module": "no_such_pkg.x"},
+                                 {"module": "worker_entry.no_such_module"}])
+def test_a_script_missing_at_run_time_is_permanent(job, tmp_path, monkeypatch):
+    from worker_entry import markers
+    from worker_entry.runner import run_script
+
+    monkeypatch.setattr("sys.argv", ["x"])
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    with pytest.raises(SystemExit) as exit_:
+        run_script({**job, "args": []})
+    assert exit_.value.code == markers.EXIT_PERMANENT
