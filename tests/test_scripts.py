@@ -224,3 +224,25 @@ def test_a_script_missing_at_run_time_is_permanent(job, tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         run_script({**job, "args": []})
     assert exit_.value.code == markers.EXIT_PERMANENT
+
+
+@pytest.mark.timeout(60)
+def test_a_script_whose_port_never_listens_hits_the_startup_timeout(tmp_path, run_dir):
+    cluster = spec(tmp_path, "show_env.py", ["--sleep", "60"], tasks="  worker: [localhost:auto]")
+    cluster.write_text(cluster.read_text().replace("startup_seconds: 120", "startup_seconds: 3"))
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
+    assert res.returncode == 1, res.output[-4000:]
+    assert "startup timeout (3 s)" in res.output
+    assert not first(events(run_dir), "task_ready", "worker:0")
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(120)
+def test_a_script_that_opts_in_reports_its_epochs(tmp_path, run_dir):
+    cluster = spec(tmp_path, "with_progress.py", [], tasks="  worker: [localhost:auto]")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=100)
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    assert [e["epoch"] for e in ev if e["event"] == "task_epoch"] == [0, 1]
+    assert first(ev, "task_first_step", "worker:0")
+    assert len([e for e in ev if e["event"] == "task_ready"]) == 1  # by its port, once
