@@ -246,3 +246,25 @@ def test_a_script_that_opts_in_reports_its_epochs(tmp_path, run_dir):
     assert [e["epoch"] for e in ev if e["event"] == "task_epoch"] == [0, 1]
     assert first(ev, "task_first_step", "worker:0")
     assert len([e for e in ev if e["event"] == "task_ready"]) == 1  # by its port, once
+
+
+@pytest.mark.parametrize(("job", "local", "remote", "synced"), [
+    ({"script": "tests/scripts/mwms_keras.py"}, "tests/scripts/mwms_keras.py", "mwms_keras.py",
+     "tests/scripts"),
+    ({"script": "tests/scripts/mwms_keras.py", "code": "tests"}, "tests/scripts/mwms_keras.py",
+     "scripts/mwms_keras.py", "tests"),
+    ({"module": "tests.jobs.faulty"}, None, None, "tests"),
+])
+def test_a_lab_host_gets_the_code_directory_and_a_path_in_it(job, local, remote, synced):
+    from orchestrator.launch.ssh import job_packages
+    from orchestrator.plan import make_plan
+    from orchestrator.spec import parse_spec
+
+    spec = parse_spec({"name": "t", "job": job, "hosts": {"lab": {"address": "10.0.0.2"}},
+                       "tasks": {"worker": ["lab:1"], "evaluator": ["localhost:2"]}})
+    plan = make_plan(spec, run_id="r", run_dir="/runs/r", workdir=str(REPO), ports={})
+    on_lab, here = (json.loads(t.env["TFO_JOB"]) for t in plan.tasks)
+    assert (here.get("script"), on_lab.get("script")) == (local, remote)
+    code = REPO / synced
+    base = code if "script" in job else REPO  # a script's code dir's contents: the workdir
+    assert job_packages(plan)[1] == (code, base)
