@@ -268,3 +268,15 @@ def test_a_lab_host_gets_the_code_directory_and_a_path_in_it(job, local, remote,
     code = REPO / synced
     base = code if "script" in job else REPO  # a script's code dir's contents: the workdir
     assert job_packages(plan)[1] == (code, base)
+
+
+def test_a_script_job_survives_plan_json():
+    """`tfo rerun` plans a script job again from plan.json."""
+    from orchestrator.plan import Plan, make_plan
+    from orchestrator.spec import parse_spec
+
+    spec = parse_spec({"name": "t", "job": {"script": "train.py", "args": ["--epochs", "3"]},
+                       "tasks": {"worker": ["localhost:5"]}})
+    plan = make_plan(spec, run_id="r", run_dir="/r", workdir="/w")
+    again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert again.spec == spec and again.job == "script train.py"

@@ -1,4 +1,5 @@
-"""Picks the role's work: MWMS training, PS coordinator, TF server, or evaluator.
+"""Picks the role's work: MWMS training, PS coordinator, TF server, evaluator, or the
+user's own script or module (job.script, job.module).
 
     TF_CONFIG=... TFO_TASK=worker:1 TFO_JOB='{"entry": "pkg.mod:train", ...}' \\
         python -m worker_entry
