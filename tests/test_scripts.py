@@ -47,6 +47,12 @@ def attempts(log: str) -> list[str]:
     return re.split(r'^@tfo \{"event": "up".*$', log, flags=re.M)[1:]
 
 
+def no_temp_left(run_dir: Path) -> bool:
+    """Every task's TMPDIR (autograph files and all) went with it."""
+    tmp = run_dir / "tmp"
+    return not tmp.exists() or not any(tmp.iterdir())
+
+
 def saved_models(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("saved_model.pb"))
 
@@ -85,7 +91,7 @@ def test_keras_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
     assert saved_models(run_dir / "model") == [model]
     assert reload_accuracy(model) > 0.8
     assert not list((run_dir / "model").glob("workertemp_*"))
-    assert autograph_files() <= before
+    assert autograph_files() <= before and no_temp_left(run_dir)
 
 
 def first_epoch(log: str) -> int | None:
@@ -128,7 +134,7 @@ def test_custom_training_loop_tutorial_script_runs_unmodified(tmp_path: Path, ru
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
     assert res.returncode == 0, res.output[-4000:]
     assert "Epoch: 2, accuracy:" in (run_dir / "logs" / "worker-0.log").read_text()
-    assert saved_models(run_dir / "model") == [model]
+    assert saved_models(run_dir / "model") == [model] and no_temp_left(run_dir)
     assert reload_accuracy(model) > 0.8
     # Only the chief's checkpoints are left (the tutorial's rmtree leaves the other workers'
     # temporary directories empty).
@@ -151,7 +157,7 @@ def test_parameter_server_tutorial_coordinator_runs_unmodified(tmp_path: Path, r
     assert first(ev, "task_ready", "ps:0", what="serving")
     assert first(ev, "task_ready", "chief:0", by="port")
     assert "Finished epoch 2, accuracy is" in (run_dir / "logs" / "chief-0.log").read_text()
-    assert saved_models(run_dir / "model") == [model]
+    assert saved_models(run_dir / "model") == [model] and no_temp_left(run_dir)
     assert reload_accuracy(model) > 0.8
 
 
