@@ -32,7 +32,7 @@ from rich.text import Text
 from typer.core import TyperCommand
 
 from orchestrator.console import ConsoleWriter, console_echo, point_at_devnull
-from orchestrator.entry import EntryError, check_entry
+from orchestrator.entry import EntryError, check_entry, check_module, check_script
 from orchestrator.launch import BackendError, describe_exit
 from orchestrator.launch.backends import Backends
 from orchestrator.launch.gpus import GpuReport, auto_gpus, auto_notes
@@ -85,17 +85,25 @@ MAX_LOCAL_TASKS = 256
 
 
 def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
-    """The entry's module and function must exist where tasks will look for them. Only
-    located and parsed, never imported: user code could import TensorFlow, or do anything."""
-    local = any(a.host == LOCALHOST for _, _, a in spec.tasks.all())
-    shipped = spec.job.package == "worker_entry" or (workdir / spec.job.package).exists() \
-        or (workdir / f"{spec.job.package}.py").exists()
-    if not (local or shipped):
-        return  # lab hosts' own packages; `job_packages` says if the code cannot be shipped
+    """The entry's module and function, the module or the script must exist where tasks will
+    look for them. Only located and parsed, never imported: user code could import
+    TensorFlow, or do anything."""
+    job = spec.job
     try:
-        check_entry(spec.job.entry, workdir)
+        if job.script is not None:  # run here, or synced from here: it must be here
+            check_script(job.script, workdir)
+            return
+        local = any(a.host == LOCALHOST for _, _, a in spec.tasks.all())
+        shipped = job.package == "worker_entry" or (workdir / job.package).exists() \
+            or (workdir / f"{job.package}.py").exists()
+        if not (local or shipped):
+            return  # lab hosts' own packages; `job_packages` says if the code cannot be shipped
+        if job.module is not None:
+            check_module(job.module, workdir)
+        else:
+            check_entry(job.target, workdir)
     except EntryError as e:
-        raise SpecError(f"job.entry: {e} ({spec.job.entry})") from None
+        raise SpecError(f"job.{job.kind}: {e} ({job.target})") from None
 
 
 def check_local_tasks(spec: ClusterSpec) -> None:

@@ -37,6 +37,25 @@ def check_entry(entry: str, workdir: Path) -> None:
         raise EntryError(f"module {module_name!r} has no function {func_name!r}{there}")
 
 
+def check_module(module_name: str, workdir: Path) -> None:
+    """`python -m module_name` would find something to run (a module, or a package with a
+    __main__), located without importing it."""
+    spec = _find_module(module_name, workdir)
+    locations = spec.submodule_search_locations if spec is not None else None
+    if locations is not None and PathFinder.find_spec(f"{module_name}.__main__",
+                                                      list(locations)) is None:
+        raise EntryError(f"{module_name!r} is a package with no __main__ module; name the "
+                             "module that runs (pkg.train)")
+
+
+def check_script(script: str, workdir: Path) -> None:
+    """The script is a file (a relative path is under `workdir`, where tasks run)."""
+    path = workdir / script
+    if not path.is_file():
+        what = "is not a file" if path.exists() else "does not exist"
+        raise EntryError(f"{path} {what}")
+
+
 def _find_module(module_name: str, workdir: Path) -> ModuleSpec | None:
     """The spec of the entry's module; None when only importing could tell (a submodule of
     a plain module, e.g. `os.path`, exists only once the parent runs)."""
@@ -58,7 +77,10 @@ def _find_module(module_name: str, workdir: Path) -> ModuleSpec | None:
         locations = spec.submodule_search_locations
         if locations is None:
             return None
-        found = PathFinder.find_spec(name, list(locations))  # searches the parent's dirs only
+        try:
+            found = PathFinder.find_spec(name, list(locations))  # the parent's dirs only
+        except KeyError:  # a namespace package wants its parent imported: only the task knows
+            return None
         if found is None:
             subs = sorted(m.name for m in pkgutil.iter_modules(list(locations)))
             there = f" (modules there: {_few(subs)})" if subs else ""

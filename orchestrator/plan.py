@@ -23,7 +23,7 @@ from orchestrator.policy import Policy
 from orchestrator.rundir import RunDir
 from orchestrator.spec import LOCALHOST, MAX_ARG_STRLEN, ClusterSpec, SpecError
 from orchestrator.strategy import CLUSTER_ROLES, RULES, StrategyRules
-from worker_entry.markers import Role, Strategy
+from worker_entry.markers import Role, Strategy, is_chief
 
 LOCAL = "local"  # the placement kind (backend) of tasks on the coordinator's machine
 
@@ -129,14 +129,29 @@ def task_name(role: str, index: int) -> str:
     return f"{role}:{index}"
 
 
-def _entry_job(spec: ClusterSpec, python: str) -> tuple[list[str], dict[str, Any]]:
+def _entry_job(spec: ClusterSpec, python: str, remote: bool) -> tuple[list[str], dict[str, Any]]:
     """`job.entry: module:function`: worker_entry calls the function with a TaskContext."""
     return [python, "-m", "worker_entry"], {"entry": spec.job.entry}
 
 
-# How each kind of job is run: its command, and what its tasks read from TFO_JOB.
-JOB_KINDS: dict[str, Callable[[ClusterSpec, str], tuple[list[str], dict[str, Any]]]] = {
+def _script_job(spec: ClusterSpec, python: str, remote: bool) -> tuple[list[str], dict[str, Any]]:
+    """`job.script: train.py`: worker_entry runs it as __main__, sys.argv [script, *args]. On
+    a lab host its code directory's contents are in the workdir (launch/ssh.py)."""
+    script = spec.job.script_on_host() if remote else spec.job.script
+    return [python, "-m", "worker_entry"], {"script": script}
+
+
+def _module_job(spec: ClusterSpec, python: str, remote: bool) -> tuple[list[str], dict[str, Any]]:
+    """`job.module: pkg.train`: worker_entry runs it as `python -m pkg.train` would."""
+    return [python, "-m", "worker_entry"], {"module": spec.job.module}
+
+
+# How each kind of job (spec.JOB_KINDS) is run: its command, and what its tasks read from
+# TFO_JOB; `remote` is true for a task on a lab host.
+JOB_KINDS: dict[str, Callable[[ClusterSpec, str, bool], tuple[list[str], dict[str, Any]]]] = {
     "entry": _entry_job,
+    "script": _script_job,
+    "module": _module_job,
 }
 
 
@@ -187,7 +202,7 @@ def make_plan(
     # Serialized once and shared: every task's TF_CONFIG holds the whole cluster.
     cluster_json = json.dumps(cluster)
     args_json = json.dumps(spec.job.args, sort_keys=True)
-    kind = "entry"
+    kind = spec.job.kind
     local_run = RunDir(run_dir)
     devices = task_gpus(spec, gpus or {})  # in spec.tasks.all() order, as `resolved`
 
@@ -205,20 +220,26 @@ def make_plan(
         task = {"type": role.value, "index": index}
         task_json = json.dumps(task, sort_keys=True)
         tmp_dir = task_run.tmp_dir(role, index)
-        command, job_fields = JOB_KINDS[kind](spec, exe)
+        command, job_fields = JOB_KINDS[kind](spec, exe, where.host != LOCALHOST)
+        backup_dir = task_run.backup_dir(role, index)
         job = {**job_fields, "model_dir": model_dir, "strategy": spec.strategy.value,
                "run_id": run_id, "run_dir": task_run.path, "tmp_dir": tmp_dir,
-               "backup_dir": task_run.backup_dir(role, index), "serve": role in rules.servers,
+               "backup_dir": backup_dir, "serve": role in rules.servers,
                "collective": spec.job.collective.value}
         env = {
+            # What a task's own code can rely on (the README's table); TFO_ATTEMPT comes from
+            # the backend. TF_USE_LEGACY_KERAS=1 is the task's default unless the spec or the
+            # environment tfo (or a lab host) runs in sets it (worker_entry/__main__.py).
+            "TFO_IS_CHIEF": "1" if is_chief(role, index, cluster) else "0",
+            "TFO_MODEL_DIR": model_dir,
+            "TFO_BACKUP_DIR": backup_dir,
+            "TFO_RUN_DIR": task_run.path,
             **spec.env,
             **(spec.hosts[where.host].env if where.host in spec.hosts else {}),
             # What json.dumps(..., sort_keys=True) gives, without re-serializing the cluster.
             "TF_CONFIG": f'{{"cluster": {cluster_json}, "task": {task_json}}}',
             "TFO_TASK": name,
             "TFO_JOB": f'{{"args": {args_json}, {json.dumps(job, sort_keys=True)[1:]}',
-            # Keras 3 in TF 2.21 breaks multi-worker fit and has no PS support.
-            "TF_USE_LEGACY_KERAS": "1",
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": task_workdir,
             # TensorFlow's autograph files and the like: gone with the task (lifeline.py).
@@ -236,7 +257,7 @@ def make_plan(
             gpus=task_devices,
         ))
     return Plan(name=spec.name, strategy=spec.strategy, run_id=run_id, run_dir=run_dir,
-                job=f"{kind} {spec.job.entry}", policy=make_policy(spec), rules=rules,
+                job=f"{kind} {spec.job.target}", policy=make_policy(spec), rules=rules,
                 workdir=workdir, spec=spec, tasks=tasks)
 
 

@@ -11,6 +11,7 @@ the CLI prints it and exits 2 before anything starts.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import string
 from collections.abc import Iterator
@@ -167,21 +168,98 @@ def parse_address(value: Any) -> Any:
 TaskAddress = Annotated[Address, BeforeValidator(parse_address)]
 
 
-class JobSpec(_Model):
-    """What every training task runs: `entry` is `module:function`, called with a TaskContext."""
+JOB_KINDS = ("entry", "script", "module")  # exactly one of these keys names what tasks run
+_MODULE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
-    entry: str
-    args: dict[str, Any] = Field(default_factory=dict)
+
+class JobSpec(_Model):
+    """What every training task runs: `entry` is `module:function`, called with a TaskContext;
+    `script` (a .py file) or `module` (as `python -m`) runs as `__main__` with `sys.argv`
+    [script, *args], as the user would run it by hand."""
+
+    entry: str | None = None
+    script: str | None = None
+    module: str | None = None
+    # An entry's kwargs (a mapping); a script's or module's command-line arguments (a list).
+    args: dict[str, Any] | list[str] = Field(default_factory=dict)
+    # The directory synced to lab hosts: by default the script's directory, or the entry's or
+    # module's top-level package.
+    code: str | None = None
     # {run_id} and {run_dir} are filled in by the plan; relative paths are under the workdir.
     model_dir: str = "{run_dir}/model"
     # GPUs per task: an int for every chief and worker, or per role; see devices.py.
     gpus_per_task: GpusPerTask = 0
     collective: Collective = Collective.AUTO
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_kind(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        given = [k for k in JOB_KINDS if data.get(k) is not None]
+        if len(given) != 1:
+            got = f"got {' and '.join(given)}" if given else "got none"
+            raise _field_error("job", f"give exactly one of entry (module:function), script "
+                               f"(path/to/train.py) or module (pkg.train); {got}")
+        if given[0] != "entry" and "args" not in data:
+            data = {**data, "args": []}
+        return data
+
+    @model_validator(mode="after")
+    def _args_match_kind(self) -> JobSpec:
+        if self.kind == "entry" and not isinstance(self.args, dict):
+            raise _field_error("job.args", "an entry takes a mapping of arguments "
+                               f"({{epochs: 5}}), got the list {self.args!r}")
+        if self.kind != "entry" and not isinstance(self.args, list):
+            raise _field_error("job.args", f"a {self.kind} takes a list of command-line "
+                               f"arguments ([--epochs, '3']), got the mapping {self.args!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _code_holds_script(self) -> JobSpec:
+        if self.script is not None and self.code is not None:
+            script, code = posixpath.normpath(self.script), posixpath.normpath(self.code)
+            if posixpath.isabs(script) != posixpath.isabs(code) or \
+                    posixpath.relpath(script, code).startswith(".."):
+                raise _field_error("job.code", f"{self.code!r} must be a directory that holds "
+                                   f"job.script {self.script!r} (both relative to where tfo "
+                                   "runs, or both absolute)")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """Which of JOB_KINDS this job is."""
+        return next(k for k in JOB_KINDS if getattr(self, k) is not None)
+
+    def code_dir(self) -> str | None:
+        """The directory whose contents are synced into a lab host's workdir: `code`, or a
+        script's directory ("." for one in the workdir); None: the package (as for entries)."""
+        if self.code is not None:
+            return self.code
+        if self.script is not None:
+            return posixpath.dirname(posixpath.normpath(self.script)) or "."
+        return None
+
+    def script_on_host(self) -> str | None:
+        """The script's path on a lab host: relative to the host's workdir, where its code
+        directory's contents land."""
+        if self.script is None:
+            return None
+        return posixpath.relpath(posixpath.normpath(self.script),
+                                 posixpath.normpath(self.code_dir() or "."))
+
+    @property
+    def target(self) -> str:
+        """What the job runs, as written: the entry, the script's path or the module."""
+        return str(getattr(self, self.kind))
+
     @property
     def package(self) -> str:
-        """The entry's top-level package: what a task must be able to import."""
-        return self.entry.split(":")[0].split(".")[0]
+        """The entry's or module's top-level package: what a task must be able to import.
+        "" for a script."""
+        if self.script is not None:
+            return ""
+        return self.target.split(":")[0].split(".")[0]
 
     def gpus_for(self, role: str) -> int:
         """How many GPUs each task of the role gets: a map's entry (0 when absent), or the
@@ -209,7 +287,7 @@ class JobSpec(_Model):
 
     @field_validator("args")
     @classmethod
-    def _args_fit_in_the_environment(cls, args: dict[str, Any]) -> dict[str, Any]:
+    def _args_fit_in_the_environment(cls, args: Any) -> Any:
         size = len(json.dumps(args).encode())
         limit = MAX_ARG_STRLEN - 4096  # the rest of TFO_JOB: entry, paths, run id
         if size > limit:
@@ -221,13 +299,28 @@ class JobSpec(_Model):
 
     @field_validator("entry")
     @classmethod
-    def _entry_shape(cls, entry: str) -> str:
-        if not _ENTRY.match(entry):
+    def _entry_shape(cls, entry: str | None) -> str | None:
+        if entry is not None and not _ENTRY.match(entry):
             raise ValueError(
                 f"entry must be 'module:function' (e.g. worker_entry.examples.digits:train), "
                 f"got {entry!r}"
             )
         return entry
+
+    @field_validator("module")
+    @classmethod
+    def _module_shape(cls, module: str | None) -> str | None:
+        if module is not None and not _MODULE.match(module):
+            raise ValueError(f"module must be a dotted module name like pkg.train (what "
+                             f"`python -m` takes), got {module!r}")
+        return module
+
+    @field_validator("script", "code")
+    @classmethod
+    def _a_path(cls, path: str | None) -> str | None:
+        if path is not None and (not path.strip() or "\0" in path):
+            raise ValueError(f"expected a path, got {path!r}")
+        return path
 
 
 class TasksSpec(_Model):
@@ -432,7 +525,7 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 
 
 # The fields our model-level checks name at the start of their message.
-_MODEL_FIELDS = ("tasks", "job.", "env.", "hosts.")
+_MODEL_FIELDS = ("tasks", "job", "env.", "hosts.")
 
 
 def format_validation_error(err: ValidationError) -> str:

@@ -38,10 +38,11 @@ def tfo_cmd(*args: str) -> list[str]:
     return [PYTHON, "-m", "orchestrator", *args]
 
 
-def run_tfo(*args: str, timeout: float = 240, cwd: Path = REPO) -> TfoResult:
+def run_tfo(*args: str, timeout: float = 240, cwd: Path = REPO,
+            env: dict[str, str] | None = None) -> TfoResult:
     """Run `tfo ARGS` to completion; on timeout kill its whole group and fail."""
     proc = subprocess.Popen(tfo_cmd(*args), cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -38,7 +38,14 @@ def test_tf_config_per_task():
         assert t.tf_config == {"cluster": cluster, "task": {"type": t.role, "index": t.index}}
         assert json.loads(t.env["TF_CONFIG"]) == t.tf_config
         assert t.env["TFO_TASK"] == t.name
-        assert t.env["TF_USE_LEGACY_KERAS"] == "1"
+        # The task's default (worker_entry/__main__.py), so that the spec or the user's
+        # environment can say otherwise.
+        assert "TF_USE_LEGACY_KERAS" not in t.env
+        assert t.env["TFO_IS_CHIEF"] == ("1" if t.name == "chief:0" else "0")
+        job = json.loads(t.env["TFO_JOB"])
+        assert t.env["TFO_MODEL_DIR"] == job["model_dir"]
+        assert t.env["TFO_BACKUP_DIR"] == job["backup_dir"]
+        assert t.env["TFO_RUN_DIR"] == job["run_dir"]
         assert t.command[1:] == ["-m", "worker_entry"]
         assert t.log_path == f"/runs/r1/logs/{t.role}-{t.index}.log"
     job = json.loads(plan.task("chief:0").env["TFO_JOB"])

@@ -64,6 +64,23 @@ BAD = [
      ["tasks.chief", "at most one chief"]),
     ("PS job without chief", GOOD.replace("name: t", "name: t\nstrategy: parameter_server")
      + "  ps: [localhost:20004]\n", ["tasks", "exactly one chief"]),
+    # Issue 10: a user's own script or module.
+    ("entry and script", GOOD.replace('train"}', 'train", script: train.py}'),
+     ["job: give exactly one of entry", "script", "module", "got entry and script"]),
+    ("no job kind", GOOD.replace('{entry: "worker_entry.examples.digits:train"}',
+                                 "{args: [--epochs, '3']}"),
+     ["job: give exactly one of entry", "got none"]),
+    ("script with a mapping of args", GOOD.replace('{entry: "worker_entry.examples.digits:train"}',
+                                                   "{script: train.py, args: {epochs: 3}}"),
+     ["job.args", "list of command-line arguments"]),
+    ("entry with a list of args", GOOD.replace('train"}', 'train", args: [--epochs, "3"]}'),
+     ["job.args", "mapping"]),
+    ("module that is a path", GOOD.replace('{entry: "worker_entry.examples.digits:train"}',
+                                           "{module: pkg/train.py}"),
+     ["job.module", "dotted module name", "pkg/train.py"]),
+    ("code that does not hold the script", GOOD.replace(
+        '{entry: "worker_entry.examples.digits:train"}', "{script: a/train.py, code: b}"),
+     ["job.code", "holds job.script"]),
 ]
 # Issue 8: inputs that gave a traceback, a hang or a silently wrong value.
 HOSTILE = [
@@ -172,6 +189,29 @@ def test_entry_module_that_does_not_exist(tmp_path):
     assert res.returncode == 2, res.output
     assert "job.entry: no module named 'no_such_pkg'" in res.stderr
     assert "Traceback" not in res.output
+
+
+SCRIPT = GOOD.replace('{entry: "worker_entry.examples.digits:train"}', "{%s}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("job", "needles"), [
+    ("script: no/such/train.py", ["job.script:", "no/such/train.py does not exist"]),
+    ("script: tests", ["job.script:", "is not a file"]),
+    ("module: no_such_pkg.train", ["job.module: no module named 'no_such_pkg'"]),
+    ("module: worker_entry.nope", ["job.module: module 'worker_entry' has no module 'nope'",
+                                   "runner"]),
+    ("module: worker_entry.examples", ["job.module:", "no __main__"]),
+])
+def test_script_or_module_that_does_not_exist(job, needles, tmp_path):
+    spec = write_spec(tmp_path / "c.yaml", SCRIPT % job)
+    for command in ("plan", "run"):
+        res = run_tfo(command, str(spec), "--run-dir", str(tmp_path / "run"), timeout=30)
+        assert res.returncode == 2, res.output
+        assert "Traceback" not in res.output
+        for needle in needles:
+            assert needle in res.stderr, res.stderr
+        assert not (tmp_path / "run").exists(), "nothing starts"
 
 
 @pytest.mark.timeout(30)

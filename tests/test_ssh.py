@@ -280,3 +280,32 @@ env: {json.dumps({bad_key: "v", "NOTE": bad_value})}
     env = dict(line.split("=", 1) for line in output if "=" in line)
     assert env[bad_key] == "v" and env["NOTE"] == bad_value
     assert not key_pwned.exists() and not value_pwned.exists()
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_a_tutorial_script_runs_on_two_lab_hosts(lab, run_dir: Path, tmp_path: Path):
+    """job.script over SSH: its directory is synced into each host's workdir, unchanged
+    files skipped, and the script runs there as on a laptop."""
+    lab1, lab2 = lab
+    spec = write_spec(tmp_path / "lab.yaml", f"""\
+name: lab-script
+job:
+  script: tests/scripts/mwms_keras.py
+  args: [--epochs, "2", --model_path, out/keras-model, --backup_dir, backup]
+hosts:
+{host_yaml("lab1", lab1, tmp_path / "lab1")}{host_yaml("lab2", lab2, tmp_path / "lab2")}
+tasks:
+  worker: [lab1:20000, lab2:20000]
+""")
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=240)
+    assert res.returncode == 0, res.output[-4000:]
+    assert "lab1: code synced (" in res.output
+    # The script's directory's contents are in the workdir, where the task ran it.
+    assert (tmp_path / "lab2" / "mwms_keras.py").exists()
+    assert (tmp_path / "lab1" / "out" / "keras-model" / "saved_model.pb").exists()
+    assert not list((tmp_path / "lab2").rglob("saved_model.pb"))
+    # A second run copies nothing new.
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir / "again"), timeout=240)
+    assert res.returncode == 0, res.output[-4000:]
+    assert "lab1: code synced (0 file(s) copied)" in res.output

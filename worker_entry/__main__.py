@@ -2,8 +2,9 @@ import os
 import sys
 
 # Before anything imports TensorFlow: Keras 3 in TF 2.21 breaks multi-worker fit and has no
-# parameter-server support (keras-team/keras#20585, #18624); tf-keras works.
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+# parameter-server support (keras-team/keras#20585, #18624); tf-keras works. Unless the
+# spec's env or the environment tfo runs in says otherwise.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 from worker_entry import lifeline  # noqa: E402
 

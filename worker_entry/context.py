@@ -124,7 +124,7 @@ class TaskContext:
         checkpoints for the evaluator."""
         # ParameterServer fit refuses batch-level callbacks.
         ps = self.strategy_name == Strategy.PARAMETER_SERVER
-        cbs: list[Any] = [_EpochProgress() if ps else _Progress()]
+        cbs: list[Any] = [_EpochProgress() if ps else Progress()]
         if backup:
             cbs.append(_TaskBackup(backup_dir=self.backup_dir))
         if checkpoints:
@@ -207,7 +207,7 @@ class _EpochProgress(tf.keras.callbacks.Callback):
             markers.emit(markers.FIRST_STEP, batch=None, approximate=True)
 
 
-class _Progress(_EpochProgress):
+class Progress(_EpochProgress):
     """Also reports the first training step as soon as it ends."""
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

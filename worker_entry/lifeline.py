@@ -26,6 +26,10 @@ whose main thread only ever waits in select:
   wrapper dies, so a SIGKILLed wrapper never leaves a task holding its port. What the task
   started then escapes to init: the coordinator kills those from the process tree it
   samples while the task runs (launch/local.py).
+- Readiness of a user's script (job.script, job.module), which prints no markers: the
+  wrapper watches the task's port (its TF_CONFIG address) and reports READY once it
+  listens, i.e. once the script's strategy started its gRPC server. Entries and servers
+  report their own.
 - TMPDIR, TEMP and TMP point into the task's temp dir (plan.py), which the wrapper makes
   before the task starts: TensorFlow's autograph files and anything else written through
   `tempfile` go with the task, even a SIGKILLed one.
@@ -93,9 +97,45 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+_READY_POLL_SECONDS = 0.2
+_TCP_LISTEN = "0A"  # the state column of /proc/net/tcp
+
+
+def listening(port: int) -> bool:
+    """Does any socket on this machine listen on TCP `port`? Read from /proc/net/tcp{,6}:
+    no connection is made, so the task's gRPC server sees nothing."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    if fields[3] == _TCP_LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
+def _script_port() -> int | None:
+    """The port to watch for readiness: a script task's own, from TF_CONFIG. None for an
+    entry or a server (they report READY themselves) and for a role without a port."""
+    try:
+        job = json.loads(os.environ.get("TFO_JOB") or "{}")
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+        if "entry" in job or job.get("serve"):
+            return None
+        task = config["task"]
+        address = config["cluster"][task["type"]][int(task["index"])]
+        return int(str(address).rsplit(":", 1)[1])
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None  # the evaluator (no port), or no plan: the runner names the problem
+
+
 class _Wrapper:
     def __init__(self, task_pid: int, tmp_dir: str | None, lifeline: str | None) -> None:
         self.task_pid, self.tmp_dir = task_pid, tmp_dir
+        self.ready_port = _script_port()  # None once reported
         self.watch_stdin, self.quiet_limit = markers.parse_lifeline(lifeline)
         self.status: int | None = None  # the task's wait status, once reaped
 
@@ -140,8 +180,15 @@ class _Wrapper:
         fds = [wake_r, stdin] if self.watch_stdin else [wake_r]
         heard = beat = time.monotonic()
         while self.status is None:
-            ready, _, _ = select.select(fds, [], [], 0.5 if self.quiet_limit else None)
+            timeout = _READY_POLL_SECONDS if self.ready_port else \
+                0.5 if self.quiet_limit else None
+            ready, _, _ = select.select(fds, [], [], timeout)
             now = time.monotonic()
+            if self.ready_port and listening(self.ready_port):
+                self.ready_port = None
+                with contextlib.suppress(OSError):  # one write: a whole line, never split
+                    os.write(sys.stdout.fileno(), markers.line(markers.READY, what="training",
+                                                               by="port").encode())
             if wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(wake_r, 512):

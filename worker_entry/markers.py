@@ -27,6 +27,13 @@ class Role(str, Enum):
         return self.value
 
 
+def is_chief(role: str, index: int, cluster: dict[str, list[str]]) -> bool:
+    """The task that saves the model (TFO_IS_CHIEF): the chief, or worker 0 when there is
+    no chief."""
+    return role == Role.CHIEF or (role == Role.WORKER and index == 0
+                                  and not cluster.get(Role.CHIEF.value))
+
+
 class Strategy(str, Enum):
     MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
     PARAMETER_SERVER = "parameter_server"
@@ -76,6 +83,10 @@ DONE = "done"  # the entry returned
 EXIT_PERMANENT = 78
 
 
+def line(event: str, **fields: Any) -> str:
+    return PREFIX + json.dumps({"event": event, **fields}, default=str) + "\n"
+
+
 def emit(event: str, **fields: Any) -> None:
-    print(PREFIX + json.dumps({"event": event, **fields}, default=str), flush=True)
+    print(line(event, **fields), end="", flush=True)
     sys.stdout.flush()

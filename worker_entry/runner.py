@@ -1,4 +1,5 @@
-"""Picks the role's work: MWMS training, PS coordinator, TF server, or evaluator.
+"""Picks the role's work: MWMS training, PS coordinator, TF server, evaluator, or the
+user's own script or module (job.script, job.module).
 
     TF_CONFIG=... TFO_TASK=worker:1 TFO_JOB='{"entry": "pkg.mod:train", ...}' \\
         python -m worker_entry
@@ -7,8 +8,10 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
+import runpy
 import socket
 import sys
 from collections.abc import Callable
@@ -33,6 +36,30 @@ def resolve_entry(entry: str) -> Callable[[Any], Any]:
     if not callable(func):
         _permanent(f"entry {entry}: module {module_name!r} has no function {func_name!r}")
     return func
+
+
+def run_script(job: dict[str, Any]) -> None:
+    """Run the job's script or module as `python SCRIPT ARGS` or `python -m MODULE ARGS`
+    would: as __main__, with its sys.argv, and the script's directory first on sys.path. One
+    that cannot be found exits EXIT_PERMANENT."""
+    args = [str(a) for a in job.get("args") or []]
+    if job.get("script") is not None:
+        script = os.path.abspath(os.path.expanduser(job["script"]))
+        if not os.path.isfile(script):
+            _permanent(f"script {job['script']}: no such file in {os.getcwd()}")
+        sys.argv = [script, *args]
+        sys.path.insert(0, os.path.dirname(script))
+        runpy.run_path(script, run_name="__main__")
+        return
+    module = job["module"]
+    try:
+        found = importlib.util.find_spec(module)
+    except ModuleNotFoundError as e:  # a parent package is missing
+        found, module = None, e.name or module
+    if found is None:
+        _permanent(f"module {job['module']}: no module named {module!r}")
+    sys.argv = [job["module"], *args]  # run_module puts the module's file in argv[0]
+    runpy.run_module(job["module"], run_name="__main__", alter_sys=True)
 
 
 def _permanent(why: str) -> NoReturn:
@@ -67,18 +94,25 @@ def main() -> int:
     markers.emit(markers.UP, pid=os.getpid(), host=socket.gethostname())
     ps_job = job["strategy"] == Strategy.PARAMETER_SERVER
 
+    if ps_job:  # TF's PS guide: RPC errors surface to the caller, so lost workers are retried
+        os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+    if "entry" not in job and not job["serve"]:
+        # The user's own script: it builds its strategy from TF_CONFIG. The wrapper reports
+        # it ready once its port listens (lifeline.py); the evaluator has no port.
+        if role == Role.EVALUATOR:
+            markers.emit(markers.READY, what="evaluating")
+        run_script(job)
+        markers.emit(markers.DONE)
+        return 0
     # Import the user's module before TensorFlow's start-up cost, so a typo fails fast.
     # A server (the plan says which roles are) runs no entry: it serves until stopped.
     entry = None if job["serve"] else resolve_entry(job["entry"])
-    if ps_job:  # TF's PS guide: RPC errors surface to the caller, so lost workers are retried
-        os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     import tensorflow as tf
 
     from worker_entry.context import TaskContext
 
     if entry is None:
         return _serve(tf, role, index)
-    cluster = tf_config.get("cluster", {})
     markers.emit(markers.CONNECTING)
     if role == Role.EVALUATOR:
         strategy = None
@@ -89,11 +123,10 @@ def main() -> int:
         # Built first thing: it blocks until every worker has connected.
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=_communication_options(tf, job.get("collective", "auto")))
-    is_chief = role == Role.CHIEF or (role == Role.WORKER and index == 0
-                                      and not cluster.get(Role.CHIEF))
     ctx = TaskContext(
         role=role, index=index, strategy=strategy, strategy_name=job["strategy"],
-        is_chief=is_chief, model_dir=job["model_dir"], run_dir=job["run_dir"],
+        is_chief=markers.is_chief(role, index, tf_config.get("cluster", {})),
+        model_dir=job["model_dir"], run_dir=job["run_dir"],
         tmp_dir=job["tmp_dir"], backup_dir=job["backup_dir"],
         attempt=int(os.environ.get("TFO_ATTEMPT", "0")),
         args=dict(job.get("args") or {}),

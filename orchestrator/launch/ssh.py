@@ -265,21 +265,31 @@ def _remote_exec(conn: fabric.Connection, command: str, timeout: float = 5.0) ->
         return None
 
 
-def job_packages(plan: Plan) -> list[Path]:
-    """What a lab machine needs of the job's code: worker_entry and the entry's package."""
+def job_packages(plan: Plan) -> list[tuple[Path, Path]]:
+    """What a lab machine needs of the job's code, as (file or directory, the local directory
+    that stands for the host's workdir): worker_entry, and the job's code directory (its
+    contents) or the entry's or module's top-level package."""
     import worker_entry
 
-    pkgs = [Path(worker_entry.__file__).parent]
-    top = plan.spec.job.package
-    workdir = Path(plan.workdir)
+    pkg = Path(worker_entry.__file__).parent
+    pkgs = [(pkg, pkg.parent)]
+    job, workdir = plan.spec.job, Path(plan.workdir)
+    code = job.code_dir()
+    if code is not None:
+        path = workdir / code
+        if not path.is_dir():
+            raise SpecError(f"job.{'code' if job.code else job.kind}: {path} is not a directory "
+                            "(the job's code, synced to the lab hosts)")
+        return [*pkgs, (path, path)]
+    top = job.package
     if top != "worker_entry":
         for candidate in (workdir / top, workdir / f"{top}.py"):
             if candidate.exists():
-                pkgs.append(candidate)
+                pkgs.append((candidate, workdir))
                 break
         else:
-            raise SpecError(f"job.entry: package {top!r} not found in {workdir}; run tfo from "
-                            f"the directory that holds it")
+            raise SpecError(f"job.{job.kind}: package {top!r} not found in {workdir}; run tfo "
+                            f"from the directory that holds it, or set job.code")
     return pkgs
 
 
@@ -322,19 +332,20 @@ class SshBackend:
     def start(self, task: TaskPlan, attempt: int) -> SshHandle:
         return SshHandle(task, attempt, self.connection(task.host))
 
-    def sync_code(self, host: str, packages: list[Path], workdir: str) -> int:
-        """Copy each package (a directory or a module file) into the host's workdir,
-        skipping files whose size and mtime already match. Returns files copied."""
+    def sync_code(self, host: str, packages: list[tuple[Path, Path]], workdir: str) -> int:
+        """Copy each package (a directory or a module file) into the host's workdir, at its
+        path relative to its base, skipping files whose size and mtime already match.
+        Returns files copied."""
         conn = self.connection(host)
         root = conn.run(f"mkdir -p {_remote_path(workdir)} && cd {_remote_path(workdir)} && pwd",
                         hide=True, in_stream=False).stdout.strip()
         sftp = conn.sftp()
         copied = 0
-        for pkg in packages:
+        for pkg, base in packages:
             files = [pkg] if pkg.is_file() else sorted(
-                p for p in pkg.rglob("*") if p.is_file() and not _SKIP_DIRS & set(p.parts)
+                p for p in pkg.rglob("*") if p.is_file()
+                and not _SKIP_DIRS & set(p.relative_to(pkg).parts)
                 and p.suffix not in (".pyc", ".pyo"))
-            base = pkg.parent
             for path in files:
                 rel = path.relative_to(base).as_posix()
                 remote = f"{root}/{rel}"

@@ -1,0 +1,288 @@
+"""A user's own training script, written as TensorFlow's tutorials write them
+(tests/scripts/), run by tfo unmodified: `job.script` with real TensorFlow processes."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, events, run_tfo, wait_until, write_spec
+from tests.test_faults import Tfo, first, kill_task
+
+SCRIPTS = REPO / "tests" / "scripts"
+
+SPEC = """\
+name: scripts
+strategy: {strategy}
+job:
+  script: tests/scripts/{script}
+  args: {args}
+tasks:
+{tasks}
+restart: {{policy: {policy}, max_restarts: 2, backoff_seconds: 0.5}}
+timeouts: {{startup_seconds: 120, grace_seconds: 5}}
+"""
+
+TWO_WORKERS = "  worker: [localhost:auto, localhost:auto]"
+
+
+def spec(tmp_path: Path, script: str, args: list[str], tasks: str = TWO_WORKERS,
+         strategy: str = "multi_worker_mirrored", policy: str = "never", extra: str = "") -> Path:
+    return write_spec(tmp_path / "cluster.yaml", SPEC.format(
+        strategy=strategy, script=script, args=json.dumps(args), tasks=tasks,
+        policy=policy) + extra)
+
+
+def autograph_files() -> set[str]:
+    return set(glob.glob("/tmp/__autograph_generated_file*"))
+
+
+def attempts(log: str) -> list[str]:
+    """A task's log, cut where each attempt's task starts (its `up` marker)."""
+    return re.split(r'^@tfo \{"event": "up".*$', log, flags=re.M)[1:]
+
+
+def no_temp_left(run_dir: Path) -> bool:
+    """Every task's TMPDIR (autograph files and all) went with it."""
+    tmp = run_dir / "tmp"
+    return not tmp.exists() or not any(tmp.iterdir())
+
+
+def saved_models(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.rglob("saved_model.pb"))
+
+
+def reload_accuracy(path: Path) -> float:
+    """The saved Keras model scored on the digits, in a fresh process as a user would."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, tensorflow as tf\n"
+        "from sklearn.datasets import load_digits\n"
+        "x, y = load_digits(return_X_y=True)\n"
+        f"m = tf.keras.models.load_model({str(path)!r})\n"
+        "p = m.predict((x / 16.0).astype(np.float32), verbose=0).argmax(-1)\n"
+        "print('ACC', float((p == y).mean()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return float(out.stdout.split("ACC")[-1])
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_keras_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
+    before = autograph_files()
+    model = run_dir / "model" / "keras-model"
+    cluster = spec(tmp_path, "mwms_keras.py", ["--epochs", "3", "--model_path", str(model),
+                                               "--backup_dir", str(tmp_path / "backup")])
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    # Ready without any marker from the script: its gRPC port listened.
+    assert first(ev, "task_ready", "worker:1", by="port")
+    # Only the chief's model is left under the model directory, and it reloads and scores.
+    assert saved_models(run_dir / "model") == [model]
+    assert reload_accuracy(model) > 0.8
+    assert not list((run_dir / "model").glob("workertemp_*"))
+    assert autograph_files() <= before and no_temp_left(run_dir)
+
+
+def first_epoch(log: str) -> int | None:
+    """The epoch Keras starts at (its `Epoch N/M` line, 1-based)."""
+    found = re.search(r"^Epoch (\d+)/\d+", log, flags=re.M)
+    return int(found.group(1)) if found else None
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_killed_worker_resumes_from_the_scripts_own_backup(tmp_path: Path, run_dir: Path):
+    model = run_dir / "model" / "keras-model"
+    cluster = spec(tmp_path, "mwms_keras.py", [
+        "--epochs", "6", "--steps_per_epoch", "150", "--model_path", str(model),
+        "--backup_dir", str(tmp_path / "backup")], policy="on-failure")
+    tfo = Tfo(cluster, run_dir)
+    try:
+        log = run_dir / "logs" / "worker-0.log"
+        # Two epochs backed up, then the worker is SIGKILLed mid-run.
+        assert wait_until(lambda: log.exists() and "Epoch 3/6" in log.read_text(), 120)
+        kill_task(tfo, "worker:1")
+        rc, err = tfo.finish(timeout=180)
+    finally:
+        tfo.close()
+    assert rc == 0, err[-4000:]
+    assert first(events(run_dir), "task_started", "worker:1", attempt=1)
+    runs = attempts(log.read_text())
+    assert len(runs) == 2 and first_epoch(runs[0]) == 1
+    assert first_epoch(runs[1]) >= 3, runs[1][-3000:]  # BackupAndRestore resumed it
+    assert saved_models(run_dir / "model") == [model]
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_custom_training_loop_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
+    model = run_dir / "model" / "ctl-model"
+    ckpt = tmp_path / "ckpt"
+    cluster = spec(tmp_path, "mwms_ctl.py", ["--epochs", "3", "--model_path", str(model),
+                                             "--checkpoint_dir", str(ckpt / "ckpt")])
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 0, res.output[-4000:]
+    assert "Epoch: 2, accuracy:" in (run_dir / "logs" / "worker-0.log").read_text()
+    assert saved_models(run_dir / "model") == [model] and no_temp_left(run_dir)
+    assert reload_accuracy(model) > 0.8
+    # Only the chief's checkpoints are left (the tutorial's rmtree leaves the other workers'
+    # temporary directories empty).
+    assert list((ckpt / "ckpt").glob("ckpt-3.index"))
+    assert not [p for p in ckpt.glob("workertemp_*/**/*") if p.is_file()]
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_parameter_server_tutorial_coordinator_runs_unmodified(tmp_path: Path, run_dir: Path):
+    model = run_dir / "model" / "ps-model"
+    tasks = "  chief: [localhost:auto]\n  worker: [localhost:auto, localhost:auto]\n" \
+            "  ps: [localhost:auto]"
+    cluster = spec(tmp_path, "ps_coordinator.py", ["--epochs", "3", "--model_path", str(model)],
+                   tasks=tasks, strategy="parameter_server")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    # The servers are ours, the script is the coordinator's: ready once its port listened.
+    assert first(ev, "task_ready", "ps:0", what="serving")
+    assert first(ev, "task_ready", "chief:0", by="port")
+    assert "Finished epoch 2, accuracy is" in (run_dir / "logs" / "chief-0.log").read_text()
+    assert saved_models(run_dir / "model") == [model] and no_temp_left(run_dir)
+    assert reload_accuracy(model) > 0.8
+
+
+def shown(run_dir: Path, task: str) -> dict:
+    log = (run_dir / "logs" / f"{task.replace(':', '-')}.log").read_text()
+    return json.loads(log.split("SHOW ", 1)[1].splitlines()[0])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["script", "module"])
+def test_a_script_sees_argv_path_and_the_promised_environment(kind, tmp_path, run_dir):
+    cluster = spec(tmp_path, "show_env.py", ["--epochs", "3", "a b"],
+                   tasks="  chief: [localhost:auto]\n  worker: [localhost:auto]")
+    if kind == "module":
+        cluster.write_text(cluster.read_text().replace("script: tests/scripts/show_env.py",
+                                                       "module: tests.scripts.show_env"))
+    # The user's own TF_USE_LEGACY_KERAS wins over tfo's default.
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "0"}
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50, env=env)
+    assert res.returncode == 0, res.output[-4000:]
+    chief, worker = shown(run_dir, "chief:0"), shown(run_dir, "worker:0")
+    script = SCRIPTS / "show_env.py"
+    assert chief["name"] == "__main__"
+    assert chief["argv"] == [str(script), "--epochs", "3", "a b"]
+    if kind == "script":
+        assert chief["path0"] == str(SCRIPTS)  # as `python tests/scripts/show_env.py`
+    e = chief["env"]
+    assert json.loads(e["TF_CONFIG"])["task"] == {"type": "chief", "index": 0}
+    assert (e["TFO_TASK"], e["TFO_IS_CHIEF"], worker["env"]["TFO_IS_CHIEF"]) == \
+        ("chief:0", "1", "0")
+    assert e["TFO_MODEL_DIR"] == str(run_dir / "model") and e["TFO_RUN_DIR"] == str(run_dir)
+    assert e["TFO_BACKUP_DIR"].startswith(str(run_dir)) and e["TFO_ATTEMPT"] == "0"
+    assert e["TMPDIR"].startswith(str(run_dir)) and not Path(e["TMPDIR"]).exists()
+    assert e["TF_USE_LEGACY_KERAS"] == "0"
+
+
+@pytest.mark.timeout(60)
+def test_tf_use_legacy_keras_defaults_to_1_and_the_spec_wins(tmp_path, run_dir):
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    cluster = spec(tmp_path, "show_env.py", [], tasks="  worker: [localhost:auto]")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50, env=env)
+    assert res.returncode == 0, res.output[-4000:]
+    assert shown(run_dir, "worker:0")["env"]["TF_USE_LEGACY_KERAS"] == "1"
+    cluster = spec(tmp_path, "show_env.py", [], tasks="  worker: [localhost:auto]",
+                   extra="env: {TF_USE_LEGACY_KERAS: '0'}\n")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir / "2"), timeout=50, env=env)
+    assert res.returncode == 0, res.output[-4000:]
+    assert shown(run_dir / "2", "worker:0")["env"]["TF_USE_LEGACY_KERAS"] == "0"
+
+
+@pytest.mark.timeout(60)
+def test_a_script_that_raises_fails_its_task_with_the_traceback_shown(tmp_path, run_dir):
+    cluster = spec(tmp_path, "show_env.py", ["--fail"], tasks="  worker: [localhost:auto]")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
+    assert res.returncode == 1, res.output[-4000:]
+    assert first(events(run_dir), "task_exited", "worker:0", returncode=1)
+    # The summary shows the log's last lines: the traceback's end, the script's line in it.
+    assert "ValueError: the learning rate is negative" in res.stderr, res.stderr
+    assert "show_env.py" in res.stderr
+
+
+@pytest.mark.parametrize("job", [{"script": "no/such/train.py"}, {"module": "no_such_pkg.x"},
+                                 {"module": "worker_entry.no_such_module"}])
+def test_a_script_missing_at_run_time_is_permanent(job, tmp_path, monkeypatch):
+    from worker_entry import markers
+    from worker_entry.runner import run_script
+
+    monkeypatch.setattr("sys.argv", ["x"])
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    with pytest.raises(SystemExit) as exit_:
+        run_script({**job, "args": []})
+    assert exit_.value.code == markers.EXIT_PERMANENT
+
+
+@pytest.mark.timeout(60)
+def test_a_script_whose_port_never_listens_hits_the_startup_timeout(tmp_path, run_dir):
+    cluster = spec(tmp_path, "show_env.py", ["--sleep", "60"], tasks="  worker: [localhost:auto]")
+    cluster.write_text(cluster.read_text().replace("startup_seconds: 120", "startup_seconds: 3"))
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
+    assert res.returncode == 1, res.output[-4000:]
+    assert "startup timeout (3 s)" in res.output
+    assert not first(events(run_dir), "task_ready", "worker:0")
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(120)
+def test_a_script_that_opts_in_reports_its_epochs(tmp_path, run_dir):
+    cluster = spec(tmp_path, "with_progress.py", [], tasks="  worker: [localhost:auto]")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=100)
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    assert [e["epoch"] for e in ev if e["event"] == "task_epoch"] == [0, 1]
+    assert first(ev, "task_first_step", "worker:0")
+    assert len([e for e in ev if e["event"] == "task_ready"]) == 1  # by its port, once
+
+
+@pytest.mark.parametrize(("job", "local", "remote", "synced"), [
+    ({"script": "tests/scripts/mwms_keras.py"}, "tests/scripts/mwms_keras.py", "mwms_keras.py",
+     "tests/scripts"),
+    ({"script": "tests/scripts/mwms_keras.py", "code": "tests"}, "tests/scripts/mwms_keras.py",
+     "scripts/mwms_keras.py", "tests"),
+    ({"module": "tests.jobs.faulty"}, None, None, "tests"),
+])
+def test_a_lab_host_gets_the_code_directory_and_a_path_in_it(job, local, remote, synced):
+    from orchestrator.launch.ssh import job_packages
+    from orchestrator.plan import make_plan
+    from orchestrator.spec import parse_spec
+
+    spec = parse_spec({"name": "t", "job": job, "hosts": {"lab": {"address": "10.0.0.2"}},
+                       "tasks": {"worker": ["lab:1"], "evaluator": ["localhost:2"]}})
+    plan = make_plan(spec, run_id="r", run_dir="/runs/r", workdir=str(REPO), ports={})
+    on_lab, here = (json.loads(t.env["TFO_JOB"]) for t in plan.tasks)
+    assert (here.get("script"), on_lab.get("script")) == (local, remote)
+    code = REPO / synced
+    base = code if "script" in job else REPO  # a script's code dir's contents: the workdir
+    assert job_packages(plan)[1] == (code, base)
+
+
+def test_a_script_job_survives_plan_json():
+    """`tfo rerun` plans a script job again from plan.json."""
+    from orchestrator.plan import Plan, make_plan
+    from orchestrator.spec import parse_spec
+
+    spec = parse_spec({"name": "t", "job": {"script": "train.py", "args": ["--epochs", "3"]},
+                       "tasks": {"worker": ["localhost:5"]}})
+    plan = make_plan(spec, run_id="r", run_dir="/r", workdir="/w")
+    again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert again.spec == spec and again.job == "script train.py"
