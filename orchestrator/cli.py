@@ -305,6 +305,9 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
         out.print(note, markup=False)
     cluster = p.tasks[0].tf_config["cluster"] if p.tasks else {}
     out.print(f"cluster: {json.dumps(cluster)}")
+    # The command column is the task wrapper; this is what it runs.
+    args = p.spec.job.args if isinstance(p.spec.job.args, list) else []
+    out.print(f"job: {' '.join([p.job, *map(shlex.quote, args)])}", markup=False)
     if run_dir is None:
         out.print(f"run directory: {p.run_dir} (a new id for each run; --run-dir picks one)")
     else:

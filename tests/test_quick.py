@@ -281,12 +281,12 @@ def test_bad_flags_exit_2(flags: list[str], expected: str) -> None:
 
 
 def test_plan_with_flags_shows_the_tasks_and_the_cluster_file() -> None:
-    """Needs the script job kind."""
     res = run_tfo("plan", "--workers", "2", "--", "python", SCRIPT, "--epochs", "3", timeout=30)
     assert res.returncode == 0, res.output
     rows = [line.split("│")[1].strip() for line in res.stdout.splitlines()
             if line.startswith("│")]
     assert rows == ["worker:0", "worker:1"]
+    assert f"\njob: script {SCRIPT} --epochs 3\n" in res.stdout  # what the wrapper runs
     made = yaml.safe_load(res.stdout.split("as cluster.yaml):\n", 1)[1])
     assert made["job"] == {"script": SCRIPT, "args": ["--epochs", "3"]}
     assert made["tasks"] == {"worker": ["localhost:auto", "localhost:auto"]}
