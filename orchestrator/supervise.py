@@ -201,8 +201,9 @@ class Supervisor:
         self._signal: signal.Signals | None = None
         self._signal_count = 0
         self._t0 = time.monotonic()
+        # Made, with plan.json, before anything starts (cli.make_run_dir): a bad place or a
+        # full disk is the user's error there, and plan.json is not serialized twice.
         self.run_dir = RunDir(plan.run_dir)
-        self.run_dir.create(plan.to_json())
         self.events = self.run_dir.open_events()
 
     # ---- states -----------------------------------------------------------------------

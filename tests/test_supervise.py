@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import TaskPlan, make_plan
+from orchestrator.plan import Plan, TaskPlan, make_plan
+from orchestrator.rundir import RunDir
 from orchestrator.spec import parse_spec
 from orchestrator.supervise import (
     JOB_TRANSITIONS,
@@ -67,9 +68,15 @@ class FakeHandle:
         return self.lines()
 
 
+def planned(tmp_path: Path, spec: dict) -> Plan:
+    """The plan, and its run directory made as `tfo run` makes it before supervising."""
+    plan = make_plan(parse_spec(spec), run_id="t", run_dir=tmp_path / "run", workdir=tmp_path)
+    RunDir(plan.run_dir).create(plan.to_json())
+    return plan
+
+
 def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script]):
-    cluster = parse_spec(spec)
-    plan = make_plan(cluster, run_id="t", run_dir=tmp_path / "run", workdir=tmp_path)
+    plan = planned(tmp_path, spec)
     started: list[tuple[str, int]] = []
 
     def start(task: TaskPlan, attempt: int) -> FakeHandle:
@@ -201,8 +208,7 @@ def test_an_evaluator_whose_entry_cannot_be_found_is_not_restarted(tmp_path):
 def test_a_task_that_could_not_start_is_not_still_running(tmp_path, capsys):
     from orchestrator.cli import print_summary
 
-    cluster = parse_spec(spec(policy="never"))
-    plan = make_plan(cluster, run_id="t", run_dir=tmp_path / "run", workdir=tmp_path)
+    plan = planned(tmp_path, spec(policy="never"))
 
     def start(task: TaskPlan, attempt: int) -> FakeHandle:
         if task.name == "worker:1":
@@ -248,8 +254,7 @@ def test_the_transition_tables_are_what_the_docstrings_draw(enum):
 def test_an_illegal_transition_in_the_loop_fails_the_run_and_tears_down(tmp_path):
     """A bug of ours (a transition not drawn) ends the run as a supervisor error, with every
     task stopped; it is never silently taken."""
-    cluster = parse_spec(spec())
-    plan = make_plan(cluster, run_id="t", run_dir=tmp_path / "run", workdir=tmp_path)
+    plan = planned(tmp_path, spec())
     handles: list[FakeHandle] = []
 
     def start(task: TaskPlan, attempt: int) -> FakeHandle:
