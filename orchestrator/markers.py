@@ -70,6 +70,19 @@ class Epoch(_Marker):
     epoch: int
 
 
+class Progress(_Marker):
+    """Training moved (worker_entry.progress, at most once a second). `step` counts the steps
+    this attempt has run: a stall is a `step` that stops moving."""
+
+    event: Literal[m.PROGRESS]
+    step: int = Field(ge=0)
+    epoch: int | None = Field(default=None, ge=0)  # 0-based
+    epochs: int | None = Field(default=None, ge=0)
+    step_in_epoch: int | None = Field(default=None, ge=0)  # 1-based: steps done this epoch
+    steps: int | None = Field(default=None, ge=0)  # steps per epoch, when known
+    loss: float | None = None
+
+
 class Evaluated(_Marker):
     event: Literal[m.EVALUATED]
     epoch: int
@@ -87,7 +100,8 @@ class Done(_Marker):
     event: Literal[m.DONE]
 
 
-Marker = Annotated[Up | Connecting | Ready | FirstStep | Epoch | Evaluated | Saved | Done,
+Marker = Annotated[Up | Connecting | Ready | FirstStep | Epoch | Progress | Evaluated | Saved
+                   | Done,
                    Field(discriminator="event")]
 _MARKER: TypeAdapter[Marker] = TypeAdapter(Marker)
 

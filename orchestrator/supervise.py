@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from orchestrator.launch import Launcher, TaskHandle, describe_exit
-from orchestrator.markers import BadMarker, Evaluated, read_marker
+from orchestrator.markers import BadMarker, Evaluated, Progress, read_marker
 from orchestrator.plan import Plan, TaskPlan
 from orchestrator.policy import restart_allowed
 from orchestrator.rundir import RunDir, coordinator_identity
@@ -138,6 +138,10 @@ class TaskRecord:
     last_marker: str = ""
     returncode: int | None = None
     log: IO[str] | None = None
+    progress: Progress | None = None  # the attempt's last progress marker
+    progress_at: float = 0.0  # monotonic time `progress.step` last moved (stall detection)
+    steps_per_second: float | None = None  # between the last two progress markers
+    last_line: str = ""  # the last ordinary line the task printed (the live view)
 
     @property
     def name(self) -> str:
@@ -331,6 +335,7 @@ class Supervisor:
             return
         self._set(rec, TaskState.STARTING)
         rec.started_at, rec.last_marker, rec.returncode = time.monotonic(), "", None
+        rec.progress, rec.progress_at, rec.steps_per_second = None, rec.started_at, None
         self.events.write("task_started", rec.name, pid=rec.handle.pid, attempt=rec.attempt,
                           host=rec.task.host, port=rec.task.port)
 
@@ -351,14 +356,25 @@ class Supervisor:
                 self.events.write("task_bad_marker", rec.name, **own, error=str(e))
                 marker = None
             if marker is None:
+                rec.last_line = line
                 self.echo(rec.name, line)
                 continue
             rec.last_marker = marker.event
+            if isinstance(marker, Progress):
+                self._progressed(rec, marker)
             if marker.event == markers.READY and rec.state is TaskState.STARTING:
                 self._set(rec, TaskState.RUNNING)
             elif isinstance(marker, Evaluated):
                 self.evaluation = {"epoch": marker.epoch, "metrics": marker.metrics}
             self.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})
+
+    def _progressed(self, rec: TaskRecord, marker: Progress) -> None:
+        now, before = time.monotonic(), rec.progress
+        if before is None or marker.step > before.step:
+            if before is not None and now > rec.progress_at:
+                rec.steps_per_second = (marker.step - before.step) / (now - rec.progress_at)
+            rec.progress_at = now
+        rec.progress = marker
 
     # ---- exits and restarts -----------------------------------------------------------
     def _collect(self, rec: TaskRecord, rc: int | None) -> None:

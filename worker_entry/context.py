@@ -27,7 +27,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from worker_entry import markers
+from worker_entry import markers, progress
 from worker_entry.markers import Strategy
 
 
@@ -208,7 +208,17 @@ class _EpochProgress(tf.keras.callbacks.Callback):
 
 
 class Progress(_EpochProgress):
-    """Also reports the first training step as soon as it ends."""
+    """Also reports the first training step as soon as it ends, and every step (throttled:
+    worker_entry.progress) with its epoch and loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._epoch = 0
+        self._reporter = progress.Reporter()
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+        super().on_epoch_begin(epoch, logs)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         pass
@@ -217,3 +227,7 @@ class Progress(_EpochProgress):
         if self._first:
             self._first = False
             markers.emit(markers.FIRST_STEP, batch=batch)
+        loss = (logs or {}).get("loss")
+        self._reporter.report(epoch=self._epoch, epochs=self.params.get("epochs"),
+                              step_in_epoch=batch + 1, steps=self.params.get("steps"),
+                              loss=None if loss is None else float(loss))

@@ -73,6 +73,7 @@ CONNECTING = "connecting"  # building the strategy: waiting for every peer to co
 READY = "ready"  # training: the strategy is built (all peers connected); serving: server up
 FIRST_STEP = "first_step"  # the first training step finished
 EPOCH = "epoch"  # an epoch began (`epoch`, 0-based)
+PROGRESS = "progress"  # training moved: `step` (steps this attempt) and where (at most 1/s)
 EVALUATED = "evaluated"  # the evaluator evaluated a checkpoint (`epoch`, `metrics`)
 SAVED = "saved"  # the model was written (`path`, `chief`)
 DONE = "done"  # the entry returned

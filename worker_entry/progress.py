@@ -1,16 +1,69 @@
-"""Richer progress for a script of your own, in one import and one callback:
+"""Richer progress for a script of your own, in one import:
 
     from worker_entry import progress
-    model.fit(..., callbacks=[progress.callback()])
+    model.fit(..., callbacks=[progress.callback()])      # Keras
 
-Under tfo the task then reports its epochs and its first step (`tfo status`, events.jsonl);
-run any other way, the callback does nothing.
+    for step in ...:                                      # a custom training loop
+        loss = train_step(...)
+        progress.report(epoch=epoch, loss=float(loss))   # once per step
+
+Under tfo the task then reports its epochs and steps (the live view, `tfo status`, stall
+detection, events.jsonl); run any other way, both do nothing. Free of TensorFlow until
+`callback()` is called.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from typing import Any
+
+from worker_entry import markers
+
+# A marker per step would flood the coordinator on fast steps; one a second is what the live
+# view shows and what stall detection (whole seconds) needs.
+EVERY_SECONDS = 1.0
+
+
+class Reporter:
+    """Counts steps and emits a `progress` marker at most every EVERY_SECONDS (and always at
+    an epoch's last step, so a finished epoch shows whole)."""
+
+    def __init__(self, clock: Any = time.monotonic, emit: Any = markers.emit) -> None:
+        self.step = 0
+        self._clock, self._emit = clock, emit
+        self._last = -math.inf
+
+    def report(self, *, epoch: int | None = None, epochs: int | None = None,
+               step_in_epoch: int | None = None, steps: int | None = None,
+               loss: float | None = None) -> None:
+        self.step += 1
+        now = self._clock()
+        last_of_epoch = steps is not None and step_in_epoch == steps
+        if now - self._last < EVERY_SECONDS and not last_of_epoch:
+            return
+        self._last = now
+        fields: dict[str, Any] = {"step": self.step}
+        for key, value in (("epoch", epoch), ("epochs", epochs),
+                           ("step_in_epoch", step_in_epoch), ("steps", steps)):
+            if value is not None:
+                fields[key] = int(value)
+        if loss is not None and math.isfinite(float(loss)):
+            fields["loss"] = round(float(loss), 6)
+        self._emit(markers.PROGRESS, **fields)
+
+
+_reporter = Reporter()
+
+
+def report(*, epoch: int | None = None, epochs: int | None = None,
+           step_in_epoch: int | None = None, steps: int | None = None,
+           loss: float | None = None) -> None:
+    """One training step ended: tell tfo (throttled). A no-op outside tfo."""
+    if os.environ.get("TFO_TASK"):
+        _reporter.report(epoch=epoch, epochs=epochs, step_in_epoch=step_in_epoch, steps=steps,
+                         loss=loss)
 
 
 def callback() -> Any:

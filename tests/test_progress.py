@@ -1,0 +1,34 @@
+"""Progress markers: the task side throttles them, the coordinator validates them."""
+
+import pytest
+
+from orchestrator.markers import BadMarker, Progress, read_marker
+from worker_entry import markers
+from worker_entry.progress import Reporter
+
+
+def test_reporter_counts_every_step_and_emits_at_most_once_a_second() -> None:
+    now, out = [0.0], []
+    r = Reporter(clock=lambda: now[0], emit=lambda event, **f: out.append(f))
+    for i in range(10):
+        now[0] = i * 0.3
+        r.report(epoch=0, step_in_epoch=i + 1, steps=10, loss=0.5)
+    # t=0, 1.2 and 2.4 s, and the epoch's last step whatever the time
+    assert [f["step"] for f in out] == [1, 5, 9, 10]
+    assert out[-1] == {"step": 10, "epoch": 0, "step_in_epoch": 10, "steps": 10, "loss": 0.5}
+
+
+def test_reporter_drops_a_loss_that_is_not_finite() -> None:
+    out: list[dict] = []
+    Reporter(emit=lambda event, **f: out.append(f)).report(loss=float("nan"))
+    assert out == [{"step": 1}]
+
+
+def test_progress_marker_round_trip_and_bad_ones() -> None:
+    line = markers.line(markers.PROGRESS, step=7, epoch=1, loss=0.25).rstrip("\n")
+    marker = read_marker(line)
+    assert isinstance(marker, Progress) and marker.step == 7 and marker.loss == 0.25
+    for bad in ('{"event": "progress"}', '{"event": "progress", "step": -1}',
+                '{"event": "progress", "step": 1, "loss": "low"}'):
+        with pytest.raises(BadMarker):
+            read_marker(markers.PREFIX + bad)
