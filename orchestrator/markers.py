@@ -83,6 +83,17 @@ class Progress(_Marker):
     loss: float | None = None
 
 
+class Usage(_Marker):
+    """From the task's wrapper, measured on the task's host every USAGE_SECONDS: the task's
+    whole process tree."""
+
+    event: Literal[m.USAGE]
+    cpu: float = Field(ge=0)  # percent of one core over the last interval
+    rss: int = Field(ge=0)  # bytes
+    processes: int = Field(default=1, ge=0)
+    stopped: bool = False  # a process of the task is stopped (state T: SIGSTOP, Ctrl-Z)
+
+
 class Evaluated(_Marker):
     event: Literal[m.EVALUATED]
     epoch: int
@@ -100,8 +111,8 @@ class Done(_Marker):
     event: Literal[m.DONE]
 
 
-Marker = Annotated[Up | Connecting | Ready | FirstStep | Epoch | Progress | Evaluated | Saved
-                   | Done,
+Marker = Annotated[Up | Connecting | Ready | FirstStep | Epoch | Progress | Usage | Evaluated
+                   | Saved | Done,
                    Field(discriminator="event")]
 _MARKER: TypeAdapter[Marker] = TypeAdapter(Marker)
 

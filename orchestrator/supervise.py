@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from orchestrator.launch import Launcher, TaskHandle, describe_exit
-from orchestrator.markers import BadMarker, Evaluated, Progress, read_marker
+from orchestrator.markers import BadMarker, Evaluated, Progress, Usage, read_marker
 from orchestrator.plan import Plan, TaskPlan
 from orchestrator.policy import restart_allowed
 from orchestrator.rundir import RunDir, coordinator_identity
@@ -142,6 +142,7 @@ class TaskRecord:
     progress_at: float = 0.0  # monotonic time `progress.step` last moved (stall detection)
     steps_per_second: float | None = None  # between the last two progress markers
     last_line: str = ""  # the last ordinary line the task printed (the live view)
+    usage: Usage | None = None  # the wrapper's last measure of the task's processes
 
     @property
     def name(self) -> str:
@@ -336,6 +337,7 @@ class Supervisor:
         self._set(rec, TaskState.STARTING)
         rec.started_at, rec.last_marker, rec.returncode = time.monotonic(), "", None
         rec.progress, rec.progress_at, rec.steps_per_second = None, rec.started_at, None
+        rec.usage = None
         self.events.write("task_started", rec.name, pid=rec.handle.pid, attempt=rec.attempt,
                           host=rec.task.host, port=rec.task.port)
 
@@ -358,6 +360,9 @@ class Supervisor:
             if marker is None:
                 rec.last_line = line
                 self.echo(rec.name, line)
+                continue
+            if isinstance(marker, Usage):  # every few seconds per task: state, not an event
+                rec.usage = marker
                 continue
             rec.last_marker = marker.event
             if isinstance(marker, Progress):

@@ -63,6 +63,8 @@ def parse_lifeline(value: str | None) -> tuple[bool, float | None]:
 
 
 PREFIX = "@tfo "
+# How often the task's wrapper measures its task's processes on their host (any backend).
+USAGE_SECONDS = 2.0
 # With a heartbeat lifeline (SSH), the task's wrapper writes this byte to stdout every
 # HEARTBEAT_SECONDS; one byte, so it lands whole even amid the task's own output. Readers drop it.
 BEAT = b"\x1e"
@@ -74,6 +76,7 @@ READY = "ready"  # training: the strategy is built (all peers connected); servin
 FIRST_STEP = "first_step"  # the first training step finished
 EPOCH = "epoch"  # an epoch began (`epoch`, 0-based)
 PROGRESS = "progress"  # training moved: `step` (steps this attempt) and where (at most 1/s)
+USAGE = "usage"  # the task wrapper, every USAGE_SECONDS: the task tree's CPU, RSS, stopped?
 EVALUATED = "evaluated"  # the evaluator evaluated a checkpoint (`epoch`, `metrics`)
 SAVED = "saved"  # the model was written (`path`, `chief`)
 DONE = "done"  # the entry returned
