@@ -1,5 +1,6 @@
 # make run: set up .venv and run the 2-worker job on localhost:20000/20001.
-# make test: set up .venv (and sshd for the SSH tests) and run the whole suite.
+# make test: set up .venv (and sshd for the SSH tests) and run the whole suite, in two
+# pytest-xdist workers (tests sharing fixed ports or the netns lab run in one: tests/conftest.py).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -24,7 +25,7 @@ sshd:
 
 test: $(STAMP) sshd
 	$(BIN)/ruff check orchestrator worker_entry tests bench
-	$(BIN)/pytest -q -rs
+	$(BIN)/pytest -q -rs -n 2 --dist loadgroup --durations=25
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

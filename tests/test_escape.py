@@ -27,6 +27,7 @@ from orchestrator.plan import Placement, TaskPlan
 from tests.conftest import (
     PYTHON,
     REPO,
+    SSH_LAB,
     events,
     kill_tree,
     run_processes,
@@ -37,6 +38,8 @@ from tests.conftest import (
 )
 from tests.test_ssh import lab, lab_spec  # noqa: F401 (a fixture)
 from worker_entry.markers import Role
+
+pytestmark = [SSH_LAB]  # see tests/conftest.py
 
 
 def escapees(marker: str) -> list[psutil.Process]:

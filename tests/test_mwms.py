@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from tests.conftest import (
+    FIXED_PORTS,
     PYTHON,
     REPO,
     events,
@@ -26,7 +27,7 @@ from tests.conftest import (
     write_spec,
 )
 
-pytestmark = [pytest.mark.tf]
+pytestmark = [pytest.mark.tf, FIXED_PORTS]
 
 FAULTY = """\
 name: faulty

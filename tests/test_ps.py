@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import events, port_is_free, run_processes, run_tfo, write_spec
+from tests.conftest import FIXED_PORTS, events, port_is_free, run_processes, run_tfo, write_spec
 from tests.test_faults import Tfo, first, kill_task
 from tests.test_mwms import evaluate_saved_model
 
-pytestmark = [pytest.mark.tf]
+pytestmark = [pytest.mark.tf, FIXED_PORTS]
 
 PS_PORTS = (20010, 20011, 20012, 20013, 20014)
 
