@@ -41,7 +41,7 @@ from orchestrator.markers import is_marker
 from orchestrator.plan import Plan, make_plan
 from orchestrator.quick import QuickFlags, cluster_yaml, read_hosts_file, spec_from_command
 from orchestrator.rundir import LAST, RunDir, RunDirError, coordinator_gone
-from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, parse_spec
+from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, cluster_schema, parse_spec
 from orchestrator.specfile import SpecFileError, read_data
 from orchestrator.supervise import RunResult, Supervisor, tail
 
@@ -355,6 +355,13 @@ def check(file: FileArg) -> None:
     for problem in problems:
         err.print(f"[red]problem:[/] {problem}", soft_wrap=True)
     raise typer.Exit(1 if problems else 0)
+
+
+@app.command()
+def schema() -> None:
+    """Print the cluster file's JSON Schema (for an editor: `# yaml-language-server:
+    $schema=cluster.schema.json` after `tfo schema > cluster.schema.json`)."""
+    print(json.dumps(cluster_schema(), indent=2))
 
 
 VerboseOpt = Annotated[bool, typer.Option(
