@@ -33,7 +33,13 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand
 
-from orchestrator.console import ConsoleWriter, console_echo, point_at_devnull, printable
+from orchestrator.console import (
+    ChatterFilter,
+    ConsoleWriter,
+    console_echo,
+    point_at_devnull,
+    printable,
+)
 from orchestrator.entry import EntryError, check_entry, check_module, check_script
 from orchestrator.launch import BackendError, describe_exit
 from orchestrator.launch.backends import Backends
@@ -492,7 +498,7 @@ def print_summary(result: RunResult) -> None:
             else "could not start"
         err.print(f"[bold red]{failed.name} failed: {how}[/]; "
                   f"last lines of {failed.log_path}:", soft_wrap=True)
-        for line in tail(failed.log_path, 20):
+        for line in _last_lines(failed.name, failed.log_path, 20):
             err.print(f"  {line}", markup=False, soft_wrap=True)
     if result.evaluation:
         metrics = ", ".join(f"{k}={v:.4f}" for k, v in (result.evaluation["metrics"] or {}).items())
@@ -503,6 +509,15 @@ def print_summary(result: RunResult) -> None:
                   markup=False, soft_wrap=True)
     err.print(f"run directory: {result.run_dir} (restarts: {result.restarts})", markup=False,
               soft_wrap=True)
+
+
+def _last_lines(task: str, log_path: str, n: int) -> list[str]:
+    """The end of a task's log as the console showed it: no markers, no TensorFlow chatter,
+    escaped (a task's output is untrusted)."""
+    chatter = ChatterFilter()
+    shown = [printable(line) for line in tail(log_path, 50 * n)
+             if not is_marker(line) and not chatter.hides(task, line)]
+    return shown[-n:]
 
 
 def _find_run(ref: str | None) -> RunDir:

@@ -103,6 +103,7 @@ class ConsoleWriter:
             self.broken = True  # nothing more goes out; the thread may stay blocked in write
 
     def _run(self) -> None:
+        footer = ""  # the footer's text, as last rendered
         while True:
             with self._cond:
                 while not (self._lines or self._footer_dirty) and not self.broken:
@@ -121,12 +122,13 @@ class ConsoleWriter:
                     lines.append(f"[tfo] {self._unannounced} console lines dropped (slow "
                                  f"reader); the logs have them")
                     self._unannounced = 0
-                render, self._footer_dirty = self._footer, False
+                render, dirty, self._footer_dirty = self._footer, self._footer_dirty, False
+            if dirty:  # rendered once per footer, however many line batches it is redrawn for
+                footer = _footer_text(render)
             text = "".join(f"{line}\n" for line in lines)
-            if self._footer_height or render is not None:
+            if self._footer_height or footer:
                 # Back to the footer's first line, erase to the end, lines, the footer again.
                 erase = f"\r\x1b[{self._footer_height}A\x1b[J" if self._footer_height else ""
-                footer = _footer_text(render)
                 text = erase + text + footer
                 self._footer_height = footer.count("\n")
             try:

@@ -315,3 +315,17 @@ def test_plain_output_has_no_escape_sequences(tmp_path: Path):
     res = run_tfo("runs", cwd=cwd, env=tfo_env(cwd), timeout=30)
     assert res.returncode == 0 and "0 run(s) under runs/" in res.stdout
     assert "\x1b" not in res.output
+
+
+def test_the_failure_summary_shows_the_log_s_end_as_the_console_did(tmp_path: Path):
+    from orchestrator.cli import _last_lines
+    from worker_entry import markers
+
+    log = tmp_path / "worker-1.log"
+    log.write_text("".join([
+        "Epoch 2/3\n",
+        markers.line(markers.PROGRESS, step=3, loss=0.5),
+        "I0000 00:00:1795381621.499447    1114 cudart_stub.cc:31] Could not find cuda\n",
+        "\x1b[2J[bold]boom[/]\n",
+    ]))
+    assert _last_lines("worker:1", str(log), 20) == ["Epoch 2/3", "\\x1b[2J[bold]boom[/]"]
