@@ -560,7 +560,7 @@ def runs() -> None:
 
     found, broken = list_runs()
     table = Table(title=f"{len(found)} run(s) under {RUNS}/", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in ("run", "name", "started", "duration", "outcome", "restarts"):
         table.add_column(col, no_wrap=col != "run")
     for r in found:
