@@ -377,15 +377,14 @@ def check(file: FileArg) -> None:
 
 @app.command()
 def schema() -> None:
-    """Print the cluster file's JSON Schema (for an editor: `# yaml-language-server:
-    $schema=cluster.schema.json` after `tfo schema > cluster.schema.json`)."""
+    """Print the cluster file's JSON Schema, for editors: `tfo schema > cluster.schema.json`."""
     print(json.dumps(cluster_schema(), indent=2))
 
 
 VerboseOpt = Annotated[bool, typer.Option(
     "--verbose", "-v", help="also show TensorFlow's C++ INFO/WARNING lines")]
 LogsOpt = Annotated[bool, typer.Option(
-    "--logs/--no-logs", help="stream the tasks' lines, [role:index] first (the logs in the run "
+    "--logs/--no-logs", help="stream the tasks' lines, \\[role:index] first (the logs in the run "
     "directory have them either way)")]
 
 
@@ -593,7 +592,7 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
              "(Ctrl-C stops sooner)")] = False,
          raw: Annotated[bool, typer.Option(
              "--raw", help="also the @tfo marker lines tfo itself reads")] = False) -> None:
-    """Print a task's log (every task's, [role:index] first, when none is named): `tfo logs`,
+    """Print a task's log (every task's, \\[role:index] first, when none is named): `tfo logs`,
     `tfo logs worker:1`, `tfo logs last worker:1 -f`, `tfo logs RUN_DIR worker:1`."""
     if task is None and run_dir and _TASK_NAME.match(run_dir) and not Path(run_dir).is_dir():
         run_dir, task = None, run_dir
