@@ -5,8 +5,10 @@
     tfo run --workers 2 -- python train.py    # no file: flags make one (orchestrator/quick.py)
     tfo run runs/<id>/plan.json               # the same tasks again, in a new run directory
     tfo rerun last                            # the same (RUN: a run directory, id, id prefix)
-    tfo status                                # the latest run's tasks, from its events.jsonl
-    tfo logs [RUN] worker:1                   # one task's log
+    tfo runs                                  # past runs: id, name, start, duration, outcome
+    tfo status [RUN]                          # a run's tasks, from its events.jsonl
+    tfo logs [RUN] [worker:1] [-f]            # one task's log, or all; -f follows the run
+    tfo schema                                # the cluster file's JSON Schema
 
 `tfo run` is: spec → allocate (ports) → plan → check → sync → supervise.
 """
@@ -31,7 +33,13 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand
 
-from orchestrator.console import ConsoleWriter, console_echo, point_at_devnull
+from orchestrator.console import (
+    ChatterFilter,
+    ConsoleWriter,
+    console_echo,
+    point_at_devnull,
+    printable,
+)
 from orchestrator.entry import EntryError, check_entry, check_module, check_script
 from orchestrator.launch import BackendError, describe_exit
 from orchestrator.launch.backends import Backends
@@ -40,8 +48,18 @@ from orchestrator.launch.preflight import HostCheck
 from orchestrator.markers import is_marker
 from orchestrator.plan import Plan, make_plan
 from orchestrator.quick import QuickFlags, cluster_yaml, read_hosts_file, spec_from_command
-from orchestrator.rundir import LAST, RunDir, RunDirError, coordinator_gone
-from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, parse_spec
+from orchestrator.rundir import (
+    LAST,
+    RUNS,
+    Outcome,
+    RunDir,
+    RunDirError,
+    list_runs,
+    outcome,
+    read_lines,
+    run_over,
+)
+from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, cluster_schema, parse_spec
 from orchestrator.specfile import SpecFileError, read_data
 from orchestrator.supervise import RunResult, Supervisor, tail
 
@@ -357,32 +375,45 @@ def check(file: FileArg) -> None:
     raise typer.Exit(1 if problems else 0)
 
 
+@app.command()
+def schema() -> None:
+    """Print the cluster file's JSON Schema, for editors: `tfo schema > cluster.schema.json`."""
+    print(json.dumps(cluster_schema(), indent=2))
+
+
 VerboseOpt = Annotated[bool, typer.Option(
     "--verbose", "-v", help="also show TensorFlow's C++ INFO/WARNING lines")]
+LogsOpt = Annotated[bool, typer.Option(
+    "--logs/--no-logs", help="stream the tasks' lines, \\[role:index] first (the logs in the run "
+    "directory have them either way)")]
 
 
 @app.command(cls=_CommandAfterDashes)
 def run(file: SourceArg = None, run_dir: RunDirOpt = None,
-        verbose: VerboseOpt = False, workers: WorkersOpt = None, chief: ChiefOpt = False,
-        ps: PsOpt = None, evaluator: EvaluatorOpt = False, strategy: StrategyOpt = None,
+        verbose: VerboseOpt = False, logs: LogsOpt = True, workers: WorkersOpt = None,
+        chief: ChiefOpt = False, ps: PsOpt = None, evaluator: EvaluatorOpt = False,
+        strategy: StrategyOpt = None,
         hosts: HostsOpt = None, hosts_file: HostsFileOpt = None, name: NameOpt = None,
         restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None,
         ctx: typer.Context = None) -> None:  # type: ignore[assignment]  # last: run(FILE) works
     """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/143.
     FILE may be a run's plan.json: the same tasks again, in a new run directory. Without
     FILE, the command after -- runs (`tfo run --workers 2 -- python train.py --epochs 3`), and
-    the cluster file made for it is written into the run directory as cluster.yaml."""
+    the cluster file made for it is written into the run directory as cluster.yaml.
+    On a terminal a table of the tasks (state, CPU, memory, epoch, step, loss, last line)
+    stays below their lines, redrawn every second; piped, the lines only, and the table at
+    the end."""
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
         max_restarts))
-    _run(source, run_dir, verbose)
+    _run(source, run_dir, verbose, logs)
 
 
 def _str(path: Path | None) -> str | None:
     return None if path is None else str(path)
 
 
-def _run(source: Path | dict, run_dir: Path | None, verbose: bool) -> None:
+def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True) -> None:
     try:
         p, backends = prepare(source, run_dir)  # spec → allocate → plan
     except SpecError as e:
@@ -397,11 +428,17 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool) -> None:
         for line in backends.sync(p):  # sync
             err.print(f"[bold]tfo[/]: {line}", soft_wrap=True)
         err.print(f"[bold]tfo[/]: run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
-        console = ConsoleWriter(sys.stdout.fileno())
+        from orchestrator.liveview import LiveView, is_live_terminal
+
+        fd = sys.stdout.fileno()
+        console = ConsoleWriter(fd)
+        view = LiveView(console, fd) if is_live_terminal(fd) else None
         try:  # supervise
-            echo = console_echo(console.write, verbose)
-            result = Supervisor(p, start=backends.start, echo=echo).run()
+            echo = console_echo(console.write, verbose, logs, view.seen if view else None)
+            result = Supervisor(p, start=backends.start, echo=echo, watch=view).run()
         finally:
+            if view is not None:
+                view.close()  # the summary's table takes its place
             console.close()
     except SpecError as e:
         raise _fail(f"{e}; nothing was started") from None
@@ -425,13 +462,14 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool) -> None:
 
 
 @app.command()
-def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt = False) -> None:
+def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt = False,
+          logs: LogsOpt = True) -> None:
     """Run a run's plan again: the same tasks, ports and TF_CONFIGs, in a new run directory."""
     try:
         rd = RunDir.find(run_ref)
     except RunDirError as e:
         raise _fail(str(e)) from None
-    _run(Path(rd.plan_path), run_dir, verbose)
+    _run(Path(rd.plan_path), run_dir, verbose, logs)
 
 
 def _write_cluster_file(p: Plan, spec: dict) -> None:
@@ -448,13 +486,10 @@ def _write_cluster_file(p: Plan, spec: dict) -> None:
 
 
 def print_summary(result: RunResult) -> None:
-    table = Table(title=f"job {result.state.value}: {result.reason}", title_justify="left")
-    for col in ("task", "state", "exit", "restarts"):
-        table.add_column(col)
-    for t in result.tasks:
-        table.add_row(t.name, t.state.value, describe_exit(t.returncode) if t.returncode
-                      is not None else "-", str(t.restarts))
-    err.print(table)
+    from orchestrator.liveview import FINAL, row_from_outcome, table
+
+    err.print(table([row_from_outcome(t) for t in result.tasks], FINAL,
+                    title=f"job {result.state.value}: {result.reason}"))
     if result.failed_task:
         failed = next(t for t in result.tasks if t.name == result.failed_task)
         # No exit code: it never started (its start failed), so it cannot be "still running".
@@ -462,12 +497,26 @@ def print_summary(result: RunResult) -> None:
             else "could not start"
         err.print(f"[bold red]{failed.name} failed: {how}[/]; "
                   f"last lines of {failed.log_path}:", soft_wrap=True)
-        for line in tail(failed.log_path, 20):
+        for line in _last_lines(failed.name, failed.log_path, 20):
             err.print(f"  {line}", markup=False, soft_wrap=True)
     if result.evaluation:
         metrics = ", ".join(f"{k}={v:.4f}" for k, v in (result.evaluation["metrics"] or {}).items())
         err.print(f"evaluator: epoch {result.evaluation['epoch']}: {metrics}")
-    err.print(f"run directory: {result.run_dir} (restarts: {result.restarts})")
+    board = RunDir(result.run_dir).tensorboard
+    if Path(board).is_dir():
+        err.print(f"tensorboard: {board} (to view: tensorboard --logdir {shlex.quote(board)})",
+                  markup=False, soft_wrap=True)
+    err.print(f"run directory: {result.run_dir} (restarts: {result.restarts})", markup=False,
+              soft_wrap=True)
+
+
+def _last_lines(task: str, log_path: str, n: int) -> list[str]:
+    """The end of a task's log as the console showed it: no markers, no TensorFlow chatter,
+    escaped (a task's output is untrusted)."""
+    chatter = ChatterFilter()
+    shown = [printable(line) for line in tail(log_path, 50 * n)
+             if not is_marker(line) and not chatter.hides(task, line)]
+    return shown[-n:]
 
 
 def _find_run(ref: str | None) -> RunDir:
@@ -479,41 +528,57 @@ def _find_run(ref: str | None) -> RunDir:
 
 @app.command()
 def status(run_ref: RunArg = None) -> None:
-    """The tasks of a run (the latest by default) as its events.jsonl tells them."""
+    """The tasks of a run (the latest by default) as its events.jsonl tells them: state,
+    restarts, last epoch, step and loss, last event, exit."""
+    from orchestrator.liveview import STATUS, rows_from_events, table
+
     rd = _find_run(run_ref)
     try:
         events, skipped = rd.read_events()
     except OSError as e:
         raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
-    tasks: dict[str, dict] = {}
-    job = "running"
-    for e in events:
-        if e["event"] == "run_started":
-            job = (f"coordinator lost: pid {e['coordinator_pid']} is gone; the run did not "
-                   "finish cleanly") if coordinator_gone(e) else "running"
-        elif e["event"] == "job_finished":
-            job = f"{e.get('state')}: {e.get('reason', '')}"
-        if isinstance(e.get("task"), str):
-            tasks.setdefault(e["task"], {}).update(
-                last=e["event"], pid=_int_or_none(e.get("pid")),
-                returncode=_int_or_none(e.get("returncode")))
-    # Text, not markup: a reason or task name may hold brackets.
-    table = Table(title=Text(f"{rd.name}: {job}"), title_justify="left")
-    for col in ("task", "last event", "pid", "exit"):
-        table.add_column(col)
-    for name, t in sorted(tasks.items()):
-        table.add_row(Text(name), Text(t["last"]), str(t["pid"] or "-"),
-                      describe_exit(t["returncode"]) if t["returncode"] is not None else "-")
-    out.print(table)
+    started = next((e for e in events if e["event"] == "run_started"), {})
+    finished = next((e for e in reversed(events) if e["event"] == "job_finished"), None)
+    state = outcome(started, finished)
+    job = f"{state.value}: {finished.get('reason', '')}" if finished else state.value
+    if state is Outcome.LOST:
+        job = (f"coordinator lost: pid {started.get('coordinator_pid')} is gone; the run did "
+               "not finish cleanly")
+    out.print(table(rows_from_events(events), STATUS, title=f"{rd.name}: {job}"))
     if skipped:
         err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)", markup=False)
 
 
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+@app.command()
+def runs() -> None:
+    """The runs under runs/, oldest first: id, cluster name, start, duration, outcome,
+    restarts."""
+    from rich import box
+
+    from orchestrator.liveview import duration
+
+    found, broken = list_runs()
+    table = Table(title=f"{len(found)} run(s) under {RUNS}/", title_justify="left",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for col in ("run", "name", "started", "duration", "outcome", "restarts"):
+        table.add_column(col, no_wrap=col != "run")
+    for r in found:
+        table.add_row(Text(r.run_id), Text(r.name),
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)),
+                      duration(r.duration), r.outcome.value,
+                      "-" if r.restarts is None else str(r.restarts))
+    out.print(table)
+    if broken:
+        what = "directory that is not a readable run" if broken == 1 else \
+            "directories that are not readable runs"
+        err.print(f"skipped {broken} {what} under {RUNS}/ (no plan.json, or no events.jsonl "
+                  "that starts with run_started)", markup=False, soft_wrap=True)
 
 
 _TASK_NAME = re.compile(r"^[a-z_]+:\d+$")
+
+
+FOLLOW_SECONDS = 0.25  # how often `tfo logs -f` looks for new lines
 
 
 @app.command()
@@ -522,10 +587,13 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
             show_default=False)] = None,
          task: Annotated[str | None, typer.Argument(help="e.g. worker:1")] = None,
          lines: Annotated[int, typer.Option("-n", help="last N lines")] = 0,
+         follow: Annotated[bool, typer.Option(
+             "--follow", "-f", help="go on printing lines as they come, until the run ends "
+             "(Ctrl-C stops sooner)")] = False,
          raw: Annotated[bool, typer.Option(
              "--raw", help="also the @tfo marker lines tfo itself reads")] = False) -> None:
-    """Print a task's log (every task's, when none is named): `tfo logs`, `tfo logs worker:1`,
-    `tfo logs RUN_DIR worker:1`."""
+    """Print a task's log (every task's, \\[role:index] first, when none is named): `tfo logs`,
+    `tfo logs worker:1`, `tfo logs last worker:1 -f`, `tfo logs RUN_DIR worker:1`."""
     if task is None and run_dir and _TASK_NAME.match(run_dir) and not Path(run_dir).is_dir():
         run_dir, task = None, run_dir
     rd = _find_run(run_dir)
@@ -534,13 +602,27 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
         raise _fail(f"{rd}: no task logs there (is it a run directory?)")
     if task and task not in found:
         raise _fail(f"no task {task!r} in {rd}; tasks: {', '.join(found)}")
-    try:
-        for name, path in found.items() if not task else [(task, found[task])]:
-            text = [line for line in path.read_text(errors="replace").splitlines()
-                    if raw or not is_marker(line)]
-            for line in text[-lines:] if lines else text:
-                print(f"[{name}] {line}" if not task else line)
+    # A task's output is untrusted: escaped for a terminal, as printed into a file or pipe.
+    shown = printable if sys.stdout.isatty() else str
+    offsets: dict[str, int] = {}
+
+    def show(last_n: int, whole: bool) -> None:
+        logs = rd.task_logs()  # a task not started yet has no log yet
+        for name, path in logs.items() if not task else [(task, logs[task])]:
+            new, offsets[name] = read_lines(path, offsets.get(name, 0), whole)
+            new = [line for line in new if raw or not is_marker(line)]
+            for line in new[-last_n:] if last_n else new:
+                print(shown(f"[{name}] {line}" if not task else line))
         sys.stdout.flush()
+
+    try:
+        show(lines, whole=not follow)
+        while follow:
+            over = run_over(rd)  # before reading: the lines written before the end are read
+            show(0, whole=over)
+            if over:
+                break
+            time.sleep(FOLLOW_SECONDS)
     except BrokenPipeError:  # `tfo logs | head`: the reader has what it wanted
         point_at_devnull(sys.stdout.fileno())
 

@@ -36,8 +36,8 @@ from orchestrator.specfile import SpecFileError, read_data
 from orchestrator.strategy import CLUSTER_ROLES, RULES, START_ORDER
 from worker_entry.markers import Role, Strategy
 
-__all__ = ["RestartPolicy", "Role", "Strategy", "ClusterSpec", "SpecError", "load_spec",
-           "parse_spec"]
+__all__ = ["RestartPolicy", "Role", "Strategy", "ClusterSpec", "SpecError", "cluster_schema",
+           "load_spec", "parse_spec"]
 ROLES = tuple(Role)
 LOCALHOST = "localhost"
 _ENTRY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
@@ -109,7 +109,9 @@ def _parse_gpus(value: Any) -> Any:
 
 
 # `auto` is resolved by the launcher before the plan (orchestrator/launch/gpus.py).
-Gpus = Annotated[list[int] | Literal["auto"], BeforeValidator(_parse_gpus)]
+Gpus = Annotated[list[int] | Literal["auto"],
+                 BeforeValidator(_parse_gpus, json_schema_input_type=list[int] | Literal["auto"]
+                                 | None)]
 
 
 def _check_gpus_per_task(value: Any) -> Any:
@@ -125,7 +127,9 @@ def _check_gpus_per_task(value: Any) -> Any:
     return value
 
 
-GpusPerTask = Annotated[int | dict[str, int], BeforeValidator(_check_gpus_per_task)]
+GpusPerTask = Annotated[int | dict[str, int], BeforeValidator(
+    _check_gpus_per_task, json_schema_input_type=Annotated[int, Field(ge=0)]
+    | dict[Literal[ROLES], Annotated[int, Field(ge=0)]])]
 # An int gives GPUs to the roles that train; a ps holds variables, an evaluator only reads.
 GPU_ROLES = (Role.CHIEF, Role.WORKER)
 
@@ -165,7 +169,10 @@ def parse_address(value: Any) -> Any:
     return {"host": host, "port": int(port_text)}
 
 
-TaskAddress = Annotated[Address, BeforeValidator(parse_address)]
+# The schema (`tfo schema`) shows what a file may hold: 'host:port', 'host:auto', 'host'.
+AddressText = Annotated[str, Field(pattern=r"^\s*[A-Za-z0-9_.\-]+(:(\d+|auto))?\s*$")]
+TaskAddress = Annotated[Address, BeforeValidator(
+    parse_address, json_schema_input_type=AddressText | Address)]
 
 
 JOB_KINDS = ("entry", "script", "module")  # exactly one of these keys names what tasks run
@@ -323,11 +330,26 @@ class JobSpec(_Model):
         return path
 
 
+def _addresses(value: Any) -> Any:
+    """A role's tasks: a list of addresses, one address alone, or nothing."""
+    if value is None:
+        return []
+    if isinstance(value, str | dict):
+        return [value]
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of 'host:port', got {value!r}")
+    return value
+
+
+Addresses = Annotated[list[TaskAddress], BeforeValidator(
+    _addresses, json_schema_input_type=list[AddressText | Address] | AddressText | None)]
+
+
 class TasksSpec(_Model):
-    chief: list[TaskAddress] = Field(default_factory=list)
-    worker: list[TaskAddress] = Field(default_factory=list)
-    ps: list[TaskAddress] = Field(default_factory=list)
-    evaluator: list[TaskAddress] = Field(default_factory=list)
+    chief: Addresses = Field(default_factory=list)
+    worker: Addresses = Field(default_factory=list)
+    ps: Addresses = Field(default_factory=list)
+    evaluator: Addresses = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -338,17 +360,6 @@ class TasksSpec(_Model):
             if role not in ROLES:
                 raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
         return data
-
-    @field_validator(*ROLES, mode="before")
-    @classmethod
-    def _addresses(cls, value: Any) -> Any:
-        if value is None:
-            return []
-        if isinstance(value, str | dict):
-            return [value]
-        if not isinstance(value, list):
-            raise ValueError(f"expected a list of 'host:port', got {value!r}")
-        return value
 
     def all(self) -> Iterator[tuple[Role, int, Address]]:
         """Every task as (role, index, address), in start order: ps, worker, chief, evaluator."""
@@ -543,6 +554,15 @@ def format_validation_error(err: ValidationError) -> str:
             msg = f"{msg} (got {e.get('input')!r})"
         lines.setdefault(loc, f"{loc}: {msg}")  # a union's first member says enough
     return "\n".join(lines.values())
+
+
+def cluster_schema() -> dict[str, Any]:
+    """The cluster file's JSON Schema (`tfo schema`), for editors: what a file may hold, from
+    the models themselves. Rules across fields (two chiefs, duplicate addresses) are the
+    models' alone."""
+    schema = ClusterSpec.model_json_schema(mode="validation")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "tfo cluster file", **{k: v for k, v in schema.items() if k != "title"}}
 
 
 def parse_spec(data: Any, source: str = "<spec>") -> ClusterSpec:

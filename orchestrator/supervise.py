@@ -35,6 +35,7 @@ from worker_entry.markers import Role
 __all__ = ["JobState", "RunResult", "Supervisor", "TaskState", "restart_allowed", "tail"]
 
 POLL_SECONDS = 0.05
+WATCH_SECONDS = 1.0  # how often the loop hands itself to a watcher (the live view)
 # A closed terminal or a dropped SSH session to the user's machine sends SIGHUP: a teardown
 # like Ctrl-C, not a silent death that leaves the run looking alive.
 SIGNAL_EXIT = {signal.SIGHUP: 129, signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -160,6 +161,8 @@ class TaskOutcome:
     returncode: int | None
     restarts: int
     log_path: str
+    host: str = ""
+    progress: Progress | None = None  # the last attempt's last progress marker
 
 
 @dataclass
@@ -193,10 +196,15 @@ def tail(path: str, n: int = 20) -> list[str]:
 
 class Supervisor:
     def __init__(self, plan: Plan, start: Launcher,
-                 echo: Callable[[str, str], None] | None = None) -> None:
+                 echo: Callable[[str, str], None] | None = None,
+                 watch: Callable[[Supervisor], None] | None = None) -> None:
         self.plan, self._start = plan, start
         self.policy, self.rules = plan.policy, plan.rules
         self.echo = echo or _print_line
+        # Called by the loop, on its thread, at most every WATCH_SECONDS: it may read the
+        # records, and must return at once (the live view copies rows and returns).
+        self.watch = watch
+        self._watched_at = -WATCH_SECONDS
         self.state = JobState.PENDING
         self.records = {t.name: TaskRecord(t) for t in plan.tasks}
         self.restarts = 0  # job-level, against policy.max_restarts
@@ -234,6 +242,10 @@ class Supervisor:
         try:
             while self._ending is None:
                 self._tick()
+                if self.watch is not None and time.monotonic() - self._watched_at \
+                        >= WATCH_SECONDS:
+                    self._watched_at = time.monotonic()
+                    self.watch(self)
                 if self._ending is None:
                     time.sleep(POLL_SECONDS)
         except Exception as e:  # a bug of ours: still tear down, and say where to look
@@ -260,8 +272,8 @@ class Supervisor:
         return RunResult(
             state=end.state, exit_code=code, reason=end.reason, run_dir=self.plan.run_dir,
             restarts=self.restarts, failed_task=end.failed_task, evaluation=self.evaluation,
-            tasks=[TaskOutcome(r.name, r.state, r.returncode, r.restarts, r.task.log_path)
-                   for r in self.records.values()],
+            tasks=[TaskOutcome(r.name, r.state, r.returncode, r.restarts, r.task.log_path,
+                               r.task.host, r.progress) for r in self.records.values()],
         )
 
     def _tick(self) -> None:

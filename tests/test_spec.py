@@ -349,3 +349,36 @@ def test_a_duplicate_key_in_json(tmp_path: Path):
     path = write_spec(tmp_path / "c.json", '{"name": "t", "name": "u"}')
     with pytest.raises(SpecError, match="duplicate key 'name' in one object"):
         load_spec(path)
+
+
+SCHEMA_BAD = ["unknown top-level key", "unknown job key", "unknown role", "port not a number"]
+
+
+@pytest.mark.timeout(60)
+def test_schema_accepts_every_shipped_cluster_file_and_rejects_bad_ones():
+    """`tfo schema` is what an editor validates against: the files we ship pass, a file the
+    models refuse for a reason the schema can say is refused too."""
+    import json
+
+    import jsonschema
+    import yaml
+
+    res = run_tfo("schema", timeout=30)
+    assert res.returncode == 0, res.output[-2000:]
+    schema = json.loads(res.stdout)
+    validator = jsonschema.Draft202012Validator(schema)
+    files = sorted((REPO / "clusters").glob("*.yaml"))
+    assert files
+    for path in files:
+        assert not list(validator.iter_errors(yaml.safe_load(path.read_text()))), path
+    # The shorter forms a file may use: one address alone, a role left empty, gpus: auto.
+    short = yaml.safe_load(GOOD + "  chief: localhost:20002\n  evaluator:\n"
+                           "localhost: {gpus: auto}\n")
+    parse_spec(short)
+    assert not list(validator.iter_errors(short))
+    cases = {case: text for case, text, _ in BAD}
+    for case in SCHEMA_BAD:
+        data = yaml.safe_load(cases[case])
+        with pytest.raises(SpecError):
+            parse_spec(data)
+        assert list(validator.iter_errors(data)), case
