@@ -8,7 +8,8 @@
     tfo status                                # the latest run's tasks, from its events.jsonl
     tfo logs [RUN] worker:1                   # one task's log
 
-`tfo run` is: spec → allocate (ports) → plan → check → sync → supervise.
+`tfo run` is: spec → place (a Slurm job's nodes) → allocate (ports) → plan → check → sync →
+supervise.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand
@@ -179,16 +181,22 @@ def prepare(file: Path | dict, run_dir: Path | None, dry_run: bool = False,
     check_run_dir(Path(rd.path))
     backends = Backends(spec.hosts)
     try:
-        if ports is None:
+        # A scheduler's nodes first (Slurm: the allocation), then ports on them.
+        nodes = backends.place(spec, dry_run, _say)
+        if ports is None or nodes:  # a Slurm job's ports are the new nodes' own
             ports = backends.allocate(spec)
         gpus = backends.gpus(spec, ask_hosts)
         _warn_gpu_notes(gpus)
         plan = make_plan(spec, run_id=run_id, run_dir=rd.path, workdir=Path.cwd(), ports=ports,
-                         gpus={host: report.ids for host, report in gpus.items()})
-    except SpecError:
+                         gpus={host: report.ids for host, report in gpus.items()}, nodes=nodes)
+    except BaseException:  # Ctrl-C in the queue too: an allocation is given back
         backends.close()
         raise
     return plan, backends
+
+
+def _say(line: str) -> None:
+    err.print(f"[bold]tfo[/]: {escape(line)}", soft_wrap=True)
 
 
 def _warn_gpu_notes(reports: dict[str, GpuReport]) -> None:
@@ -346,7 +354,7 @@ def check(file: FileArg) -> None:
     workdir. Exit 0 when all is well, 1 naming each problem."""
     try:
         p, backends = prepare(file, None, dry_run=True)
-    except SpecError as e:
+    except (SpecError, BackendError) as e:
         raise _fail(str(e)) from None
     try:
         problems = _preflight(p, backends, show=True)
@@ -384,8 +392,8 @@ def _str(path: Path | None) -> str | None:
 
 def _run(source: Path | dict, run_dir: Path | None, verbose: bool) -> None:
     try:
-        p, backends = prepare(source, run_dir)  # spec → allocate → plan
-    except SpecError as e:
+        p, backends = prepare(source, run_dir)  # spec → place → allocate → plan
+    except (SpecError, BackendError) as e:
         raise _fail(str(e)) from None
     try:
         problems = _preflight(p, backends, show=False)  # check
