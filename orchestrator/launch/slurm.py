@@ -206,9 +206,10 @@ class Allocation:
 
 
 def _pending_reason(job_id: str) -> str | None:
+    """'PENDING (Resources)' while the job waits; None once it does not."""
     cp = run_slurm("squeue", "-h", "-j", job_id, "-o", "%T %r")
-    text = cp.stdout.strip()
-    return text if text.startswith("PENDING") else None
+    state, _, reason = cp.stdout.strip().partition(" ")
+    return f"{state} ({reason})" if state == "PENDING" else None
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -404,7 +405,7 @@ class SlurmBackend:
             row.reachable = True
         except (SlurmError, SpecError) as e:
             row.problems.append(str(e))
-            return row
+            return [row]
         name = part.get("PartitionName", "?")
         row.host = f"slurm:{name}"
         states = node_states(name)
