@@ -41,7 +41,15 @@ from orchestrator.launch.gpus import GpuReport, auto_gpus, auto_notes
 from orchestrator.launch.preflight import HostCheck
 from orchestrator.markers import is_marker
 from orchestrator.plan import Plan, make_plan
-from orchestrator.quick import QuickFlags, cluster_yaml, read_hosts_file, spec_from_command
+from orchestrator.quick import (
+    FlagError,
+    QuickFlags,
+    SlurmFlags,
+    cluster_yaml,
+    on_slurm,
+    read_hosts_file,
+    spec_from_command,
+)
 from orchestrator.rundir import LAST, RunDir, RunDirError, coordinator_gone
 from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, parse_spec
 from orchestrator.specfile import SpecFileError, read_data
@@ -252,12 +260,57 @@ RestartOpt = Annotated[str | None, typer.Option(
 MaxRestartsOpt = Annotated[int | None, typer.Option(
     "--max-restarts", help="restarts over the whole job \\[default: 3]",
     rich_help_panel=_QUICK, show_default=False)]
+_SLURM = "on Slurm (`--on slurm`: one allocation, each task a job step)"
+OnOpt = Annotated[str | None, typer.Option(
+    "--on", help="hand the job to a scheduler: slurm (each role's tasks become a count; Slurm "
+    "picks the nodes)", rich_help_panel=_SLURM, show_default=False)]
+PartitionOpt = Annotated[str | None, typer.Option(
+    "--partition", help="Slurm partition \\[default: the cluster's default]",
+    rich_help_panel=_SLURM, show_default=False)]
+TimeOpt = Annotated[str | None, typer.Option(
+    "--time", help="Slurm time limit: minutes, HH:MM:SS, D-HH:MM:SS", rich_help_panel=_SLURM,
+    show_default=False)]
+NodesOpt = Annotated[int | None, typer.Option(
+    "--nodes", help="nodes to ask for \\[default: enough for --tasks-per-node]",
+    rich_help_panel=_SLURM, show_default=False)]
+TasksPerNodeOpt = Annotated[int | None, typer.Option(
+    "--tasks-per-node", help="tasks on one node \\[default: 1]", rich_help_panel=_SLURM,
+    show_default=False)]
+GpusPerTaskOpt = Annotated[int | None, typer.Option(
+    "--gpus-per-task", help="GPUs Slurm gives each task \\[default: 0]", rich_help_panel=_SLURM,
+    show_default=False)]
+AccountOpt = Annotated[str | None, typer.Option(
+    "--account", help="Slurm account to charge", rich_help_panel=_SLURM, show_default=False)]
+SlurmArgOpt = Annotated[list[str] | None, typer.Option(
+    "--slurm-arg", help="one more salloc option, e.g. --slurm-arg=--qos=debug (repeatable)",
+    rich_help_panel=_SLURM, show_default=False)]
 _USAGE = ("give a cluster file (tfo {0} clusters/localhost.yaml) or a command after -- "
           "(tfo {0} --workers 2 -- python train.py --epochs 3)")
 
 
-def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags) -> Path | dict:
-    """What to run: FILE, or the cluster file the flags and the command after `--` make."""
+def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags,
+            slurm: SlurmFlags | None = None) -> Path | dict:
+    """What to run: FILE, or the cluster file the flags and the command after `--` make;
+    with `--on slurm`, that job as a Slurm job."""
+    source = _what_to_run(ctx, file, flags)
+    if slurm is None or (slurm.on is None and not slurm.given()):
+        return source
+    try:
+        data = source
+        if isinstance(source, Path):
+            data = read_data(source)
+            if isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys():
+                raise FlagError(f"--on: {source} is a run's plan.json, already placed; give "
+                                "the cluster file")
+        return on_slurm(data, slurm)
+    except SpecFileError as e:
+        raise _fail(str(e)) from None
+    except SpecError as e:
+        raise _fail(str(e)) from None
+
+
+def _what_to_run(ctx: typer.Context | None, file: Path | None, flags: QuickFlags) -> Path | dict:
+    """FILE, or the cluster file the flags and the command after `--` make."""
     command: list[str] | None = ctx.meta.get(_COMMAND) if ctx is not None else None
     usage = _USAGE.format(ctx.info_name if ctx is not None else "run")
     if command is not None and file is not None:
@@ -288,12 +341,16 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
          workers: WorkersOpt = None, chief: ChiefOpt = False, ps: PsOpt = None,
          evaluator: EvaluatorOpt = False, strategy: StrategyOpt = None, hosts: HostsOpt = None,
          hosts_file: HostsFileOpt = None, name: NameOpt = None, restart: RestartOpt = None,
-         max_restarts: MaxRestartsOpt = None) -> None:
+         max_restarts: MaxRestartsOpt = None, on: OnOpt = None, partition: PartitionOpt = None,
+         time_limit: TimeOpt = None, nodes: NodesOpt = None,
+         tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
+         account: AccountOpt = None, slurm_arg: SlurmArgOpt = None) -> None:
     """Print what `run` would start, without starting anything: `tfo plan FILE`, or
     `tfo plan --workers 2 -- python train.py` (then also the cluster file it makes)."""
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
-        max_restarts))
+        max_restarts), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
+                                  gpus_per_task, account, tuple(slurm_arg or ())))
     try:
         p, backends = prepare(source, run_dir, dry_run=True, ask_hosts=False)
     except SpecError as e:
@@ -374,15 +431,20 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         verbose: VerboseOpt = False, workers: WorkersOpt = None, chief: ChiefOpt = False,
         ps: PsOpt = None, evaluator: EvaluatorOpt = False, strategy: StrategyOpt = None,
         hosts: HostsOpt = None, hosts_file: HostsFileOpt = None, name: NameOpt = None,
-        restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None,
+        restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None, on: OnOpt = None,
+        partition: PartitionOpt = None, time_limit: TimeOpt = None, nodes: NodesOpt = None,
+        tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
+        account: AccountOpt = None, slurm_arg: SlurmArgOpt = None,
         ctx: typer.Context = None) -> None:  # type: ignore[assignment]  # last: run(FILE) works
     """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/143.
     FILE may be a run's plan.json: the same tasks again, in a new run directory. Without
     FILE, the command after -- runs (`tfo run --workers 2 -- python train.py --epochs 3`), and
-    the cluster file made for it is written into the run directory as cluster.yaml."""
+    the cluster file made for it is written into the run directory as cluster.yaml. With
+    `--on slurm`, the same job runs in one Slurm allocation, each task a job step."""
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
-        max_restarts))
+        max_restarts), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
+                                  gpus_per_task, account, tuple(slurm_arg or ())))
     _run(source, run_dir, verbose)
 
 

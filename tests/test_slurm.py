@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.launch.slurm import assign_nodes, fit_problems, salloc_argv
-from orchestrator.spec import SlurmSpec
+from orchestrator.quick import FlagError, SlurmFlags, on_slurm
+from orchestrator.spec import SlurmSpec, parse_spec
 from tests import slurmlab
 from tests.conftest import (
     REPO,
@@ -75,6 +76,24 @@ def test_a_request_that_can_never_fit_is_named():
     assert fit_problems(SlurmSpec(), 3, part) == [
         "backend.slurm.nodes: 3 node(s) asked, partition lab has 2"]
     assert "partition lab is DOWN" in fit_problems(SlurmSpec(), 1, {**part, "State": "DOWN"})[0]
+
+
+def test_on_slurm_turns_a_cluster_file_into_counts_and_a_request():
+    data = {"name": "ps", "strategy": "parameter_server",
+            "job": {"entry": "worker_entry.examples.digits:train"},
+            "hosts": {"gpu1": {"address": "gpu1"}},
+            "tasks": {"chief": "gpu1:1", "worker": ["gpu1:2", "gpu1:3"], "ps": ["gpu1:4"]}}
+    out = on_slurm(data, SlurmFlags(on="slurm", partition="gpu", nodes=2, tasks_per_node=2,
+                                    extra_args=("--qos=debug",)))
+    assert out["tasks"] == {"chief": 1, "worker": 2, "ps": 1} and "hosts" not in out
+    assert out["backend"] == {"slurm": {"partition": "gpu", "nodes": 2, "tasks_per_node": 2,
+                                        "extra_args": ["--qos=debug"]}}
+    assert parse_spec(out).backend.slurm.partition == "gpu"
+    assert on_slurm(data, SlurmFlags()) is data
+    with pytest.raises(FlagError, match="--partition: Slurm's request; add --on slurm"):
+        on_slurm(data, SlurmFlags(partition="gpu"))
+    with pytest.raises(FlagError, match="--on k8s: the one scheduler"):
+        on_slurm(data, SlurmFlags(on="k8s"))
 
 
 # ------------------------------------------------------------------- against real Slurm
@@ -259,13 +278,16 @@ def test_a_queued_job_shows_why_and_ctrl_c_withdraws_it(lab: slurmlab.SlurmLab,
 @pytest.mark.timeout(60)
 def test_a_partition_that_does_not_exist_is_exit_2_naming_the_field(
         lab: slurmlab.SlurmLab, tmp_path: Path):
+    # From the spec, and from `--on slurm` flags on a cluster file written for localhost.
     spec = write_spec(tmp_path / "bad.yaml", job(partition="nosuch"))
-    res = run_tfo("run", str(spec), timeout=45)
-    assert res.returncode == 2, res.output
-    assert ("backend.slurm.partition: no partition 'nosuch' on this Slurm cluster; "
-            f"partitions: {slurmlab.PARTITION}") in res.stderr
-    assert "Traceback" not in res.output
-    assert lab.jobs() == []
+    for args in ([str(spec)], ["clusters/localhost.yaml", "--on", "slurm", "--partition",
+                               "nosuch"]):
+        res = run_tfo("run", *args, "--run-dir", str(tmp_path / "run"), timeout=45)
+        assert res.returncode == 2, res.output
+        assert ("backend.slurm.partition: no partition 'nosuch' on this Slurm cluster; "
+                f"partitions: {slurmlab.PARTITION}") in res.stderr
+        assert "Traceback" not in res.output
+        assert lab.jobs() == []
     res = run_tfo("check", str(spec), timeout=45)
     assert res.returncode == 1 and "no partition 'nosuch'" in res.stderr, res.output
 
