@@ -51,7 +51,7 @@ from orchestrator.quick import (
     spec_from_command,
 )
 from orchestrator.rundir import LAST, RunDir, RunDirError, coordinator_gone
-from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, parse_spec
+from orchestrator.spec import LOCALHOST, SLURM, ClusterSpec, SpecError, parse_spec
 from orchestrator.specfile import SpecFileError, read_data
 from orchestrator.supervise import RunResult, Supervisor, tail
 
@@ -103,7 +103,8 @@ def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
         if job.script is not None:  # run here, or synced from here: it must be here
             check_script(job.script, workdir)
             return
-        local = any(a.host == LOCALHOST for _, _, a in spec.tasks.all())
+        # Slurm's nodes run the tasks here too: in this directory, with this python.
+        local = any(a.host in (LOCALHOST, SLURM) for _, _, a in spec.tasks.all())
         shipped = job.package == "worker_entry" or (workdir / job.package).exists() \
             or (workdir / f"{job.package}.py").exists()
         if not (local or shipped):

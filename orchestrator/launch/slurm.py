@@ -189,13 +189,14 @@ class Allocation:
         return self._proc.poll()
 
     def release(self, timeout: float = 10.0) -> None:
-        """scancel the job (every step with it), close the lifeline, reap salloc."""
-        if self.job_id is not None:
-            with contextlib.suppress(SlurmError):
-                run_slurm("scancel", self.job_id, timeout=timeout)
+        """Close the lifeline (salloc gives the allocation back), scancel the job all the same
+        (every step goes with it), reap salloc."""
         with contextlib.suppress(OSError):
             assert self._proc.stdin is not None
             self._proc.stdin.close()
+        if self.job_id is not None:
+            with contextlib.suppress(SlurmError):
+                run_slurm("scancel", self.job_id, timeout=timeout)
         if self.job_id is None and self._proc.poll() is None:
             self._proc.terminate()  # still in the queue without an id: salloc withdraws it
         try:
