@@ -97,6 +97,22 @@ class SlurmLab:
         return [int(p) for p in cp.stdout.split() if p.isdigit()
                 and int(p) != self.pids.get(f"slurmd-{node}")]
 
+    def clients(self) -> list[int]:
+        """Live salloc and srun processes that talk to this lab (a leak, once a run ended)."""
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/comm") as f:
+                    if f.read().strip() not in ("salloc", "srun"):
+                        continue
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if f"SLURM_CONF={self.conf}".encode() in f.read().split(b"\0") \
+                            and sshlab._pid_alive(int(entry)):
+                        found.append(int(entry))
+            except (OSError, ValueError):
+                continue
+        return found
+
     def log(self, daemon: str) -> str:
         return sshlab._tail(self.workdir / f"{daemon}.log", 60)
 
@@ -309,3 +325,4 @@ def slurm_lab(workdir: Path | str, start_timeout: float = 30.0) -> Iterator[Slur
             yield lab
         finally:
             lab.run("scancel", "--full", "-u", "root")  # a test's leftover, if any
+            sshlab._terminate_pids(lab.clients())

@@ -118,6 +118,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
         mp.setenv("SLURM_CONF", lab.conf)
         yield lab
         assert lab.jobs() == [], "a test left a Slurm job behind"
+        assert lab.clients() == [], "a test left salloc or srun running"
 
 
 def _cannot(reason: str) -> None:
@@ -241,13 +242,16 @@ def test_ctrl_c_or_sigkill_of_tfo_leaves_no_job(lab: slurmlab.SlurmLab, run_dir:
         assert tfo.proc.returncode == 130
     plan = json.loads((run_dir / "plan.json").read_text())
     assert wait_until(lambda: not run_processes(plan["run_id"]), 10)  # srun too
+    # salloc too (given SIGTERM, a granted salloc 22.05 revokes the job, then spins forever)
+    assert wait_until(lambda: not lab.clients(), 10), lab.clients()
 
 
 @pytest.mark.timeout(120)
-def test_a_queued_job_shows_why_and_ctrl_c_withdraws_it(lab: slurmlab.SlurmLab,
-                                                        run_dir: Path, tmp_path: Path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
+def test_a_queued_job_shows_why_and_ctrl_c_or_sigkill_withdraws_it(
+        lab: slurmlab.SlurmLab, run_dir: Path, tmp_path: Path, sig: signal.Signals):
     """Both nodes taken by another job: tfo says the job waits, with squeue's reason; Ctrl-C
-    in the queue leaves nothing queued."""
+    or SIGKILL of tfo in the queue leaves nothing queued."""
     blocker = lab.run("salloc", "--no-shell", "--exclusive", "-N2", "-J", "blocker")
     assert blocker.returncode == 0, blocker.stderr
     blocker_id = re.search(r"allocation (\d+)", blocker.stderr).group(1)
@@ -255,16 +259,24 @@ def test_a_queued_job_shows_why_and_ctrl_c_withdraws_it(lab: slurmlab.SlurmLab,
     proc = subprocess.Popen(tfo_cmd("run", str(spec), "--run-dir", str(run_dir)), cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+    os.set_blocking(proc.stderr.fileno(), False)
+    seen = [""]
+
+    def proc_err() -> str:
+        seen[0] += proc.stderr.read() or ""
+        return seen[0]
+
     try:
         assert wait_until(lambda: len(lab.jobs()) == 2, 20), lab.jobs()
         queued = next(j.split()[0] for j in lab.jobs() if "tfo-queued" in j)
         assert wait_until(lambda: (run_dir / "plan.json").exists() or "PENDING" in
                           lab.run("squeue", "-h", "-j", queued, "-o", "%T").stdout, 10)
-        time.sleep(1.5)  # tfo's first look at the queue
-        proc.send_signal(signal.SIGINT)
+        assert wait_until(lambda: "waits in the queue" in proc_err(), 10)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
+        err = seen[0] + err
         assert f"slurm job {queued} waits in the queue: PENDING (Resources)" in err, err
-        assert proc.returncode == 130, err
+        assert proc.returncode == (130 if sig is signal.SIGINT else -9), err
         assert wait_until(lambda: [j for j in lab.jobs() if j.split()[0] == queued] == [], 10)
         assert not (run_dir / "plan.json").exists()  # nothing started
     finally:

@@ -10,7 +10,8 @@ per task, so a task can be stopped and restarted alone inside the allocation.
 The allocation is `salloc … sh -c 'echo @tfo-nodes …; exec cat'`, a child of tfo in its own
 session: its command reads the pipe we hold, so when tfo dies, even by SIGKILL, the pipe
 closes, the command ends and salloc gives the allocation back; Slurm then kills every step.
-salloc also dies with us while it still waits in the queue (PDEATHSIG). While the job is
+salloc also gets SIGHUP when we die (PDEATHSIG), which withdraws a request still waiting in
+the queue. While the job is
 pending, `place` reports squeue's reason; that wait is over before the supervisor starts, so
 it never counts against the startup timeout.
 
@@ -93,10 +94,11 @@ def salloc_argv(slurm: SlurmSpec, nodes: int, job_name: str) -> list[str]:
 
 
 def _die_with_parent() -> None:
-    """In salloc's child before exec: SIGTERM when tfo dies (salloc then withdraws the
-    request, or gives the allocation back)."""
+    """In salloc's child before exec: SIGHUP when tfo dies; salloc then withdraws a pending
+    request, or gives the allocation back and exits. (Not SIGTERM: measured with Slurm 22.05,
+    a granted salloc given SIGTERM revokes the job but then spins in waitpid for good.)"""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGHUP)  # PR_SET_PDEATHSIG
 
 
 def _fields(text: str) -> dict[str, str]:
@@ -198,7 +200,7 @@ class Allocation:
             with contextlib.suppress(SlurmError):
                 run_slurm("scancel", self.job_id, timeout=timeout)
         if self.job_id is None and self._proc.poll() is None:
-            self._proc.terminate()  # still in the queue without an id: salloc withdraws it
+            self._proc.send_signal(signal.SIGHUP)  # no id yet: salloc withdraws the request
         try:
             self._proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
