@@ -10,7 +10,8 @@
     tfo logs [RUN] [worker:1] [-f]            # one task's log, or all; -f follows the run
     tfo schema                                # the cluster file's JSON Schema
 
-`tfo run` is: spec → allocate (ports) → plan → check → sync → supervise.
+`tfo run` is: spec → place (a Slurm job's nodes) → allocate (ports) → plan → check → sync →
+supervise.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand
@@ -47,7 +49,15 @@ from orchestrator.launch.gpus import GpuReport, auto_gpus, auto_notes
 from orchestrator.launch.preflight import HostCheck
 from orchestrator.markers import is_marker
 from orchestrator.plan import Plan, make_plan
-from orchestrator.quick import QuickFlags, cluster_yaml, read_hosts_file, spec_from_command
+from orchestrator.quick import (
+    FlagError,
+    QuickFlags,
+    SlurmFlags,
+    cluster_yaml,
+    on_slurm,
+    read_hosts_file,
+    spec_from_command,
+)
 from orchestrator.rundir import (
     LAST,
     RUNS,
@@ -59,7 +69,14 @@ from orchestrator.rundir import (
     read_lines,
     run_over,
 )
-from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, cluster_schema, parse_spec
+from orchestrator.spec import (
+    LOCALHOST,
+    SLURM,
+    ClusterSpec,
+    SpecError,
+    cluster_schema,
+    parse_spec,
+)
 from orchestrator.specfile import SpecFileError, read_data
 from orchestrator.supervise import RunResult, Supervisor, tail
 
@@ -111,7 +128,8 @@ def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
         if job.script is not None:  # run here, or synced from here: it must be here
             check_script(job.script, workdir)
             return
-        local = any(a.host == LOCALHOST for _, _, a in spec.tasks.all())
+        # Slurm's nodes run the tasks here too: in this directory, with this python.
+        local = any(a.host in (LOCALHOST, SLURM) for _, _, a in spec.tasks.all())
         shipped = job.package == "worker_entry" or (workdir / job.package).exists() \
             or (workdir / f"{job.package}.py").exists()
         if not (local or shipped):
@@ -197,16 +215,22 @@ def prepare(file: Path | dict, run_dir: Path | None, dry_run: bool = False,
     check_run_dir(Path(rd.path))
     backends = Backends(spec.hosts)
     try:
-        if ports is None:
+        # A scheduler's nodes first (Slurm: the allocation), then ports on them.
+        nodes = backends.place(spec, dry_run, _say)
+        if ports is None or nodes:  # a Slurm job's ports are the new nodes' own
             ports = backends.allocate(spec)
         gpus = backends.gpus(spec, ask_hosts)
         _warn_gpu_notes(gpus)
         plan = make_plan(spec, run_id=run_id, run_dir=rd.path, workdir=Path.cwd(), ports=ports,
-                         gpus={host: report.ids for host, report in gpus.items()})
-    except SpecError:
+                         gpus={host: report.ids for host, report in gpus.items()}, nodes=nodes)
+    except BaseException:  # Ctrl-C in the queue too: an allocation is given back
         backends.close()
         raise
     return plan, backends
+
+
+def _say(line: str) -> None:
+    err.print(f"[bold]tfo[/]: {escape(line)}", soft_wrap=True)
 
 
 def _warn_gpu_notes(reports: dict[str, GpuReport]) -> None:
@@ -262,12 +286,57 @@ RestartOpt = Annotated[str | None, typer.Option(
 MaxRestartsOpt = Annotated[int | None, typer.Option(
     "--max-restarts", help="restarts over the whole job \\[default: 3]",
     rich_help_panel=_QUICK, show_default=False)]
+_SLURM = "on Slurm (`--on slurm`: one allocation, each task a job step)"
+OnOpt = Annotated[str | None, typer.Option(
+    "--on", help="hand the job to a scheduler: slurm (each role's tasks become a count; Slurm "
+    "picks the nodes)", rich_help_panel=_SLURM, show_default=False)]
+PartitionOpt = Annotated[str | None, typer.Option(
+    "--partition", help="Slurm partition \\[default: the cluster's default]",
+    rich_help_panel=_SLURM, show_default=False)]
+TimeOpt = Annotated[str | None, typer.Option(
+    "--time", help="Slurm time limit: minutes, HH:MM:SS, D-HH:MM:SS", rich_help_panel=_SLURM,
+    show_default=False)]
+NodesOpt = Annotated[int | None, typer.Option(
+    "--nodes", help="nodes to ask for \\[default: enough for --tasks-per-node]",
+    rich_help_panel=_SLURM, show_default=False)]
+TasksPerNodeOpt = Annotated[int | None, typer.Option(
+    "--tasks-per-node", help="tasks on one node \\[default: 1]", rich_help_panel=_SLURM,
+    show_default=False)]
+GpusPerTaskOpt = Annotated[int | None, typer.Option(
+    "--gpus-per-task", help="GPUs Slurm gives each task \\[default: 0]", rich_help_panel=_SLURM,
+    show_default=False)]
+AccountOpt = Annotated[str | None, typer.Option(
+    "--account", help="Slurm account to charge", rich_help_panel=_SLURM, show_default=False)]
+SlurmArgOpt = Annotated[list[str] | None, typer.Option(
+    "--slurm-arg", help="one more salloc option, e.g. --slurm-arg=--qos=debug (repeatable)",
+    rich_help_panel=_SLURM, show_default=False)]
 _USAGE = ("give a cluster file (tfo {0} clusters/localhost.yaml) or a command after -- "
           "(tfo {0} --workers 2 -- python train.py --epochs 3)")
 
 
-def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags) -> Path | dict:
-    """What to run: FILE, or the cluster file the flags and the command after `--` make."""
+def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags,
+            slurm: SlurmFlags | None = None) -> Path | dict:
+    """What to run: FILE, or the cluster file the flags and the command after `--` make;
+    with `--on slurm`, that job as a Slurm job."""
+    source = _what_to_run(ctx, file, flags)
+    if slurm is None or (slurm.on is None and not slurm.given()):
+        return source
+    try:
+        data = source
+        if isinstance(source, Path):
+            data = read_data(source)
+            if isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys():
+                raise FlagError(f"--on: {source} is a run's plan.json, already placed; give "
+                                "the cluster file")
+        return on_slurm(data, slurm)
+    except SpecFileError as e:
+        raise _fail(str(e)) from None
+    except SpecError as e:
+        raise _fail(str(e)) from None
+
+
+def _what_to_run(ctx: typer.Context | None, file: Path | None, flags: QuickFlags) -> Path | dict:
+    """FILE, or the cluster file the flags and the command after `--` make."""
     command: list[str] | None = ctx.meta.get(_COMMAND) if ctx is not None else None
     usage = _USAGE.format(ctx.info_name if ctx is not None else "run")
     if command is not None and file is not None:
@@ -298,12 +367,16 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
          workers: WorkersOpt = None, chief: ChiefOpt = False, ps: PsOpt = None,
          evaluator: EvaluatorOpt = False, strategy: StrategyOpt = None, hosts: HostsOpt = None,
          hosts_file: HostsFileOpt = None, name: NameOpt = None, restart: RestartOpt = None,
-         max_restarts: MaxRestartsOpt = None) -> None:
+         max_restarts: MaxRestartsOpt = None, on: OnOpt = None, partition: PartitionOpt = None,
+         time_limit: TimeOpt = None, nodes: NodesOpt = None,
+         tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
+         account: AccountOpt = None, slurm_arg: SlurmArgOpt = None) -> None:
     """Print what `run` would start, without starting anything: `tfo plan FILE`, or
     `tfo plan --workers 2 -- python train.py` (then also the cluster file it makes)."""
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
-        max_restarts))
+        max_restarts), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
+                                  gpus_per_task, account, tuple(slurm_arg or ())))
     try:
         p, backends = prepare(source, run_dir, dry_run=True, ask_hosts=False)
     except SpecError as e:
@@ -364,7 +437,7 @@ def check(file: FileArg) -> None:
     workdir. Exit 0 when all is well, 1 naming each problem."""
     try:
         p, backends = prepare(file, None, dry_run=True)
-    except SpecError as e:
+    except (SpecError, BackendError) as e:
         raise _fail(str(e)) from None
     try:
         problems = _preflight(p, backends, show=True)
@@ -394,18 +467,23 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         chief: ChiefOpt = False, ps: PsOpt = None, evaluator: EvaluatorOpt = False,
         strategy: StrategyOpt = None,
         hosts: HostsOpt = None, hosts_file: HostsFileOpt = None, name: NameOpt = None,
-        restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None,
+        restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None, on: OnOpt = None,
+        partition: PartitionOpt = None, time_limit: TimeOpt = None, nodes: NodesOpt = None,
+        tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
+        account: AccountOpt = None, slurm_arg: SlurmArgOpt = None,
         ctx: typer.Context = None) -> None:  # type: ignore[assignment]  # last: run(FILE) works
     """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/143.
     FILE may be a run's plan.json: the same tasks again, in a new run directory. Without
     FILE, the command after -- runs (`tfo run --workers 2 -- python train.py --epochs 3`), and
-    the cluster file made for it is written into the run directory as cluster.yaml.
+    the cluster file made for it is written into the run directory as cluster.yaml. With
+    `--on slurm`, the same job runs in one Slurm allocation, each task a job step.
     On a terminal a table of the tasks (state, CPU, memory, epoch, step, loss, last line)
     stays below their lines, redrawn every second; piped, the lines only, and the table at
     the end."""
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
-        max_restarts))
+        max_restarts), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
+                                  gpus_per_task, account, tuple(slurm_arg or ())))
     _run(source, run_dir, verbose, logs)
 
 
@@ -415,8 +493,8 @@ def _str(path: Path | None) -> str | None:
 
 def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True) -> None:
     try:
-        p, backends = prepare(source, run_dir)  # spec → allocate → plan
-    except SpecError as e:
+        p, backends = prepare(source, run_dir)  # spec → place → allocate → plan
+    except (SpecError, BackendError) as e:
         raise _fail(str(e)) from None
     try:
         problems = _preflight(p, backends, show=False)  # check

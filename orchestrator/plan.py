@@ -21,7 +21,7 @@ from typing import Any
 from orchestrator.devices import task_gpus, visible_devices
 from orchestrator.policy import Policy
 from orchestrator.rundir import RunDir
-from orchestrator.spec import LOCALHOST, MAX_ARG_STRLEN, ClusterSpec, SpecError
+from orchestrator.spec import LOCALHOST, MAX_ARG_STRLEN, SLURM, ClusterSpec, SpecError
 from orchestrator.strategy import CLUSTER_ROLES, RULES, StrategyRules
 from worker_entry.markers import Role, Strategy, is_chief
 
@@ -40,9 +40,14 @@ class Placement:
         return {"kind": self.kind, "host": self.host, "address": self.address}
 
 
-def placement(spec: ClusterSpec, host: str) -> Placement:
+def placement(spec: ClusterSpec, host: str, node: str | None = None) -> Placement:
+    """`node`: the Slurm node the allocation gave the task (launch/slurm.py)."""
     if host == LOCALHOST:
         return Placement(LOCAL, LOCALHOST, LOCALHOST)
+    if host == SLURM:
+        if node is None:
+            return Placement(SLURM, SLURM, SLURM)  # not placed yet: for allocating ports
+        return Placement(SLURM, node, node)
     return Placement(spec.hosts[host].backend, host, spec.hosts[host].address)
 
 
@@ -174,6 +179,7 @@ def make_plan(
     ports: Mapping[str, int] | None = None,
     python: str = sys.executable,
     gpus: Mapping[str, list[int]] | None = None,
+    nodes: Mapping[str, str] | None = None,
 ) -> Plan:
     """Work out every task's placement, port, TF_CONFIG, command, env and paths, and the
     job's policy and rules.
@@ -182,6 +188,9 @@ def make_plan(
     in the tasks whose port is `auto` (the backends find free ones). Remote tasks run in
     their host's `workdir` with the run directory mirrored under it. `gpus` gives the GPUs
     of hosts whose gpus are `auto` (launch/gpus.py asks them); devices.py has the rest.
+    `nodes` gives each task of a Slurm job its node (task name → node, from the allocation);
+    those tasks run as local ones do, in `workdir` with this python: a Slurm cluster's nodes
+    share its file system.
     """
     ports = dict(ports or {})
     run_dir, workdir = str(run_dir), str(workdir)
@@ -192,7 +201,10 @@ def make_plan(
         port = addr.port if addr.port is not None else ports.get(name)
         if port is None:
             raise ValueError(f"{name}: port is 'auto' and no port was assigned")
-        resolved.append((role, index, placement(spec, addr.host), port))
+        node = (nodes or {}).get(name)
+        if addr.host == SLURM and node is None:
+            raise ValueError(f"{name}: a Slurm task and no node was assigned")
+        resolved.append((role, index, placement(spec, addr.host, node), port))
 
     cluster: dict[str, list[str]] = {}
     for role, _, where, port in resolved:  # spec.tasks.all() gives each role in order
@@ -209,7 +221,8 @@ def make_plan(
     tasks = []
     for (role, index, where, port), task_devices in zip(resolved, devices, strict=True):
         name = task_name(role, index)
-        if where.host == LOCALHOST:
+        lab_host = where.host in spec.hosts  # reached over SSH: its own paths
+        if not lab_host:
             task_workdir, task_run, exe = workdir, local_run, python
         else:
             h = spec.hosts[where.host]
@@ -220,7 +233,7 @@ def make_plan(
         task = {"type": role.value, "index": index}
         task_json = json.dumps(task, sort_keys=True)
         tmp_dir = task_run.tmp_dir(role, index)
-        command, job_fields = JOB_KINDS[kind](spec, exe, where.host != LOCALHOST)
+        command, job_fields = JOB_KINDS[kind](spec, exe, lab_host)
         backup_dir = task_run.backup_dir(role, index)
         job = {**job_fields, "model_dir": model_dir, "strategy": spec.strategy.value,
                "run_id": run_id, "run_dir": task_run.path, "tmp_dir": tmp_dir,
@@ -249,7 +262,7 @@ def make_plan(
             "CUDA_VISIBLE_DEVICES": visible_devices(task_devices),
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         }
-        _check_env_fits(name, where.host, env)
+        _check_env_fits(name, where.host if lab_host else LOCALHOST, env)
         tasks.append(TaskPlan(
             name=name, role=role, index=index, placement=where, port=port,
             tf_config={"cluster": cluster, "task": task}, command=command, env=env,

@@ -36,10 +36,13 @@ from orchestrator.specfile import SpecFileError, read_data
 from orchestrator.strategy import CLUSTER_ROLES, RULES, START_ORDER
 from worker_entry.markers import Role, Strategy
 
-__all__ = ["RestartPolicy", "Role", "Strategy", "ClusterSpec", "SpecError", "cluster_schema",
+__all__ = ["RestartPolicy", "Role", "Strategy", "ClusterSpec", "SlurmSpec", "SpecError",
+           "cluster_schema",
            "load_spec", "parse_spec"]
 ROLES = tuple(Role)
 LOCALHOST = "localhost"
+# The host of a task under `backend: {slurm: …}`: Slurm picks the node when it grants the job.
+SLURM = "slurm"
 _ENTRY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -331,9 +334,14 @@ class JobSpec(_Model):
 
 
 def _addresses(value: Any) -> Any:
-    """A role's tasks: a list of addresses, one address alone, or nothing."""
+    """A role's tasks: a list of addresses, one address alone, nothing, or a count."""
     if value is None:
         return []
+    if isinstance(value, int) and not isinstance(value, bool):
+        # A count: the hosts come from a scheduler's allocation (backend: {slurm: …}).
+        if not 0 <= value <= 4096:
+            raise ValueError(f"a count of tasks is 0 to 4096, got {value}")
+        return [{"host": SLURM, "port": None}] * value
     if isinstance(value, str | dict):
         return [value]
     if not isinstance(value, list):
@@ -342,7 +350,8 @@ def _addresses(value: Any) -> Any:
 
 
 Addresses = Annotated[list[TaskAddress], BeforeValidator(
-    _addresses, json_schema_input_type=list[AddressText | Address] | AddressText | None)]
+    _addresses,
+    json_schema_input_type=list[AddressText | Address] | AddressText | int | None)]
 
 
 class TasksSpec(_Model):
@@ -424,6 +433,54 @@ class HostSpec(_Model):
         return address
 
 
+# Slurm's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; or UNLIMITED.
+_SLURM_TIME = re.compile(r"^(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2}|UNLIMITED|INFINITE)$")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class SlurmSpec(_Model):
+    """One Slurm allocation for the whole job (`salloc`); each task is a job step in it.
+    None: Slurm's default (the default partition, the partition's time limit)."""
+
+    partition: str | None = None
+    time: str | None = None  # --time, in Slurm's formats: 30, 1:00:00, 1-12
+    nodes: Int | None = Field(default=None, ge=1)  # default: enough for tasks_per_node
+    tasks_per_node: Int = Field(default=1, ge=1)
+    gpus_per_task: Int = Field(default=0, ge=0)
+    account: str | None = None
+    extra_args: list[str] = Field(default_factory=list)  # more salloc options, as given
+
+    @field_validator("partition", "account")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_NAME.match(value):
+            raise ValueError(f"expected a Slurm name (letters, digits, _ . -), got {value!r}")
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TIME.match(value):
+            raise ValueError(f"expected a Slurm time limit (minutes, HH:MM:SS or D-HH:MM:SS, "
+                             f"e.g. 30 or 1:00:00), got {value!r}")
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _options(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            if not arg.startswith("-"):
+                raise ValueError(f"each is one salloc option starting with - "
+                                 f"(['--qos=debug', '--constraint=v100']), got {arg!r}")
+        return args
+
+
+class BackendSpec(_Model):
+    """Who places the tasks when it is not the cluster file: `backend: {slurm: {…}}`."""
+
+    slurm: SlurmSpec
+
+
 class LocalhostSpec(_Model):
     """This machine, for the tasks on `localhost`."""
 
@@ -441,6 +498,24 @@ class ClusterSpec(_Model):
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
     env: Env = Field(default_factory=dict)
     evaluator_required: bool = False
+    backend: BackendSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _slurm_takes_counts(cls, data: Any) -> Any:
+        """Before the addresses are read: a Slurm job's tasks are counts (`worker: 2`)."""
+        if not isinstance(data, dict) or not isinstance(data.get("tasks"), dict):
+            return data
+        slurm = isinstance(data.get("backend"), dict) and "slurm" in data["backend"]
+        for role, value in data["tasks"].items():
+            if slurm and not (isinstance(value, int) and not isinstance(value, bool)):
+                raise _field_error(f"tasks.{role}", f"Slurm picks the hosts of a backend.slurm "
+                                   f"job: give a count ({role}: 2), got {value!r}")
+            if not slurm and isinstance(value, int) and not isinstance(value, bool):
+                raise _field_error(f"tasks.{role}", f"a count ({value}) is for a Slurm job "
+                                   f"(backend: {{slurm: {{partition: …}}}}); otherwise list "
+                                   "addresses ('host:port')")
+        return data
 
     @model_validator(mode="after")
     def _cluster_rules(self) -> ClusterSpec:
@@ -463,6 +538,18 @@ class ClusterSpec(_Model):
         if missing:
             raise _field_error("tasks", f"a {self.strategy.value} job needs "
                                + ", ".join(missing) + " task")
+        if self.backend is not None:
+            if self.job.gpus_per_task:
+                raise _field_error("job.gpus_per_task", "a Slurm job asks Slurm for GPUs: "
+                                   "set backend.slurm.gpus_per_task instead")
+            slurm = self.backend.slurm
+            count = sum(1 for _ in t.all())
+            if slurm.nodes is not None and slurm.nodes * slurm.tasks_per_node < count:
+                raise _field_error("backend.slurm.nodes", (
+                    f"{slurm.nodes} node(s) × tasks_per_node {slurm.tasks_per_node} hold "
+                    f"{slurm.nodes * slurm.tasks_per_node} task(s), the job has {count}; "
+                    "raise nodes or tasks_per_node, or leave nodes out"))
+            return self
         for role, index, address in t.all():
             if address.host != LOCALHOST and address.host not in self.hosts:
                 raise _field_error(f"tasks.{role}[{index}]", (
@@ -536,7 +623,7 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 
 
 # The fields our model-level checks name at the start of their message.
-_MODEL_FIELDS = ("tasks", "job", "env.", "hosts.")
+_MODEL_FIELDS = ("tasks", "job", "env.", "hosts.", "backend.")
 
 
 def format_validation_error(err: ValidationError) -> str:

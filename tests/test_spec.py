@@ -153,7 +153,36 @@ GPUS = [
      + "hosts: {lab: {address: 10.0.0.2, env: {CUDA_VISIBLE_DEVICES: ''}}}\n",
      ["hosts.lab.env.CUDA_VISIBLE_DEVICES", "tfo sets it"]),
 ]
-BAD += GPUS
+SLURM_GOOD = """\
+name: t
+job: {entry: "worker_entry.examples.digits:train"}
+backend: {slurm: {partition: lab}}
+tasks: {worker: 2}
+"""
+SLURM = [
+    ("a count without slurm", GOOD.replace("[localhost:20000, localhost:20001]", "2"),
+     ["tasks.worker", "a count (2) is for a Slurm job"]),
+    ("addresses under slurm", SLURM_GOOD.replace("{worker: 2}", "{worker: [localhost:1]}"),
+     ["tasks.worker", "Slurm picks the hosts", "give a count (worker: 2)"]),
+    ("negative count", SLURM_GOOD.replace("worker: 2", "worker: -1"),
+     ["tasks.worker", "0 to 4096, got -1"]),
+    ("slurm partition with a space", SLURM_GOOD.replace("partition: lab", "partition: 'a b'"),
+     ["backend.slurm.partition", "'a b'"]),
+    ("slurm time not a time", SLURM_GOOD.replace("partition: lab", "partition: lab, time: 1h"),
+     ["backend.slurm.time", "'1h'"]),
+    ("slurm nodes zero", SLURM_GOOD.replace("partition: lab", "partition: lab, nodes: 0"),
+     ["backend.slurm.nodes", "greater than or equal to 1"]),
+    ("slurm too few nodes", SLURM_GOOD.replace("partition: lab", "partition: lab, nodes: 1"),
+     ["backend.slurm.nodes", "hold 1 task(s), the job has 2"]),
+    ("slurm unknown key", SLURM_GOOD.replace("partition: lab", "partition: lab, qos: hi"),
+     ["backend.slurm", "unknown key 'qos'"]),
+    ("slurm extra arg not an option",
+     SLURM_GOOD.replace("partition: lab", "partition: lab, extra_args: [debug]"),
+     ["backend.slurm.extra_args", "'debug'"]),
+    ("job gpus under slurm", SLURM_GOOD.replace("train\"}", "train\", gpus_per_task: 1}"),
+     ["job.gpus_per_task", "backend.slurm.gpus_per_task"]),
+]
+BAD += GPUS + SLURM
 
 
 @pytest.mark.parametrize(("case", "text", "needles"), BAD, ids=[c for c, _, _ in BAD])
@@ -168,7 +197,8 @@ def test_bad_spec_is_rejected_with_the_field_named(case, text, needles, tmp_path
 @pytest.mark.parametrize("case", ["unknown role", "duplicate address", "entry without function",
                                   "bad yaml", "ps in an MWMS job", "PS job without ps",
                                   "PS job with two chiefs", *[c for c, _, _ in HOSTILE],
-                                  "nccl without GPUs", "GPU count instead of ids"])
+                                  "nccl without GPUs", "GPU count instead of ids",
+                                  "addresses under slurm", "slurm time not a time"])
 def test_cli_exits_2_without_traceback(case, tmp_path):
     text, needles = next((t, n) for c, t, n in BAD if c == case)
     spec = write_spec(tmp_path / "c.yaml", text)
