@@ -464,10 +464,15 @@ def print_summary(result: RunResult) -> None:
                   f"last lines of {failed.log_path}:", soft_wrap=True)
         for line in tail(failed.log_path, 20):
             err.print(f"  {line}", markup=False, soft_wrap=True)
+    for stall in result.stalls:  # restarted or not: where a hang was is worth seeing
+        err.print(f"[bold red]stalled:[/] {stall.task} {stall.reason}", highlight=False)
+        for frame in stall.where:
+            err.print(f"  in {frame}", markup=False, highlight=False, soft_wrap=True)
     if result.evaluation:
         metrics = ", ".join(f"{k}={v:.4f}" for k, v in (result.evaluation["metrics"] or {}).items())
         err.print(f"evaluator: epoch {result.evaluation['epoch']}: {metrics}")
-    err.print(f"run directory: {result.run_dir} (restarts: {result.restarts})")
+    preempted = f", preemptions: {result.preemptions}" if result.preemptions else ""
+    err.print(f"run directory: {result.run_dir} (restarts: {result.restarts}{preempted})")
 
 
 def _find_run(ref: str | None) -> RunDir:
