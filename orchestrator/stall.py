@@ -1,7 +1,9 @@
 """Hangs: which training tasks have stalled, which of them to blame, and where they are stuck.
 
     stalls = find_stalls(watched, now, limit=300, every_task=False)   # [] while all is well
-    frames = main_thread_frames(lines)   # the innermost frames of a faulthandler dump
+    frames = main_thread(lines)          # the main thread's stack in a faulthandler dump
+    stall.where = where(frames)          # what the summary shows of it
+    stalls = blame_order(stalls, {task: frames})
 
 Pure: the supervisor gathers a Watched per live training task and acts on the answer.
 
@@ -14,7 +16,8 @@ reports progress is caught `limit` seconds after it was stopped either way.
 Under MultiWorkerMirrored one stuck worker blocks every peer in the next collective, so
 they all stall within a second or two. Once one is over the limit, every task stuck along
 with it is reported, the cause first: a stopped task (or one whose wrapper went silent, as
-when the whole process group was stopped), then the one quiet longest.
+when the whole process group was stopped), then, once their stacks are in, one stuck in its
+own code rather than waiting inside TensorFlow, then the one quiet longest.
 """
 
 from __future__ import annotations
@@ -92,21 +95,58 @@ def find_stalls(watched: list[Watched], now: float, limit: float,
 
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+.*\(most recent call first\):$")
 _FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+# Frames in these are TensorFlow's, Python's or tfo's: where the user's code called in.
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "/worker_entry/")
 
 
-def main_thread_frames(lines: list[str], n: int = FRAMES_SHOWN) -> list[str]:
-    """The innermost `n` frames of the main thread in the last faulthandler dump in `lines`,
-    as 'func (file:line)'. faulthandler lists threads newest first: the main thread, the
-    oldest, is the dump's last block."""
-    blocks: list[list[str]] = []
-    current: list[str] | None = None
+@dataclass(frozen=True)
+class Frame:
+    func: str
+    file: str
+    line: int
+
+    @property
+    def library(self) -> bool:
+        return any(part in self.file for part in _LIBRARY)
+
+    def __str__(self) -> str:
+        return f"{self.func} ({self.file}:{self.line})"
+
+
+def main_thread(lines: list[str]) -> list[Frame]:
+    """The main thread's stack, innermost first, in the last faulthandler dump in `lines`.
+    faulthandler lists threads newest first: the main thread, the oldest, is a dump's last
+    block."""
+    blocks: list[list[Frame]] = []
+    current: list[Frame] | None = None
     for line in lines:
         line = line.rstrip("\r\n")
         if _THREAD.match(line):
             current = []
             blocks.append(current)
         elif current is not None and (m := _FRAME.match(line)):
-            current.append(f"{m['func']} ({m['file']}:{m['line']})")
+            current.append(Frame(m["func"], m["file"], int(m["line"])))
         elif current is not None and line.strip() not in ("", "...", "<no Python frame>"):
             current = None  # the dump ended; a later one starts a new list of blocks
-    return blocks[-1][:n] if blocks else []
+    return blocks[-1] if blocks else []
+
+
+def where(frames: list[Frame], n: int = FRAMES_SHOWN) -> list[str]:
+    """What a summary shows of a stack: the innermost frame, then the innermost frames of
+    the user's own code (the line that called into TensorFlow, or that sleeps)."""
+    if not frames:
+        return []
+    own = [f for f in frames if not f.library]
+    shown = [frames[0], *[f for f in own if f is not frames[0]]][:n]
+    return [str(f) for f in shown]
+
+
+def blame_order(stalls: list[Stall], stacks: dict[str, list[Frame]]) -> list[Stall]:
+    """Once the stacks are in: stopped tasks first, then one stuck in its own code (not
+    waiting inside a library, as its blocked peers are), then as found."""
+    def key(i_stall: tuple[int, Stall]) -> tuple[bool, bool, int]:
+        i, s = i_stall
+        frames = stacks.get(s.task) or []
+        return (not s.stopped, not (frames and not frames[0].library), i)
+
+    return [s for _, s in sorted(enumerate(stalls), key=key)]

@@ -38,7 +38,7 @@ from orchestrator.markers import BadMarker, Evaluated, Progress, SigTerm, Usage,
 from orchestrator.plan import Plan, TaskPlan
 from orchestrator.policy import RestartPolicy, restart_allowed
 from orchestrator.rundir import RunDir, coordinator_identity
-from orchestrator.stall import Stall, Watched, find_stalls, main_thread_frames
+from orchestrator.stall import Frame, Stall, Watched, blame_order, find_stalls, main_thread, where
 from orchestrator.strategy import RestartUnit
 from worker_entry import markers
 from worker_entry.markers import Role
@@ -162,6 +162,7 @@ class TaskRecord:
     usage_at: float | None = None  # monotonic time of `usage`
     stopped_since: float | None = None  # since when its usage says stopped (state T)
     sigterm: bool = False  # its wrapper got SIGTERM this attempt (preemption)
+    done: bool = False  # its entry or script returned: exiting (TF may take its time)
     stack_lines: list[str] | None = None  # its output while its stacks are asked for
 
     @property
@@ -365,6 +366,7 @@ class Supervisor:
         rec.started_at, rec.last_marker, rec.returncode = time.monotonic(), "", None
         rec.progress, rec.progress_at, rec.steps_per_second = None, rec.started_at, None
         rec.usage, rec.usage_at, rec.stopped_since, rec.sigterm = None, None, None, False
+        rec.done = False
         self.events.write("task_started", rec.name, pid=rec.handle.pid, attempt=rec.attempt,
                           host=rec.task.host, port=rec.task.port)
 
@@ -396,6 +398,7 @@ class Supervisor:
             rec.last_marker = marker.event
             if isinstance(marker, SigTerm):
                 rec.sigterm = True
+            rec.done = rec.done or marker.event == markers.DONE
             if isinstance(marker, Progress):
                 self._progressed(rec, marker)
             if marker.event == markers.READY and rec.state is TaskState.STARTING:
@@ -532,7 +535,7 @@ class Supervisor:
         watched = [Watched(r.name, r.progress.step if r.progress else None, r.progress_at,
                            r.stopped_since, r.usage_at)
                    for r in self.records.values()
-                   if r.state.live and r.handle is not None
+                   if r.state.live and r.handle is not None and not r.done
                    and r.role not in self.rules.servers and r.role not in self.rules.sidecars]
         stalls = find_stalls(watched, now, limit, self.policy.stall_all)
         if not stalls:
@@ -542,19 +545,21 @@ class Supervisor:
             self.events.write("task_stalled", s.task, attempt=r.attempt,
                               pid=r.handle.pid if r.handle else None, reason=s.reason,
                               stopped=s.stopped, stall_seconds=limit)
-        self._ask_stacks(stalls)
+        stacks = self._ask_stacks(stalls)
         for s in stalls:
+            s.where = where(stacks.get(s.task, []))
             if s.where:
                 r = self.records[s.task]
                 self.events.write("task_stacks", s.task, attempt=r.attempt,
                                   pid=r.handle.pid if r.handle else None, where=s.where)
+        stalls = blame_order(stalls, stacks)
         self.stalls += stalls
         why = f"stalled ({limit:g} s): " + "; ".join(s.describe() for s in stalls)
         self._task_lost(self.records[stalls[0].task], None, why)
 
-    def _ask_stacks(self, stalls: list[Stall]) -> None:
+    def _ask_stacks(self, stalls: list[Stall]) -> dict[str, list[Frame]]:
         """Ask each stalled task that can answer (not stopped) for its stacks; wait until
-        their dumps are in (or STACKS_WAIT_SECONDS), and note where each main thread is."""
+        their dumps are in (or STACKS_WAIT_SECONDS). Each one's main thread, by task."""
         asked = [self.records[s.task] for s in stalls if not s.stopped]
         for r in asked:
             r.stack_lines = []
@@ -570,12 +575,12 @@ class Supervisor:
             if count != seen:
                 seen, quiet_since = count, time.monotonic()
             elif time.monotonic() - quiet_since >= STACKS_QUIET_SECONDS and all(
-                    main_thread_frames(r.stack_lines or []) for r in asked):
+                    main_thread(r.stack_lines or []) for r in asked):
                 break
-        for s in stalls:
-            r = self.records[s.task]
-            s.where = main_thread_frames(r.stack_lines or [])
+        stacks = {r.name: main_thread(r.stack_lines or []) for r in asked}
+        for r in asked:
             r.stack_lines = None
+        return stacks
 
     def _check_success(self) -> None:
         recs = list(self.records.values())

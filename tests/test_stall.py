@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from orchestrator.stall import Watched, find_stalls, main_thread_frames
+from orchestrator.stall import Stall, Watched, blame_order, find_stalls, main_thread, where
 from worker_entry.usage import Meter, read_stat
 
 
@@ -46,6 +46,10 @@ def test_without_progress_only_stopped_counts_and_only_when_set():
                                         every_task=True)] == ["worker:1"]
 
 
+def frames(lines: list[str]) -> list[str]:
+    return where(main_thread(lines))
+
+
 def test_the_main_thread_is_the_last_block_of_the_last_dump():
     lines = ["epoch 1",
              "Thread 0x00007f01 (most recent call first):",
@@ -62,9 +66,34 @@ def test_the_main_thread_is_the_last_block_of_the_last_dump():
              '  File "/job/train.py", line 30 in run',
              '  File "/job/train.py", line 40 in loop',
              '  File "/job/train.py", line 50 in <module>']
-    assert main_thread_frames(lines) == ["train_step (/job/train.py:21)",
-                                         "run (/job/train.py:30)", "loop (/job/train.py:40)"]
-    assert main_thread_frames(["no dump here"]) == []
+    assert frames(lines) == ["train_step (/job/train.py:21)", "run (/job/train.py:30)",
+                             "loop (/job/train.py:40)"]
+    assert frames(["no dump here"]) == []
+
+
+TF = "/venv/lib/python3.11/site-packages/tensorflow/python/eager"
+BLOCKED = ["Current thread 0x00007f04 (most recent call first):",
+           f'  File "{TF}/execute.py", line 53 in quick_execute',
+           f'  File "{TF}/context.py", line 1688 in call_function',
+           '  File "/job/train.py", line 51 in train_step',
+           '  File "/job/train.py", line 59 in <module>',
+           '  File "<frozen runpy>", line 88 in _run_code',
+           '  File "/repo/worker_entry/runner.py", line 52 in run_script']
+
+
+def test_a_stack_inside_tensorflow_shows_where_the_users_code_called_in():
+    assert frames(BLOCKED) == [f"quick_execute ({TF}/execute.py:53)",
+                               "train_step (/job/train.py:51)", "<module> (/job/train.py:59)"]
+
+
+def test_the_task_stuck_in_its_own_code_is_blamed_before_its_blocked_peer():
+    sleeping = ["Current thread 0x00007f04 (most recent call first):",
+                '  File "/job/train.py", line 44 in wait_forever',
+                '  File "/job/train.py", line 50 in train_step']
+    stalls = [Stall("worker:0", "no progress", False), Stall("worker:1", "no progress", False),
+              Stall("worker:2", "stopped", True)]
+    stacks = {"worker:0": main_thread(BLOCKED), "worker:1": main_thread(sleeping)}
+    assert [s.task for s in blame_order(stalls, stacks)] == ["worker:2", "worker:1", "worker:0"]
 
 
 def test_a_real_faulthandler_dump_is_read(tmp_path):
@@ -85,7 +114,7 @@ def test_a_real_faulthandler_dump_is_read(tmp_path):
     finally:
         proc.kill()
     out = proc.communicate()[0].splitlines()
-    assert main_thread_frames(out) == [f"train_step ({script}:5)", f"<module> ({script}:6)"]
+    assert frames(out) == [f"train_step ({script}:5)", f"<module> ({script}:6)"]
 
 
 def test_the_meter_sums_a_tree_and_sees_a_stopped_process():

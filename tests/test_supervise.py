@@ -388,6 +388,16 @@ def test_a_stopped_task_without_progress_is_a_stall_when_the_spec_sets_it(tmp_pa
 
 
 @pytest.mark.timeout(20)
+def test_a_task_that_is_done_training_is_not_stalled_while_it_exits(tmp_path):
+    """TensorFlow may take seconds to exit once the script returned (its `done`)."""
+    done = [*steps(0.3), (0.35, '@tfo {"event": "done"}')]
+    scripts = {n: Script([(0, 1.5, True)], {0: done}) for n in ("worker:0", "worker:1")}
+    result, _, events = supervise(tmp_path, stall_spec(0.5), scripts)
+    assert result.state is JobState.SUCCEEDED and result.restarts == 0
+    assert not [e for e in events if e["event"] == "task_stalled"]
+
+
+@pytest.mark.timeout(20)
 def test_stall_seconds_zero_turns_it_off(tmp_path):
     scripts = {n: Script([(0, 1.2, True)], {0: steps(0.2)}) for n in ("worker:0", "worker:1")}
     result, _, events = supervise(tmp_path, stall_spec(0), scripts)
