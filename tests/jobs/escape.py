@@ -14,7 +14,8 @@ Without TensorFlow, behind the task wrapper only (fast tests of the wrapper itse
     TFO_JOB='{"tmp_dir": ...}' TFO_LIFELINE=stdin python -m tests.jobs.escape MARKER ACTION
 
 ACTION: `exit:N` (exit with N), `signal:N` (kill itself with signal N), `hold` (ignore
-SIGTERM like TensorFlow does, and wait).
+SIGTERM like TensorFlow does, and wait), `preempt` (on SIGTERM, "save" for a moment and
+exit 42, as TensorFlow's PreemptionCheckpointHandler does).
 """
 
 from __future__ import annotations
@@ -80,8 +81,17 @@ def _main(marker: str, action: str) -> None:
         sys.exit(int(arg))
     if what == "signal":
         os.kill(os.getpid(), int(arg))
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if what == "preempt":
+        signal.signal(signal.SIGTERM, _preempted)
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(600)
+
+
+def _preempted(signum: int, frame: object) -> None:
+    print("[escape] SIGTERM: saving", flush=True)
+    time.sleep(0.3)
+    sys.exit(42)
 
 
 if __name__ == "__main__":
