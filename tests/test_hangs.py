@@ -17,8 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import events, wait_until, write_spec
+from tests.conftest import events, run_tfo, wait_until, write_spec
 from tests.test_faults import Tfo, first
+from tests.test_ssh import host_yaml, lab  # noqa: F401 (a fixture)
 
 SPEC = """\
 name: hangs
@@ -146,3 +147,31 @@ def test_a_preempted_worker_saves_and_the_group_resumes_from_that_step(run_dir: 
     assert (epoch, 0) != (epoch, step) and before <= epoch * 60 + step <= before + 40, \
         (before, resumed)
     assert first(ev, "task_done", "worker:0", attempt=1)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_a_wedged_worker_on_a_lab_host_is_named_with_its_remote_frame(
+        lab, run_dir: Path, tmp_path: Path):  # noqa: F811 (the fixture)
+    """Over SSH the same: usage comes from the wrapper on the host, the stacks request goes
+    down the lifeline channel, the frames are the host's."""
+    spec = write_spec(tmp_path / "lab.yaml", f"""\
+name: lab-stall
+job:
+  script: tests/scripts/mwms_steps.py
+  args: [--hang_worker, "1", --epochs, "2"]
+hosts:
+{host_yaml("lab1", lab[0], tmp_path / "lab1")}{host_yaml("lab2", lab[1], tmp_path / "lab2")}
+tasks:
+  worker: [lab1:20000, lab2:20000]
+restart: {{policy: on-failure, max_restarts: 1, backoff_seconds: 0.5}}
+timeouts: {{startup_seconds: 120, grace_seconds: 2, stall_seconds: {STALL_SECONDS}}}
+""")
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=280)
+    assert res.returncode == 0, res.output[-4000:]
+    script = tmp_path / "lab2" / "mwms_steps.py"
+    stacks = first(events(run_dir), "task_stacks", "worker:1")
+    assert stacks and stacks["where"][0].startswith(f"wait_forever ({script}:"), stacks
+    assert "stalled: worker:1 no progress for" in res.stderr
+    log = (run_dir / "logs" / "worker-1.log").read_text()
+    assert '@tfo {"event": "usage"' in log
