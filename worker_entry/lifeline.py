@@ -31,11 +31,11 @@ whose main thread only ever waits in select:
   writes a heartbeat, and silence that long means a cut network. Either way: kill all.
   The wrapper answers with a BEAT byte on stdout every second, so the coordinator sees a
   cut network from its end too.
-- PR_SET_PDEATHSIG: the wrapper gets SIGTERM when its parent (the coordinator, or the SSH
-  session) dies, a second path to the same cleanup; the task gets SIGKILL when the
-  wrapper dies, so a SIGKILLed wrapper never leaves a task holding its port. What the task
-  started then escapes to init: the coordinator kills those from the process tree it
-  samples while the task runs (launch/local.py).
+- PR_SET_PDEATHSIG: the wrapper gets SIGHUP (kill at once: no grace) when its parent (the
+  coordinator, or the SSH session) dies, a second path to the same cleanup; the task gets
+  SIGKILL when the wrapper dies, so a SIGKILLed wrapper never leaves a task holding its
+  port. What the task started then escapes to init: the coordinator kills those from the
+  process tree it samples while the task runs (launch/local.py).
 - Readiness of a user's script (job.script, job.module), which prints no markers: the
   wrapper watches the task's port (its TF_CONFIG address) and reports READY once it
   listens, i.e. once the script's strategy started its gRPC server. Entries and servers
@@ -320,7 +320,7 @@ def wrap() -> None:
     unset (no coordinator to follow), "stdin" (EOF means gone) or "stdin:SECONDS" (the
     coordinator also sends heartbeats; silence that long means gone).
     """
-    _follow_parent(signal.SIGTERM)
+    _follow_parent(signal.SIGHUP)  # the coordinator is gone: no grace to wait out
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     tmp_dir = _task_tmp_dir()
     if tmp_dir:
