@@ -143,17 +143,35 @@ def test_a_stopped_task_takes_what_it_started(how: str, marker: str, tmp_path: P
     finally:
         w.close()
     assert code == -signal.SIGKILL
-    # SIGTERM: passed on, then SIGKILL after the grace; a closed lifeline: SIGKILL at once.
-    low, high = (GRACE, GRACE + 1.0) if how == "teardown SIGTERM" else (0, 1.0)
-    assert low <= took < high, f"took {took:.2f} s"
+    assert took < 1.0, f"took {took:.2f} s"  # no SIGTERM handler: no grace to wait out
     assert escapees(marker) == []
     assert not psutil.pid_exists(task_pid)
     assert not tmp.exists()
     if how == "lifeline closed":
         assert "lifeline to the coordinator closed" in out
     else:
-        assert '@tfo {"event": "sigterm", "grace": 1.0}' in out
-        assert f"still running {GRACE:g} s after SIGTERM: killing it" in out
+        assert '@tfo {"event": "sigterm", "grace": 0}' in out
+
+
+@pytest.mark.timeout(60)
+def test_a_task_with_a_sigterm_handler_gets_the_grace_then_sigkill(marker: str,
+                                                                   tmp_path: Path):
+    tmp = tmp_path / "tmp" / "worker-0"
+    w = Wrapped(marker, "deaf", tmp)  # a Python SIGTERM handler that does nothing
+    try:
+        w.task_line()
+        t0 = time.monotonic()
+        os.killpg(w.proc.pid, signal.SIGTERM)  # what LocalHandle.terminate sends
+        code = w.proc.wait(timeout=10)
+        took = time.monotonic() - t0
+        out = w.close()
+    finally:
+        w.close()
+    assert code == -signal.SIGKILL
+    assert GRACE <= took < GRACE + 1.0, f"took {took:.2f} s"
+    assert f'@tfo {{"event": "sigterm", "grace": {GRACE}}}' in out
+    assert f"still running {GRACE:g} s after SIGTERM: killing it" in out
+    assert escapees(marker) == []
 
 
 @pytest.mark.timeout(60)

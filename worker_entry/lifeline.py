@@ -13,12 +13,15 @@ whose main thread only ever waits in select:
   ends, the wrapper SIGKILLs and reaps every descendant left, removes the task's temp dir,
   and exits with the task's status (killed by signal N: it kills itself with N, so the
   coordinator sees the same -N).
-- SIGTERM (teardown, or a preemption notice from outside): it passes the SIGTERM on to the
-  task, says so with a `sigterm` marker, and SIGKILLs the task `grace_seconds` later if it
-  is still running. The grace lets TensorFlow's PreemptionCheckpointHandler (which takes
-  SIGTERM as its preemption notice) or BackupAndRestore(save_before_preemption) save, and
-  exit with EXIT_PREEMPTED; TensorFlow's own SIGTERM handler may keep a task without one
-  running, hence the SIGKILL. SIGHUP (the SSH session is gone): it SIGKILLs the task at once.
+- SIGTERM (teardown, or a preemption notice from outside), reported with a `sigterm`
+  marker: if the task has a Python SIGTERM handler, the wrapper passes the SIGTERM on and
+  SIGKILLs the task `grace_seconds` later if it still runs. That grace lets TensorFlow's
+  PreemptionCheckpointHandler (which takes SIGTERM as its preemption notice; Keras's
+  BackupAndRestore(save_before_preemption) uses it) or the user's own handler save, and exit
+  with EXIT_PREEMPTED. Without one it SIGKILLs the task at once: TensorFlow's C++ runtime
+  swallows SIGTERM, so waiting would only hold up every restart by the grace. The task
+  tells the wrapper over a pipe whenever a SIGTERM handler is set (signal.signal is wrapped
+  in the task before any user code runs). SIGHUP (the SSH session is gone): SIGKILL at once.
 - Usage: every USAGE_SECONDS it measures the task's whole process tree from /proc (CPU,
   RSS, processes, any of them stopped: worker_entry.usage) and writes a `usage` marker. The
   wrapper is the one to do it: it runs on the task's host, local or SSH alike, and it keeps
@@ -59,6 +62,7 @@ import signal
 import sys
 import time
 import traceback
+from typing import Any
 
 from worker_entry import markers, usage
 
@@ -146,8 +150,10 @@ def _script_port() -> int | None:
 
 class _Wrapper:
     def __init__(self, task_pid: int, tmp_dir: str | None, lifeline: str | None,
-                 grace: float) -> None:
+                 grace: float, handler_fd: int) -> None:
         self.task_pid, self.tmp_dir, self.grace = task_pid, tmp_dir, grace
+        self.handler_fd: int | None = handler_fd  # the task: b"1" handler set, b"0" unset
+        self.handles_sigterm = False
         self.ready_port = _script_port()  # None once reported
         self.watch_stdin, self.quiet_limit = markers.parse_lifeline(lifeline)
         self.status: int | None = None  # the task's wait status, once reaped
@@ -164,11 +170,33 @@ class _Wrapper:
                 os.kill(self.task_pid, sig)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
-        """Pass it on; SIGKILL after the grace (the loop's deadline), counted from the first."""
+        """A task with a SIGTERM handler gets it, and SIGKILL after the grace (the loop's
+        deadline, counted from the first); one without, SIGKILL now."""
+        self._read_handler_state()
+        if not self.handles_sigterm:
+            if self.status is None:
+                _write(markers.line(markers.SIGTERM, grace=0))
+            self._kill_task()
+            return
         self._signal_task(signal.SIGTERM)
         if self.kill_at is None and self.status is None:
             self.kill_at = time.monotonic() + self.grace
             _write(markers.line(markers.SIGTERM, grace=self.grace))
+
+    def _read_handler_state(self) -> None:
+        if self.handler_fd is None:
+            return
+        try:
+            data = os.read(self.handler_fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.handles_sigterm = data.endswith(b"1")
+        else:  # the task (and all that shares the pipe) is gone
+            os.close(self.handler_fd)
+            self.handler_fd = None
 
     def _reap(self) -> None:
         while True:
@@ -215,6 +243,9 @@ class _Wrapper:
         self._reap()  # it may have ended before the handler was in place
         stdin = sys.stdin.fileno()
         fds = [wake_r, stdin] if self.watch_stdin else [wake_r]
+        assert self.handler_fd is not None
+        os.set_blocking(self.handler_fd, False)
+        fds.append(self.handler_fd)
         heard = beat = time.monotonic()
         while self.status is None:
             ready, _, _ = select.select(fds, [], [], self._timeout(time.monotonic()))
@@ -222,6 +253,11 @@ class _Wrapper:
             if self.ready_port and listening(self.ready_port):
                 self.ready_port = None
                 _write(markers.line(markers.READY, what="training", by="port"))
+            if self.handler_fd is not None and self.handler_fd in ready:
+                fd = self.handler_fd
+                self._read_handler_state()
+                if self.handler_fd is None:
+                    fds.remove(fd)
             if wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(wake_r, 512):
@@ -295,6 +331,22 @@ def _exit_like(status: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status))
 
 
+def _report_sigterm_handlers(fd: int) -> None:
+    """In the task: tell the wrapper (b"1"/b"0" on `fd`) whenever a Python SIGTERM handler
+    is set or unset, so that it knows whether a SIGTERM can do any good (see the top)."""
+    os.set_blocking(fd, False)  # a full pipe drops a report rather than block the task
+    original = signal.signal
+
+    def reporting(signalnum: int, handler: Any) -> Any:
+        previous = original(signalnum, handler)
+        if signalnum == signal.SIGTERM:
+            with contextlib.suppress(OSError):
+                os.write(fd, b"1" if callable(handler) else b"0")
+        return previous
+
+    signal.signal = reporting
+
+
 def _job() -> dict:
     try:
         job = json.loads(os.environ.get("TFO_JOB") or "{}")
@@ -335,9 +387,12 @@ def wrap() -> None:
     lifeline = os.environ.get(markers.LIFELINE_ENV)
     sys.stdout.flush()
     sys.stderr.flush()
+    handler_r, handler_w = os.pipe()  # not inherited across exec: only the task writes it
     task_pid = os.fork()
     if task_pid == 0:
         _follow_parent(signal.SIGKILL)
+        os.close(handler_r)
+        _report_sigterm_handlers(handler_w)
         # Where a stalled task is stuck, on request (the wrapper signals): to its log.
         with contextlib.suppress(ValueError, OSError, RuntimeError, AttributeError):
             faulthandler.register(getattr(signal, markers.STACKS_SIGNAL), all_threads=True)
@@ -346,4 +401,5 @@ def wrap() -> None:
             os.dup2(devnull, sys.stdin.fileno())
             os.close(devnull)
         return
-    _Wrapper(task_pid, tmp_dir, lifeline, _grace()).run()
+    os.close(handler_w)
+    _Wrapper(task_pid, tmp_dir, lifeline, _grace(), handler_r).run()
