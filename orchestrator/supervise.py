@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from orchestrator.launch import Launcher, TaskHandle, describe_exit
-from orchestrator.markers import BadMarker, Evaluated, Progress, SigTerm, Usage, read_marker
+from orchestrator.markers import (
+    BadMarker,
+    Evaluated,
+    Progress,
+    SigTerm,
+    Usage,
+    is_marker,
+    read_marker,
+)
 from orchestrator.plan import Plan, TaskPlan
 from orchestrator.policy import RestartPolicy, restart_allowed
 from orchestrator.rundir import RunDir, coordinator_identity
@@ -207,11 +215,20 @@ class _Ending:
 
 
 def tail(path: str, n: int = 20) -> list[str]:
+    """The last `n` lines a task printed, without its markers (usage and progress come every
+    second or two and would crowd out what it said before it failed)."""
     try:
         with open(path, errors="replace") as f:
-            return [line.rstrip("\n") for line in f.readlines()[-n:]]
+            lines = [line.rstrip("\n") for line in f.readlines()]
     except OSError:
         return []
+    said: list[str] = []
+    for line in reversed(lines):
+        if len(said) == n:
+            break
+        if not is_marker(line):
+            said.append(line)
+    return said[::-1]
 
 
 class Supervisor:

@@ -451,3 +451,12 @@ def test_a_preemption_under_policy_never_fails_the_job(tmp_path):
     scripts = {"worker:1": Script([(42, 0.3, True)], {0: [(0.1, SIGTERM)]})}
     result, _, _ = supervise(tmp_path, spec(policy="never"), scripts)
     assert result.state is JobState.FAILED and "exit code 42" in result.reason
+
+
+def test_the_summary_tail_skips_markers(tmp_path):
+    from orchestrator.supervise import tail
+
+    log = tmp_path / "worker-1.log"
+    log.write_text("".join(f"line {i}\n{usage(False)}\n{progress(i)}\n" for i in range(30))
+                   + '@tfo {"event": "usage", "cpu": "lots"}\n')
+    assert tail(str(log), 3) == ["line 28", "line 29", '@tfo {"event": "usage", "cpu": "lots"}']
