@@ -577,6 +577,10 @@ def print_summary(result: RunResult) -> None:
                   f"last lines of {failed.log_path}:", soft_wrap=True)
         for line in _last_lines(failed.name, failed.log_path, 20):
             err.print(f"  {line}", markup=False, soft_wrap=True)
+    for stall in result.stalls:  # restarted or not: where a hang was is worth seeing
+        err.print(f"[bold red]stalled:[/] {stall.task} {stall.reason}", highlight=False)
+        for frame in stall.where:
+            err.print(f"  in {printable(frame)}", markup=False, highlight=False, soft_wrap=True)
     if result.evaluation:
         metrics = ", ".join(f"{k}={v:.4f}" for k, v in (result.evaluation["metrics"] or {}).items())
         err.print(f"evaluator: epoch {result.evaluation['epoch']}: {metrics}")
@@ -584,8 +588,9 @@ def print_summary(result: RunResult) -> None:
     if Path(board).is_dir():
         err.print(f"tensorboard: {board} (to view: tensorboard --logdir {shlex.quote(board)})",
                   markup=False, soft_wrap=True)
-    err.print(f"run directory: {result.run_dir} (restarts: {result.restarts})", markup=False,
-              soft_wrap=True)
+    preempted = f", preemptions: {result.preemptions}" if result.preemptions else ""
+    err.print(f"run directory: {result.run_dir} (restarts: {result.restarts}{preempted})",
+              markup=False, soft_wrap=True)
 
 
 def _last_lines(task: str, log_path: str, n: int) -> list[str]:

@@ -167,7 +167,8 @@ def make_policy(spec: ClusterSpec) -> Policy:
         max_restarts=spec.restart.max_restarts, backoff_seconds=spec.restart.backoff_seconds,
         startup_seconds=t.startup_seconds, deadline_seconds=t.deadline_seconds,
         grace_seconds=t.grace_seconds, evaluator_seconds=t.evaluator_seconds,
-        evaluator_required=spec.evaluator_required)
+        evaluator_required=spec.evaluator_required, stall_seconds=t.stall_seconds or None,
+        stall_all=bool(t.stall_seconds) and "stall_seconds" in t.model_fields_set)
 
 
 def make_plan(
@@ -238,7 +239,8 @@ def make_plan(
         job = {**job_fields, "model_dir": model_dir, "strategy": spec.strategy.value,
                "run_id": run_id, "run_dir": task_run.path, "tmp_dir": tmp_dir,
                "backup_dir": backup_dir, "serve": role in rules.servers,
-               "collective": spec.job.collective.value}
+               "collective": spec.job.collective.value,
+               "grace_seconds": spec.timeouts.grace_seconds}  # the wrapper's SIGTERM → SIGKILL
         env = {
             # What a task's own code can rely on (the README's table); TFO_ATTEMPT comes from
             # the backend. TF_USE_LEGACY_KERAS=1 is the task's default unless the spec or the

@@ -401,11 +401,21 @@ class RestartSpec(_Model):
         return self.policy
 
 
+# A training step that has not moved for this long is a hang. Five minutes: far above any
+# sane step, and above the few minutes a checkpoint or an epoch's validation may hold the
+# steps still; far below TensorFlow's own collective timeouts, which may never fire.
+STALL_SECONDS = 300.0
+
+
 class TimeoutSpec(_Model):
     startup_seconds: Seconds = Field(default=300.0, gt=0)
     deadline_seconds: Seconds | None = Field(default=None, gt=0)
     grace_seconds: Seconds = Field(default=10.0, ge=0)
     evaluator_seconds: Seconds = Field(default=60.0, ge=0)
+    # A training task whose step has not moved (or that has been stopped, state T) this long
+    # fails its attempt. Unset: STALL_SECONDS, for tasks that report progress only. Set: for
+    # every training task (one that reports no progress: while stopped). null or 0: off.
+    stall_seconds: Seconds | None = Field(default=STALL_SECONDS, ge=0)
 
 
 class HostSpec(_Model):

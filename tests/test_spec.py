@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.plan import make_policy
 from orchestrator.spec import RestartPolicy, SpecError, Strategy, load_spec, parse_spec
 from tests.conftest import REPO, run_tfo, write_spec
 
@@ -104,6 +105,14 @@ HOSTILE = [
      ["timeouts.startup_seconds", "finite"]),
     ("infinite deadline", GOOD + "timeouts: {deadline_seconds: .inf}\n",
      ["timeouts.deadline_seconds", "finite"]),
+    ("negative stall timeout", GOOD + "timeouts: {stall_seconds: -1}\n",
+     ["timeouts.stall_seconds", "greater than or equal to 0"]),
+    ("infinite stall timeout", GOOD + "timeouts: {stall_seconds: .inf}\n",
+     ["timeouts.stall_seconds", "finite"]),
+    ("stall timeout true", GOOD + "timeouts: {stall_seconds: true}\n",
+     ["timeouts.stall_seconds"]),
+    ("stall timeout words", GOOD + "timeouts: {stall_seconds: five minutes}\n",
+     ["timeouts.stall_seconds"]),
     ("infinite connect timeout", GOOD.replace("localhost", "lab")
      + "hosts: {lab: {address: 10.0.0.2, connect_timeout_seconds: .inf}}\n",
      ["hosts.lab.connect_timeout_seconds", "finite"]),
@@ -261,6 +270,19 @@ def test_good_spec_defaults():
     assert [str(a) for a in spec.tasks.worker] == ["localhost:1", "localhost:auto"]
     assert spec.tasks.chief[0].port == 3
     assert spec.restart.for_role("worker") is RestartPolicy.NEVER
+
+
+@pytest.mark.parametrize("timeouts, seconds, every_task", [
+    ({}, 300.0, False),  # the default: only tasks that report progress are watched
+    ({"stall_seconds": 30}, 30.0, True),  # set: every training task is
+    ({"stall_seconds": None}, None, False),
+    ({"stall_seconds": 0}, None, False),
+])
+def test_stall_seconds_default_set_and_off(timeouts, seconds, every_task):
+    spec = parse_spec({"name": "t", "job": {"entry": "a.b:c"}, "timeouts": timeouts,
+                       "tasks": {"worker": ["localhost:1", "localhost:2"]}})
+    policy = make_policy(spec)
+    assert (policy.stall_seconds, policy.stall_all) == (seconds, every_task)
 
 
 def test_shipped_cluster_files_load():

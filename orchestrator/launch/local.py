@@ -80,6 +80,11 @@ class LocalHandle:
         self._remember_tree()
         self._signal_group(signal.SIGTERM)
 
+    def request_stacks(self) -> None:
+        with contextlib.suppress(OSError, ValueError):  # gone, or the pipe is closed
+            if self._proc.stdin is not None:
+                self._proc.stdin.write(markers.STACKS)
+
     def kill(self) -> None:
         self._remember_tree()
         self._signal_group(signal.SIGKILL)
