@@ -305,6 +305,11 @@ class SlurmHandle:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.send_signal(signal.SIGTERM)
 
+    def request_stacks(self) -> None:
+        with contextlib.suppress(OSError, ValueError):  # srun passes stdin on to the wrapper
+            if self._proc.stdin is not None:
+                self._proc.stdin.write(markers.STACKS)
+
     def kill(self) -> None:
         if self._proc.poll() is None:
             self._cancel_step("KILL")
