@@ -27,6 +27,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand
@@ -543,6 +544,50 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
         sys.stdout.flush()
     except BrokenPipeError:  # `tfo logs | head`: the reader has what it wanted
         point_at_devnull(sys.stdout.fileno())
+
+
+export_app = typer.Typer(no_args_is_help=True, help="Hand the job to another engine, as a "
+                         "file it runs: a Kubeflow TFJob.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("tfjob")
+def export_tfjob(
+        file: FileArg,
+        image: Annotated[str, typer.Option(
+            "--image", help="the container image: TensorFlow, and the project as its working "
+            "directory", show_default=False)],
+        output: Annotated[Path | None, typer.Option(
+            "--output", "-o", help="write the TFJob here \\[default: stdout]",
+            show_default=False)] = None,
+        name: Annotated[str | None, typer.Option(
+            "--name", help="the TFJob's name \\[default: the cluster file's name]",
+            show_default=False)] = None) -> None:
+    """Write a Kubeflow TFJob (kubeflow.org/v1) that runs FILE's tasks as pods: one replica
+    spec per role, the restart section as restartPolicy and backoffLimit. What does not carry
+    over is a warning on stderr (README: Kubernetes)."""
+    import yaml  # only this command's
+
+    from orchestrator.export import tfjob
+
+    try:
+        spec, _ = load_source(file)
+        exported = tfjob(spec, image=image, name=name)
+    except SpecError as e:
+        raise _fail(str(e)) from None
+    for warning in exported.warnings:
+        err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+    text = (f"# made by: {_made_by()}\n# run it: kubectl apply -f THIS_FILE (the Kubeflow training "
+            "operator must be installed)\n"
+            + yaml.safe_dump(exported.manifest, sort_keys=False, width=100))
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        output.write_text(text)
+    except OSError as e:
+        raise _fail(f"--output {output}: cannot write: {e.strerror or e}") from None
+    err.print(f"tfo: wrote {output}; run it with kubectl apply -f {output}", markup=False)
 
 
 def main() -> None:

@@ -222,10 +222,8 @@ def make_plan(
         tmp_dir = task_run.tmp_dir(role, index)
         command, job_fields = JOB_KINDS[kind](spec, exe, where.host != LOCALHOST)
         backup_dir = task_run.backup_dir(role, index)
-        job = {**job_fields, "model_dir": model_dir, "strategy": spec.strategy.value,
-               "run_id": run_id, "run_dir": task_run.path, "tmp_dir": tmp_dir,
-               "backup_dir": backup_dir, "serve": role in rules.servers,
-               "collective": spec.job.collective.value}
+        tfo_job = job_env(spec, role, job_fields, args_json, model_dir=model_dir, run_id=run_id,
+                          run_dir=task_run.path, tmp_dir=tmp_dir, backup_dir=backup_dir)
         env = {
             # What a task's own code can rely on (the README's table); TFO_ATTEMPT comes from
             # the backend. TF_USE_LEGACY_KERAS=1 is the task's default unless the spec or the
@@ -239,7 +237,7 @@ def make_plan(
             # What json.dumps(..., sort_keys=True) gives, without re-serializing the cluster.
             "TF_CONFIG": f'{{"cluster": {cluster_json}, "task": {task_json}}}',
             "TFO_TASK": name,
-            "TFO_JOB": f'{{"args": {args_json}, {json.dumps(job, sort_keys=True)[1:]}',
+            "TFO_JOB": tfo_job,
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": task_workdir,
             # TensorFlow's autograph files and the like: gone with the task (lifeline.py).
@@ -259,6 +257,17 @@ def make_plan(
     return Plan(name=spec.name, strategy=spec.strategy, run_id=run_id, run_dir=run_dir,
                 job=f"{kind} {spec.job.target}", policy=make_policy(spec), rules=rules,
                 workdir=workdir, spec=spec, tasks=tasks)
+
+
+def job_env(spec: ClusterSpec, role: Role, job_fields: dict[str, Any], args_json: str, *,
+            model_dir: str, run_id: str, run_dir: str, tmp_dir: str, backup_dir: str) -> str:
+    """TFO_JOB, what worker_entry reads: what to run, where, and how. `args_json` is
+    json.dumps(spec.job.args, sort_keys=True), serialized once for all tasks."""
+    job = {**job_fields, "model_dir": model_dir, "strategy": spec.strategy.value,
+           "run_id": run_id, "run_dir": run_dir, "tmp_dir": tmp_dir, "backup_dir": backup_dir,
+           "serve": role in RULES[spec.strategy].servers, "collective": spec.job.collective.value}
+    # What json.dumps(..., sort_keys=True) gives, without re-serializing the args.
+    return f'{{"args": {args_json}, {json.dumps(job, sort_keys=True)[1:]}'
 
 
 def _check_env_fits(name: str, host: str, env: Mapping[str, str]) -> None:
