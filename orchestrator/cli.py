@@ -277,7 +277,8 @@ def _made_by() -> str:
 
 @app.command(cls=_CommandAfterDashes)
 def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, typer.Option(
-        "--json", help="print a JSON list of tasks")] = False, run_dir: RunDirOpt = None,
+        "--json", help="print the plan as JSON, as plan.json holds it")] = False,
+         run_dir: RunDirOpt = None,
          workers: WorkersOpt = None, chief: ChiefOpt = False, ps: PsOpt = None,
          evaluator: EvaluatorOpt = False, strategy: StrategyOpt = None, hosts: HostsOpt = None,
          hosts_file: HostsFileOpt = None, name: NameOpt = None, restart: RestartOpt = None,
@@ -292,8 +293,8 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
     except SpecError as e:
         raise _fail(str(e)) from None
     backends.close()
-    if as_json:
-        print(json.dumps([t.to_json() for t in p.tasks], indent=2))
+    if as_json:  # the plan as plan.json holds it
+        print(json.dumps(p.to_json(), indent=2))
         return
     table = Table(title=f"{p.name}: {p.strategy.value}, {len(p.tasks)} tasks", title_justify="left")
     for col in ("task", "host", "port", "gpus", "TF_CONFIG task", "command"):
@@ -304,8 +305,7 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
     out.print(table)
     for note in auto_notes(p.spec, auto_gpus(p.spec, None)):  # local_gpus is cached
         out.print(note, markup=False)
-    cluster = p.tasks[0].tf_config["cluster"] if p.tasks else {}
-    out.print(f"cluster: {json.dumps(cluster)}")
+    out.print(f"cluster: {json.dumps(p.cluster)}")
     # The command column is the task wrapper; this is what it runs.
     args = p.spec.job.args if isinstance(p.spec.job.args, list) else []
     out.print(f"job: {' '.join([p.job, *map(shlex.quote, args)])}", markup=False)

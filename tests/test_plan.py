@@ -104,7 +104,9 @@ def test_every_tf_config_parses_in_tensorflow():
 def test_plan_cli_json_and_no_tensorflow(tmp_path: Path):
     res = run_tfo("plan", "clusters/localhost.yaml", "--json", timeout=30)
     assert res.returncode == 0, res.output
-    tasks = json.loads(res.stdout)
+    shown = json.loads(res.stdout)  # the plan as plan.json holds it
+    assert shown["cluster"] == {"worker": ["localhost:20000", "localhost:20001"]}
+    tasks = shown["tasks"]
     assert [t["name"] for t in tasks] == ["worker:0", "worker:1"]
     assert [t["port"] for t in tasks] == [20000, 20001]
     for t in tasks:
@@ -211,3 +213,45 @@ def test_the_plan_carries_policy_rules_and_placement():
     assert json.loads(plan.task("ps:0").env["TFO_JOB"])["serve"] is True
     local = plan_of(FULL).tasks[0]
     assert local.placement == Placement("local", "localhost", "localhost")
+
+
+def _plan_json_size(n: int) -> int:
+    plan = make_plan(parse_spec(_many(n - 1)), run_id="r1", run_dir="/runs/r1", workdir="/w")
+    return len(json.dumps(plan.to_json(), indent=2))
+
+
+def test_plan_json_grows_linearly():
+    """Each task used to carry the whole cluster twice (tf_config and TF_CONFIG): 51 MB for
+    1,000 tasks. The cluster is now written once, at the top."""
+    small, big = _plan_json_size(100), _plan_json_size(1000)
+    assert big / small < 11  # 10x the tasks; 75x before
+    assert big < 3_000_000
+
+
+def test_an_old_plan_json_still_loads():
+    """tests/data/plan-v1.json was written by tfo before the cluster moved to the top of
+    plan.json (commit 2ccbb39): each task carries it. `tfo run`/`tfo rerun` still read it."""
+    old = json.loads((REPO / "tests" / "data" / "plan-v1.json").read_text())
+    assert "cluster" not in old and "cluster" in old["tasks"][0]["tf_config"]
+    plan = Plan.from_json(old)
+    again = make_plan(plan.spec, run_id=old["run_id"], run_dir=old["run_dir"],
+                      workdir=old["workdir"], ports=plan.ports())
+    assert plan == again
+    for task, was in zip(plan.tasks, old["tasks"], strict=True):
+        assert task.env == was["env"] and task.tf_config == was["tf_config"]
+    assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan  # and the new format
+
+
+@pytest.mark.timeout(60)
+def test_plan_json_cli_is_the_plan(tmp_path: Path):
+    """`tfo plan --json` prints plan.json's format; an old plan.json is a FILE it takes."""
+    res = run_tfo("plan", "tests/data/plan-v1.json", "--json", timeout=30)
+    assert res.returncode == 0, res.output
+    shown = json.loads(res.stdout)
+    old = json.loads((REPO / "tests" / "data" / "plan-v1.json").read_text())
+    assert shown["cluster"] == old["tasks"][0]["tf_config"]["cluster"]
+    assert [t["port"] for t in shown["tasks"]] == [t["port"] for t in old["tasks"]]
+    assert all("TF_CONFIG" not in t["env"] and set(t["tf_config"]) == {"task"}
+               for t in shown["tasks"])
+    again = Plan.from_json(shown)
+    assert again.tasks[0].env["TF_CONFIG"] == old["tasks"][0]["env"]["TF_CONFIG"]
