@@ -339,7 +339,9 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
         raise _fail(str(e)) from None
     backends.close()
     if as_json:  # the plan as plan.json holds it
-        print(json.dumps(p.to_json(), indent=2))
+        from orchestrator.plan import json_text
+
+        sys.stdout.write(json_text(p.to_json()))
         return
     from rich.table import Table
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import Placement, Plan, make_plan
+from orchestrator.plan import Placement, Plan, json_text, make_plan
 from orchestrator.policy import RestartPolicy
 from orchestrator.spec import SpecError, parse_spec
 from orchestrator.strategy import RULES
@@ -217,7 +217,16 @@ def test_the_plan_carries_policy_rules_and_placement():
 
 def _plan_json_size(n: int) -> int:
     plan = make_plan(parse_spec(_many(n - 1)), run_id="r1", run_dir="/runs/r1", workdir="/w")
-    return len(json.dumps(plan.to_json(), indent=2))
+    return len(json_text(plan.to_json()))
+
+
+def test_plan_json_text_is_the_plan_one_task_a_line():
+    data = plan_of(PS_SPEC, ports={"worker:1": 30002}).to_json()
+    text = json_text(data)
+    assert json.loads(text) == data
+    lines = text.splitlines()
+    assert [line.strip().startswith('{"name": "' + t["name"]) for line, t in
+            zip(lines[lines.index('  "tasks": [') + 1:], data["tasks"], strict=False)] == [True] * 5
 
 
 def test_plan_json_grows_linearly():
