@@ -264,3 +264,19 @@ def test_plan_json_cli_is_the_plan(tmp_path: Path):
                for t in shown["tasks"])
     again = Plan.from_json(shown)
     assert again.tasks[0].env["TF_CONFIG"] == old["tasks"][0]["env"]["TF_CONFIG"]
+
+
+@pytest.mark.timeout(120)
+def test_a_plan_json_of_1000_tasks_runs_again(tmp_path: Path):
+    """Over the 1 MiB a cluster file may have (50 MB before the cluster moved to the top)."""
+    spec = tmp_path / "big.json"
+    spec.write_text(json.dumps(_many(999)))
+    res = run_tfo("plan", str(spec), "--json", timeout=60)
+    assert res.returncode == 0, res.stderr
+    plan = tmp_path / "plan.json"
+    plan.write_text(res.stdout)
+    assert 1 << 20 < plan.stat().st_size < 3 << 20
+    again = run_tfo("plan", str(plan), "--json", timeout=60)
+    assert again.returncode == 0, again.stderr
+    shown, before = json.loads(again.stdout), json.loads(res.stdout)
+    assert shown["cluster"] == before["cluster"] and len(shown["tasks"]) == 1000
