@@ -12,6 +12,12 @@
 
 `tfo run` is: spec → place (a Slurm job's nodes) → allocate (ports) → plan → check → sync →
 supervise.
+
+Imports: `tfo --help` and `tfo plan` answer in a fraction of a second because this module
+imports only typer and light modules at the top. Anything heavier (pydantic models: spec,
+plan, quick, markers; rich; psutil; fabric and paramiko; yaml; supervise; the backends) is
+imported inside the command or function that uses it; `out` and `err` make their rich
+Console on first use. tests/test_startup.py holds this to account.
 """
 
 from __future__ import annotations
@@ -20,19 +26,14 @@ import contextlib
 import json
 import os
 import re
-import secrets
 import shlex
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 from typer.core import TyperCommand
 
 from orchestrator.console import (
@@ -42,22 +43,8 @@ from orchestrator.console import (
     point_at_devnull,
     printable,
 )
-from orchestrator.entry import EntryError, check_entry, check_module, check_script
+from orchestrator.errors import SpecError
 from orchestrator.launch import BackendError, describe_exit
-from orchestrator.launch.backends import Backends
-from orchestrator.launch.gpus import GpuReport, auto_gpus, auto_notes
-from orchestrator.launch.preflight import HostCheck
-from orchestrator.markers import is_marker
-from orchestrator.plan import Plan, make_plan
-from orchestrator.quick import (
-    FlagError,
-    QuickFlags,
-    SlurmFlags,
-    cluster_yaml,
-    on_slurm,
-    read_hosts_file,
-    spec_from_command,
-)
 from orchestrator.rundir import (
     LAST,
     RUNS,
@@ -69,33 +56,60 @@ from orchestrator.rundir import (
     read_lines,
     run_over,
 )
-from orchestrator.spec import (
-    LOCALHOST,
-    SLURM,
-    ClusterSpec,
-    SpecError,
-    cluster_schema,
-    parse_spec,
-)
-from orchestrator.specfile import SpecFileError, read_data
-from orchestrator.supervise import RunResult, Supervisor, tail
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from orchestrator.launch.backends import Backends
+    from orchestrator.launch.gpus import GpuReport
+    from orchestrator.launch.preflight import HostCheck
+    from orchestrator.plan import Plan
+    from orchestrator.quick import QuickFlags, SlurmFlags
+    from orchestrator.spec import ClusterSpec
+    from orchestrator.supervise import RunResult
 
 EXIT_BAD_SPEC = 2
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# Plain help and errors: typer's rich formatting imports rich's markdown and traceback
+# modules (0.16 s of CPU here, more than half of what `tfo --help` may take). So help
+# strings are plain text: write `[default: x]`, no markup, no escapes.
+HELP = {"rich_markup_mode": None, "add_completion": False, "no_args_is_help": True,
+        "pretty_exceptions_enable": False}
+app = typer.Typer(**HELP,
                   help="Run multi-worker TensorFlow jobs on this machine or on a lab's machines.")
 
 
-class _Console(Console):
-    def on_broken_pipe(self) -> None:
-        """The reader went away (`| head -1`): write no more, and let the command's exit code
-        stand (rich's default exits 1)."""
-        self.quiet = True
-        point_at_devnull(self.file.fileno())
+def _console(stderr: bool) -> Console:
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            """The reader went away (`| head -1`): write no more, and let the command's exit
+            code stand (rich's default exits 1)."""
+            self.quiet = True
+            point_at_devnull(self.file.fileno())
+
+    tty = (sys.stderr if stderr else sys.stdout).isatty()
+    # Piped output (CI, `| less`, tests) gets wide tables instead of rich's 80 columns.
+    return _Console(stderr=stderr, highlight=False, width=None if tty else 160)
 
 
-# Piped output (CI, `| less`, tests) gets wide tables instead of rich's 80 columns.
-out = _Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = _Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+class _LazyConsole:
+    """A rich Console made on first use: rich costs 0.05 s to import, and most commands
+    (`--help` above all) print nothing through it."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            self._console = _console(self._stderr)
+        return getattr(self._console, name)
+
+
+out: Console = _LazyConsole(stderr=False)  # type: ignore[assignment]
+err: Console = _LazyConsole(stderr=True)  # type: ignore[assignment]
 
 FileArg = Annotated[Path, typer.Argument(help="cluster file (YAML or JSON), or a run's plan.json",
                                           show_default=False)]
@@ -103,10 +117,10 @@ SourceArg = Annotated[Path | None, typer.Argument(
     help="cluster file (YAML or JSON), or a run's plan.json; or none, and a command after --",
     show_default=False)]
 RunArg = Annotated[str | None, typer.Argument(
-    help=f"a run directory, a run id, a prefix of one, or {LAST} \\[default: {LAST}]",
+    help=f"a run directory, a run id, a prefix of one, or {LAST} [default: {LAST}]",
     show_default=False)]
 RunDirOpt = Annotated[Path | None, typer.Option(
-    "--run-dir", help="where the run's plan, events and logs go \\[default: runs/<run-id>]")]
+    "--run-dir", help="where the run's plan, events and logs go [default: runs/<run-id>]")]
 
 
 def _fail(message: str) -> typer.Exit:
@@ -123,6 +137,9 @@ def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
     """The entry's module and function, the module or the script must exist where tasks will
     look for them. Only located and parsed, never imported: user code could import
     TensorFlow, or do anything."""
+    from orchestrator.entry import EntryError, check_entry, check_module, check_script
+    from orchestrator.spec import LOCALHOST, SLURM
+
     job = spec.job
     try:
         if job.script is not None:  # run here, or synced from here: it must be here
@@ -144,6 +161,8 @@ def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
 
 def check_local_tasks(spec: ClusterSpec) -> None:
     """Refuse more localhost tasks than can make sense; warn beyond one per CPU."""
+    from orchestrator.spec import LOCALHOST
+
     count = sum(1 for _, _, a in spec.tasks.all() if a.host == LOCALHOST)
     if count > MAX_LOCAL_TASKS:
         raise SpecError(f"tasks: {count:,} tasks on localhost; at most {MAX_LOCAL_TASKS} run on "
@@ -183,6 +202,10 @@ def load_source(file: Path | dict) -> tuple[ClusterSpec, dict[str, int] | None]:
     """A cluster file; or a run's plan.json, to run the same tasks again: the spec it was
     made from, and the ports it had (the same TF_CONFIGs, `auto` ports included); or a
     cluster file made from flags (a dict)."""
+    from orchestrator.plan import Plan
+    from orchestrator.spec import parse_spec
+    from orchestrator.specfile import SpecFileError, read_data
+
     if isinstance(file, dict):
         return parse_spec(file, "the cluster made from the command line"), None
     try:
@@ -205,11 +228,14 @@ def prepare(file: Path | dict, run_dir: Path | None, dry_run: bool = False,
     with a message for the user. A dry run names no run id: each real run gets a new one, so
     a made-up id would be a false promise. Without `ask_hosts` lab hosts are not contacted
     (`tfo plan`). The caller closes the backends."""
+    from orchestrator.launch.backends import Backends
+    from orchestrator.plan import make_plan
+
     spec, ports = load_source(file)
     check_entry_importable(spec, Path.cwd())
     check_local_tasks(spec)
     stamp = RUN_ID_PATTERN if dry_run else \
-        f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"  # not secrets: 0.02 s to import
     run_id = f"{spec.name}-{stamp}"
     rd = RunDir(str(run_dir.resolve())) if run_dir else RunDir.default(run_id)
     check_run_dir(Path(rd.path))
@@ -230,6 +256,8 @@ def prepare(file: Path | dict, run_dir: Path | None, dry_run: bool = False,
 
 
 def _say(line: str) -> None:
+    from rich.markup import escape
+
     err.print(f"[bold]tfo[/]: {escape(line)}", soft_wrap=True)
 
 
@@ -257,34 +285,34 @@ class _CommandAfterDashes(TyperCommand):
 _COMMAND = "tfo.command"  # where _CommandAfterDashes leaves the command in ctx.meta
 _QUICK = "cluster without a file (with a command after --)"
 WorkersOpt = Annotated[int | None, typer.Option(
-    "--workers", help="worker tasks \\[default: 1]", rich_help_panel=_QUICK, show_default=False)]
+    "--workers", help="worker tasks [default: 1]", rich_help_panel=_QUICK, show_default=False)]
 ChiefOpt = Annotated[bool, typer.Option(
     "--chief", help="a chief task too (always one under parameter_server)",
     rich_help_panel=_QUICK)]
 PsOpt = Annotated[int | None, typer.Option(
-    "--ps", help="ps tasks, for --strategy parameter_server \\[default: 1]",
+    "--ps", help="ps tasks, for --strategy parameter_server [default: 1]",
     rich_help_panel=_QUICK, show_default=False)]
 EvaluatorOpt = Annotated[bool, typer.Option(
     "--evaluator", help="an evaluator task, beside the chief", rich_help_panel=_QUICK)]
 StrategyOpt = Annotated[str | None, typer.Option(
     "--strategy", help="multi_worker_mirrored (mwms) or parameter_server (ps) "
-    "\\[default: multi_worker_mirrored]", rich_help_panel=_QUICK,
+    "[default: multi_worker_mirrored]", rich_help_panel=_QUICK,
     show_default=False)]
 HostsOpt = Annotated[str | None, typer.Option(
     "--hosts", help="hosts to spread the tasks over, round-robin: localhost or names "
-    "from --hosts-file \\[default: every host of --hosts-file, else localhost]",
+    "from --hosts-file [default: every host of --hosts-file, else localhost]",
     rich_help_panel=_QUICK, show_default=False)]
 HostsFileOpt = Annotated[Path | None, typer.Option(
     "--hosts-file", help="a YAML file with a hosts: mapping, as in a cluster file",
     rich_help_panel=_QUICK, show_default=False)]
 NameOpt = Annotated[str | None, typer.Option(
-    "--name", help="the job's name \\[default: the script's or module's]",
+    "--name", help="the job's name [default: the script's or module's]",
     rich_help_panel=_QUICK, show_default=False)]
 RestartOpt = Annotated[str | None, typer.Option(
-    "--restart", help="restart policy: never, on-failure, always, exit-code \\[default: never]",
+    "--restart", help="restart policy: never, on-failure, always, exit-code [default: never]",
     rich_help_panel=_QUICK, show_default=False)]
 MaxRestartsOpt = Annotated[int | None, typer.Option(
-    "--max-restarts", help="restarts over the whole job \\[default: 3]",
+    "--max-restarts", help="restarts over the whole job [default: 3]",
     rich_help_panel=_QUICK, show_default=False)]
 _SLURM = "on Slurm (`--on slurm`: one allocation, each task a job step)"
 OnOpt = Annotated[str | None, typer.Option(
@@ -318,6 +346,9 @@ def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags,
             slurm: SlurmFlags | None = None) -> Path | dict:
     """What to run: FILE, or the cluster file the flags and the command after `--` make;
     with `--on slurm`, that job as a Slurm job."""
+    from orchestrator.quick import FlagError, on_slurm
+    from orchestrator.specfile import SpecFileError, read_data
+
     source = _what_to_run(ctx, file, flags)
     if slurm is None or (slurm.on is None and not slurm.given()):
         return source
@@ -337,6 +368,8 @@ def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags,
 
 def _what_to_run(ctx: typer.Context | None, file: Path | None, flags: QuickFlags) -> Path | dict:
     """FILE, or the cluster file the flags and the command after `--` make."""
+    from orchestrator.quick import read_hosts_file, spec_from_command
+
     command: list[str] | None = ctx.meta.get(_COMMAND) if ctx is not None else None
     usage = _USAGE.format(ctx.info_name if ctx is not None else "run")
     if command is not None and file is not None:
@@ -363,7 +396,8 @@ def _made_by() -> str:
 
 @app.command(cls=_CommandAfterDashes)
 def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, typer.Option(
-        "--json", help="print a JSON list of tasks")] = False, run_dir: RunDirOpt = None,
+        "--json", help="print the plan as JSON, as plan.json holds it")] = False,
+         run_dir: RunDirOpt = None,
          workers: WorkersOpt = None, chief: ChiefOpt = False, ps: PsOpt = None,
          evaluator: EvaluatorOpt = False, strategy: StrategyOpt = None, hosts: HostsOpt = None,
          hosts_file: HostsFileOpt = None, name: NameOpt = None, restart: RestartOpt = None,
@@ -373,6 +407,8 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
          account: AccountOpt = None, slurm_arg: SlurmArgOpt = None) -> None:
     """Print what `run` would start, without starting anything: `tfo plan FILE`, or
     `tfo plan --workers 2 -- python train.py` (then also the cluster file it makes)."""
+    from orchestrator.quick import QuickFlags, SlurmFlags
+
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
         max_restarts), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
@@ -382,9 +418,16 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
     except SpecError as e:
         raise _fail(str(e)) from None
     backends.close()
-    if as_json:
-        print(json.dumps([t.to_json() for t in p.tasks], indent=2))
+    if as_json:  # the plan as plan.json holds it
+        from orchestrator.plan import json_text
+
+        sys.stdout.write(json_text(p.to_json()))
         return
+    from rich.table import Table
+
+    from orchestrator.launch.gpus import auto_gpus, auto_notes
+    from orchestrator.quick import cluster_yaml
+
     table = Table(title=f"{p.name}: {p.strategy.value}, {len(p.tasks)} tasks", title_justify="left")
     for col in ("task", "host", "port", "gpus", "TF_CONFIG task", "command"):
         table.add_column(col, overflow="fold")
@@ -394,8 +437,7 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
     out.print(table)
     for note in auto_notes(p.spec, auto_gpus(p.spec, None)):  # local_gpus is cached
         out.print(note, markup=False)
-    cluster = p.tasks[0].tf_config["cluster"] if p.tasks else {}
-    out.print(f"cluster: {json.dumps(cluster)}")
+    out.print(f"cluster: {json.dumps(p.cluster)}")
     # The command column is the task wrapper; this is what it runs.
     args = p.spec.job.args if isinstance(p.spec.job.args, list) else []
     out.print(f"job: {' '.join([p.job, *map(shlex.quote, args)])}", markup=False)
@@ -410,6 +452,8 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
 
 
 def _preflight_table(rows: list[HostCheck]) -> Table:
+    from rich.table import Table
+
     table = Table(title="preflight", title_justify="left")
     for col in ("host", "address", "ssh", "python", "tensorflow", "tf_keras", "ports", "gpus",
                 "ok"):
@@ -451,13 +495,15 @@ def check(file: FileArg) -> None:
 @app.command()
 def schema() -> None:
     """Print the cluster file's JSON Schema, for editors: `tfo schema > cluster.schema.json`."""
+    from orchestrator.spec import cluster_schema
+
     print(json.dumps(cluster_schema(), indent=2))
 
 
 VerboseOpt = Annotated[bool, typer.Option(
     "--verbose", "-v", help="also show TensorFlow's C++ INFO/WARNING lines")]
 LogsOpt = Annotated[bool, typer.Option(
-    "--logs/--no-logs", help="stream the tasks' lines, \\[role:index] first (the logs in the run "
+    "--logs/--no-logs", help="stream the tasks' lines, [role:index] first (the logs in the run "
     "directory have them either way)")]
 
 
@@ -480,6 +526,8 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
     On a terminal a table of the tasks (state, CPU, memory, epoch, step, loss, last line)
     stays below their lines, redrawn every second; piped, the lines only, and the table at
     the end."""
+    from orchestrator.quick import QuickFlags, SlurmFlags
+
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
         max_restarts), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
@@ -492,6 +540,8 @@ def _str(path: Path | None) -> str | None:
 
 
 def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True) -> None:
+    from orchestrator.supervise import Supervisor
+
     try:
         p, backends = prepare(source, run_dir)  # spec → place → allocate → plan
     except (SpecError, BackendError) as e:
@@ -552,6 +602,8 @@ def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt
 
 def _write_cluster_file(p: Plan, spec: dict) -> None:
     """The cluster file a command line made, so the run can be repeated and grown into a file."""
+    from orchestrator.quick import cluster_yaml
+
     path = Path(RunDir(p.run_dir).cluster_path)
     try:
         path.write_text(cluster_yaml(spec, _made_by()))
@@ -596,6 +648,9 @@ def print_summary(result: RunResult) -> None:
 def _last_lines(task: str, log_path: str, n: int) -> list[str]:
     """The end of a task's log as the console showed it: no markers, no TensorFlow chatter,
     escaped (a task's output is untrusted)."""
+    from orchestrator.markers import is_marker
+    from orchestrator.supervise import tail
+
     chatter = ChatterFilter()
     shown = [printable(line) for line in tail(log_path, 50 * n)
              if not is_marker(line) and not chatter.hides(task, line)]
@@ -637,6 +692,8 @@ def runs() -> None:
     """The runs under runs/, oldest first: id, cluster name, start, duration, outcome,
     restarts."""
     from rich import box
+    from rich.table import Table
+    from rich.text import Text
 
     from orchestrator.liveview import duration
 
@@ -675,8 +732,10 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
              "(Ctrl-C stops sooner)")] = False,
          raw: Annotated[bool, typer.Option(
              "--raw", help="also the @tfo marker lines tfo itself reads")] = False) -> None:
-    """Print a task's log (every task's, \\[role:index] first, when none is named): `tfo logs`,
+    """Print a task's log (every task's, [role:index] first, when none is named): `tfo logs`,
     `tfo logs worker:1`, `tfo logs last worker:1 -f`, `tfo logs RUN_DIR worker:1`."""
+    from orchestrator.markers import is_marker
+
     if task is None and run_dir and _TASK_NAME.match(run_dir) and not Path(run_dir).is_dir():
         run_dir, task = None, run_dir
     rd = _find_run(run_dir)
@@ -708,6 +767,51 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
             time.sleep(FOLLOW_SECONDS)
     except BrokenPipeError:  # `tfo logs | head`: the reader has what it wanted
         point_at_devnull(sys.stdout.fileno())
+
+
+export_app = typer.Typer(**HELP, help="Hand the job to another engine, as a file it runs: a "
+                         "Kubeflow TFJob.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("tfjob")
+def export_tfjob(
+        file: FileArg,
+        image: Annotated[str, typer.Option(
+            "--image", help="the container image: TensorFlow, and the project as its working "
+            "directory", show_default=False)],
+        output: Annotated[Path | None, typer.Option(
+            "--output", "-o", help="write the TFJob here [default: stdout]",
+            show_default=False)] = None,
+        name: Annotated[str | None, typer.Option(
+            "--name", help="the TFJob's name [default: the cluster file's name]",
+            show_default=False)] = None) -> None:
+    """Write a Kubeflow TFJob (kubeflow.org/v1) that runs FILE's tasks as pods: one replica
+    spec per role, the restart section as restartPolicy and backoffLimit. What does not carry
+    over is a warning on stderr (README: Kubernetes)."""
+    import yaml
+    from rich.markup import escape
+
+    from orchestrator.export import tfjob
+
+    try:
+        spec, _ = load_source(file)
+        exported = tfjob(spec, image=image, name=name)
+    except SpecError as e:
+        raise _fail(str(e)) from None
+    for warning in exported.warnings:
+        err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+    text = (f"# made by: {_made_by()}\n# run it: kubectl apply -f THIS_FILE (the Kubeflow training "
+            "operator must be installed)\n"
+            + yaml.safe_dump(exported.manifest, sort_keys=False, width=100))
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        output.write_text(text)
+    except OSError as e:
+        raise _fail(f"--output {output}: cannot write: {e.strerror or e}") from None
+    err.print(f"tfo: wrote {output}; run it with kubectl apply -f {output}", markup=False)
 
 
 def main() -> None:

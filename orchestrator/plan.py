@@ -78,13 +78,25 @@ class TaskPlan:
              "tmp_dir", "gpus")
 
     def to_json(self) -> dict[str, Any]:
-        # No asdict: it deep-copies every task's cluster, quadratic in the number of tasks.
-        return {**{k: getattr(self, k) for k in self._KEYS}, "host": self.host,
-                "placement": self.placement.to_json()}
+        """Without the cluster, which the plan's JSON holds once for every task (else its size
+        grows with the square of the tasks): `tf_config` is {"task": ...} and `env` has no
+        TF_CONFIG; from_json puts both back. No asdict: it would deep-copy the cluster."""
+        data = {k: getattr(self, k) for k in self._KEYS}
+        data["tf_config"] = {"task": self.tf_config["task"]}
+        data["env"] = {k: v for k, v in self.env.items() if k != "TF_CONFIG"}
+        return {**data, "host": self.host, "placement": self.placement.to_json()}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TaskPlan:
+    def from_json(cls, data: dict[str, Any], cluster: dict[str, list[str]] | None = None,
+                  cluster_json: str | None = None) -> TaskPlan:
+        """`cluster`: the plan's (`cluster_json`: serialized, once for all tasks); None for a
+        plan.json from before the cluster moved to the top, whose tasks carry it themselves."""
         fields = {k: data[k] for k in cls._KEYS}
+        if cluster is not None:
+            task = data["tf_config"]["task"]
+            fields["tf_config"] = {"cluster": cluster, "task": task}
+            fields["env"] = {**data["env"], "TF_CONFIG": tf_config_env(
+                cluster_json or json.dumps(cluster), task)}
         return cls(**{**fields, "role": Role(data["role"])},
                    placement=Placement(**data["placement"]))
 
@@ -111,23 +123,41 @@ class Plan:
     def ports(self) -> dict[str, int]:
         return {t.name: t.port for t in self.tasks}
 
+    @property
+    def cluster(self) -> dict[str, list[str]]:
+        """TF_CONFIG's cluster: the same for every task."""
+        return self.tasks[0].tf_config["cluster"] if self.tasks else {}
+
     def to_json(self) -> dict[str, Any]:
+        """plan.json, and `tfo plan --json`: the cluster once, then each task without it.
+        json_text() writes it."""
         return {"name": self.name, "strategy": self.strategy.value, "run_id": self.run_id,
                 "run_dir": self.run_dir, "job": self.job, "policy": self.policy.to_json(),
                 "rules": self.rules.to_json(), "workdir": self.workdir,
-                "spec": self.spec.model_dump(mode="json"),
+                "spec": self.spec.model_dump(mode="json"), "cluster": self.cluster,
                 "tasks": [t.to_json() for t in self.tasks]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
-        """Raises KeyError, TypeError or ValueError (pydantic's ValidationError is one) on
-        anything that is not a plan.json."""
+        """Also reads a plan.json without the top-level cluster (tfo before issue 13), whose
+        every task carries it. Raises KeyError, TypeError or ValueError (pydantic's
+        ValidationError is one) on anything that is not a plan.json."""
+        cluster = data.get("cluster")
+        cluster_json = json.dumps(cluster) if cluster is not None else None
         return cls(name=data["name"], strategy=Strategy(data["strategy"]),
                    run_id=data["run_id"], run_dir=data["run_dir"], job=data["job"],
                    policy=Policy.from_json(data["policy"]),
                    rules=StrategyRules.from_json(data["rules"]), workdir=data["workdir"],
                    spec=ClusterSpec.model_validate(data["spec"]),
-                   tasks=[TaskPlan.from_json(t) for t in data["tasks"]])
+                   tasks=[TaskPlan.from_json(t, cluster, cluster_json) for t in data["tasks"]])
+
+
+def json_text(plan: dict[str, Any]) -> str:
+    """A plan's JSON, indented at the top and one line per task: as readable as indent=2,
+    and written by json's C encoder (indent runs the pure-Python one: 4x slower)."""
+    head = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in plan.items() if k != "tasks"]
+    tasks = ",\n".join(f"    {json.dumps(t)}" for t in plan.get("tasks", []))
+    return "{\n" + ",\n".join([*head, f'  "tasks": [\n{tasks}\n  ]']) + "\n}\n"
 
 
 def task_name(role: str, index: int) -> str:
@@ -232,15 +262,11 @@ def make_plan(
         if not posixpath.isabs(model_dir) and not model_dir.startswith("~"):
             model_dir = posixpath.join(task_workdir, model_dir)
         task = {"type": role.value, "index": index}
-        task_json = json.dumps(task, sort_keys=True)
         tmp_dir = task_run.tmp_dir(role, index)
         command, job_fields = JOB_KINDS[kind](spec, exe, lab_host)
         backup_dir = task_run.backup_dir(role, index)
-        job = {**job_fields, "model_dir": model_dir, "strategy": spec.strategy.value,
-               "run_id": run_id, "run_dir": task_run.path, "tmp_dir": tmp_dir,
-               "backup_dir": backup_dir, "serve": role in rules.servers,
-               "collective": spec.job.collective.value,
-               "grace_seconds": spec.timeouts.grace_seconds}  # the wrapper's SIGTERM → SIGKILL
+        tfo_job = job_env(spec, role, job_fields, args_json, model_dir=model_dir, run_id=run_id,
+                          run_dir=task_run.path, tmp_dir=tmp_dir, backup_dir=backup_dir)
         env = {
             # What a task's own code can rely on (the README's table); TFO_ATTEMPT comes from
             # the backend. TF_USE_LEGACY_KERAS=1 is the task's default unless the spec or the
@@ -251,10 +277,9 @@ def make_plan(
             "TFO_RUN_DIR": task_run.path,
             **spec.env,
             **(spec.hosts[where.host].env if where.host in spec.hosts else {}),
-            # What json.dumps(..., sort_keys=True) gives, without re-serializing the cluster.
-            "TF_CONFIG": f'{{"cluster": {cluster_json}, "task": {task_json}}}',
+            "TF_CONFIG": tf_config_env(cluster_json, task),
             "TFO_TASK": name,
-            "TFO_JOB": f'{{"args": {args_json}, {json.dumps(job, sort_keys=True)[1:]}',
+            "TFO_JOB": tfo_job,
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": task_workdir,
             # TensorFlow's autograph files and the like: gone with the task (lifeline.py).
@@ -276,10 +301,34 @@ def make_plan(
                 workdir=workdir, spec=spec, tasks=tasks)
 
 
+def tf_config_env(cluster_json: str, task: dict[str, Any]) -> str:
+    """TF_CONFIG as json.dumps({"cluster": ..., "task": task}, sort_keys=True) gives it, from
+    the cluster serialized once for all tasks (`cluster_json`, its roles in sorted order)."""
+    return f'{{"cluster": {cluster_json}, "task": {json.dumps(task, sort_keys=True)}}}'
+
+
+def job_env(spec: ClusterSpec, role: Role, job_fields: dict[str, Any], args_json: str, *,
+            model_dir: str, run_id: str, run_dir: str, tmp_dir: str, backup_dir: str) -> str:
+    """TFO_JOB, what worker_entry reads: what to run, where, and how. `args_json` is
+    json.dumps(spec.job.args, sort_keys=True), serialized once for all tasks."""
+    job = {**job_fields, "model_dir": model_dir, "strategy": spec.strategy.value,
+           "run_id": run_id, "run_dir": run_dir, "tmp_dir": tmp_dir, "backup_dir": backup_dir,
+           "serve": role in RULES[spec.strategy].servers, "collective": spec.job.collective.value,
+           "grace_seconds": spec.timeouts.grace_seconds}  # the wrapper's SIGTERM → SIGKILL
+    # What json.dumps(..., sort_keys=True) gives, without re-serializing the args.
+    return f'{{"args": {args_json}, {json.dumps(job, sort_keys=True)[1:]}'
+
+
+def _bytes(text: str) -> int:
+    """UTF-8 length; for ASCII (isascii is O(1) in CPython) without encoding every task's
+    TF_CONFIG, which holds the whole cluster."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 def _check_env_fits(name: str, host: str, env: Mapping[str, str]) -> None:
     """Linux refuses to start a process (E2BIG) with any environment string over
     MAX_ARG_STRLEN; an SSH task's whole environment is one shell command, under the same cap."""
-    sizes = {k: len(k.encode()) + len(v.encode()) + 2 for k, v in env.items()}  # K=V and NUL
+    sizes = {k: _bytes(k) + _bytes(v) + 2 for k, v in env.items()}  # K=V and NUL
     biggest = max(sizes, key=sizes.__getitem__)
     if sizes[biggest] > MAX_ARG_STRLEN:
         what = ("the cluster is too large for one TF_CONFIG" if biggest == "TF_CONFIG"

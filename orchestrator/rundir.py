@@ -34,8 +34,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 RUNS = "runs"  # under the directory tfo runs in, and under each lab host's workdir
 PLAN, EVENTS, LOGS, TMP, BACKUP = "plan.json", "events.jsonl", "logs", "tmp", "backup"
 TENSORBOARD = "tensorboard"
@@ -297,6 +295,8 @@ def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
 def coordinator_identity() -> dict[str, Any]:
     """Who supervises the run, for `tfo status` to tell a live run from a dead one; the
     create time tells a reused pid apart."""
+    import psutil  # only where a run starts or is looked at: `tfo plan` and `--help` go without
+
     me = psutil.Process()
     return {"coordinator_pid": me.pid, "coordinator_created": me.create_time(),
             "coordinator_host": socket.gethostname()}
@@ -309,6 +309,8 @@ def coordinator_gone(run_started: dict[str, Any]) -> bool:
     if not isinstance(pid, int) or not isinstance(created, int | float) \
             or run_started.get("coordinator_host") != socket.gethostname():
         return False
+    import psutil
+
     try:
         p = psutil.Process(pid)
         return abs(p.create_time() - created) > 1.0 or p.status() == psutil.STATUS_ZOMBIE

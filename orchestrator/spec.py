@@ -31,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.errors import SpecError
 from orchestrator.policy import RestartPolicy
 from orchestrator.specfile import SpecFileError, read_data
 from orchestrator.strategy import CLUSTER_ROLES, RULES, START_ORDER
@@ -50,10 +51,6 @@ MODEL_DIR_PLACEHOLDERS = ("run_id", "run_dir")
 # Linux's MAX_ARG_STRLEN: the most one argv or environment string may hold, its NUL included.
 # A task's job (TFO_JOB) and TF_CONFIG travel in its environment.
 MAX_ARG_STRLEN = 32 * 4096
-
-
-class SpecError(Exception):
-    """A mistake in the cluster file; the message names the field and the value."""
 
 
 class Collective(str, Enum):

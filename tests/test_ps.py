@@ -79,8 +79,7 @@ tasks:
     assert sorted(results) == [1, 2, 3]
     final_acc = evaluate_saved_model(run_dir / "model" / "saved_model")
     assert abs(results[3]["accuracy"] - final_acc) < 1e-6
-    assert "evaluator" not in json.loads((run_dir / "plan.json").read_text())["tasks"][0][
-        "tf_config"]["cluster"]
+    assert "evaluator" not in json.loads((run_dir / "plan.json").read_text())["cluster"]
 
 
 @pytest.mark.timeout(300)
