@@ -54,7 +54,12 @@ class Stall:
     where: list[str] = field(default_factory=list)  # main thread's innermost frames
 
     def describe(self) -> str:
-        stuck = f"; stuck in {' ← '.join(self.where)}" if self.where else ""
+        """One line for the job's reason: the innermost frame, its file's name only (the
+        summary prints the frames in full below)."""
+        stuck = ""
+        if self.where:
+            func, _, place = self.where[0].partition(" (")
+            stuck = f", in {func} ({place.rsplit('/', 1)[-1]}" if place else f", in {func}"
         return f"{self.task} {self.reason}{stuck}"
 
 
