@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import events, run_tfo, wait_until, write_spec
+from tests.conftest import SSH_LAB, events, run_tfo, wait_until, write_spec
 from tests.test_faults import Tfo, first
 from tests.test_ssh import host_yaml, lab  # noqa: F401 (a fixture)
 
@@ -149,6 +149,7 @@ def test_a_preempted_worker_saves_and_the_group_resumes_from_that_step(run_dir: 
     assert first(ev, "task_done", "worker:0", attempt=1)
 
 
+@SSH_LAB  # the netns lab of tests/test_ssh.py
 @pytest.mark.tf
 @pytest.mark.timeout(300)
 def test_a_wedged_worker_on_a_lab_host_is_named_with_its_remote_frame(

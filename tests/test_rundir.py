@@ -102,8 +102,8 @@ def test_rerun_last_starts_the_same_tasks_in_a_new_run_directory(tmp_path: Path)
                         timeout=140)
         assert third.returncode == 0, third.output[-3000:]
         again = json.loads((tmp_path / "r3" / "plan.json").read_text())
-        assert [t["env"]["TF_CONFIG"] for t in again["tasks"]] == \
-            [t["env"]["TF_CONFIG"] for t in old["tasks"]]
+        assert again["cluster"] == old["cluster"]
+        assert [t["tf_config"] for t in again["tasks"]] == [t["tf_config"] for t in old["tasks"]]
     finally:
         for rd in made:
             shutil.rmtree(rd, ignore_errors=True)

@@ -178,10 +178,12 @@ class _Wrapper:
                 _write(markers.line(markers.SIGTERM, grace=0))
             self._kill_task()
             return
-        self._signal_task(signal.SIGTERM)
+        # The marker first: the coordinator must know of the SIGTERM before the task's exit
+        # 42 can reach it (and before anything the task prints about saving).
         if self.kill_at is None and self.status is None:
             self.kill_at = time.monotonic() + self.grace
             _write(markers.line(markers.SIGTERM, grace=self.grace))
+        self._signal_task(signal.SIGTERM)
 
     def _read_handler_state(self) -> None:
         if self.handler_fd is None:
