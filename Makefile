@@ -26,7 +26,10 @@ test: $(STAMP) sshd
 	$(BIN)/ruff check orchestrator worker_entry tests bench
 	$(BIN)/pytest -q -rs
 
+# make bench: every figure of issue 13 against its target (about 10 minutes on 2 cores);
+# writes bench/results.json and bench/results.png. Installs the `bench` extra (matplotlib).
 bench: $(STAMP)
+	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/run.py
 
 lint: $(STAMP)
