@@ -8,12 +8,17 @@ It prints its own timeline, the same way under both, for bench/run.py to read:
     BENCH fit_returned <unix time>    model.fit() returned
     BENCH done <unix time>            the script is about to exit
 
+--backup DIR: BackupAndRestore there, as TensorFlow's guide writes it. --trace_tail SECONDS:
+once the last epoch ended, dump every thread's stack to stderr every SECONDS until fit()
+returns (what fit() waits for when it returns late).
+
 --fake: no TensorFlow. It listens on its TF_CONFIG port (how a script task is seen ready)
 and sleeps `--step_seconds` per step: the harness's quick setting, and the "light task"
 of the coordinator-CPU figures (one step of many seconds).
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import socket
@@ -71,9 +76,15 @@ def real(args: argparse.Namespace) -> None:
 
         def on_epoch_end(self, epoch, logs=None):  # noqa: ANN001
             say("epoch", epoch)
+            if args.trace_tail and epoch == args.epochs - 1:
+                faulthandler.dump_traceback_later(args.trace_tail, repeat=True)
 
+    callbacks = [Timeline()]
+    if args.backup:
+        callbacks.append(tf.keras.callbacks.BackupAndRestore(backup_dir=args.backup))
     model.fit(data, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
-              callbacks=[Timeline()], verbose=0)
+              callbacks=callbacks, verbose=0)
+    faulthandler.cancel_dump_traceback_later()
     say("fit_returned")
 
 
@@ -83,6 +94,8 @@ def main() -> None:
     parser.add_argument("--steps_per_epoch", type=int, default=50)
     parser.add_argument("--fake", action="store_true")
     parser.add_argument("--step_seconds", type=float, default=0.01)
+    parser.add_argument("--backup", default="")
+    parser.add_argument("--trace_tail", type=float, default=0.0)
     args = parser.parse_args()
     (fake if args.fake else real)(args)
     say("done")

@@ -246,7 +246,8 @@ def run_by_hand(s: Setting, tmp: Path, i: int) -> tuple[float, float, list[dict]
     cpu0, t0 = children_cpu(), time.time()
     procs = []
     for k, out in enumerate(outs):
-        env = {**os.environ, "TF_CONFIG": json.dumps(
+        # TF_USE_LEGACY_KERAS: MWMS needs tf_keras on TF 2.21; tfo's tasks default to it.
+        env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CONFIG": json.dumps(
             {"cluster": cluster, "task": {"type": "worker", "index": k}})}
         with open(out, "wb") as f:
             procs.append(subprocess.Popen([PY, JOB, *job_args(s)], cwd=REPO, env=env, stdout=f,
