@@ -24,8 +24,8 @@ whose main thread only ever waits in select:
 - PR_SET_PDEATHSIG: the wrapper gets SIGTERM when its parent (the coordinator, or the SSH
   session) dies, a second path to the same cleanup; the task gets SIGKILL when the
   wrapper dies, so a SIGKILLed wrapper never leaves a task holding its port. What the task
-  started then escapes to init: the coordinator kills those from the process tree it
-  samples while the task runs (launch/local.py).
+  started then goes to the next subreaper up, the coordinator, which kills it
+  (orchestrator/launch/orphans.py).
 - Readiness of a user's script (job.script, job.module), which prints no markers: the
   wrapper watches the task's port (its TF_CONFIG address) and reports READY once it
   listens, i.e. once the script's strategy started its gRPC server. Entries and servers
