@@ -83,8 +83,8 @@ class LocalHandle:
     def close(self, timeout: float = 1.0) -> list[str]:
         # The task is gone; whatever it started goes too: its wrapper cleaned up before it
         # exited, or, SIGKILLed, left it to us. Then the output pipe closes.
-        self.poll()
-        orphans.sweep(since=self._reaped_at)
+        if self.poll() is not None and orphans.left_by(self._pgid):
+            orphans.sweep(since=self._reaped_at)
         rest = self._output.close(timeout)
         if self._pidfd is not None:
             with contextlib.suppress(OSError):

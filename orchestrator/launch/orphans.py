@@ -3,7 +3,8 @@
     orphans.adopt()                  # before the first local task starts (once a process)
     orphans.started(pid)             # a wrapper we started (its pid is its process group)
     orphans.reaped(pid)              # ... and we collected its exit
-    orphans.sweep(since=reaped_at)   # when its handle closes: kill and reap what it left
+    if orphans.left_by(pid):         # when its handle closes: did it die uncleanly?
+        orphans.sweep(since=reaped_at)   # kill and reap what it left
 
 The wrapper (worker_entry.lifeline) kills everything its task started, whenever the task
 ends; it cannot once it is SIGKILLed itself. The task then dies with it (PDEATHSIG), and
@@ -11,8 +12,10 @@ what the task started (a child in a session of its own, a double-forked daemon) 
 re-parented by the kernel to the nearest child subreaper: the coordinator, which is one.
 So those processes are the coordinator's children and nothing needs sampling while tasks
 run (the old backstop read every task's process tree from /proc each second: the 64-task
-CPU hog). A sweep is one scan of /proc, and one scan covers every wrapper reaped before it
-started: a teardown of 64 tasks scans once.
+CPU hog). Whether a wrapper died uncleanly costs one waitid: its task, in its process group,
+is then our child (or zombie), where a wrapper that cleaned up had reaped it. Only then a
+sweep: one scan of /proc, which covers every wrapper reaped before it started. (A wrapper
+SIGKILLed after it reaped its task, while it killed the rest, is not noticed.)
 
 Only our own are touched: a child of ours that is no wrapper we started, and that either
 carries TFO_ATTEMPT in its environment (every local task's processes inherit it) or is
@@ -52,6 +55,17 @@ def started(pid: int) -> None:
 
 def reaped(pid: int) -> None:
     _wrappers.discard(pid)
+
+
+def left_by(pid: int) -> bool:
+    """Has the wrapper `pid` (exited) left a child of ours in its process group?"""
+    try:
+        os.waitid(os.P_PGID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    except (AttributeError, OSError):  # no waitid here: look
+        return True
+    return True
 
 
 def _ours(p: psutil.Process) -> bool:
