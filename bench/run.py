@@ -384,11 +384,14 @@ def resume_run(s: Setting, tmp: Path, i: int) -> None:
                     and (attempt is None or e.get("attempt") == attempt)), default=float("nan"))
 
     resumed = max(timeline(text, attempt=1)["first_step"][0] for text in task_logs(rd).values())
+    restarted = last("task_started", 1)
     add("resume", resumed - killed)
     detail("resume: kill → detected", last("task_exited", 0) - killed)
-    detail("resume: kill → all stopped", max(last("task_stopped"), last("task_exited")) - killed)
-    detail("resume: kill → restarted", last("task_started", 1) - killed)
-    detail("resume: kill → ready", last("task_ready", 1) - killed)
+    detail("resume: kill → all stopped", max(e["time"] for e in ev if e["time"] <= restarted
+                                            and e["event"] in ("task_stopped", "task_exited"))
+           - killed)
+    detail("resume: kill → restarted", restarted - killed)
+    detail("resume: kill → ready (TF imported, server up)", last("task_ready", 1) - killed)
     detail("coordinator peak RSS MiB", peak_coord / 2**20)
     detail("task peak RSS MiB", peak_task / 2**20)
 
