@@ -501,9 +501,12 @@ def main(argv: list[str] | None = None) -> int:
         from bench import extras
 
         sections += [extras.bench_ps, extras.bench_ssh]
+    took: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="tfo-bench-") as d:
         for section in sections:
+            t = time.monotonic()
             section(s, Path(d))
+            took[section.__name__] = round(time.monotonic() - t, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     results = {
@@ -511,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in load],
                     "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
         "seconds": round(time.monotonic() - started, 1),
+        "section_seconds": took,
         "figures": {k: f.summary() for k, f in FIGURES.items() if f.samples},
         "coordinator_cpu_curve": {str(n): v for n, v in sorted(CURVE.items())},
         "detail": DETAIL,
