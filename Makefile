@@ -1,11 +1,13 @@
 # make run: set up .venv and run the 2-worker job on localhost:20000/20001.
-# make test: set up .venv (and sshd for the SSH tests) and run the whole suite.
+# make test: set up .venv (sshd for the SSH tests, Slurm for the Slurm tests) and run the
+# whole suite, in two pytest-xdist workers (tests sharing fixed ports, the netns SSH lab or the
+# Slurm lab run in one worker each: tests/conftest.py).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint clean sshd
+.PHONY: run test bench lint clean sshd slurm
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,9 +24,16 @@ sshd:
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
 	  openssh-server openssh-client iproute2 >/dev/null; }
 
-test: $(STAMP) sshd
+# The Slurm tests run a private cluster (tests/slurmlab.py): Debian's Slurm and munge.
+slurm:
+	@test -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd -a -x /usr/bin/srun -a \
+	  -x /usr/sbin/munged || { export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+	  slurmctld slurmd slurm-client munge iproute2 util-linux >/dev/null; }
+
+test: $(STAMP) sshd slurm
 	$(BIN)/ruff check orchestrator worker_entry tests bench
-	$(BIN)/pytest -q -rs
+	$(BIN)/pytest -q -rs -n 2 --dist loadgroup --durations=25
 
 # make bench: every figure of issue 13 against its target (about 10 minutes on 2 cores);
 # writes bench/results.json and bench/results.png. Installs the `bench` extra (matplotlib).

@@ -5,10 +5,19 @@
     tfo run --workers 2 -- python train.py    # no file: flags make one (orchestrator/quick.py)
     tfo run runs/<id>/plan.json               # the same tasks again, in a new run directory
     tfo rerun last                            # the same (RUN: a run directory, id, id prefix)
-    tfo status                                # the latest run's tasks, from its events.jsonl
-    tfo logs [RUN] worker:1                   # one task's log
+    tfo runs                                  # past runs: id, name, start, duration, outcome
+    tfo status [RUN]                          # a run's tasks, from its events.jsonl
+    tfo logs [RUN] [worker:1] [-f]            # one task's log, or all; -f follows the run
+    tfo schema                                # the cluster file's JSON Schema
 
-`tfo run` is: spec → allocate (ports) → plan → check → sync → supervise.
+`tfo run` is: spec → place (a Slurm job's nodes) → allocate (ports) → plan → check → sync →
+supervise.
+
+Imports: `tfo --help` and `tfo plan` answer in a fraction of a second because this module
+imports only typer and light modules at the top. Anything heavier (pydantic models: spec,
+plan, quick, markers; rich; psutil; fabric and paramiko; yaml; supervise; the backends) is
+imported inside the command or function that uses it; `out` and `err` make their rich
+Console on first use. tests/test_startup.py holds this to account.
 """
 
 from __future__ import annotations
@@ -17,50 +26,90 @@ import contextlib
 import json
 import os
 import re
-import secrets
 import shlex
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 from typer.core import TyperCommand
 
-from orchestrator.console import ConsoleWriter, console_echo, point_at_devnull
-from orchestrator.entry import EntryError, check_entry, check_module, check_script
+from orchestrator.console import (
+    ChatterFilter,
+    ConsoleWriter,
+    console_echo,
+    point_at_devnull,
+    printable,
+)
+from orchestrator.errors import SpecError
 from orchestrator.launch import BackendError, describe_exit
-from orchestrator.launch.backends import Backends
-from orchestrator.launch.gpus import GpuReport, auto_gpus, auto_notes
-from orchestrator.launch.preflight import HostCheck
-from orchestrator.markers import is_marker
-from orchestrator.plan import Plan, make_plan
-from orchestrator.quick import QuickFlags, cluster_yaml, read_hosts_file, spec_from_command
-from orchestrator.rundir import LAST, RunDir, RunDirError, coordinator_gone
-from orchestrator.spec import LOCALHOST, ClusterSpec, SpecError, parse_spec
-from orchestrator.specfile import SpecFileError, read_data
-from orchestrator.supervise import RunResult, Supervisor, tail
+from orchestrator.rundir import (
+    LAST,
+    RUNS,
+    Outcome,
+    RunDir,
+    RunDirError,
+    list_runs,
+    outcome,
+    read_lines,
+    run_over,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from orchestrator.launch.backends import Backends
+    from orchestrator.launch.gpus import GpuReport
+    from orchestrator.launch.preflight import HostCheck
+    from orchestrator.plan import Plan
+    from orchestrator.quick import QuickFlags, SlurmFlags
+    from orchestrator.spec import ClusterSpec
+    from orchestrator.supervise import RunResult
 
 EXIT_BAD_SPEC = 2
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# Plain help and errors: typer's rich formatting imports rich's markdown and traceback
+# modules (0.16 s of CPU here, more than half of what `tfo --help` may take). So help
+# strings are plain text: write `[default: x]`, no markup, no escapes.
+HELP = {"rich_markup_mode": None, "add_completion": False, "no_args_is_help": True,
+        "pretty_exceptions_enable": False}
+app = typer.Typer(**HELP,
                   help="Run multi-worker TensorFlow jobs on this machine or on a lab's machines.")
 
 
-class _Console(Console):
-    def on_broken_pipe(self) -> None:
-        """The reader went away (`| head -1`): write no more, and let the command's exit code
-        stand (rich's default exits 1)."""
-        self.quiet = True
-        point_at_devnull(self.file.fileno())
+def _console(stderr: bool) -> Console:
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            """The reader went away (`| head -1`): write no more, and let the command's exit
+            code stand (rich's default exits 1)."""
+            self.quiet = True
+            point_at_devnull(self.file.fileno())
+
+    tty = (sys.stderr if stderr else sys.stdout).isatty()
+    # Piped output (CI, `| less`, tests) gets wide tables instead of rich's 80 columns.
+    return _Console(stderr=stderr, highlight=False, width=None if tty else 160)
 
 
-# Piped output (CI, `| less`, tests) gets wide tables instead of rich's 80 columns.
-out = _Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = _Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+class _LazyConsole:
+    """A rich Console made on first use: rich costs 0.05 s to import, and most commands
+    (`--help` above all) print nothing through it."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            self._console = _console(self._stderr)
+        return getattr(self._console, name)
+
+
+out: Console = _LazyConsole(stderr=False)  # type: ignore[assignment]
+err: Console = _LazyConsole(stderr=True)  # type: ignore[assignment]
 
 FileArg = Annotated[Path, typer.Argument(help="cluster file (YAML or JSON), or a run's plan.json",
                                           show_default=False)]
@@ -68,10 +117,10 @@ SourceArg = Annotated[Path | None, typer.Argument(
     help="cluster file (YAML or JSON), or a run's plan.json; or none, and a command after --",
     show_default=False)]
 RunArg = Annotated[str | None, typer.Argument(
-    help=f"a run directory, a run id, a prefix of one, or {LAST} \\[default: {LAST}]",
+    help=f"a run directory, a run id, a prefix of one, or {LAST} [default: {LAST}]",
     show_default=False)]
 RunDirOpt = Annotated[Path | None, typer.Option(
-    "--run-dir", help="where the run's plan, events and logs go \\[default: runs/<run-id>]")]
+    "--run-dir", help="where the run's plan, events and logs go [default: runs/<run-id>]")]
 
 
 def _fail(message: str) -> typer.Exit:
@@ -88,12 +137,16 @@ def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
     """The entry's module and function, the module or the script must exist where tasks will
     look for them. Only located and parsed, never imported: user code could import
     TensorFlow, or do anything."""
+    from orchestrator.entry import EntryError, check_entry, check_module, check_script
+    from orchestrator.spec import LOCALHOST, SLURM
+
     job = spec.job
     try:
         if job.script is not None:  # run here, or synced from here: it must be here
             check_script(job.script, workdir)
             return
-        local = any(a.host == LOCALHOST for _, _, a in spec.tasks.all())
+        # Slurm's nodes run the tasks here too: in this directory, with this python.
+        local = any(a.host in (LOCALHOST, SLURM) for _, _, a in spec.tasks.all())
         shipped = job.package == "worker_entry" or (workdir / job.package).exists() \
             or (workdir / f"{job.package}.py").exists()
         if not (local or shipped):
@@ -108,6 +161,8 @@ def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
 
 def check_local_tasks(spec: ClusterSpec) -> None:
     """Refuse more localhost tasks than can make sense; warn beyond one per CPU."""
+    from orchestrator.spec import LOCALHOST
+
     count = sum(1 for _, _, a in spec.tasks.all() if a.host == LOCALHOST)
     if count > MAX_LOCAL_TASKS:
         raise SpecError(f"tasks: {count:,} tasks on localhost; at most {MAX_LOCAL_TASKS} run on "
@@ -147,6 +202,10 @@ def load_source(file: Path | dict) -> tuple[ClusterSpec, dict[str, int] | None]:
     """A cluster file; or a run's plan.json, to run the same tasks again: the spec it was
     made from, and the ports it had (the same TF_CONFIGs, `auto` ports included); or a
     cluster file made from flags (a dict)."""
+    from orchestrator.plan import Plan
+    from orchestrator.spec import parse_spec
+    from orchestrator.specfile import SpecFileError, read_data
+
     if isinstance(file, dict):
         return parse_spec(file, "the cluster made from the command line"), None
     try:
@@ -169,26 +228,37 @@ def prepare(file: Path | dict, run_dir: Path | None, dry_run: bool = False,
     with a message for the user. A dry run names no run id: each real run gets a new one, so
     a made-up id would be a false promise. Without `ask_hosts` lab hosts are not contacted
     (`tfo plan`). The caller closes the backends."""
+    from orchestrator.launch.backends import Backends
+    from orchestrator.plan import make_plan
+
     spec, ports = load_source(file)
     check_entry_importable(spec, Path.cwd())
     check_local_tasks(spec)
     stamp = RUN_ID_PATTERN if dry_run else \
-        f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"  # not secrets: 0.02 s to import
     run_id = f"{spec.name}-{stamp}"
     rd = RunDir(str(run_dir.resolve())) if run_dir else RunDir.default(run_id)
     check_run_dir(Path(rd.path))
     backends = Backends(spec.hosts)
     try:
-        if ports is None:
+        # A scheduler's nodes first (Slurm: the allocation), then ports on them.
+        nodes = backends.place(spec, dry_run, _say)
+        if ports is None or nodes:  # a Slurm job's ports are the new nodes' own
             ports = backends.allocate(spec)
         gpus = backends.gpus(spec, ask_hosts)
         _warn_gpu_notes(gpus)
         plan = make_plan(spec, run_id=run_id, run_dir=rd.path, workdir=Path.cwd(), ports=ports,
-                         gpus={host: report.ids for host, report in gpus.items()})
-    except SpecError:
+                         gpus={host: report.ids for host, report in gpus.items()}, nodes=nodes)
+    except BaseException:  # Ctrl-C in the queue too: an allocation is given back
         backends.close()
         raise
     return plan, backends
+
+
+def _say(line: str) -> None:
+    from rich.markup import escape
+
+    err.print(f"[bold]tfo[/]: {escape(line)}", soft_wrap=True)
 
 
 def _warn_gpu_notes(reports: dict[str, GpuReport]) -> None:
@@ -215,41 +285,91 @@ class _CommandAfterDashes(TyperCommand):
 _COMMAND = "tfo.command"  # where _CommandAfterDashes leaves the command in ctx.meta
 _QUICK = "cluster without a file (with a command after --)"
 WorkersOpt = Annotated[int | None, typer.Option(
-    "--workers", help="worker tasks \\[default: 1]", rich_help_panel=_QUICK, show_default=False)]
+    "--workers", help="worker tasks [default: 1]", rich_help_panel=_QUICK, show_default=False)]
 ChiefOpt = Annotated[bool, typer.Option(
     "--chief", help="a chief task too (always one under parameter_server)",
     rich_help_panel=_QUICK)]
 PsOpt = Annotated[int | None, typer.Option(
-    "--ps", help="ps tasks, for --strategy parameter_server \\[default: 1]",
+    "--ps", help="ps tasks, for --strategy parameter_server [default: 1]",
     rich_help_panel=_QUICK, show_default=False)]
 EvaluatorOpt = Annotated[bool, typer.Option(
     "--evaluator", help="an evaluator task, beside the chief", rich_help_panel=_QUICK)]
 StrategyOpt = Annotated[str | None, typer.Option(
     "--strategy", help="multi_worker_mirrored (mwms) or parameter_server (ps) "
-    "\\[default: multi_worker_mirrored]", rich_help_panel=_QUICK,
+    "[default: multi_worker_mirrored]", rich_help_panel=_QUICK,
     show_default=False)]
 HostsOpt = Annotated[str | None, typer.Option(
     "--hosts", help="hosts to spread the tasks over, round-robin: localhost or names "
-    "from --hosts-file \\[default: every host of --hosts-file, else localhost]",
+    "from --hosts-file [default: every host of --hosts-file, else localhost]",
     rich_help_panel=_QUICK, show_default=False)]
 HostsFileOpt = Annotated[Path | None, typer.Option(
     "--hosts-file", help="a YAML file with a hosts: mapping, as in a cluster file",
     rich_help_panel=_QUICK, show_default=False)]
 NameOpt = Annotated[str | None, typer.Option(
-    "--name", help="the job's name \\[default: the script's or module's]",
+    "--name", help="the job's name [default: the script's or module's]",
     rich_help_panel=_QUICK, show_default=False)]
 RestartOpt = Annotated[str | None, typer.Option(
-    "--restart", help="restart policy: never, on-failure, always, exit-code \\[default: never]",
+    "--restart", help="restart policy: never, on-failure, always, exit-code [default: never]",
     rich_help_panel=_QUICK, show_default=False)]
 MaxRestartsOpt = Annotated[int | None, typer.Option(
-    "--max-restarts", help="restarts over the whole job \\[default: 3]",
+    "--max-restarts", help="restarts over the whole job [default: 3]",
     rich_help_panel=_QUICK, show_default=False)]
+_SLURM = "on Slurm (`--on slurm`: one allocation, each task a job step)"
+OnOpt = Annotated[str | None, typer.Option(
+    "--on", help="hand the job to a scheduler: slurm (each role's tasks become a count; Slurm "
+    "picks the nodes)", rich_help_panel=_SLURM, show_default=False)]
+PartitionOpt = Annotated[str | None, typer.Option(
+    "--partition", help="Slurm partition \\[default: the cluster's default]",
+    rich_help_panel=_SLURM, show_default=False)]
+TimeOpt = Annotated[str | None, typer.Option(
+    "--time", help="Slurm time limit: minutes, HH:MM:SS, D-HH:MM:SS", rich_help_panel=_SLURM,
+    show_default=False)]
+NodesOpt = Annotated[int | None, typer.Option(
+    "--nodes", help="nodes to ask for \\[default: enough for --tasks-per-node]",
+    rich_help_panel=_SLURM, show_default=False)]
+TasksPerNodeOpt = Annotated[int | None, typer.Option(
+    "--tasks-per-node", help="tasks on one node \\[default: 1]", rich_help_panel=_SLURM,
+    show_default=False)]
+GpusPerTaskOpt = Annotated[int | None, typer.Option(
+    "--gpus-per-task", help="GPUs Slurm gives each task \\[default: 0]", rich_help_panel=_SLURM,
+    show_default=False)]
+AccountOpt = Annotated[str | None, typer.Option(
+    "--account", help="Slurm account to charge", rich_help_panel=_SLURM, show_default=False)]
+SlurmArgOpt = Annotated[list[str] | None, typer.Option(
+    "--slurm-arg", help="one more salloc option, e.g. --slurm-arg=--qos=debug (repeatable)",
+    rich_help_panel=_SLURM, show_default=False)]
 _USAGE = ("give a cluster file (tfo {0} clusters/localhost.yaml) or a command after -- "
           "(tfo {0} --workers 2 -- python train.py --epochs 3)")
 
 
-def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags) -> Path | dict:
-    """What to run: FILE, or the cluster file the flags and the command after `--` make."""
+def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags,
+            slurm: SlurmFlags | None = None) -> Path | dict:
+    """What to run: FILE, or the cluster file the flags and the command after `--` make;
+    with `--on slurm`, that job as a Slurm job."""
+    from orchestrator.quick import FlagError, on_slurm
+    from orchestrator.specfile import SpecFileError, read_data
+
+    source = _what_to_run(ctx, file, flags)
+    if slurm is None or (slurm.on is None and not slurm.given()):
+        return source
+    try:
+        data = source
+        if isinstance(source, Path):
+            data = read_data(source)
+            if isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys():
+                raise FlagError(f"--on: {source} is a run's plan.json, already placed; give "
+                                "the cluster file")
+        return on_slurm(data, slurm)
+    except SpecFileError as e:
+        raise _fail(str(e)) from None
+    except SpecError as e:
+        raise _fail(str(e)) from None
+
+
+def _what_to_run(ctx: typer.Context | None, file: Path | None, flags: QuickFlags) -> Path | dict:
+    """FILE, or the cluster file the flags and the command after `--` make."""
+    from orchestrator.quick import read_hosts_file, spec_from_command
+
     command: list[str] | None = ctx.meta.get(_COMMAND) if ctx is not None else None
     usage = _USAGE.format(ctx.info_name if ctx is not None else "run")
     if command is not None and file is not None:
@@ -276,24 +396,38 @@ def _made_by() -> str:
 
 @app.command(cls=_CommandAfterDashes)
 def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, typer.Option(
-        "--json", help="print a JSON list of tasks")] = False, run_dir: RunDirOpt = None,
+        "--json", help="print the plan as JSON, as plan.json holds it")] = False,
+         run_dir: RunDirOpt = None,
          workers: WorkersOpt = None, chief: ChiefOpt = False, ps: PsOpt = None,
          evaluator: EvaluatorOpt = False, strategy: StrategyOpt = None, hosts: HostsOpt = None,
          hosts_file: HostsFileOpt = None, name: NameOpt = None, restart: RestartOpt = None,
-         max_restarts: MaxRestartsOpt = None) -> None:
+         max_restarts: MaxRestartsOpt = None, on: OnOpt = None, partition: PartitionOpt = None,
+         time_limit: TimeOpt = None, nodes: NodesOpt = None,
+         tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
+         account: AccountOpt = None, slurm_arg: SlurmArgOpt = None) -> None:
     """Print what `run` would start, without starting anything: `tfo plan FILE`, or
     `tfo plan --workers 2 -- python train.py` (then also the cluster file it makes)."""
+    from orchestrator.quick import QuickFlags, SlurmFlags
+
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
-        max_restarts))
+        max_restarts), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
+                                  gpus_per_task, account, tuple(slurm_arg or ())))
     try:
         p, backends = prepare(source, run_dir, dry_run=True, ask_hosts=False)
     except SpecError as e:
         raise _fail(str(e)) from None
     backends.close()
-    if as_json:
-        print(json.dumps([t.to_json() for t in p.tasks], indent=2))
+    if as_json:  # the plan as plan.json holds it
+        from orchestrator.plan import json_text
+
+        sys.stdout.write(json_text(p.to_json()))
         return
+    from rich.table import Table
+
+    from orchestrator.launch.gpus import auto_gpus, auto_notes
+    from orchestrator.quick import cluster_yaml
+
     table = Table(title=f"{p.name}: {p.strategy.value}, {len(p.tasks)} tasks", title_justify="left")
     for col in ("task", "host", "port", "gpus", "TF_CONFIG task", "command"):
         table.add_column(col, overflow="fold")
@@ -303,8 +437,7 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
     out.print(table)
     for note in auto_notes(p.spec, auto_gpus(p.spec, None)):  # local_gpus is cached
         out.print(note, markup=False)
-    cluster = p.tasks[0].tf_config["cluster"] if p.tasks else {}
-    out.print(f"cluster: {json.dumps(cluster)}")
+    out.print(f"cluster: {json.dumps(p.cluster)}")
     # The command column is the task wrapper; this is what it runs.
     args = p.spec.job.args if isinstance(p.spec.job.args, list) else []
     out.print(f"job: {' '.join([p.job, *map(shlex.quote, args)])}", markup=False)
@@ -319,6 +452,8 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
 
 
 def _preflight_table(rows: list[HostCheck]) -> Table:
+    from rich.table import Table
+
     table = Table(title="preflight", title_justify="left")
     for col in ("host", "address", "ssh", "python", "tensorflow", "tf_keras", "ports", "gpus",
                 "ok"):
@@ -346,7 +481,7 @@ def check(file: FileArg) -> None:
     workdir. Exit 0 when all is well, 1 naming each problem."""
     try:
         p, backends = prepare(file, None, dry_run=True)
-    except SpecError as e:
+    except (SpecError, BackendError) as e:
         raise _fail(str(e)) from None
     try:
         problems = _preflight(p, backends, show=True)
@@ -357,35 +492,59 @@ def check(file: FileArg) -> None:
     raise typer.Exit(1 if problems else 0)
 
 
+@app.command()
+def schema() -> None:
+    """Print the cluster file's JSON Schema, for editors: `tfo schema > cluster.schema.json`."""
+    from orchestrator.spec import cluster_schema
+
+    print(json.dumps(cluster_schema(), indent=2))
+
+
 VerboseOpt = Annotated[bool, typer.Option(
     "--verbose", "-v", help="also show TensorFlow's C++ INFO/WARNING lines")]
+LogsOpt = Annotated[bool, typer.Option(
+    "--logs/--no-logs", help="stream the tasks' lines, [role:index] first (the logs in the run "
+    "directory have them either way)")]
 
 
 @app.command(cls=_CommandAfterDashes)
 def run(file: SourceArg = None, run_dir: RunDirOpt = None,
-        verbose: VerboseOpt = False, workers: WorkersOpt = None, chief: ChiefOpt = False,
-        ps: PsOpt = None, evaluator: EvaluatorOpt = False, strategy: StrategyOpt = None,
+        verbose: VerboseOpt = False, logs: LogsOpt = True, workers: WorkersOpt = None,
+        chief: ChiefOpt = False, ps: PsOpt = None, evaluator: EvaluatorOpt = False,
+        strategy: StrategyOpt = None,
         hosts: HostsOpt = None, hosts_file: HostsFileOpt = None, name: NameOpt = None,
-        restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None,
+        restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None, on: OnOpt = None,
+        partition: PartitionOpt = None, time_limit: TimeOpt = None, nodes: NodesOpt = None,
+        tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
+        account: AccountOpt = None, slurm_arg: SlurmArgOpt = None,
         ctx: typer.Context = None) -> None:  # type: ignore[assignment]  # last: run(FILE) works
     """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/143.
     FILE may be a run's plan.json: the same tasks again, in a new run directory. Without
     FILE, the command after -- runs (`tfo run --workers 2 -- python train.py --epochs 3`), and
-    the cluster file made for it is written into the run directory as cluster.yaml."""
+    the cluster file made for it is written into the run directory as cluster.yaml. With
+    `--on slurm`, the same job runs in one Slurm allocation, each task a job step.
+    On a terminal a table of the tasks (state, CPU, memory, epoch, step, loss, last line)
+    stays below their lines, redrawn every second; piped, the lines only, and the table at
+    the end."""
+    from orchestrator.quick import QuickFlags, SlurmFlags
+
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
-        max_restarts))
-    _run(source, run_dir, verbose)
+        max_restarts), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
+                                  gpus_per_task, account, tuple(slurm_arg or ())))
+    _run(source, run_dir, verbose, logs)
 
 
 def _str(path: Path | None) -> str | None:
     return None if path is None else str(path)
 
 
-def _run(source: Path | dict, run_dir: Path | None, verbose: bool) -> None:
+def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True) -> None:
+    from orchestrator.supervise import Supervisor
+
     try:
-        p, backends = prepare(source, run_dir)  # spec → allocate → plan
-    except SpecError as e:
+        p, backends = prepare(source, run_dir)  # spec → place → allocate → plan
+    except (SpecError, BackendError) as e:
         raise _fail(str(e)) from None
     try:
         problems = _preflight(p, backends, show=False)  # check
@@ -397,11 +556,17 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool) -> None:
         for line in backends.sync(p):  # sync
             err.print(f"[bold]tfo[/]: {line}", soft_wrap=True)
         err.print(f"[bold]tfo[/]: run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
-        console = ConsoleWriter(sys.stdout.fileno())
+        from orchestrator.liveview import LiveView, is_live_terminal
+
+        fd = sys.stdout.fileno()
+        console = ConsoleWriter(fd)
+        view = LiveView(console, fd) if is_live_terminal(fd) else None
         try:  # supervise
-            echo = console_echo(console.write, verbose)
-            result = Supervisor(p, start=backends.start, echo=echo).run()
+            echo = console_echo(console.write, verbose, logs, view.seen if view else None)
+            result = Supervisor(p, start=backends.start, echo=echo, watch=view).run()
         finally:
+            if view is not None:
+                view.close()  # the summary's table takes its place
             console.close()
     except SpecError as e:
         raise _fail(f"{e}; nothing was started") from None
@@ -425,17 +590,20 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool) -> None:
 
 
 @app.command()
-def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt = False) -> None:
+def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt = False,
+          logs: LogsOpt = True) -> None:
     """Run a run's plan again: the same tasks, ports and TF_CONFIGs, in a new run directory."""
     try:
         rd = RunDir.find(run_ref)
     except RunDirError as e:
         raise _fail(str(e)) from None
-    _run(Path(rd.plan_path), run_dir, verbose)
+    _run(Path(rd.plan_path), run_dir, verbose, logs)
 
 
 def _write_cluster_file(p: Plan, spec: dict) -> None:
     """The cluster file a command line made, so the run can be repeated and grown into a file."""
+    from orchestrator.quick import cluster_yaml
+
     path = Path(RunDir(p.run_dir).cluster_path)
     try:
         path.write_text(cluster_yaml(spec, _made_by()))
@@ -448,13 +616,10 @@ def _write_cluster_file(p: Plan, spec: dict) -> None:
 
 
 def print_summary(result: RunResult) -> None:
-    table = Table(title=f"job {result.state.value}: {result.reason}", title_justify="left")
-    for col in ("task", "state", "exit", "restarts"):
-        table.add_column(col)
-    for t in result.tasks:
-        table.add_row(t.name, t.state.value, describe_exit(t.returncode) if t.returncode
-                      is not None else "-", str(t.restarts))
-    err.print(table)
+    from orchestrator.liveview import FINAL, row_from_outcome, table
+
+    err.print(table([row_from_outcome(t) for t in result.tasks], FINAL,
+                    title=f"job {result.state.value}: {result.reason}"))
     if result.failed_task:
         failed = next(t for t in result.tasks if t.name == result.failed_task)
         # No exit code: it never started (its start failed), so it cannot be "still running".
@@ -462,12 +627,34 @@ def print_summary(result: RunResult) -> None:
             else "could not start"
         err.print(f"[bold red]{failed.name} failed: {how}[/]; "
                   f"last lines of {failed.log_path}:", soft_wrap=True)
-        for line in tail(failed.log_path, 20):
+        for line in _last_lines(failed.name, failed.log_path, 20):
             err.print(f"  {line}", markup=False, soft_wrap=True)
+    for stall in result.stalls:  # restarted or not: where a hang was is worth seeing
+        err.print(f"[bold red]stalled:[/] {stall.task} {stall.reason}", highlight=False)
+        for frame in stall.where:
+            err.print(f"  in {printable(frame)}", markup=False, highlight=False, soft_wrap=True)
     if result.evaluation:
         metrics = ", ".join(f"{k}={v:.4f}" for k, v in (result.evaluation["metrics"] or {}).items())
         err.print(f"evaluator: epoch {result.evaluation['epoch']}: {metrics}")
-    err.print(f"run directory: {result.run_dir} (restarts: {result.restarts})")
+    board = RunDir(result.run_dir).tensorboard
+    if Path(board).is_dir():
+        err.print(f"tensorboard: {board} (to view: tensorboard --logdir {shlex.quote(board)})",
+                  markup=False, soft_wrap=True)
+    preempted = f", preemptions: {result.preemptions}" if result.preemptions else ""
+    err.print(f"run directory: {result.run_dir} (restarts: {result.restarts}{preempted})",
+              markup=False, soft_wrap=True)
+
+
+def _last_lines(task: str, log_path: str, n: int) -> list[str]:
+    """The end of a task's log as the console showed it: no markers, no TensorFlow chatter,
+    escaped (a task's output is untrusted)."""
+    from orchestrator.markers import is_marker
+    from orchestrator.supervise import tail
+
+    chatter = ChatterFilter()
+    shown = [printable(line) for line in tail(log_path, 50 * n)
+             if not is_marker(line) and not chatter.hides(task, line)]
+    return shown[-n:]
 
 
 def _find_run(ref: str | None) -> RunDir:
@@ -479,41 +666,59 @@ def _find_run(ref: str | None) -> RunDir:
 
 @app.command()
 def status(run_ref: RunArg = None) -> None:
-    """The tasks of a run (the latest by default) as its events.jsonl tells them."""
+    """The tasks of a run (the latest by default) as its events.jsonl tells them: state,
+    restarts, last epoch, step and loss, last event, exit."""
+    from orchestrator.liveview import STATUS, rows_from_events, table
+
     rd = _find_run(run_ref)
     try:
         events, skipped = rd.read_events()
     except OSError as e:
         raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
-    tasks: dict[str, dict] = {}
-    job = "running"
-    for e in events:
-        if e["event"] == "run_started":
-            job = (f"coordinator lost: pid {e['coordinator_pid']} is gone; the run did not "
-                   "finish cleanly") if coordinator_gone(e) else "running"
-        elif e["event"] == "job_finished":
-            job = f"{e.get('state')}: {e.get('reason', '')}"
-        if isinstance(e.get("task"), str):
-            tasks.setdefault(e["task"], {}).update(
-                last=e["event"], pid=_int_or_none(e.get("pid")),
-                returncode=_int_or_none(e.get("returncode")))
-    # Text, not markup: a reason or task name may hold brackets.
-    table = Table(title=Text(f"{rd.name}: {job}"), title_justify="left")
-    for col in ("task", "last event", "pid", "exit"):
-        table.add_column(col)
-    for name, t in sorted(tasks.items()):
-        table.add_row(Text(name), Text(t["last"]), str(t["pid"] or "-"),
-                      describe_exit(t["returncode"]) if t["returncode"] is not None else "-")
-    out.print(table)
+    started = next((e for e in events if e["event"] == "run_started"), {})
+    finished = next((e for e in reversed(events) if e["event"] == "job_finished"), None)
+    state = outcome(started, finished)
+    job = f"{state.value}: {finished.get('reason', '')}" if finished else state.value
+    if state is Outcome.LOST:
+        job = (f"coordinator lost: pid {started.get('coordinator_pid')} is gone; the run did "
+               "not finish cleanly")
+    out.print(table(rows_from_events(events), STATUS, title=f"{rd.name}: {job}"))
     if skipped:
         err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)", markup=False)
 
 
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+@app.command()
+def runs() -> None:
+    """The runs under runs/, oldest first: id, cluster name, start, duration, outcome,
+    restarts."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from orchestrator.liveview import duration
+
+    found, broken = list_runs()
+    table = Table(title=f"{len(found)} run(s) under {RUNS}/", title_justify="left",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for col in ("run", "name", "started", "duration", "outcome", "restarts"):
+        table.add_column(col, no_wrap=col != "run")
+    for r in found:
+        table.add_row(Text(r.run_id), Text(r.name),
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)),
+                      duration(r.duration), r.outcome.value,
+                      "-" if r.restarts is None else str(r.restarts))
+    out.print(table)
+    if broken:
+        what = "directory that is not a readable run" if broken == 1 else \
+            "directories that are not readable runs"
+        err.print(f"skipped {broken} {what} under {RUNS}/ (no plan.json, or no events.jsonl "
+                  "that starts with run_started)", markup=False, soft_wrap=True)
 
 
 _TASK_NAME = re.compile(r"^[a-z_]+:\d+$")
+
+
+FOLLOW_SECONDS = 0.25  # how often `tfo logs -f` looks for new lines
 
 
 @app.command()
@@ -522,10 +727,15 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
             show_default=False)] = None,
          task: Annotated[str | None, typer.Argument(help="e.g. worker:1")] = None,
          lines: Annotated[int, typer.Option("-n", help="last N lines")] = 0,
+         follow: Annotated[bool, typer.Option(
+             "--follow", "-f", help="go on printing lines as they come, until the run ends "
+             "(Ctrl-C stops sooner)")] = False,
          raw: Annotated[bool, typer.Option(
              "--raw", help="also the @tfo marker lines tfo itself reads")] = False) -> None:
-    """Print a task's log (every task's, when none is named): `tfo logs`, `tfo logs worker:1`,
-    `tfo logs RUN_DIR worker:1`."""
+    """Print a task's log (every task's, [role:index] first, when none is named): `tfo logs`,
+    `tfo logs worker:1`, `tfo logs last worker:1 -f`, `tfo logs RUN_DIR worker:1`."""
+    from orchestrator.markers import is_marker
+
     if task is None and run_dir and _TASK_NAME.match(run_dir) and not Path(run_dir).is_dir():
         run_dir, task = None, run_dir
     rd = _find_run(run_dir)
@@ -534,15 +744,74 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
         raise _fail(f"{rd}: no task logs there (is it a run directory?)")
     if task and task not in found:
         raise _fail(f"no task {task!r} in {rd}; tasks: {', '.join(found)}")
-    try:
-        for name, path in found.items() if not task else [(task, found[task])]:
-            text = [line for line in path.read_text(errors="replace").splitlines()
-                    if raw or not is_marker(line)]
-            for line in text[-lines:] if lines else text:
-                print(f"[{name}] {line}" if not task else line)
+    # A task's output is untrusted: escaped for a terminal, as printed into a file or pipe.
+    shown = printable if sys.stdout.isatty() else str
+    offsets: dict[str, int] = {}
+
+    def show(last_n: int, whole: bool) -> None:
+        logs = rd.task_logs()  # a task not started yet has no log yet
+        for name, path in logs.items() if not task else [(task, logs[task])]:
+            new, offsets[name] = read_lines(path, offsets.get(name, 0), whole)
+            new = [line for line in new if raw or not is_marker(line)]
+            for line in new[-last_n:] if last_n else new:
+                print(shown(f"[{name}] {line}" if not task else line))
         sys.stdout.flush()
+
+    try:
+        show(lines, whole=not follow)
+        while follow:
+            over = run_over(rd)  # before reading: the lines written before the end are read
+            show(0, whole=over)
+            if over:
+                break
+            time.sleep(FOLLOW_SECONDS)
     except BrokenPipeError:  # `tfo logs | head`: the reader has what it wanted
         point_at_devnull(sys.stdout.fileno())
+
+
+export_app = typer.Typer(**HELP, help="Hand the job to another engine, as a file it runs: a "
+                         "Kubeflow TFJob.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("tfjob")
+def export_tfjob(
+        file: FileArg,
+        image: Annotated[str, typer.Option(
+            "--image", help="the container image: TensorFlow, and the project as its working "
+            "directory", show_default=False)],
+        output: Annotated[Path | None, typer.Option(
+            "--output", "-o", help="write the TFJob here [default: stdout]",
+            show_default=False)] = None,
+        name: Annotated[str | None, typer.Option(
+            "--name", help="the TFJob's name [default: the cluster file's name]",
+            show_default=False)] = None) -> None:
+    """Write a Kubeflow TFJob (kubeflow.org/v1) that runs FILE's tasks as pods: one replica
+    spec per role, the restart section as restartPolicy and backoffLimit. What does not carry
+    over is a warning on stderr (README: Kubernetes)."""
+    import yaml
+    from rich.markup import escape
+
+    from orchestrator.export import tfjob
+
+    try:
+        spec, _ = load_source(file)
+        exported = tfjob(spec, image=image, name=name)
+    except SpecError as e:
+        raise _fail(str(e)) from None
+    for warning in exported.warnings:
+        err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+    text = (f"# made by: {_made_by()}\n# run it: kubectl apply -f THIS_FILE (the Kubeflow training "
+            "operator must be installed)\n"
+            + yaml.safe_dump(exported.manifest, sort_keys=False, width=100))
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        output.write_text(text)
+    except OSError as e:
+        raise _fail(f"--output {output}: cannot write: {e.strerror or e}") from None
+    err.print(f"tfo: wrote {output}; run it with kubectl apply -f {output}", markup=False)
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
     writer = ConsoleWriter(sys.stdout.fileno())
     echo = console_echo(writer.write, verbose=False)   # the supervisor's echo(task, line)
+    writer.set_footer(lambda: table_text)        # on a terminal: a block kept below the lines
     ...
     writer.close()                               # writer.dropped, writer.broken
 
@@ -9,6 +10,11 @@ The supervisor hands lines to a bounded buffer that a thread of its own writes o
 reader that does not keep up (`| less` left waiting, `| sleep 600`) costs console lines,
 counted, never the supervisor's time; a reader that goes away (`| head -1`) ends the echo,
 not the job. The tasks' logs have every line either way.
+
+On a terminal the live view (orchestrator/liveview.py) sets a footer: the same thread erases
+it, writes the lines above it and draws it again, so only one thread ever writes to the
+terminal. A task's line is untrusted: `printable` escapes control characters (ANSI included)
+before it reaches a terminal; the logs keep the bytes as printed.
 """
 
 from __future__ import annotations
@@ -24,6 +30,16 @@ from collections import deque
 from collections.abc import Callable
 
 BUFFER_CHARS = 1024 * 1024  # console text waiting for a slow reader
+# With a footer, each write redraws it: batch lines for this long rather than redraw per line.
+FOOTER_BATCH_SECONDS = 0.1
+
+
+def printable(text: str) -> str:
+    """`text` with every control character but tab written out (`\\x1b[31m`): nothing a task
+    prints may move the cursor, recolor or retitle the terminal, or set its clipboard."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in text)
 
 
 class ConsoleWriter:
@@ -40,6 +56,9 @@ class ConsoleWriter:
         self.dropped = 0
         self.broken = False  # no more echo: the reader went away, or close()
         self.reader_gone = False  # the reader closed the pipe (`| head -1`)
+        self._footer: Callable[[], str] | None = None  # renders the block kept below the lines
+        self._footer_dirty = False  # a new footer (or none) waits to be drawn
+        self._footer_height = 0  # lines of the footer on the screen now
         self._thread = threading.Thread(target=self._run, name="console", daemon=True)
         self._thread.start()
 
@@ -56,13 +75,22 @@ class ConsoleWriter:
             self._size += len(line)
             self._cond.notify()
 
+    def set_footer(self, render: Callable[[], str] | None) -> None:
+        """The block to keep below the lines, replacing the last (None: erase it). `render`
+        runs on the writer's thread, so it must read only data of its own; never waits."""
+        with self._cond:
+            if self.broken:
+                return
+            self._footer, self._footer_dirty = render, True
+            self._cond.notify()
+
     def close(self, stall_seconds: float = 1.0, limit_seconds: float = 10.0) -> None:
         """Waits for the buffer to go out, while the reader makes progress (at most
         `limit_seconds`); what is still buffered then counts as dropped."""
         until = time.monotonic() + limit_seconds
         with self._cond:
             seen, stalled_at = self._written, time.monotonic()
-            while (self._lines or self._inflight) and not self.broken \
+            while (self._lines or self._inflight or self._footer_dirty) and not self.broken \
                     and time.monotonic() < until:
                 self._cond.wait(0.05)
                 if self._written != seen:
@@ -75,12 +103,17 @@ class ConsoleWriter:
             self.broken = True  # nothing more goes out; the thread may stay blocked in write
 
     def _run(self) -> None:
+        footer = ""  # the footer's text, as last rendered
         while True:
             with self._cond:
-                while not self._lines and not self.broken:
+                while not (self._lines or self._footer_dirty) and not self.broken:
                     self._cond.wait()
                 if self.broken:
                     return
+                if self._footer is not None or self._footer_height:
+                    self._cond.wait(FOOTER_BATCH_SECONDS)  # let lines gather: one redraw
+                    if self.broken:
+                        return
                 lines = list(self._lines)
                 self._lines.clear()
                 self._size = 0
@@ -89,8 +122,17 @@ class ConsoleWriter:
                     lines.append(f"[tfo] {self._unannounced} console lines dropped (slow "
                                  f"reader); the logs have them")
                     self._unannounced = 0
+                render, dirty, self._footer_dirty = self._footer, self._footer_dirty, False
+            if dirty:  # rendered once per footer, however many line batches it is redrawn for
+                footer = _footer_text(render)
+            text = "".join(f"{line}\n" for line in lines)
+            if self._footer_height or footer:
+                # Back to the footer's first line, erase to the end, lines, the footer again.
+                erase = f"\r\x1b[{self._footer_height}A\x1b[J" if self._footer_height else ""
+                text = erase + text + footer
+                self._footer_height = footer.count("\n")
             try:
-                _write_all(self._fd, ("\n".join(lines) + "\n").encode(errors="replace"))
+                _write_all(self._fd, text.encode(errors="replace"))
             except OSError as e:
                 with self._cond:
                     self.broken = True
@@ -104,6 +146,16 @@ class ConsoleWriter:
                 self._written += len(lines)
                 self._inflight = 0
                 self._cond.notify_all()
+
+
+def _footer_text(render: Callable[[], str] | None) -> str:
+    if render is None:
+        return ""
+    try:
+        text = render()
+    except Exception as e:  # noqa: BLE001 - a bug of the view must not end the console
+        text = f"[tfo] live view failed: {e!r}"
+    return text if not text or text.endswith("\n") else text + "\n"
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -162,13 +214,22 @@ class ChatterFilter:
         return task in self._no_gpu and bool(_NO_GPU_ERROR.match(line))
 
 
-def console_echo(write: Callable[[str], None], verbose: bool) -> Callable[[str, str], None]:
-    """The supervisor's echo: `[task] line` to `write` (ConsoleWriter.write), TF's chatter
-    hidden unless verbose."""
+TFO = "tfo"  # the echo's task name for tfo's own lines
+
+
+def console_echo(write: Callable[[str], None], verbose: bool, logs: bool = True,
+                 seen: Callable[[str, str], None] | None = None) -> Callable[[str, str], None]:
+    """The supervisor's echo: `[task] line` to `write` (ConsoleWriter.write), escaped, TF's
+    chatter hidden unless verbose; without `logs` only tfo's own lines. `seen(task, line)`
+    gets each task line that is not chatter, shown or not (the live view's last line)."""
     chatter = ChatterFilter()
 
     def echo(task: str, line: str) -> None:
-        if verbose or not chatter.hides(task, line):
-            write(f"[{task}] {line}")
+        if task != TFO and (not verbose and chatter.hides(task, line)):
+            return
+        if seen is not None and task != TFO:
+            seen(task, line)
+        if logs or task == TFO:
+            write(f"[{task}] {printable(line)}")
 
     return echo

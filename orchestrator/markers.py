@@ -94,6 +94,13 @@ class Usage(_Marker):
     stopped: bool = False  # a process of the task is stopped (state T: SIGSTOP, Ctrl-Z)
 
 
+class SigTerm(_Marker):
+    """From the task's wrapper: it got SIGTERM and passed it on; SIGKILL in `grace` s."""
+
+    event: Literal[m.SIGTERM]
+    grace: float = Field(default=0, ge=0)
+
+
 class Evaluated(_Marker):
     event: Literal[m.EVALUATED]
     epoch: int
@@ -111,8 +118,8 @@ class Done(_Marker):
     event: Literal[m.DONE]
 
 
-Marker = Annotated[Up | Connecting | Ready | FirstStep | Epoch | Progress | Usage | Evaluated
-                   | Saved | Done,
+Marker = Annotated[Up | Connecting | Ready | FirstStep | Epoch | Progress | Usage | SigTerm
+                   | Evaluated | Saved | Done,
                    Field(discriminator="event")]
 _MARKER: TypeAdapter[Marker] = TypeAdapter(Marker)
 

@@ -21,7 +21,7 @@ from typing import Any
 from orchestrator.devices import task_gpus, visible_devices
 from orchestrator.policy import Policy
 from orchestrator.rundir import RunDir
-from orchestrator.spec import LOCALHOST, MAX_ARG_STRLEN, ClusterSpec, SpecError
+from orchestrator.spec import LOCALHOST, MAX_ARG_STRLEN, SLURM, ClusterSpec, SpecError
 from orchestrator.strategy import CLUSTER_ROLES, RULES, StrategyRules
 from worker_entry.markers import Role, Strategy, is_chief
 
@@ -40,9 +40,14 @@ class Placement:
         return {"kind": self.kind, "host": self.host, "address": self.address}
 
 
-def placement(spec: ClusterSpec, host: str) -> Placement:
+def placement(spec: ClusterSpec, host: str, node: str | None = None) -> Placement:
+    """`node`: the Slurm node the allocation gave the task (launch/slurm.py)."""
     if host == LOCALHOST:
         return Placement(LOCAL, LOCALHOST, LOCALHOST)
+    if host == SLURM:
+        if node is None:
+            return Placement(SLURM, SLURM, SLURM)  # not placed yet: for allocating ports
+        return Placement(SLURM, node, node)
     return Placement(spec.hosts[host].backend, host, spec.hosts[host].address)
 
 
@@ -73,13 +78,25 @@ class TaskPlan:
              "tmp_dir", "gpus")
 
     def to_json(self) -> dict[str, Any]:
-        # No asdict: it deep-copies every task's cluster, quadratic in the number of tasks.
-        return {**{k: getattr(self, k) for k in self._KEYS}, "host": self.host,
-                "placement": self.placement.to_json()}
+        """Without the cluster, which the plan's JSON holds once for every task (else its size
+        grows with the square of the tasks): `tf_config` is {"task": ...} and `env` has no
+        TF_CONFIG; from_json puts both back. No asdict: it would deep-copy the cluster."""
+        data = {k: getattr(self, k) for k in self._KEYS}
+        data["tf_config"] = {"task": self.tf_config["task"]}
+        data["env"] = {k: v for k, v in self.env.items() if k != "TF_CONFIG"}
+        return {**data, "host": self.host, "placement": self.placement.to_json()}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TaskPlan:
+    def from_json(cls, data: dict[str, Any], cluster: dict[str, list[str]] | None = None,
+                  cluster_json: str | None = None) -> TaskPlan:
+        """`cluster`: the plan's (`cluster_json`: serialized, once for all tasks); None for a
+        plan.json from before the cluster moved to the top, whose tasks carry it themselves."""
         fields = {k: data[k] for k in cls._KEYS}
+        if cluster is not None:
+            task = data["tf_config"]["task"]
+            fields["tf_config"] = {"cluster": cluster, "task": task}
+            fields["env"] = {**data["env"], "TF_CONFIG": tf_config_env(
+                cluster_json or json.dumps(cluster), task)}
         return cls(**{**fields, "role": Role(data["role"])},
                    placement=Placement(**data["placement"]))
 
@@ -106,23 +123,41 @@ class Plan:
     def ports(self) -> dict[str, int]:
         return {t.name: t.port for t in self.tasks}
 
+    @property
+    def cluster(self) -> dict[str, list[str]]:
+        """TF_CONFIG's cluster: the same for every task."""
+        return self.tasks[0].tf_config["cluster"] if self.tasks else {}
+
     def to_json(self) -> dict[str, Any]:
+        """plan.json, and `tfo plan --json`: the cluster once, then each task without it.
+        json_text() writes it."""
         return {"name": self.name, "strategy": self.strategy.value, "run_id": self.run_id,
                 "run_dir": self.run_dir, "job": self.job, "policy": self.policy.to_json(),
                 "rules": self.rules.to_json(), "workdir": self.workdir,
-                "spec": self.spec.model_dump(mode="json"),
+                "spec": self.spec.model_dump(mode="json"), "cluster": self.cluster,
                 "tasks": [t.to_json() for t in self.tasks]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
-        """Raises KeyError, TypeError or ValueError (pydantic's ValidationError is one) on
-        anything that is not a plan.json."""
+        """Also reads a plan.json without the top-level cluster (tfo before issue 13), whose
+        every task carries it. Raises KeyError, TypeError or ValueError (pydantic's
+        ValidationError is one) on anything that is not a plan.json."""
+        cluster = data.get("cluster")
+        cluster_json = json.dumps(cluster) if cluster is not None else None
         return cls(name=data["name"], strategy=Strategy(data["strategy"]),
                    run_id=data["run_id"], run_dir=data["run_dir"], job=data["job"],
                    policy=Policy.from_json(data["policy"]),
                    rules=StrategyRules.from_json(data["rules"]), workdir=data["workdir"],
                    spec=ClusterSpec.model_validate(data["spec"]),
-                   tasks=[TaskPlan.from_json(t) for t in data["tasks"]])
+                   tasks=[TaskPlan.from_json(t, cluster, cluster_json) for t in data["tasks"]])
+
+
+def json_text(plan: dict[str, Any]) -> str:
+    """A plan's JSON, indented at the top and one line per task: as readable as indent=2,
+    and written by json's C encoder (indent runs the pure-Python one: 4x slower)."""
+    head = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in plan.items() if k != "tasks"]
+    tasks = ",\n".join(f"    {json.dumps(t)}" for t in plan.get("tasks", []))
+    return "{\n" + ",\n".join([*head, f'  "tasks": [\n{tasks}\n  ]']) + "\n}\n"
 
 
 def task_name(role: str, index: int) -> str:
@@ -162,7 +197,8 @@ def make_policy(spec: ClusterSpec) -> Policy:
         max_restarts=spec.restart.max_restarts, backoff_seconds=spec.restart.backoff_seconds,
         startup_seconds=t.startup_seconds, deadline_seconds=t.deadline_seconds,
         grace_seconds=t.grace_seconds, evaluator_seconds=t.evaluator_seconds,
-        evaluator_required=spec.evaluator_required)
+        evaluator_required=spec.evaluator_required, stall_seconds=t.stall_seconds or None,
+        stall_all=bool(t.stall_seconds) and "stall_seconds" in t.model_fields_set)
 
 
 def make_plan(
@@ -174,6 +210,7 @@ def make_plan(
     ports: Mapping[str, int] | None = None,
     python: str = sys.executable,
     gpus: Mapping[str, list[int]] | None = None,
+    nodes: Mapping[str, str] | None = None,
 ) -> Plan:
     """Work out every task's placement, port, TF_CONFIG, command, env and paths, and the
     job's policy and rules.
@@ -182,6 +219,9 @@ def make_plan(
     in the tasks whose port is `auto` (the backends find free ones). Remote tasks run in
     their host's `workdir` with the run directory mirrored under it. `gpus` gives the GPUs
     of hosts whose gpus are `auto` (launch/gpus.py asks them); devices.py has the rest.
+    `nodes` gives each task of a Slurm job its node (task name → node, from the allocation);
+    those tasks run as local ones do, in `workdir` with this python: a Slurm cluster's nodes
+    share its file system.
     """
     ports = dict(ports or {})
     run_dir, workdir = str(run_dir), str(workdir)
@@ -192,7 +232,10 @@ def make_plan(
         port = addr.port if addr.port is not None else ports.get(name)
         if port is None:
             raise ValueError(f"{name}: port is 'auto' and no port was assigned")
-        resolved.append((role, index, placement(spec, addr.host), port))
+        node = (nodes or {}).get(name)
+        if addr.host == SLURM and node is None:
+            raise ValueError(f"{name}: a Slurm task and no node was assigned")
+        resolved.append((role, index, placement(spec, addr.host, node), port))
 
     cluster: dict[str, list[str]] = {}
     for role, _, where, port in resolved:  # spec.tasks.all() gives each role in order
@@ -209,7 +252,8 @@ def make_plan(
     tasks = []
     for (role, index, where, port), task_devices in zip(resolved, devices, strict=True):
         name = task_name(role, index)
-        if where.host == LOCALHOST:
+        lab_host = where.host in spec.hosts  # reached over SSH: its own paths
+        if not lab_host:
             task_workdir, task_run, exe = workdir, local_run, python
         else:
             h = spec.hosts[where.host]
@@ -218,14 +262,11 @@ def make_plan(
         if not posixpath.isabs(model_dir) and not model_dir.startswith("~"):
             model_dir = posixpath.join(task_workdir, model_dir)
         task = {"type": role.value, "index": index}
-        task_json = json.dumps(task, sort_keys=True)
         tmp_dir = task_run.tmp_dir(role, index)
-        command, job_fields = JOB_KINDS[kind](spec, exe, where.host != LOCALHOST)
+        command, job_fields = JOB_KINDS[kind](spec, exe, lab_host)
         backup_dir = task_run.backup_dir(role, index)
-        job = {**job_fields, "model_dir": model_dir, "strategy": spec.strategy.value,
-               "run_id": run_id, "run_dir": task_run.path, "tmp_dir": tmp_dir,
-               "backup_dir": backup_dir, "serve": role in rules.servers,
-               "collective": spec.job.collective.value}
+        tfo_job = job_env(spec, role, job_fields, args_json, model_dir=model_dir, run_id=run_id,
+                          run_dir=task_run.path, tmp_dir=tmp_dir, backup_dir=backup_dir)
         env = {
             # What a task's own code can rely on (the README's table); TFO_ATTEMPT comes from
             # the backend. TF_USE_LEGACY_KERAS=1 is the task's default unless the spec or the
@@ -236,10 +277,9 @@ def make_plan(
             "TFO_RUN_DIR": task_run.path,
             **spec.env,
             **(spec.hosts[where.host].env if where.host in spec.hosts else {}),
-            # What json.dumps(..., sort_keys=True) gives, without re-serializing the cluster.
-            "TF_CONFIG": f'{{"cluster": {cluster_json}, "task": {task_json}}}',
+            "TF_CONFIG": tf_config_env(cluster_json, task),
             "TFO_TASK": name,
-            "TFO_JOB": f'{{"args": {args_json}, {json.dumps(job, sort_keys=True)[1:]}',
+            "TFO_JOB": tfo_job,
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": task_workdir,
             # TensorFlow's autograph files and the like: gone with the task (lifeline.py).
@@ -249,7 +289,7 @@ def make_plan(
             "CUDA_VISIBLE_DEVICES": visible_devices(task_devices),
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         }
-        _check_env_fits(name, where.host, env)
+        _check_env_fits(name, where.host if lab_host else LOCALHOST, env)
         tasks.append(TaskPlan(
             name=name, role=role, index=index, placement=where, port=port,
             tf_config={"cluster": cluster, "task": task}, command=command, env=env,
@@ -261,10 +301,34 @@ def make_plan(
                 workdir=workdir, spec=spec, tasks=tasks)
 
 
+def tf_config_env(cluster_json: str, task: dict[str, Any]) -> str:
+    """TF_CONFIG as json.dumps({"cluster": ..., "task": task}, sort_keys=True) gives it, from
+    the cluster serialized once for all tasks (`cluster_json`, its roles in sorted order)."""
+    return f'{{"cluster": {cluster_json}, "task": {json.dumps(task, sort_keys=True)}}}'
+
+
+def job_env(spec: ClusterSpec, role: Role, job_fields: dict[str, Any], args_json: str, *,
+            model_dir: str, run_id: str, run_dir: str, tmp_dir: str, backup_dir: str) -> str:
+    """TFO_JOB, what worker_entry reads: what to run, where, and how. `args_json` is
+    json.dumps(spec.job.args, sort_keys=True), serialized once for all tasks."""
+    job = {**job_fields, "model_dir": model_dir, "strategy": spec.strategy.value,
+           "run_id": run_id, "run_dir": run_dir, "tmp_dir": tmp_dir, "backup_dir": backup_dir,
+           "serve": role in RULES[spec.strategy].servers, "collective": spec.job.collective.value,
+           "grace_seconds": spec.timeouts.grace_seconds}  # the wrapper's SIGTERM → SIGKILL
+    # What json.dumps(..., sort_keys=True) gives, without re-serializing the args.
+    return f'{{"args": {args_json}, {json.dumps(job, sort_keys=True)[1:]}'
+
+
+def _bytes(text: str) -> int:
+    """UTF-8 length; for ASCII (isascii is O(1) in CPython) without encoding every task's
+    TF_CONFIG, which holds the whole cluster."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 def _check_env_fits(name: str, host: str, env: Mapping[str, str]) -> None:
     """Linux refuses to start a process (E2BIG) with any environment string over
     MAX_ARG_STRLEN; an SSH task's whole environment is one shell command, under the same cap."""
-    sizes = {k: len(k.encode()) + len(v.encode()) + 2 for k, v in env.items()}  # K=V and NUL
+    sizes = {k: _bytes(k) + _bytes(v) + 2 for k, v in env.items()}  # K=V and NUL
     biggest = max(sizes, key=sizes.__getitem__)
     if sizes[biggest] > MAX_ARG_STRLEN:
         what = ("the cluster is too large for one TF_CONFIG" if biggest == "TF_CONFIG"

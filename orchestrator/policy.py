@@ -48,6 +48,11 @@ class Policy:
     grace_seconds: float  # from SIGTERM to SIGKILL
     evaluator_seconds: float  # how long sidecars are waited for once the job is done
     evaluator_required: bool  # a sidecar that is lost for good fails the job
+    # Training tasks whose step has not moved (or that are stopped) this long have stalled;
+    # None: never. `stall_all`: the spec set it, so tasks that report no progress are
+    # checked too (for being stopped: they have no step to watch).
+    stall_seconds: float | None = None
+    stall_all: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "restart": {r.value: p.value for r, p in self.restart.items()}}

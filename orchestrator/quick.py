@@ -222,6 +222,58 @@ def spec_from_command(command: list[str], flags: QuickFlags) -> dict[str, Any]:
     return spec
 
 
+@dataclass(frozen=True)
+class SlurmFlags:
+    """`--on slurm` and its request: `backend.slurm` of the cluster it runs (None: not given)."""
+
+    on: str | None = None
+    partition: str | None = None
+    time: str | None = None
+    nodes: int | None = None
+    tasks_per_node: int | None = None
+    gpus_per_task: int | None = None
+    account: str | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def request(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "on"
+                and getattr(self, f.name) not in (None, ())} | (
+            {"extra_args": list(self.extra_args)} if self.extra_args else {})
+
+    def given(self) -> list[str]:
+        return [f"--{f.name.replace('_', '-')}" for f in fields(self)
+                if f.name != "on" and getattr(self, f.name) not in (None, ())]
+
+
+def on_slurm(spec: dict[str, Any], flags: SlurmFlags) -> dict[str, Any]:
+    """The same job as a Slurm job: each role's tasks become a count (Slurm picks the hosts;
+    `hosts:` and `localhost:` go), and the flags are backend.slurm (over the file's own)."""
+    if flags.on is None:
+        if flags.given():
+            raise FlagError(f"{', '.join(flags.given())}: Slurm's request; add --on slurm")
+        return spec
+    if flags.on != "slurm":
+        raise FlagError(f"--on {flags.on}: the one scheduler tfo can hand a job to is slurm")
+    tasks = spec.get("tasks")
+    if not isinstance(tasks, dict):
+        return spec  # parse_spec names what is wrong with it
+    counts = {role: _count(value) for role, value in tasks.items()}
+    old = spec.get("backend") if isinstance(spec.get("backend"), dict) else {}
+    request = {**(old.get("slurm") or {}), **flags.request()}
+    out = {k: v for k, v in spec.items() if k not in ("hosts", "localhost", "tasks", "backend")}
+    return {**out, "tasks": counts, "backend": {"slurm": request}}
+
+
+def _count(value: Any) -> Any:
+    if value is None:
+        return 0
+    if isinstance(value, list):
+        return len(value)
+    if isinstance(value, str | dict):
+        return 1
+    return value  # a count already (or something parse_spec will name)
+
+
 def read_hosts_file(path: Path) -> Any:
     """A hosts file, read as safely as a cluster file (`hosts:` is checked by spec_from_command)."""
     try:

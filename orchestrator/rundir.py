@@ -5,6 +5,7 @@
     rd.create(plan.to_json())                         # logs/ and plan.json, before anything starts
     events = rd.open_events(); events.write("task_started", "worker:1", pid=123)
     RunDir.find("last")                               # or a run directory, an id, an id's prefix
+    runs, broken = list_runs()                        # RunInfo of each run under runs/ (tfo runs)
 
 Paths are POSIX strings: a lab host's run directory (`RunDir.on_host`) lives under its
 workdir, which may start with ~.
@@ -17,6 +18,7 @@ workdir, which may start with ~.
         tmp/<role>-<i>/        each task's TMPDIR, removed when it ends
         backup/<role>-<i>/     each task's BackupAndRestore state
         model/                 the default job.model_dir
+        tensorboard/           the chief's training scalars (train/), the evaluator's (eval/)
         supervisor-error.log   only if tfo itself failed
 """
 
@@ -28,13 +30,13 @@ import posixpath
 import socket
 import time
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 RUNS = "runs"  # under the directory tfo runs in, and under each lab host's workdir
 PLAN, EVENTS, LOGS, TMP, BACKUP = "plan.json", "events.jsonl", "logs", "tmp", "backup"
+TENSORBOARD = "tensorboard"
 CLUSTER = "cluster.yaml"
 CRASH_LOG = "supervisor-error.log"
 LAST = "last"
@@ -91,6 +93,10 @@ class RunDir:
     @property
     def tmp(self) -> str:
         return self._join(TMP)
+
+    @property
+    def tensorboard(self) -> str:
+        return self._join(TENSORBOARD)
 
     @property
     def crash_log(self) -> str:
@@ -153,6 +159,107 @@ class RunDir:
                           f"{', '.join(p.name for p in found)}; give more of the id")
 
 
+class Outcome(str, Enum):
+    """A run as its events tell it: a job's final state, still running, or lost (its
+    coordinator is gone and wrote no job_finished: killed, or its machine went down)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    RUNNING = "running"
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One line of `tfo runs`."""
+
+    run_id: str
+    name: str
+    started: float  # unix time
+    duration: float  # seconds, to the job's end, or to now while it runs
+    outcome: Outcome
+    reason: str
+    restarts: int | None  # job-level, once it finished
+
+
+# job_finished is the last record: it is found in the file's last bytes, however long the run.
+_TAIL_BYTES = 64 * 1024
+
+
+def outcome(run_started: dict[str, Any], job_finished: dict[str, Any] | None) -> Outcome:
+    if job_finished is not None:
+        try:
+            return Outcome(job_finished.get("state"))
+        except ValueError:
+            return Outcome.FAILED
+    return Outcome.LOST if coordinator_gone(run_started) else Outcome.RUNNING
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("event"), str) else None
+
+
+def run_info(rd: RunDir) -> RunInfo:
+    """What `tfo runs` says of one run, from plan.json, and the first and the last records of
+    events.jsonl; raises OSError or ValueError for a run directory that is not a run's."""
+    plan = rd.read_plan()
+    name = plan.get("name") if isinstance(plan, dict) else None
+    with open(rd.events_path, "rb") as f:
+        first = _record(f.readline())
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - _TAIL_BYTES))
+        tail = f.read().splitlines()
+    if first is None or first["event"] != "run_started" or not isinstance(
+            first.get("time"), int | float) or not isinstance(name, str):
+        raise ValueError(f"{rd.events_path}: does not start with run_started")
+    last = next((r for r in map(_record, reversed(tail)) if r is not None), None)
+    finished = last if last is not None and last["event"] == "job_finished" else None
+    end = finished.get("time") if finished else None
+    restarts = finished.get("restarts") if finished else None
+    return RunInfo(
+        run_id=rd.name, name=name, started=first["time"],
+        duration=(end if isinstance(end, int | float) else time.time()) - first["time"],
+        outcome=outcome(first, finished), reason=str(finished.get("reason", "")) if finished
+        else "", restarts=restarts if isinstance(restarts, int) else None)
+
+
+def list_runs(root: Path = Path(RUNS)) -> tuple[list[RunInfo], int]:
+    """Every run under `root`, oldest first, and how many directories there are not
+    readable runs (no plan.json, no run_started: skipped, counted)."""
+    runs, broken = [], 0
+    for path in sorted(p for p in root.glob("*") if p.is_dir()):
+        try:
+            runs.append(run_info(RunDir(str(path))))
+        except (OSError, ValueError):
+            broken += 1
+    return sorted(runs, key=lambda r: r.started), broken
+
+
+def run_over(rd: RunDir) -> bool:
+    """Whether nothing more will be written: the job finished, its coordinator is gone, or
+    the directory is no readable run."""
+    try:
+        return run_info(rd).outcome is not Outcome.RUNNING
+    except (OSError, ValueError):
+        return True
+
+
+def read_lines(path: Path, offset: int, whole: bool) -> tuple[list[str], int]:
+    """The lines of a log from byte `offset`, and the offset after them: complete lines only,
+    unless `whole` (nothing more will be written)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    if not whole:
+        data = data[:data.rfind(b"\n") + 1]
+    return data.decode(errors="replace").splitlines(), offset + len(data)
+
+
 class EventLog:
     """events.jsonl: one JSON object a line, with `time` (unix seconds) and `event`."""
 
@@ -188,6 +295,8 @@ def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
 def coordinator_identity() -> dict[str, Any]:
     """Who supervises the run, for `tfo status` to tell a live run from a dead one; the
     create time tells a reused pid apart."""
+    import psutil  # only where a run starts or is looked at: `tfo plan` and `--help` go without
+
     me = psutil.Process()
     return {"coordinator_pid": me.pid, "coordinator_created": me.create_time(),
             "coordinator_host": socket.gethostname()}
@@ -200,6 +309,8 @@ def coordinator_gone(run_started: dict[str, Any]) -> bool:
     if not isinstance(pid, int) or not isinstance(created, int | float) \
             or run_started.get("coordinator_host") != socket.gethostname():
         return False
+    import psutil
+
     try:
         p = psutil.Process(pid)
         return abs(p.create_time() - created) > 1.0 or p.status() == psutil.STATUS_ZOMBIE

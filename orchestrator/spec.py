@@ -31,15 +31,19 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.errors import SpecError
 from orchestrator.policy import RestartPolicy
 from orchestrator.specfile import SpecFileError, read_data
 from orchestrator.strategy import CLUSTER_ROLES, RULES, START_ORDER
 from worker_entry.markers import Role, Strategy
 
-__all__ = ["RestartPolicy", "Role", "Strategy", "ClusterSpec", "SpecError", "load_spec",
-           "parse_spec"]
+__all__ = ["RestartPolicy", "Role", "Strategy", "ClusterSpec", "SlurmSpec", "SpecError",
+           "cluster_schema",
+           "load_spec", "parse_spec"]
 ROLES = tuple(Role)
 LOCALHOST = "localhost"
+# The host of a task under `backend: {slurm: …}`: Slurm picks the node when it grants the job.
+SLURM = "slurm"
 _ENTRY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -47,10 +51,6 @@ MODEL_DIR_PLACEHOLDERS = ("run_id", "run_dir")
 # Linux's MAX_ARG_STRLEN: the most one argv or environment string may hold, its NUL included.
 # A task's job (TFO_JOB) and TF_CONFIG travel in its environment.
 MAX_ARG_STRLEN = 32 * 4096
-
-
-class SpecError(Exception):
-    """A mistake in the cluster file; the message names the field and the value."""
 
 
 class Collective(str, Enum):
@@ -109,7 +109,9 @@ def _parse_gpus(value: Any) -> Any:
 
 
 # `auto` is resolved by the launcher before the plan (orchestrator/launch/gpus.py).
-Gpus = Annotated[list[int] | Literal["auto"], BeforeValidator(_parse_gpus)]
+Gpus = Annotated[list[int] | Literal["auto"],
+                 BeforeValidator(_parse_gpus, json_schema_input_type=list[int] | Literal["auto"]
+                                 | None)]
 
 
 def _check_gpus_per_task(value: Any) -> Any:
@@ -125,7 +127,9 @@ def _check_gpus_per_task(value: Any) -> Any:
     return value
 
 
-GpusPerTask = Annotated[int | dict[str, int], BeforeValidator(_check_gpus_per_task)]
+GpusPerTask = Annotated[int | dict[str, int], BeforeValidator(
+    _check_gpus_per_task, json_schema_input_type=Annotated[int, Field(ge=0)]
+    | dict[Literal[ROLES], Annotated[int, Field(ge=0)]])]
 # An int gives GPUs to the roles that train; a ps holds variables, an evaluator only reads.
 GPU_ROLES = (Role.CHIEF, Role.WORKER)
 
@@ -165,7 +169,10 @@ def parse_address(value: Any) -> Any:
     return {"host": host, "port": int(port_text)}
 
 
-TaskAddress = Annotated[Address, BeforeValidator(parse_address)]
+# The schema (`tfo schema`) shows what a file may hold: 'host:port', 'host:auto', 'host'.
+AddressText = Annotated[str, Field(pattern=r"^\s*[A-Za-z0-9_.\-]+(:(\d+|auto))?\s*$")]
+TaskAddress = Annotated[Address, BeforeValidator(
+    parse_address, json_schema_input_type=AddressText | Address)]
 
 
 JOB_KINDS = ("entry", "script", "module")  # exactly one of these keys names what tasks run
@@ -323,11 +330,32 @@ class JobSpec(_Model):
         return path
 
 
+def _addresses(value: Any) -> Any:
+    """A role's tasks: a list of addresses, one address alone, nothing, or a count."""
+    if value is None:
+        return []
+    if isinstance(value, int) and not isinstance(value, bool):
+        # A count: the hosts come from a scheduler's allocation (backend: {slurm: …}).
+        if not 0 <= value <= 4096:
+            raise ValueError(f"a count of tasks is 0 to 4096, got {value}")
+        return [{"host": SLURM, "port": None}] * value
+    if isinstance(value, str | dict):
+        return [value]
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of 'host:port', got {value!r}")
+    return value
+
+
+Addresses = Annotated[list[TaskAddress], BeforeValidator(
+    _addresses,
+    json_schema_input_type=list[AddressText | Address] | AddressText | int | None)]
+
+
 class TasksSpec(_Model):
-    chief: list[TaskAddress] = Field(default_factory=list)
-    worker: list[TaskAddress] = Field(default_factory=list)
-    ps: list[TaskAddress] = Field(default_factory=list)
-    evaluator: list[TaskAddress] = Field(default_factory=list)
+    chief: Addresses = Field(default_factory=list)
+    worker: Addresses = Field(default_factory=list)
+    ps: Addresses = Field(default_factory=list)
+    evaluator: Addresses = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -338,17 +366,6 @@ class TasksSpec(_Model):
             if role not in ROLES:
                 raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
         return data
-
-    @field_validator(*ROLES, mode="before")
-    @classmethod
-    def _addresses(cls, value: Any) -> Any:
-        if value is None:
-            return []
-        if isinstance(value, str | dict):
-            return [value]
-        if not isinstance(value, list):
-            raise ValueError(f"expected a list of 'host:port', got {value!r}")
-        return value
 
     def all(self) -> Iterator[tuple[Role, int, Address]]:
         """Every task as (role, index, address), in start order: ps, worker, chief, evaluator."""
@@ -381,11 +398,21 @@ class RestartSpec(_Model):
         return self.policy
 
 
+# A training step that has not moved for this long is a hang. Five minutes: far above any
+# sane step, and above the few minutes a checkpoint or an epoch's validation may hold the
+# steps still; far below TensorFlow's own collective timeouts, which may never fire.
+STALL_SECONDS = 300.0
+
+
 class TimeoutSpec(_Model):
     startup_seconds: Seconds = Field(default=300.0, gt=0)
     deadline_seconds: Seconds | None = Field(default=None, gt=0)
     grace_seconds: Seconds = Field(default=10.0, ge=0)
     evaluator_seconds: Seconds = Field(default=60.0, ge=0)
+    # A training task whose step has not moved (or that has been stopped, state T) this long
+    # fails its attempt. Unset: STALL_SECONDS, for tasks that report progress only. Set: for
+    # every training task (one that reports no progress: while stopped). null or 0: off.
+    stall_seconds: Seconds | None = Field(default=STALL_SECONDS, ge=0)
 
 
 class HostSpec(_Model):
@@ -413,6 +440,54 @@ class HostSpec(_Model):
         return address
 
 
+# Slurm's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; or UNLIMITED.
+_SLURM_TIME = re.compile(r"^(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2}|UNLIMITED|INFINITE)$")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class SlurmSpec(_Model):
+    """One Slurm allocation for the whole job (`salloc`); each task is a job step in it.
+    None: Slurm's default (the default partition, the partition's time limit)."""
+
+    partition: str | None = None
+    time: str | None = None  # --time, in Slurm's formats: 30, 1:00:00, 1-12
+    nodes: Int | None = Field(default=None, ge=1)  # default: enough for tasks_per_node
+    tasks_per_node: Int = Field(default=1, ge=1)
+    gpus_per_task: Int = Field(default=0, ge=0)
+    account: str | None = None
+    extra_args: list[str] = Field(default_factory=list)  # more salloc options, as given
+
+    @field_validator("partition", "account")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_NAME.match(value):
+            raise ValueError(f"expected a Slurm name (letters, digits, _ . -), got {value!r}")
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TIME.match(value):
+            raise ValueError(f"expected a Slurm time limit (minutes, HH:MM:SS or D-HH:MM:SS, "
+                             f"e.g. 30 or 1:00:00), got {value!r}")
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _options(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            if not arg.startswith("-"):
+                raise ValueError(f"each is one salloc option starting with - "
+                                 f"(['--qos=debug', '--constraint=v100']), got {arg!r}")
+        return args
+
+
+class BackendSpec(_Model):
+    """Who places the tasks when it is not the cluster file: `backend: {slurm: {…}}`."""
+
+    slurm: SlurmSpec
+
+
 class LocalhostSpec(_Model):
     """This machine, for the tasks on `localhost`."""
 
@@ -430,6 +505,24 @@ class ClusterSpec(_Model):
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
     env: Env = Field(default_factory=dict)
     evaluator_required: bool = False
+    backend: BackendSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _slurm_takes_counts(cls, data: Any) -> Any:
+        """Before the addresses are read: a Slurm job's tasks are counts (`worker: 2`)."""
+        if not isinstance(data, dict) or not isinstance(data.get("tasks"), dict):
+            return data
+        slurm = isinstance(data.get("backend"), dict) and "slurm" in data["backend"]
+        for role, value in data["tasks"].items():
+            if slurm and not (isinstance(value, int) and not isinstance(value, bool)):
+                raise _field_error(f"tasks.{role}", f"Slurm picks the hosts of a backend.slurm "
+                                   f"job: give a count ({role}: 2), got {value!r}")
+            if not slurm and isinstance(value, int) and not isinstance(value, bool):
+                raise _field_error(f"tasks.{role}", f"a count ({value}) is for a Slurm job "
+                                   f"(backend: {{slurm: {{partition: …}}}}); otherwise list "
+                                   "addresses ('host:port')")
+        return data
 
     @model_validator(mode="after")
     def _cluster_rules(self) -> ClusterSpec:
@@ -452,6 +545,18 @@ class ClusterSpec(_Model):
         if missing:
             raise _field_error("tasks", f"a {self.strategy.value} job needs "
                                + ", ".join(missing) + " task")
+        if self.backend is not None:
+            if self.job.gpus_per_task:
+                raise _field_error("job.gpus_per_task", "a Slurm job asks Slurm for GPUs: "
+                                   "set backend.slurm.gpus_per_task instead")
+            slurm = self.backend.slurm
+            count = sum(1 for _ in t.all())
+            if slurm.nodes is not None and slurm.nodes * slurm.tasks_per_node < count:
+                raise _field_error("backend.slurm.nodes", (
+                    f"{slurm.nodes} node(s) × tasks_per_node {slurm.tasks_per_node} hold "
+                    f"{slurm.nodes * slurm.tasks_per_node} task(s), the job has {count}; "
+                    "raise nodes or tasks_per_node, or leave nodes out"))
+            return self
         for role, index, address in t.all():
             if address.host != LOCALHOST and address.host not in self.hosts:
                 raise _field_error(f"tasks.{role}[{index}]", (
@@ -525,7 +630,7 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 
 
 # The fields our model-level checks name at the start of their message.
-_MODEL_FIELDS = ("tasks", "job", "env.", "hosts.")
+_MODEL_FIELDS = ("tasks", "job", "env.", "hosts.", "backend.")
 
 
 def format_validation_error(err: ValidationError) -> str:
@@ -543,6 +648,15 @@ def format_validation_error(err: ValidationError) -> str:
             msg = f"{msg} (got {e.get('input')!r})"
         lines.setdefault(loc, f"{loc}: {msg}")  # a union's first member says enough
     return "\n".join(lines.values())
+
+
+def cluster_schema() -> dict[str, Any]:
+    """The cluster file's JSON Schema (`tfo schema`), for editors: what a file may hold, from
+    the models themselves. Rules across fields (two chiefs, duplicate addresses) are the
+    models' alone."""
+    schema = ClusterSpec.model_json_schema(mode="validation")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "tfo cluster file", **{k: v for k, v in schema.items() if k != "title"}}
 
 
 def parse_spec(data: Any, source: str = "<spec>") -> ClusterSpec:

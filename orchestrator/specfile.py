@@ -4,9 +4,10 @@
 
 What this refuses, each with a message naming the file (and the line where there is one):
 anything but a regular file (a FIFO would block, /dev/zero never ends), more than
-MAX_FILE_BYTES, bytes that are not UTF-8, nesting deeper than MAX_DEPTH (the parsers recurse),
-YAML anchors and aliases (`&a`/`*a`: a few lines can expand to gigabytes), and a key given
-twice in one YAML mapping (the last one would win silently).
+MAX_FILE_BYTES (MAX_JSON_BYTES for JSON), bytes that are not UTF-8, nesting deeper than
+MAX_DEPTH (the parsers recurse), YAML anchors and aliases (`&a`/`*a`: a few lines can
+expand to gigabytes), and a key given twice in one YAML mapping (the last one would win
+silently).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from typing import Any
 import yaml
 
 MAX_FILE_BYTES = 1024 * 1024
+# JSON has no aliases to expand, and a run's plan.json (`tfo run plan.json`) takes ~1.5 KB a
+# task: 1,000 tasks on lab hosts are 1.5 MB.
+MAX_JSON_BYTES = 64 * 1024 * 1024
 MAX_DEPTH = 64
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -48,13 +52,14 @@ def _read_text(path: Path) -> str:
         os.close(fd)
         raise SpecFileError(f"{path}: not a regular file ({_kind(mode)}); give the path of "
                             "a YAML or JSON cluster file")
+    limit = MAX_JSON_BYTES if path.suffix == ".json" else MAX_FILE_BYTES
     with os.fdopen(fd, "rb") as f:
         try:
-            data = f.read(MAX_FILE_BYTES + 1)
+            data = f.read(limit + 1)
         except OSError as err:
             raise SpecFileError(f"{path}: cannot read: {err.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise SpecFileError(f"{path}: larger than {MAX_FILE_BYTES:,} bytes; a cluster file is "
+    if len(data) > limit:
+        raise SpecFileError(f"{path}: larger than {limit:,} bytes; a cluster file is "
                             "a few lines (put large job data in a file of its own)")
     try:
         return data.decode("utf-8-sig")

@@ -4,13 +4,23 @@
     result = supervisor.run()          # blocks; SIGINT/SIGTERM tear everything down
     sys.exit(result.exit_code)         # 0 ok, 1 failed, 129 SIGHUP, 130 SIGINT, 143 SIGTERM
 
-One thread, one loop: pump output into logs and console, notice exits, decide restarts,
-start what is due. Between rounds it sleeps until the kernel says something happened: a
-task exited (its handle's pidfd), output arrived or a signal came (orchestrator.wakeup),
-at most IDLE_SECONDS (timeouts, backoffs); handles with no exit fd (SSH) are polled every
-POLL_SECONDS. Every step is written to events.jsonl. What
-to do is the plan's: its policy (restarts, timeouts) and its strategy's rules (which roles
-serve first, which are servers, what restarts with what, what counts as done).
+One thread, one loop: pump output into logs and console, notice exits and stalls, decide
+restarts, start what is due. Between rounds it sleeps until the kernel says something
+happened: a task exited (its handle's pidfd), output arrived or a signal came
+(orchestrator.wakeup), at most IDLE_SECONDS (timeouts, backoffs); handles with no exit fd
+(SSH) are polled every POLL_SECONDS. Every step is written to events.jsonl. What to do is
+the plan's: its policy (restarts, timeouts) and its strategy's rules (which roles serve
+first, which are servers, what restarts with what, what counts as done).
+
+Hangs are failures: a training task whose step has not moved for `stall_seconds` (or that
+has been stopped that long) fails its attempt like an exit would (orchestrator.stall); its
+Python stacks are asked for first, and the summary says where it was stuck.
+
+Preemption is not a failure: a task that exits EXIT_PREEMPTED (TensorFlow's
+PreemptionCheckpointHandler, having saved) after a SIGTERM is restarted without counting
+against max_restarts. "After a SIGTERM" means its wrapper reported one (a `sigterm` marker)
+this attempt, to it or to a task of its restart unit: the handler saves on every worker and
+every worker exits with the code, but only the preempted one got the signal.
 """
 
 from __future__ import annotations
@@ -29,10 +39,19 @@ from typing import IO, Any
 
 from orchestrator import wakeup
 from orchestrator.launch import Launcher, TaskHandle, describe_exit
-from orchestrator.markers import BadMarker, Evaluated, Progress, Usage, read_marker
+from orchestrator.markers import (
+    BadMarker,
+    Evaluated,
+    Progress,
+    SigTerm,
+    Usage,
+    is_marker,
+    read_marker,
+)
 from orchestrator.plan import Plan, TaskPlan
-from orchestrator.policy import restart_allowed
+from orchestrator.policy import RestartPolicy, restart_allowed
 from orchestrator.rundir import RunDir, coordinator_identity
+from orchestrator.stall import Frame, Stall, Watched, blame_order, find_stalls, main_thread, where
 from orchestrator.strategy import RestartUnit
 from worker_entry import markers
 from worker_entry.markers import Role
@@ -41,9 +60,14 @@ __all__ = ["JobState", "RunResult", "Supervisor", "TaskState", "restart_allowed"
 
 POLL_SECONDS = 0.05  # handles without an exit fd
 IDLE_SECONDS = 0.25  # the longest the loop sleeps with nothing happening
+WATCH_SECONDS = 1.0  # how often the loop hands itself to a watcher (the live view)
 # A closed terminal or a dropped SSH session to the user's machine sends SIGHUP: a teardown
 # like Ctrl-C, not a silent death that leaves the run looking alive.
 SIGNAL_EXIT = {signal.SIGHUP: 129, signal.SIGINT: 130, signal.SIGTERM: 143}
+# How long a stalled task's stacks are waited for before it is killed (faulthandler writes
+# them at once; a task whose main thread holds the GIL still answers: it is C code).
+STACKS_WAIT_SECONDS = 2.0
+STACKS_QUIET_SECONDS = 0.3  # a dump has ended when its task printed nothing more this long
 
 
 class TaskState(str, Enum):
@@ -54,7 +78,7 @@ class TaskState(str, Enum):
         STARTING ──ready marker──▶ RUNNING
         STARTING/RUNNING ──exit 0──▶ SUCCEEDED
         STARTING/RUNNING ──exit ≠ 0, signal, a server's exit──▶ FAILED
-        STARTING/RUNNING ──teardown──▶ STOPPED
+        STARTING/RUNNING ──teardown (a stalled task's too)──▶ STOPPED
         PENDING/FAILED/STOPPED/SUCCEEDED ──restart (attempt + 1)──▶ PENDING
     """
 
@@ -85,11 +109,12 @@ class JobState(str, Enum):
     """The whole run. Every transition, one a line (a test reads these):
 
         PENDING ──launch──▶ RUNNING
-        RUNNING/RESTARTING ──task lost, restart allowed and left──▶ RESTARTING
+        RUNNING/RESTARTING ──task lost or stalled, restart allowed and left──▶ RESTARTING
+        RUNNING/RESTARTING ──task preempted──▶ RESTARTING
         RESTARTING ──relaunched after the backoff──▶ RUNNING
         RUNNING/RESTARTING ──success policy met: wait for the sidecars──▶ FINISHING
         FINISHING ──sidecars done, their time up, or a signal──▶ SUCCEEDED
-        RUNNING/RESTARTING ──lost with no restart left, startup timeout, deadline──▶ FAILED
+        RUNNING/RESTARTING ──lost/stalled, no restart left; startup timeout; deadline──▶ FAILED
         RUNNING/RESTARTING/FINISHING ──supervisor error──▶ FAILED
         RUNNING/RESTARTING ──SIGHUP/SIGINT/SIGTERM──▶ INTERRUPTED
     """
@@ -149,6 +174,11 @@ class TaskRecord:
     steps_per_second: float | None = None  # between the last two progress markers
     last_line: str = ""  # the last ordinary line the task printed (the live view)
     usage: Usage | None = None  # the wrapper's last measure of the task's processes
+    usage_at: float | None = None  # monotonic time of `usage`
+    stopped_since: float | None = None  # since when its usage says stopped (state T)
+    sigterm: bool = False  # its wrapper got SIGTERM this attempt (preemption)
+    done: bool = False  # its entry or script returned: exiting (TF may take its time)
+    stack_lines: list[str] | None = None  # its output while its stacks are asked for
 
     @property
     def name(self) -> str:
@@ -166,6 +196,8 @@ class TaskOutcome:
     returncode: int | None
     restarts: int
     log_path: str
+    host: str = ""
+    progress: Progress | None = None  # the last attempt's last progress marker
 
 
 @dataclass
@@ -178,6 +210,8 @@ class RunResult:
     restarts: int = 0
     failed_task: str | None = None
     evaluation: dict[str, Any] | None = None  # the evaluator's last: {"epoch", "metrics"}
+    stalls: list[Stall] = field(default_factory=list)  # every stall, in order, cause first
+    preemptions: int = 0  # restarts after a preemption (not in `restarts`)
 
 
 @dataclass(frozen=True)
@@ -190,22 +224,38 @@ class _Ending:
 
 
 def tail(path: str, n: int = 20) -> list[str]:
+    """The last `n` lines a task printed, without its markers (usage and progress come every
+    second or two and would crowd out what it said before it failed)."""
     try:
         with open(path, errors="replace") as f:
-            return [line.rstrip("\n") for line in f.readlines()[-n:]]
+            lines = [line.rstrip("\n") for line in f.readlines()]
     except OSError:
         return []
+    said: list[str] = []
+    for line in reversed(lines):
+        if len(said) == n:
+            break
+        if not is_marker(line):
+            said.append(line)
+    return said[::-1]
 
 
 class Supervisor:
     def __init__(self, plan: Plan, start: Launcher,
-                 echo: Callable[[str, str], None] | None = None) -> None:
+                 echo: Callable[[str, str], None] | None = None,
+                 watch: Callable[[Supervisor], None] | None = None) -> None:
         self.plan, self._start = plan, start
         self.policy, self.rules = plan.policy, plan.rules
         self.echo = echo or _print_line
+        # Called by the loop, on its thread, at most every WATCH_SECONDS: it may read the
+        # records, and must return at once (the live view copies rows and returns).
+        self.watch = watch
+        self._watched_at = -WATCH_SECONDS
         self.state = JobState.PENDING
         self.records = {t.name: TaskRecord(t) for t in plan.tasks}
         self.restarts = 0  # job-level, against policy.max_restarts
+        self.preemptions = 0  # restarts that do not count: a preempted task asked for them
+        self.stalls: list[Stall] = []
         self.evaluation: dict[str, Any] | None = None
         self._ending: _Ending | None = None
         self._finish_by = 0.0  # FINISHING: how long the sidecars are waited for
@@ -240,6 +290,10 @@ class Supervisor:
         try:
             while self._ending is None:
                 self._tick()
+                if self.watch is not None and time.monotonic() - self._watched_at \
+                        >= WATCH_SECONDS:
+                    self._watched_at = time.monotonic()
+                    self.watch(self)
                 if self._ending is None:
                     self._sleep(self._live_handles(), self._idle_seconds())
         except Exception as e:  # a bug of ours: still tear down, and say where to look
@@ -266,8 +320,9 @@ class Supervisor:
         return RunResult(
             state=end.state, exit_code=code, reason=end.reason, run_dir=self.plan.run_dir,
             restarts=self.restarts, failed_task=end.failed_task, evaluation=self.evaluation,
-            tasks=[TaskOutcome(r.name, r.state, r.returncode, r.restarts, r.task.log_path)
-                   for r in self.records.values()],
+            stalls=self.stalls, preemptions=self.preemptions,
+            tasks=[TaskOutcome(r.name, r.state, r.returncode, r.restarts, r.task.log_path,
+                               r.task.host, r.progress) for r in self.records.values()],
         )
 
     def _tick(self) -> None:
@@ -289,6 +344,8 @@ class Supervisor:
         self._poll_exits()
         if self._ending is None:
             self._check_startup(time.monotonic())
+        if self._ending is None:
+            self._check_stalls(time.monotonic())
         if self._ending is None:
             self._check_success()
         return None
@@ -369,7 +426,8 @@ class Supervisor:
         self._set(rec, TaskState.STARTING)
         rec.started_at, rec.last_marker, rec.returncode = time.monotonic(), "", None
         rec.progress, rec.progress_at, rec.steps_per_second = None, rec.started_at, None
-        rec.usage = None
+        rec.usage, rec.usage_at, rec.stopped_since, rec.sigterm = None, None, None, False
+        rec.done = False
         self.events.write("task_started", rec.name, pid=rec.handle.pid, attempt=rec.attempt,
                           host=rec.task.host, port=rec.task.port)
 
@@ -391,12 +449,17 @@ class Supervisor:
                 marker = None
             if marker is None:
                 rec.last_line = line
+                if rec.stack_lines is not None:
+                    rec.stack_lines.append(line)
                 self.echo(rec.name, line)
                 continue
             if isinstance(marker, Usage):  # every few seconds per task: state, not an event
-                rec.usage = marker
+                self._measured(rec, marker)
                 continue
             rec.last_marker = marker.event
+            if isinstance(marker, SigTerm):
+                rec.sigterm = True
+            rec.done = rec.done or marker.event == markers.DONE
             if isinstance(marker, Progress):
                 self._progressed(rec, marker)
             if marker.event == markers.READY and rec.state is TaskState.STARTING:
@@ -404,6 +467,13 @@ class Supervisor:
             elif isinstance(marker, Evaluated):
                 self.evaluation = {"epoch": marker.epoch, "metrics": marker.metrics}
             self.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})
+
+    def _measured(self, rec: TaskRecord, marker: Usage) -> None:
+        rec.usage, rec.usage_at = marker, time.monotonic()
+        if not marker.stopped:
+            rec.stopped_since = None
+        elif rec.stopped_since is None:
+            rec.stopped_since = rec.usage_at
 
     def _progressed(self, rec: TaskRecord, marker: Progress) -> None:
         now, before = time.monotonic(), rec.progress
@@ -424,6 +494,10 @@ class Supervisor:
         self.events.write("task_exited", rec.name, pid=rec.handle.pid if rec.handle else None,
                           returncode=rc, attempt=rec.attempt, how=describe_exit(rc))
         self._collect(rec, rc)
+        if rc == markers.EXIT_PREEMPTED and self.state is not JobState.FINISHING:
+            self._pump()  # a peer's `sigterm` marker may still be on its way
+            if self._preempted(rec):
+                return
         # Servers never exit on their own: any exit of one is a loss.
         lost = rc != 0 or rec.role in self.rules.servers
         self._set(rec, TaskState.FAILED if lost else TaskState.SUCCEEDED)
@@ -434,6 +508,22 @@ class Supervisor:
                 self.echo("tfo", f"{rec.name} finished")
             return
         self._task_lost(rec, rc, f"{rec.name} exited with {describe_exit(rc)}")
+
+    def _preempted(self, rec: TaskRecord) -> bool:
+        """`rec` exited EXIT_PREEMPTED: if a SIGTERM reached it or its restart unit this
+        attempt, restart the unit without counting it (unless the restart policy is never)."""
+        unit = self._restart_unit(rec)
+        termed = [r.name for r in unit if r.sigterm]
+        if not termed or self.policy.restart[rec.role] is RestartPolicy.NEVER:
+            return False
+        self._set(rec, TaskState.FAILED)
+        why = (f"{rec.name} preempted (exit code {markers.EXIT_PREEMPTED} after SIGTERM to "
+               f"{', '.join(termed)})")
+        self.events.write("task_preempted", rec.name, attempt=rec.attempt,
+                          pid=rec.handle.pid if rec.handle else None, sigterm=termed)
+        self.preemptions += 1
+        self._schedule_restart(unit, why, counted=False)
+        return True
 
     def _task_lost(self, rec: TaskRecord, rc: int | None, why: str) -> None:
         policy, limit = self.policy.restart[rec.role], self.policy.max_restarts
@@ -468,18 +558,20 @@ class Supervisor:
             return [rec]
         return [r for r in self.records.values() if r.role not in self.rules.sidecars]
 
-    def _schedule_restart(self, unit: list[TaskRecord], why: str) -> None:
+    def _schedule_restart(self, unit: list[TaskRecord], why: str, counted: bool = True) -> None:
+        """Tear `unit` down and start it again after the backoff. Not `counted`: a
+        preemption, which no task's restarts count either."""
         self._set(None, JobState.RESTARTING)
         self.echo("tfo", f"{why}; restarting {', '.join(r.name for r in unit)}")
         self._teardown([r for r in unit if r.state.live], "restart")
         backoff = self.policy.backoff_seconds
         due = time.monotonic() + backoff
         for r in unit:
-            r.restarts += 1
+            r.restarts += counted
             self._set(r, TaskState.PENDING)
             r.start_after = due
             self.events.write("task_restarted", r.name, attempt=r.attempt + 1,
-                              restarts=r.restarts, reason=why, backoff=backoff)
+                              restarts=r.restarts, reason=why, backoff=backoff, counted=counted)
 
     def _check_startup(self, now: float) -> None:
         limit = self.policy.startup_seconds
@@ -494,6 +586,62 @@ class Supervisor:
             self.events.write("task_startup_timeout", r.name, attempt=r.attempt,
                               pid=r.handle.pid if r.handle else None, last=r.last_marker)
         self._task_lost(starting[0], None, why)
+
+    def _check_stalls(self, now: float) -> None:
+        """A stalled training task fails its attempt (orchestrator.stall); its stacks, and
+        those of every task stuck with it that can answer, are asked for first."""
+        limit = self.policy.stall_seconds
+        if limit is None:
+            return
+        watched = [Watched(r.name, r.progress.step if r.progress else None, r.progress_at,
+                           r.stopped_since, r.usage_at)
+                   for r in self.records.values()
+                   if r.state.live and r.handle is not None and not r.done
+                   and r.role not in self.rules.servers and r.role not in self.rules.sidecars]
+        stalls = find_stalls(watched, now, limit, self.policy.stall_all)
+        if not stalls:
+            return
+        for s in stalls:
+            r = self.records[s.task]
+            self.events.write("task_stalled", s.task, attempt=r.attempt,
+                              pid=r.handle.pid if r.handle else None, reason=s.reason,
+                              stopped=s.stopped, stall_seconds=limit)
+        stacks = self._ask_stacks(stalls)
+        for s in stalls:
+            s.where = where(stacks.get(s.task, []))
+            if s.where:
+                r = self.records[s.task]
+                self.events.write("task_stacks", s.task, attempt=r.attempt,
+                                  pid=r.handle.pid if r.handle else None, where=s.where)
+        stalls = blame_order(stalls, stacks)
+        self.stalls += stalls
+        why = f"stalled ({limit:g} s): " + "; ".join(s.describe() for s in stalls)
+        self._task_lost(self.records[stalls[0].task], None, why)
+
+    def _ask_stacks(self, stalls: list[Stall]) -> dict[str, list[Frame]]:
+        """Ask each stalled task that can answer (not stopped) for its stacks; wait until
+        their dumps are in (or STACKS_WAIT_SECONDS). Each one's main thread, by task."""
+        asked = [self.records[s.task] for s in stalls if not s.stopped]
+        for r in asked:
+            r.stack_lines = []
+            request = getattr(r.handle, "request_stacks", None)  # a backend without: none
+            if request is not None:
+                request()
+        until = time.monotonic() + STACKS_WAIT_SECONDS
+        seen, quiet_since = -1, time.monotonic()
+        while asked and time.monotonic() < until and self._signal_count < 2:
+            time.sleep(POLL_SECONDS)
+            self._pump()
+            count = sum(len(r.stack_lines or []) for r in asked)
+            if count != seen:
+                seen, quiet_since = count, time.monotonic()
+            elif time.monotonic() - quiet_since >= STACKS_QUIET_SECONDS and all(
+                    main_thread(r.stack_lines or []) for r in asked):
+                break
+        stacks = {r.name: main_thread(r.stack_lines or []) for r in asked}
+        for r in asked:
+            r.stack_lines = None
+        return stacks
 
     def _check_success(self) -> None:
         recs = list(self.records.values())

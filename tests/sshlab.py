@@ -160,46 +160,47 @@ def _tail(path: Path, n: int = 40) -> str:
 # ------------------------------------------------------------------ ensure_openssh
 
 
+def apt_install(packages: Sequence[str], timeout: float = 600) -> None:
+    """`apt-get install` the packages (root; `apt-get update` at most once per process).
+    Service start-up during the install is suppressed via policy-rc.d: no system daemon is
+    left running."""
+    global _apt_updated
+    if os.geteuid() != 0:
+        raise SshLabError(f"{', '.join(packages)}: missing and we are not root")
+    if not shutil.which("apt-get"):
+        raise SshLabError(f"{', '.join(packages)}: missing and apt-get is unavailable")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", NEEDRESTART_MODE="a")
+    deadline = time.monotonic() + timeout
+    policy = Path("/usr/sbin/policy-rc.d")
+    created_policy = False
+    try:
+        if not policy.exists():
+            policy.write_text("#!/bin/sh\nexit 101\n")
+            policy.chmod(0o755)
+            created_policy = True
+        if not _apt_updated:
+            _run(["apt-get", "update"], env=env, timeout=max(10.0, deadline - time.monotonic()))
+            _apt_updated = True
+        _run(["apt-get", "install", "-y", "--no-install-recommends",
+              "-o", "Dpkg::Options::=--force-confdef",
+              "-o", "Dpkg::Options::=--force-confold", *packages], env=env,
+             timeout=max(10.0, deadline - time.monotonic()))
+    except SshLabError as e:
+        raise SshLabError(f"could not install {', '.join(packages)}: {e}") from e
+    finally:
+        if created_policy:
+            with contextlib.suppress(OSError):
+                policy.unlink()
+
+
 def ensure_openssh(timeout: float = 600) -> None:
     """Install openssh-server/client with apt if /usr/sbin/sshd is missing.
-
-    Runs `apt-get update` at most once per process.  Service start-up during
-    the install is suppressed via policy-rc.d (no system sshd is left running).
     Ensures /run/sshd (privilege-separation dir) exists.
     """
-    global _apt_updated
     with _apt_lock:
         if not (os.path.exists(SSHD) and os.path.exists(SSH_KEYGEN)
                 and shutil.which("ssh")):
-            if os.geteuid() != 0:
-                raise SshLabError("openssh-server is missing and we are not root")
-            if not shutil.which("apt-get"):
-                raise SshLabError("openssh-server is missing and apt-get is unavailable")
-            env = dict(os.environ, DEBIAN_FRONTEND="noninteractive",
-                       NEEDRESTART_MODE="a")
-            deadline = time.monotonic() + timeout
-            policy = Path("/usr/sbin/policy-rc.d")
-            created_policy = False
-            try:
-                if not policy.exists():
-                    policy.write_text("#!/bin/sh\nexit 101\n")
-                    policy.chmod(0o755)
-                    created_policy = True
-                if not _apt_updated:
-                    _run(["apt-get", "update"], env=env,
-                         timeout=max(10.0, deadline - time.monotonic()))
-                    _apt_updated = True
-                _run(["apt-get", "install", "-y", "--no-install-recommends",
-                      "-o", "Dpkg::Options::=--force-confdef",
-                      "-o", "Dpkg::Options::=--force-confold",
-                      "openssh-server", "openssh-client"], env=env,
-                     timeout=max(10.0, deadline - time.monotonic()))
-            except SshLabError as e:
-                raise SshLabError(f"could not install openssh-server: {e}") from e
-            finally:
-                if created_policy:
-                    with contextlib.suppress(OSError):
-                        policy.unlink()
+            apt_install(["openssh-server", "openssh-client"], timeout)
             if not os.path.exists(SSHD):
                 raise SshLabError(f"apt-get install succeeded but {SSHD} is missing")
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
@@ -458,7 +459,7 @@ def _link_alias(prefix: str) -> str:
     return f"{_ALIAS_PREFIX} {prefix} pid={os.getpid()}"
 
 
-def _route_conflict() -> str | None:
+def _route_conflict(subnet: ipaddress.IPv4Network = LAB_SUBNET) -> str | None:
     cp = _ip("-j", "-4", "addr", "show", check=False)
     try:
         data = json.loads(cp.stdout or "[]")
@@ -470,7 +471,7 @@ def _route_conflict() -> str | None:
                 net = ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}").network
             except (KeyError, ValueError):
                 continue
-            if net.overlaps(LAB_SUBNET):
+            if net.overlaps(subnet):
                 return f"{a['local']}/{a['prefixlen']} on {link.get('ifname')}"
     return None
 
@@ -483,14 +484,15 @@ def _kill_netns_pids(ns: str) -> None:
 
 
 @contextlib.contextmanager
-def lab_network(prefix: str = "tfo", count: int = 2
+def lab_network(prefix: str = "tfo", count: int = 2,
+                subnet: ipaddress.IPv4Network = LAB_SUBNET
                 ) -> Iterator[list[tuple[str, str]]]:
-    """Bridge 10.200.0.1/24 in the root netns + `count` namespaces on veths.
+    """Bridge <subnet>.1 (10.200.0.1/24) in the root netns + `count` namespaces on veths.
 
     Yields [(netns_name, address), ...] with addresses 10.200.0.11, .12, ...
     On exit kills any process still inside the namespaces, then deletes the
     namespaces, veths and bridge (also when setup fails half-way).
-    Only one lab network can exist at a time (they all use 10.200.0.0/24).
+    Only one lab network can exist at a time per subnet (the Slurm lab has its own).
     """
     if not 1 <= count <= 50:
         raise ValueError("count must be in 1..50")
@@ -498,10 +500,10 @@ def lab_network(prefix: str = "tfo", count: int = 2
     if not ok:
         raise SshLabError(reason)
     cleanup_stale(prefix)  # only touches leftovers whose owning pid is dead
-    conflict = _route_conflict()
+    conflict = _route_conflict(subnet)
     if conflict:
         raise SshLabError(
-            f"{LAB_SUBNET} already in use ({conflict}); another lab network is up "
+            f"{subnet} already in use ({conflict}); another lab network is up "
             f"or a crashed run left one behind (see sshlab.cleanup_stale())")
     tag = secrets.token_hex(3)
     short = "".join(c for c in prefix if c.isalnum())[:3] or "slb"
@@ -513,11 +515,12 @@ def lab_network(prefix: str = "tfo", count: int = 2
     try:
         _ip("link", "add", bridge, "type", "bridge")
         _ip("link", "set", bridge, "alias", alias)
-        _ip("addr", "add", f"{LAB_BRIDGE_ADDR}/24", "dev", bridge)
+        gateway = str(subnet.network_address + 1)
+        _ip("addr", "add", f"{gateway}/{subnet.prefixlen}", "dev", bridge)
         _ip("link", "set", bridge, "up")
         for i in range(1, count + 1):
             ns = f"{prefix}-lab{i}-{os.getpid()}-{tag}"
-            addr = str(LAB_SUBNET.network_address + LAB_HOST_BASE + i - 1)
+            addr = str(subnet.network_address + LAB_HOST_BASE + i - 1)
             host_if, peer_if = f"{short}v{i}{tag}", f"{short}p{i}{tag}"
             _ip("netns", "add", ns)
             namespaces.append(ns)
@@ -528,10 +531,10 @@ def lab_network(prefix: str = "tfo", count: int = 2
             _ip("link", "set", peer_if, "netns", ns)
             nsip = ("netns", "exec", ns, "ip")
             _ip(*nsip, "link", "set", peer_if, "name", "eth0")
-            _ip(*nsip, "addr", "add", f"{addr}/24", "dev", "eth0")
+            _ip(*nsip, "addr", "add", f"{addr}/{subnet.prefixlen}", "dev", "eth0")
             _ip(*nsip, "link", "set", "lo", "up")
             _ip(*nsip, "link", "set", "eth0", "up")
-            _ip(*nsip, "route", "add", "default", "via", LAB_BRIDGE_ADDR, check=False)
+            _ip(*nsip, "route", "add", "default", "via", gateway, check=False)
             _ip("link", "set", host_if, "up")
             result.append((ns, addr))
         yield result

@@ -48,8 +48,13 @@ def test_a_backend_is_one_class_and_one_registry_line(tmp_path: Path, monkeypatc
 def test_an_unknown_backend_is_a_spec_error(tmp_path: Path):
     from tests.conftest import run_tfo
 
+    spec = write_spec(tmp_path / "x.yaml", SPEC.replace("backend: fake", "backend: pbs"))
+    res = run_tfo("plan", str(spec), timeout=30)
+    assert res.returncode == 2, res.output
+    assert "hosts.sim.backend: unknown backend 'pbs'; backends are local, ssh" in res.stderr
+    assert "Traceback" not in res.output
+    # Slurm places tasks itself: it is never a host's backend.
     spec = write_spec(tmp_path / "x.yaml", SPEC.replace("backend: fake", "backend: slurm"))
     res = run_tfo("plan", str(spec), timeout=30)
     assert res.returncode == 2, res.output
-    assert "hosts.sim.backend: unknown backend 'slurm'; backends are local, ssh" in res.stderr
-    assert "Traceback" not in res.output
+    assert "hosts.sim.backend: slurm picks its own hosts; write backend: {slurm:" in res.stderr

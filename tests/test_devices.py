@@ -167,7 +167,7 @@ def test_tfo_plan_shows_each_tasks_gpus(tmp_path):
     assert {name: cols[2] for name, cols in rows.items()} == {
         "worker:0": "0", "worker:1": "1", "chief:0": "-"}
     res = run_tfo("plan", str(spec), "--json", timeout=30)
-    tasks = {t["name"]: t for t in json.loads(res.stdout)}
+    tasks = {t["name"]: t for t in json.loads(res.stdout)["tasks"]}
     assert {n: (t["gpus"], t["env"]["CUDA_VISIBLE_DEVICES"]) for n, t in tasks.items()} == {
         "worker:0": ([0], "0"), "worker:1": ([1], "1"), "chief:0": ([], "")}
 

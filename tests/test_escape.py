@@ -23,10 +23,12 @@ import psutil
 import pytest
 
 from orchestrator.launch.local import LocalHandle
+from orchestrator.markers import read_marker
 from orchestrator.plan import Placement, TaskPlan
 from tests.conftest import (
     PYTHON,
     REPO,
+    SSH_LAB,
     events,
     kill_tree,
     run_processes,
@@ -36,7 +38,9 @@ from tests.conftest import (
     write_spec,
 )
 from tests.test_ssh import lab, lab_spec  # noqa: F401 (a fixture)
-from worker_entry.markers import Role
+from worker_entry.markers import USAGE_SECONDS, Role
+
+pytestmark = [SSH_LAB]  # see tests/conftest.py
 
 
 def escapees(marker: str) -> list[psutil.Process]:
@@ -63,9 +67,12 @@ def marker() -> Iterator[str]:
 
 # ---- the wrapper, no TensorFlow --------------------------------------------------------
 
+GRACE = 1.0  # the wrapper's SIGTERM → SIGKILL here
+
+
 def wrapper_env(tmp: Path) -> dict[str, str]:
-    return {**os.environ, "TFO_JOB": json.dumps({"tmp_dir": str(tmp)}), "TMPDIR": str(tmp),
-            "TFO_LIFELINE": "stdin"}
+    return {**os.environ, "TFO_JOB": json.dumps({"tmp_dir": str(tmp), "grace_seconds": GRACE}),
+            "TMPDIR": str(tmp), "TFO_LIFELINE": "stdin"}
 
 
 class Wrapped:
@@ -139,12 +146,80 @@ def test_a_stopped_task_takes_what_it_started(how: str, marker: str, tmp_path: P
     finally:
         w.close()
     assert code == -signal.SIGKILL
-    assert took < 2.0, f"took {took:.2f} s"
+    assert took < 1.0, f"took {took:.2f} s"  # no SIGTERM handler: no grace to wait out
     assert escapees(marker) == []
     assert not psutil.pid_exists(task_pid)
     assert not tmp.exists()
     if how == "lifeline closed":
         assert "lifeline to the coordinator closed" in out
+    else:
+        assert '@tfo {"event": "sigterm", "grace": 0}' in out
+
+
+@pytest.mark.timeout(60)
+def test_a_task_with_a_sigterm_handler_gets_the_grace_then_sigkill(marker: str,
+                                                                   tmp_path: Path):
+    tmp = tmp_path / "tmp" / "worker-0"
+    w = Wrapped(marker, "deaf", tmp)  # a Python SIGTERM handler that does nothing
+    try:
+        w.task_line()
+        t0 = time.monotonic()
+        os.killpg(w.proc.pid, signal.SIGTERM)  # what LocalHandle.terminate sends
+        code = w.proc.wait(timeout=10)
+        took = time.monotonic() - t0
+        out = w.close()
+    finally:
+        w.close()
+    assert code == -signal.SIGKILL
+    assert GRACE <= took < GRACE + 1.0, f"took {took:.2f} s"
+    assert f'@tfo {{"event": "sigterm", "grace": {GRACE}}}' in out
+    assert f"still running {GRACE:g} s after SIGTERM: killing it" in out
+    assert escapees(marker) == []
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_to_the_wrapper_reaches_the_task_which_may_save_and_exit(marker: str,
+                                                                         tmp_path: Path):
+    """A preemption notice: the task (TF's PreemptionCheckpointHandler) saves and exits 42
+    within the grace; that is its status, and what it started goes with it."""
+    tmp = tmp_path / "tmp" / "worker-0"
+    w = Wrapped(marker, "preempt", tmp)
+    try:
+        w.task_line()
+        os.kill(w.proc.pid, signal.SIGTERM)  # the wrapper only, as `kill PID` would
+        code = w.proc.wait(timeout=10)
+        out = w.close()
+    finally:
+        w.close()
+    assert code == 42
+    assert out.index('"event": "sigterm"') < out.index("[escape] SIGTERM: saving")
+    assert "killing it" not in out
+    assert escapees(marker) == []
+
+
+@pytest.mark.timeout(60)
+def test_the_wrapper_reports_usage_and_answers_a_stacks_request(marker: str, tmp_path: Path):
+    tmp = tmp_path / "tmp" / "worker-0"
+    w = Wrapped(marker, "hold", tmp)
+    try:
+        task_pid = int(re.search(r"pid=(\d+)", w.task_line()).group(1))
+        assert w.proc.stdin is not None
+        w.proc.stdin.write("?")  # markers.STACKS down the lifeline
+        w.proc.stdin.flush()
+        time.sleep(USAGE_SECONDS + 0.5)
+        os.kill(task_pid, signal.SIGSTOP)
+        time.sleep(USAGE_SECONDS + 0.5)
+        w.close_lifeline()
+        w.proc.wait(timeout=10)
+        out = w.close()
+    finally:
+        w.close()
+    assert re.search(r"^Current thread 0x[0-9a-f]+ \(most recent call first\):\n"
+                     r'  File ".*escape\.py", line \d+ in _main$', out, re.M), out
+    usage = [read_marker(line) for line in out.splitlines() if '"event": "usage"' in line]
+    assert [u.stopped for u in usage] == [False, True], usage
+    # The task, its session child and its daemon (re-parented to the wrapper): three.
+    assert usage[0].processes == 3 and usage[0].rss > 10_000_000
 
 
 @pytest.mark.timeout(60)

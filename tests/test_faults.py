@@ -19,6 +19,7 @@ import pytest
 from orchestrator.spec import RestartPolicy
 from orchestrator.supervise import restart_allowed
 from tests.conftest import (
+    FIXED_PORTS,
     REPO,
     events,
     kill_tree,
@@ -30,6 +31,8 @@ from tests.conftest import (
     wait_until,
     write_spec,
 )
+
+pytestmark = [FIXED_PORTS]  # see tests/conftest.py
 
 MWMS = """\
 name: faults

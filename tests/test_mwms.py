@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from tests.conftest import (
+    FIXED_PORTS,
     PYTHON,
     REPO,
     events,
@@ -26,7 +27,7 @@ from tests.conftest import (
     write_spec,
 )
 
-pytestmark = [pytest.mark.tf]
+pytestmark = [pytest.mark.tf, FIXED_PORTS]
 
 FAULTY = """\
 name: faulty
@@ -60,6 +61,14 @@ def test_localhost_cluster_trains_and_chief_saves(run_dir: Path):
     res = run_tfo("run", "clusters/localhost.yaml", "--run-dir", str(run_dir))
     assert res.returncode == 0, res.output[-4000:]
     assert "[worker:0]" in res.stdout and "[worker:1]" in res.stdout  # prefixed console lines
+    # Piped: plain lines, no live table, no escape sequence; at the end a row per task with
+    # how it ended and its last epoch, step and loss, then the summary.
+    assert "\x1b" not in res.output
+    assert "job succeeded: all training tasks finished" in res.stderr
+    for task in ("worker:0", "worker:1"):
+        assert re.search(rf"{task}\s+localhost\s+succeeded\s+exit code 0\s+0\s+5/5\s+22/22\s+"
+                         r"\d+\.\d+", res.stderr), res.stderr
+    assert f"run directory: {run_dir} (restarts: 0)" in res.stderr
 
     # Both workers ran the same number of steps (5 epochs x 22 steps).
     steps = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import Placement, Plan, make_plan
+from orchestrator.plan import Placement, Plan, json_text, make_plan
 from orchestrator.policy import RestartPolicy
 from orchestrator.spec import SpecError, parse_spec
 from orchestrator.strategy import RULES
@@ -104,7 +104,9 @@ def test_every_tf_config_parses_in_tensorflow():
 def test_plan_cli_json_and_no_tensorflow(tmp_path: Path):
     res = run_tfo("plan", "clusters/localhost.yaml", "--json", timeout=30)
     assert res.returncode == 0, res.output
-    tasks = json.loads(res.stdout)
+    shown = json.loads(res.stdout)  # the plan as plan.json holds it
+    assert shown["cluster"] == {"worker": ["localhost:20000", "localhost:20001"]}
+    tasks = shown["tasks"]
     assert [t["name"] for t in tasks] == ["worker:0", "worker:1"]
     assert [t["port"] for t in tasks] == [20000, 20001]
     for t in tasks:
@@ -211,3 +213,73 @@ def test_the_plan_carries_policy_rules_and_placement():
     assert json.loads(plan.task("ps:0").env["TFO_JOB"])["serve"] is True
     local = plan_of(FULL).tasks[0]
     assert local.placement == Placement("local", "localhost", "localhost")
+
+
+def _plan_json_size(n: int) -> int:
+    plan = make_plan(parse_spec(_many(n - 1)), run_id="r1", run_dir="/runs/r1", workdir="/w")
+    return len(json_text(plan.to_json()))
+
+
+def test_plan_json_text_is_the_plan_one_task_a_line():
+    data = plan_of(PS_SPEC, ports={"worker:1": 30002}).to_json()
+    text = json_text(data)
+    assert json.loads(text) == data
+    lines = text.splitlines()
+    assert [line.strip().startswith('{"name": "' + t["name"]) for line, t in
+            zip(lines[lines.index('  "tasks": [') + 1:], data["tasks"], strict=False)] == [True] * 5
+
+
+def test_plan_json_grows_linearly():
+    """Each task used to carry the whole cluster twice (tf_config and TF_CONFIG): 51 MB for
+    1,000 tasks. The cluster is now written once, at the top."""
+    small, big = _plan_json_size(100), _plan_json_size(1000)
+    assert big / small < 11  # 10x the tasks; 75x before
+    assert big < 3_000_000
+
+
+def test_an_old_plan_json_still_loads():
+    """tests/data/plan-v1.json was written by tfo before the cluster moved to the top of
+    plan.json (commit 2ccbb39): each task carries it. `tfo run`/`tfo rerun` still read it."""
+    old = json.loads((REPO / "tests" / "data" / "plan-v1.json").read_text())
+    assert "cluster" not in old and "cluster" in old["tasks"][0]["tf_config"]
+    plan = Plan.from_json(old)
+    again = make_plan(plan.spec, run_id=old["run_id"], run_dir=old["run_dir"],
+                      workdir=old["workdir"], ports=plan.ports())
+    # The same tasks, ports and TF_CONFIGs as a plan made now (which also carries what tfo
+    # added since, e.g. the stall policy and the wrapper's grace in TFO_JOB).
+    assert [(t.name, t.host, t.port, t.tf_config) for t in plan.tasks] == \
+        [(t.name, t.host, t.port, t.tf_config) for t in again.tasks]
+    for task, was in zip(plan.tasks, old["tasks"], strict=True):
+        assert task.env == was["env"] and task.tf_config == was["tf_config"]
+    assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan  # and the new format
+
+
+@pytest.mark.timeout(60)
+def test_plan_json_cli_is_the_plan(tmp_path: Path):
+    """`tfo plan --json` prints plan.json's format; an old plan.json is a FILE it takes."""
+    res = run_tfo("plan", "tests/data/plan-v1.json", "--json", timeout=30)
+    assert res.returncode == 0, res.output
+    shown = json.loads(res.stdout)
+    old = json.loads((REPO / "tests" / "data" / "plan-v1.json").read_text())
+    assert shown["cluster"] == old["tasks"][0]["tf_config"]["cluster"]
+    assert [t["port"] for t in shown["tasks"]] == [t["port"] for t in old["tasks"]]
+    assert all("TF_CONFIG" not in t["env"] and set(t["tf_config"]) == {"task"}
+               for t in shown["tasks"])
+    again = Plan.from_json(shown)
+    assert again.tasks[0].env["TF_CONFIG"] == old["tasks"][0]["env"]["TF_CONFIG"]
+
+
+@pytest.mark.timeout(120)
+def test_a_plan_json_of_1000_tasks_runs_again(tmp_path: Path):
+    """Over the 1 MiB a cluster file may have (50 MB before the cluster moved to the top)."""
+    spec = tmp_path / "big.json"
+    spec.write_text(json.dumps(_many(999)))
+    res = run_tfo("plan", str(spec), "--json", timeout=60)
+    assert res.returncode == 0, res.stderr
+    plan = tmp_path / "plan.json"
+    plan.write_text(res.stdout)
+    assert 1 << 20 < plan.stat().st_size < 3 << 20
+    again = run_tfo("plan", str(plan), "--json", timeout=60)
+    assert again.returncode == 0, again.stderr
+    shown, before = json.loads(again.stdout), json.loads(res.stdout)
+    assert shown["cluster"] == before["cluster"] and len(shown["tasks"]) == 1000

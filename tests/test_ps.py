@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import events, port_is_free, run_processes, run_tfo, write_spec
+from tests.conftest import FIXED_PORTS, events, port_is_free, run_processes, run_tfo, write_spec
 from tests.test_faults import Tfo, first, kill_task
 from tests.test_mwms import evaluate_saved_model
 
-pytestmark = [pytest.mark.tf]
+pytestmark = [pytest.mark.tf, FIXED_PORTS]
 
 PS_PORTS = (20010, 20011, 20012, 20013, 20014)
 
@@ -79,8 +79,7 @@ tasks:
     assert sorted(results) == [1, 2, 3]
     final_acc = evaluate_saved_model(run_dir / "model" / "saved_model")
     assert abs(results[3]["accuracy"] - final_acc) < 1e-6
-    assert "evaluator" not in json.loads((run_dir / "plan.json").read_text())["tasks"][0][
-        "tf_config"]["cluster"]
+    assert "evaluator" not in json.loads((run_dir / "plan.json").read_text())["cluster"]
 
 
 @pytest.mark.timeout(300)

@@ -295,7 +295,8 @@ def test_plan_with_flags_shows_the_tasks_and_the_cluster_file() -> None:
 def test_plan_json_with_flags() -> None:
     res = run_tfo("plan", "--workers", "2", "--chief", "--json", "--", ENTRY, timeout=30)
     assert res.returncode == 0, res.output
-    assert [t["name"] for t in json.loads(res.stdout)] == ["worker:0", "worker:1", "chief:0"]
+    assert [t["name"] for t in json.loads(res.stdout)["tasks"]] == \
+        ["worker:0", "worker:1", "chief:0"]
 
 
 @pytest.mark.timeout(240)

@@ -86,8 +86,9 @@ def test_rerun_last_starts_the_same_tasks_in_a_new_run_directory(tmp_path: Path)
         old, new = (json.loads((rd / "plan.json").read_text()) for rd in made)
         assert new["run_id"] != old["run_id"] and new["run_dir"] == str(made[1])
         assert [t["name"] for t in new["tasks"]] == ["worker:0", "worker:1"]
+        assert new["cluster"] == old["cluster"]  # the same TF_CONFIGs
         for o, n in zip(old["tasks"], new["tasks"], strict=True):
-            assert n["env"]["TF_CONFIG"] == o["env"]["TF_CONFIG"] and n["port"] == o["port"]
+            assert n["tf_config"] == o["tf_config"] and n["port"] == o["port"]
             assert n["log_path"] == o["log_path"].replace(old["run_dir"], new["run_dir"])
             assert json.loads(n["env"]["TFO_JOB"])["run_dir"] == new["run_dir"]
         for rd, plan in zip(made, (old, new), strict=True):

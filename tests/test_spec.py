@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.plan import make_policy
 from orchestrator.spec import RestartPolicy, SpecError, Strategy, load_spec, parse_spec
 from tests.conftest import REPO, run_tfo, write_spec
 
@@ -104,6 +105,14 @@ HOSTILE = [
      ["timeouts.startup_seconds", "finite"]),
     ("infinite deadline", GOOD + "timeouts: {deadline_seconds: .inf}\n",
      ["timeouts.deadline_seconds", "finite"]),
+    ("negative stall timeout", GOOD + "timeouts: {stall_seconds: -1}\n",
+     ["timeouts.stall_seconds", "greater than or equal to 0"]),
+    ("infinite stall timeout", GOOD + "timeouts: {stall_seconds: .inf}\n",
+     ["timeouts.stall_seconds", "finite"]),
+    ("stall timeout true", GOOD + "timeouts: {stall_seconds: true}\n",
+     ["timeouts.stall_seconds"]),
+    ("stall timeout words", GOOD + "timeouts: {stall_seconds: five minutes}\n",
+     ["timeouts.stall_seconds"]),
     ("infinite connect timeout", GOOD.replace("localhost", "lab")
      + "hosts: {lab: {address: 10.0.0.2, connect_timeout_seconds: .inf}}\n",
      ["hosts.lab.connect_timeout_seconds", "finite"]),
@@ -153,7 +162,36 @@ GPUS = [
      + "hosts: {lab: {address: 10.0.0.2, env: {CUDA_VISIBLE_DEVICES: ''}}}\n",
      ["hosts.lab.env.CUDA_VISIBLE_DEVICES", "tfo sets it"]),
 ]
-BAD += GPUS
+SLURM_GOOD = """\
+name: t
+job: {entry: "worker_entry.examples.digits:train"}
+backend: {slurm: {partition: lab}}
+tasks: {worker: 2}
+"""
+SLURM = [
+    ("a count without slurm", GOOD.replace("[localhost:20000, localhost:20001]", "2"),
+     ["tasks.worker", "a count (2) is for a Slurm job"]),
+    ("addresses under slurm", SLURM_GOOD.replace("{worker: 2}", "{worker: [localhost:1]}"),
+     ["tasks.worker", "Slurm picks the hosts", "give a count (worker: 2)"]),
+    ("negative count", SLURM_GOOD.replace("worker: 2", "worker: -1"),
+     ["tasks.worker", "0 to 4096, got -1"]),
+    ("slurm partition with a space", SLURM_GOOD.replace("partition: lab", "partition: 'a b'"),
+     ["backend.slurm.partition", "'a b'"]),
+    ("slurm time not a time", SLURM_GOOD.replace("partition: lab", "partition: lab, time: 1h"),
+     ["backend.slurm.time", "'1h'"]),
+    ("slurm nodes zero", SLURM_GOOD.replace("partition: lab", "partition: lab, nodes: 0"),
+     ["backend.slurm.nodes", "greater than or equal to 1"]),
+    ("slurm too few nodes", SLURM_GOOD.replace("partition: lab", "partition: lab, nodes: 1"),
+     ["backend.slurm.nodes", "hold 1 task(s), the job has 2"]),
+    ("slurm unknown key", SLURM_GOOD.replace("partition: lab", "partition: lab, qos: hi"),
+     ["backend.slurm", "unknown key 'qos'"]),
+    ("slurm extra arg not an option",
+     SLURM_GOOD.replace("partition: lab", "partition: lab, extra_args: [debug]"),
+     ["backend.slurm.extra_args", "'debug'"]),
+    ("job gpus under slurm", SLURM_GOOD.replace("train\"}", "train\", gpus_per_task: 1}"),
+     ["job.gpus_per_task", "backend.slurm.gpus_per_task"]),
+]
+BAD += GPUS + SLURM
 
 
 @pytest.mark.parametrize(("case", "text", "needles"), BAD, ids=[c for c, _, _ in BAD])
@@ -168,7 +206,8 @@ def test_bad_spec_is_rejected_with_the_field_named(case, text, needles, tmp_path
 @pytest.mark.parametrize("case", ["unknown role", "duplicate address", "entry without function",
                                   "bad yaml", "ps in an MWMS job", "PS job without ps",
                                   "PS job with two chiefs", *[c for c, _, _ in HOSTILE],
-                                  "nccl without GPUs", "GPU count instead of ids"])
+                                  "nccl without GPUs", "GPU count instead of ids",
+                                  "addresses under slurm", "slurm time not a time"])
 def test_cli_exits_2_without_traceback(case, tmp_path):
     text, needles = next((t, n) for c, t, n in BAD if c == case)
     spec = write_spec(tmp_path / "c.yaml", text)
@@ -231,6 +270,19 @@ def test_good_spec_defaults():
     assert [str(a) for a in spec.tasks.worker] == ["localhost:1", "localhost:auto"]
     assert spec.tasks.chief[0].port == 3
     assert spec.restart.for_role("worker") is RestartPolicy.NEVER
+
+
+@pytest.mark.parametrize("timeouts, seconds, every_task", [
+    ({}, 300.0, False),  # the default: only tasks that report progress are watched
+    ({"stall_seconds": 30}, 30.0, True),  # set: every training task is
+    ({"stall_seconds": None}, None, False),
+    ({"stall_seconds": 0}, None, False),
+])
+def test_stall_seconds_default_set_and_off(timeouts, seconds, every_task):
+    spec = parse_spec({"name": "t", "job": {"entry": "a.b:c"}, "timeouts": timeouts,
+                       "tasks": {"worker": ["localhost:1", "localhost:2"]}})
+    policy = make_policy(spec)
+    assert (policy.stall_seconds, policy.stall_all) == (seconds, every_task)
 
 
 def test_shipped_cluster_files_load():
@@ -349,3 +401,36 @@ def test_a_duplicate_key_in_json(tmp_path: Path):
     path = write_spec(tmp_path / "c.json", '{"name": "t", "name": "u"}')
     with pytest.raises(SpecError, match="duplicate key 'name' in one object"):
         load_spec(path)
+
+
+SCHEMA_BAD = ["unknown top-level key", "unknown job key", "unknown role", "port not a number"]
+
+
+@pytest.mark.timeout(60)
+def test_schema_accepts_every_shipped_cluster_file_and_rejects_bad_ones():
+    """`tfo schema` is what an editor validates against: the files we ship pass, a file the
+    models refuse for a reason the schema can say is refused too."""
+    import json
+
+    import jsonschema
+    import yaml
+
+    res = run_tfo("schema", timeout=30)
+    assert res.returncode == 0, res.output[-2000:]
+    schema = json.loads(res.stdout)
+    validator = jsonschema.Draft202012Validator(schema)
+    files = sorted((REPO / "clusters").glob("*.yaml"))
+    assert files
+    for path in files:
+        assert not list(validator.iter_errors(yaml.safe_load(path.read_text()))), path
+    # The shorter forms a file may use: one address alone, a role left empty, gpus: auto.
+    short = yaml.safe_load(GOOD + "  chief: localhost:20002\n  evaluator:\n"
+                           "localhost: {gpus: auto}\n")
+    parse_spec(short)
+    assert not list(validator.iter_errors(short))
+    cases = {case: text for case, text, _ in BAD}
+    for case in SCHEMA_BAD:
+        data = yaml.safe_load(cases[case])
+        with pytest.raises(SpecError):
+            parse_spec(data)
+        assert list(validator.iter_errors(data)), case

@@ -14,6 +14,7 @@ import pytest
 
 from tests import sshlab
 from tests.conftest import (
+    SSH_LAB,
     events,
     kill_tree,
     run_processes,
@@ -24,7 +25,7 @@ from tests.conftest import (
 )
 from tests.test_faults import Tfo
 
-pytestmark = [pytest.mark.ssh]
+pytestmark = [pytest.mark.ssh, SSH_LAB]
 
 
 def host_yaml(name: str, h: sshlab.SshHost, workdir: Path, **over: object) -> str:
@@ -174,7 +175,7 @@ def test_preflight_names_every_problem(loopback_sshd, lab, run_dir: Path, tmp_pa
     h = loopback_sshd
     holder = socket.socket()
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT from earlier tests
-    holder.bind(("127.0.0.1", 20001))
+    holder.bind(("127.0.0.1", 20101))
     holder.listen()
     try:
         spec = write_spec(tmp_path / "bad.yaml", f"""\
@@ -187,7 +188,7 @@ hosts:
 {host_yaml("ghost", lab[0], tmp_path / "gh", address="10.200.0.99")}\
 {host_yaml("busy", h, tmp_path / "busy")}
 tasks:
-  worker: [good:20000, badkey:20002, nopython:20003, ghost:20004, busy:20001]
+  worker: [good:20100, badkey:20102, nopython:20103, ghost:20104, busy:20101]
 """)
         t0 = time.monotonic()
         res = run_tfo("check", str(spec), timeout=60)
@@ -201,7 +202,7 @@ tasks:
         assert "host badkey (127.0.0.1): authentication failed" in res.stderr
         assert "host nopython: python '/nonexistent/python3' not found" in res.stderr
         assert "host ghost (10.200.0.99:22): unreachable" in res.stderr
-        assert "worker:4 (busy:20001): port 20001 is in use" in res.stderr
+        assert "worker:4 (busy:20101): port 20101 is in use" in res.stderr
         assert "host good" not in res.stderr
         assert took < 30  # in parallel: one unreachable host does not serialize the rest
         print(f"tfo check over 5 hosts: {took:.2f} s")
@@ -227,7 +228,7 @@ hosts:
 {host_yaml("lab", h, tmp_path / "w", known_hosts=str(empty))}\
 {host_yaml("trusting", h, tmp_path / "w2", known_hosts=str(empty), check_host_key=False)}
 tasks:
-  worker: [lab:20005, trusting:20006]
+  worker: [lab:20105, trusting:20106]
 """
     res = run_tfo("check", str(write_spec(tmp_path / "c.yaml", text)), timeout=30)
     assert res.returncode == 1
@@ -248,7 +249,7 @@ job: {{entry: "worker_entry.examples.digits:train"}}
 hosts:
 {host_yaml("lab", h, tmp_path / "w")}
 tasks:
-  worker: [lab:20007]
+  worker: [lab:20107]
 env: {json.dumps({bad_key: "v", "NOTE": bad_value})}
 """
     spec_file = write_spec(tmp_path / "inject.yaml", text)

@@ -17,10 +17,12 @@ except ImportError:  # pragma: no cover - tests/ used as a plain directory
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import sshlab
 
+from tests.conftest import SSH_LAB  # noqa: E402
+
 paramiko = pytest.importorskip("paramiko")
 pytest.importorskip("fabric")
 
-pytestmark = [pytest.mark.ssh,
+pytestmark = [pytest.mark.ssh, SSH_LAB,
               pytest.mark.skipif(os.geteuid() != 0, reason="sshlab needs root")]
 
 NETNS_OK, NETNS_REASON = (sshlab.netns_supported() if os.geteuid() == 0

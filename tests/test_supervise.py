@@ -31,9 +31,12 @@ READY = '@tfo {"event": "ready", "what": "training"}'
 
 @dataclass
 class Script:
-    """What a task does on each attempt: (exit code or None, after seconds, ready?)."""
+    """What a task does on each attempt: (exit code or None, after seconds, ready?); what it
+    prints when (attempt: [(after seconds, line)]); what it prints when asked for stacks."""
 
     attempts: list[tuple[int | None, float, bool]] = field(default_factory=list)
+    output: dict[int, list[tuple[float, str]]] = field(default_factory=dict)
+    stacks: list[str] = field(default_factory=list)
 
     def for_attempt(self, n: int) -> tuple[int | None, float, bool]:
         return self.attempts[min(n, len(self.attempts) - 1)] if self.attempts else (0, 0, True)
@@ -45,6 +48,8 @@ class FakeHandle:
         self.code, self.after, ready = script.for_attempt(attempt)
         self._t0 = time.monotonic()
         self._lines = [READY] if ready else ["booting"]
+        self._timed = sorted(script.output.get(attempt, []))
+        self._stacks = script.stacks
         self._rc: int | None = None
         self.pid = 1000 + attempt
 
@@ -60,7 +65,13 @@ class FakeHandle:
     def kill(self) -> None:
         self._rc = -9
 
+    def request_stacks(self) -> None:
+        self._lines += self._stacks
+
     def lines(self) -> list[str]:
+        now = time.monotonic() - self._t0
+        while self._timed and self._timed[0][0] <= now and self._rc is None:
+            self._lines.append(self._timed.pop(0)[1])
         out, self._lines = self._lines, []
         return out
 
@@ -282,3 +293,170 @@ def test_the_evaluator_exit_while_finishing_takes_the_common_path(tmp_path):
     exits = [e for e in events if e["event"] == "task_exited" and e["task"] == "evaluator:0"]
     assert [e["returncode"] for e in exits] == [1]
     assert {t.name: t.state for t in result.tasks}["evaluator:0"] is TaskState.FAILED
+
+
+# ---- stalls and preemption ---------------------------------------------------------------
+
+def progress(step: int) -> str:
+    return f'@tfo {{"event": "progress", "step": {step}}}'
+
+
+def usage(stopped: bool) -> str:
+    return ('@tfo {"event": "usage", "cpu": 0, "rss": 1, "processes": 1, "stopped": '
+            f'{"true" if stopped else "false"}}}')
+
+
+def steps(until: float, every: float = 0.1) -> list[tuple[float, str]]:
+    """Progress markers, a step every `every` seconds until `until`, then nothing more."""
+    n = int(until / every)
+    return [(i * every, progress(i)) for i in range(1, n + 1)]
+
+
+def stall_spec(stall_seconds: float | None = 0.6, **kw) -> dict:
+    s = spec(**kw)
+    s["timeouts"] = {**s["timeouts"], "startup_seconds": 5}
+    if stall_seconds is not None:
+        s["timeouts"]["stall_seconds"] = stall_seconds
+    return s
+
+
+DUMP = ["Thread 0x00007ff3a555c6c0 (most recent call first):",
+        '  File "/x/threading.py", line 324 in wait',
+        "",
+        "Current thread 0x00007ff3a6fbfb80 (most recent call first):",
+        '  File "/job/train.py", line 21 in train_step',
+        '  File "/job/train.py", line 40 in <module>']
+
+
+@pytest.mark.timeout(20)
+def test_a_stalled_worker_fails_its_attempt_and_the_group_restarts(tmp_path, capsys):
+    from orchestrator.cli import print_summary
+
+    scripts = {"worker:0": Script([(None, 0, True), (0, 0.3, True)], {0: steps(0.5)}),
+               "worker:1": Script([(None, 0, True), (0, 0.3, True)], {0: steps(0.5)}, DUMP)}
+    result, started, events = supervise(tmp_path, stall_spec(), scripts)
+    assert result.state is JobState.SUCCEEDED and result.restarts == 1
+    assert ("worker:0", 1) in started and ("worker:1", 1) in started
+    stalled = [e for e in events if e["event"] == "task_stalled"]
+    assert {e["task"] for e in stalled} == {"worker:0", "worker:1"}
+    assert all(e["attempt"] == 0 and "no progress" in e["reason"] for e in stalled)
+    stacks = [e for e in events if e["event"] == "task_stacks"]
+    assert [(e["task"], e["where"]) for e in stacks] == [
+        ("worker:1", ["train_step (/job/train.py:21)", "<module> (/job/train.py:40)"])]
+    # Stalled once the steps stop (0.5 s) plus stall_seconds (0.6 s), not before.
+    began = next(e["time"] for e in events if e["event"] == "task_started")
+    assert 1.0 <= stalled[0]["time"] - began < 1.5
+    print_summary(result)
+    summary = capsys.readouterr().err
+    assert "stalled: worker:1 no progress for" in summary
+    assert "in train_step (/job/train.py:21)" in summary
+
+
+@pytest.mark.timeout(20)
+def test_the_stopped_worker_is_named_not_its_blocked_peer(tmp_path):
+    stopped = [(0.3, usage(False)), (0.6, usage(True))]
+    scripts = {"worker:0": Script([(None, 0, True)], {0: steps(0.6)}),
+               "worker:1": Script([(None, 0, True)], {0: steps(0.6) + stopped}, DUMP)}
+    result, _, events = supervise(tmp_path, stall_spec(1.0, policy="on-failure", max_restarts=0),
+                                  scripts)
+    assert result.state is JobState.FAILED and result.failed_task == "worker:1"
+    assert result.reason.startswith("stalled (1 s): worker:1 stopped (state T)")
+    assert "worker:0 no progress" in result.reason
+    assert [s.task for s in result.stalls] == ["worker:1", "worker:0"]
+    assert result.stalls[0].where == []  # a stopped task cannot answer: not asked
+    assert next(e for e in events if e["event"] == "task_stalled")["stopped"] is True
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("stall_seconds", [None, 0.5])
+def test_a_task_that_reports_no_progress_is_not_stall_checked(tmp_path, stall_seconds):
+    """Default: only tasks that report progress are watched. Set: one without progress is
+    checked for being stopped only; it has no step that could stop moving."""
+    scripts = {n: Script([(0, 1.5, True)]) for n in ("worker:0", "worker:1")}
+    result, _, events = supervise(tmp_path, stall_spec(stall_seconds), scripts)
+    assert result.state is JobState.SUCCEEDED and result.restarts == 0
+    assert not [e for e in events if e["event"] == "task_stalled"]
+
+
+@pytest.mark.timeout(20)
+def test_a_stopped_task_without_progress_is_a_stall_when_the_spec_sets_it(tmp_path):
+    scripts = {"worker:0": Script([(None, 0, True)]),
+               "worker:1": Script([(None, 0, True)], {0: [(0.2, usage(True))]})}
+    result, _, _ = supervise(tmp_path, stall_spec(0.5, max_restarts=0), scripts)
+    assert result.state is JobState.FAILED and result.failed_task == "worker:1"
+    assert [s.task for s in result.stalls] == ["worker:1"]
+
+
+@pytest.mark.timeout(20)
+def test_a_task_that_is_done_training_is_not_stalled_while_it_exits(tmp_path):
+    """TensorFlow may take seconds to exit once the script returned (its `done`)."""
+    done = [*steps(0.3), (0.35, '@tfo {"event": "done"}')]
+    scripts = {n: Script([(0, 1.5, True)], {0: done}) for n in ("worker:0", "worker:1")}
+    result, _, events = supervise(tmp_path, stall_spec(0.5), scripts)
+    assert result.state is JobState.SUCCEEDED and result.restarts == 0
+    assert not [e for e in events if e["event"] == "task_stalled"]
+
+
+@pytest.mark.timeout(20)
+def test_stall_seconds_zero_turns_it_off(tmp_path):
+    scripts = {n: Script([(0, 1.2, True)], {0: steps(0.2)}) for n in ("worker:0", "worker:1")}
+    result, _, events = supervise(tmp_path, stall_spec(0), scripts)
+    assert result.state is JobState.SUCCEEDED
+    assert not [e for e in events if e["event"] == "task_stalled"]
+
+
+SIGTERM = '@tfo {"event": "sigterm", "grace": 10}'
+
+
+@pytest.mark.timeout(20)
+def test_a_preempted_group_restarts_without_counting(tmp_path, capsys):
+    from orchestrator.cli import print_summary
+
+    scripts = {"worker:0": Script([(42, 0.4, True), (0, 0.2, True)]),
+               "worker:1": Script([(42, 0.3, True), (0, 0.2, True)], {0: [(0.1, SIGTERM)]})}
+    result, started, events = supervise(tmp_path, spec(policy="exit-code", max_restarts=0),
+                                        scripts)
+    assert result.state is JobState.SUCCEEDED and result.exit_code == 0
+    assert result.restarts == 0 and result.preemptions == 1
+    assert ("worker:0", 1) in started and ("worker:1", 1) in started
+    preempted = [e for e in events if e["event"] == "task_preempted"]
+    assert [(e["task"], e["sigterm"]) for e in preempted] == [("worker:1", ["worker:1"])]
+    assert all(e["counted"] is False for e in events if e["event"] == "task_restarted")
+    assert all(o.restarts == 0 for o in result.tasks)
+    print_summary(result)
+    assert "(restarts: 0, preemptions: 1)" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(20)
+def test_a_peer_of_the_preempted_task_exiting_first_is_preempted_too(tmp_path):
+    scripts = {"worker:0": Script([(42, 0.3, True), (0, 0.2, True)]),
+               "worker:1": Script([(None, 0, True), (0, 0.2, True)], {0: [(0.1, SIGTERM)]})}
+    result, _, events = supervise(tmp_path, spec(max_restarts=0), scripts)
+    assert result.state is JobState.SUCCEEDED and result.restarts == 0
+    assert [e["sigterm"] for e in events if e["event"] == "task_preempted"] == [["worker:1"]]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("policy, state, restarts", [("exit-code", JobState.FAILED, 0),
+                                                     ("on-failure", JobState.SUCCEEDED, 1)])
+def test_exit_42_without_a_sigterm_is_an_ordinary_exit(tmp_path, policy, state, restarts):
+    scripts = {"worker:1": Script([(42, 0.2, True), (0, 0.2, True)])}
+    result, _, events = supervise(tmp_path, spec(policy=policy, max_restarts=1), scripts)
+    assert result.state is state and result.restarts == restarts
+    assert not [e for e in events if e["event"] == "task_preempted"]
+
+
+@pytest.mark.timeout(20)
+def test_a_preemption_under_policy_never_fails_the_job(tmp_path):
+    scripts = {"worker:1": Script([(42, 0.3, True)], {0: [(0.1, SIGTERM)]})}
+    result, _, _ = supervise(tmp_path, spec(policy="never"), scripts)
+    assert result.state is JobState.FAILED and "exit code 42" in result.reason
+
+
+def test_the_summary_tail_skips_markers(tmp_path):
+    from orchestrator.supervise import tail
+
+    log = tmp_path / "worker-1.log"
+    log.write_text("".join(f"line {i}\n{usage(False)}\n{progress(i)}\n" for i in range(30))
+                   + '@tfo {"event": "usage", "cpu": "lots"}\n')
+    assert tail(str(log), 3) == ["line 28", "line 29", '@tfo {"event": "usage", "cpu": "lots"}']

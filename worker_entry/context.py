@@ -190,13 +190,39 @@ class _TaskBackup(tf.keras.callbacks.BackupAndRestore):
             tf.io.gfile.rmtree(backup)
 
 
+class _TrainScalars:
+    """The chief's training scalars for TensorBoard, under the run directory
+    (`tensorboard/train`, beside the evaluator's `eval`): Keras's names, `epoch_loss` and the
+    epoch's metrics per epoch, `batch_loss` at the progress markers' rate. Other tasks, and
+    runs outside tfo, write nothing."""
+
+    def __init__(self) -> None:
+        run_dir = os.environ.get("TFO_RUN_DIR")
+        self._dir = os.path.join(run_dir, "tensorboard", "train") \
+            if run_dir and os.environ.get("TFO_IS_CHIEF") == "1" else None
+        self._writer: Any = None
+
+    def write(self, values: dict[str, Any], step: int) -> None:
+        if self._dir is None:
+            return
+        if self._writer is None:  # made at the first write: constructing a callback is free
+            self._writer = tf.summary.create_file_writer(self._dir)
+        with self._writer.as_default():
+            for name, value in values.items():
+                with contextlib.suppress(TypeError, ValueError):  # a metric that is no number
+                    tf.summary.scalar(name, float(value), step=step)
+        self._writer.flush()
+
+
 class _EpochProgress(tf.keras.callbacks.Callback):
     """Reports each epoch as a marker the coordinator records; the first step is reported
-    when the first epoch ends (ParameterServer fit has no batch-level hooks)."""
+    when the first epoch ends (ParameterServer fit has no batch-level hooks). On the chief,
+    each epoch's loss and metrics go to TensorBoard."""
 
     def __init__(self) -> None:
         super().__init__()
         self._first = True
+        self._scalars = _TrainScalars()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         markers.emit(markers.EPOCH, epoch=epoch)
@@ -205,23 +231,28 @@ class _EpochProgress(tf.keras.callbacks.Callback):
         if self._first:
             self._first = False
             markers.emit(markers.FIRST_STEP, batch=None, approximate=True)
+        self._epoch_scalars(epoch, logs)
+
+    def _epoch_scalars(self, epoch: int, logs: dict | None) -> None:
+        self._scalars.write({f"epoch_{k}": v for k, v in (logs or {}).items()}, step=epoch)
 
 
 class Progress(_EpochProgress):
     """Also reports the first training step as soon as it ends, and every step (throttled:
-    worker_entry.progress) with its epoch and loss."""
+    worker_entry.progress) with its epoch and loss; the chief writes that loss to TensorBoard
+    too, at the optimizer's step."""
 
     def __init__(self) -> None:
         super().__init__()
         self._epoch = 0
-        self._reporter = progress.Reporter()
+        self._reporter = progress.Reporter(emit=self._emit)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
         super().on_epoch_begin(epoch, logs)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        pass
+        self._epoch_scalars(epoch, logs)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self._first:
@@ -231,3 +262,16 @@ class Progress(_EpochProgress):
         self._reporter.report(epoch=self._epoch, epochs=self.params.get("epochs"),
                               step_in_epoch=batch + 1, steps=self.params.get("steps"),
                               loss=None if loss is None else float(loss))
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        markers.emit(event, **fields)
+        if "loss" in fields:
+            self._scalars.write({"batch_loss": fields["loss"]}, step=self._global_step())
+
+    def _global_step(self) -> int:
+        """The optimizer's step: across restarts (BackupAndRestore restores it), unlike the
+        marker's per-attempt count."""
+        try:
+            return int(self.model.optimizer.iterations.numpy())
+        except (AttributeError, TypeError, ValueError):
+            return self._reporter.step

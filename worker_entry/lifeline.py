@@ -13,19 +13,32 @@ whose main thread only ever waits in select:
   ends, the wrapper SIGKILLs and reaps every descendant left, removes the task's temp dir,
   and exits with the task's status (killed by signal N: it kills itself with N, so the
   coordinator sees the same -N).
-- SIGTERM or SIGHUP (teardown signals the whole group): it SIGKILLs the task at once.
-  TensorFlow installs its own SIGTERM handler in the task (a preemption notice), so the
-  task itself would not stop.
+- SIGTERM (teardown, or a preemption notice from outside), reported with a `sigterm`
+  marker: if the task has a Python SIGTERM handler, the wrapper passes the SIGTERM on and
+  SIGKILLs the task `grace_seconds` later if it still runs. That grace lets TensorFlow's
+  PreemptionCheckpointHandler (which takes SIGTERM as its preemption notice; Keras's
+  BackupAndRestore(save_before_preemption) uses it) or the user's own handler save, and exit
+  with EXIT_PREEMPTED. Without one it SIGKILLs the task at once: TensorFlow's C++ runtime
+  swallows SIGTERM, so waiting would only hold up every restart by the grace. The task
+  tells the wrapper over a pipe whenever a SIGTERM handler is set (signal.signal is wrapped
+  in the task before any user code runs). SIGHUP (the SSH session is gone): SIGKILL at once.
+- Usage: every USAGE_SECONDS it measures the task's whole process tree from /proc (CPU,
+  RSS, processes, any of them stopped: worker_entry.usage) and writes a `usage` marker. The
+  wrapper is the one to do it: it runs on the task's host, local or SSH alike, and it keeps
+  running while the task is stopped or wedged.
+- Stacks: a STACKS byte down the lifeline makes it send the task STACKS_SIGNAL, on which
+  the task's faulthandler (registered before any user code runs) writes every Python
+  thread's stack to the task's log: where a stalled task is stuck.
 - The lifeline: the task's stdin, whose write end the coordinator holds. EOF means the
   coordinator or the SSH connection is gone; with "stdin:SECONDS" the coordinator also
   writes a heartbeat, and silence that long means a cut network. Either way: kill all.
   The wrapper answers with a BEAT byte on stdout every second, so the coordinator sees a
   cut network from its end too.
-- PR_SET_PDEATHSIG: the wrapper gets SIGTERM when its parent (the coordinator, or the SSH
-  session) dies, a second path to the same cleanup; the task gets SIGKILL when the
-  wrapper dies, so a SIGKILLed wrapper never leaves a task holding its port. What the task
-  started then goes to the next subreaper up, the coordinator, which kills it
-  (orchestrator/launch/orphans.py).
+- PR_SET_PDEATHSIG: the wrapper gets SIGHUP (kill at once: no grace) when its parent (the
+  coordinator, or the SSH session) dies, a second path to the same cleanup; the task gets
+  SIGKILL when the wrapper dies, so a SIGKILLed wrapper never leaves a task holding its
+  port. What the task started then goes to the next subreaper up, the coordinator, which
+  kills it (orchestrator/launch/orphans.py).
 - Readiness of a user's script (job.script, job.module), which prints no markers: the
   wrapper watches the task's port (its TF_CONFIG address) and reports READY once it
   listens, i.e. once the script's strategy started its gRPC server. Entries and servers
@@ -39,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import json
 import os
 import resource
@@ -48,12 +62,14 @@ import signal
 import sys
 import time
 import traceback
+from typing import Any
 
-from worker_entry import markers
+from worker_entry import markers, usage
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _CLEANUP_SECONDS = 5.0  # at most this long killing descendants (a fork bomb): then give up
+_GRACE_SECONDS = 10.0  # from SIGTERM to SIGKILL when the plan does not say (spec's default)
 
 
 def _prctl(option: int, value: int) -> None:
@@ -133,16 +149,54 @@ def _script_port() -> int | None:
 
 
 class _Wrapper:
-    def __init__(self, task_pid: int, tmp_dir: str | None, lifeline: str | None) -> None:
-        self.task_pid, self.tmp_dir = task_pid, tmp_dir
+    def __init__(self, task_pid: int, tmp_dir: str | None, lifeline: str | None,
+                 grace: float, handler_fd: int) -> None:
+        self.task_pid, self.tmp_dir, self.grace = task_pid, tmp_dir, grace
+        self.handler_fd: int | None = handler_fd  # the task: b"1" handler set, b"0" unset
+        self.handles_sigterm = False
         self.ready_port = _script_port()  # None once reported
         self.watch_stdin, self.quiet_limit = markers.parse_lifeline(lifeline)
         self.status: int | None = None  # the task's wait status, once reaped
+        self.kill_at: float | None = None  # after a SIGTERM: when the task gets SIGKILL
+        self.meter = usage.Meter()
+        self.usage_at = time.monotonic() + markers.USAGE_SECONDS
 
     def _kill_task(self, signum: int = 0, frame: object = None) -> None:
+        self._signal_task(signal.SIGKILL)
+
+    def _signal_task(self, sig: signal.Signals) -> None:
         if self.status is None:
             with contextlib.suppress(OSError):
-                os.kill(self.task_pid, signal.SIGKILL)
+                os.kill(self.task_pid, sig)
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        """A task with a SIGTERM handler gets it, and SIGKILL after the grace (the loop's
+        deadline, counted from the first); one without, SIGKILL now."""
+        self._read_handler_state()
+        if not self.handles_sigterm:
+            if self.status is None:
+                _write(markers.line(markers.SIGTERM, grace=0))
+            self._kill_task()
+            return
+        self._signal_task(signal.SIGTERM)
+        if self.kill_at is None and self.status is None:
+            self.kill_at = time.monotonic() + self.grace
+            _write(markers.line(markers.SIGTERM, grace=self.grace))
+
+    def _read_handler_state(self) -> None:
+        if self.handler_fd is None:
+            return
+        try:
+            data = os.read(self.handler_fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.handles_sigterm = data.endswith(b"1")
+        else:  # the task (and all that shares the pipe) is gone
+            os.close(self.handler_fd)
+            self.handler_fd = None
 
     def _reap(self) -> None:
         while True:
@@ -166,38 +220,61 @@ class _Wrapper:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
         _exit_like(self.status if self.status is not None else 70 << 8)
 
+    def _timeout(self, now: float) -> float:
+        """How long select may wait: until the next duty falls due."""
+        due = [self.usage_at]
+        if self.ready_port:
+            due.append(now + _READY_POLL_SECONDS)
+        if self.quiet_limit:
+            due.append(now + 0.5)
+        if self.kill_at is not None:
+            due.append(self.kill_at)
+        return max(0.0, min(due) - now)
+
     def _watch(self) -> None:
         wake_r, wake_w = os.pipe()
         for fd in (wake_r, wake_w):
             os.set_blocking(fd, False)
         signal.set_wakeup_fd(wake_w)  # SIGCHLD (the task ended) wakes the select below
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-        signal.signal(signal.SIGTERM, self._kill_task)
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGHUP, self._kill_task)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator stops us with SIGTERM
         self._reap()  # it may have ended before the handler was in place
         stdin = sys.stdin.fileno()
         fds = [wake_r, stdin] if self.watch_stdin else [wake_r]
+        assert self.handler_fd is not None
+        os.set_blocking(self.handler_fd, False)
+        fds.append(self.handler_fd)
         heard = beat = time.monotonic()
         while self.status is None:
-            timeout = _READY_POLL_SECONDS if self.ready_port else \
-                0.5 if self.quiet_limit else None
-            ready, _, _ = select.select(fds, [], [], timeout)
+            ready, _, _ = select.select(fds, [], [], self._timeout(time.monotonic()))
             now = time.monotonic()
             if self.ready_port and listening(self.ready_port):
                 self.ready_port = None
-                with contextlib.suppress(OSError):  # one write: a whole line, never split
-                    os.write(sys.stdout.fileno(), markers.line(markers.READY, what="training",
-                                                               by="port").encode())
+                _write(markers.line(markers.READY, what="training", by="port"))
+            if self.handler_fd is not None and self.handler_fd in ready:
+                fd = self.handler_fd
+                self._read_handler_state()
+                if self.handler_fd is None:
+                    fds.remove(fd)
             if wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(wake_r, 512):
                         pass
                 self._reap()
+            if self.kill_at is not None and now >= self.kill_at:
+                self.kill_at = None
+                _say(f"[tfo] task pid {self.task_pid} still running {self.grace:g} s after "
+                     "SIGTERM: killing it")
+                self._kill_task()
+            if now >= self.usage_at:
+                self.usage_at = now + markers.USAGE_SECONDS
+                _write(markers.line(markers.USAGE, **self.meter.measure(
+                    descendants(os.getpid()))))
             if self.quiet_limit and now - beat >= markers.HEARTBEAT_SECONDS:
                 beat = now
-                with contextlib.suppress(OSError):
-                    os.write(sys.stdout.fileno(), markers.BEAT)  # we are alive
+                _write(markers.BEAT.decode())  # we are alive
             if stdin not in fds:
                 continue
             lost = self.quiet_limit is not None and now - heard > self.quiet_limit
@@ -207,6 +284,8 @@ class _Wrapper:
                 except OSError:
                     data = b""
                 heard, lost = now, not data
+                if markers.STACKS in data:
+                    self._signal_task(getattr(signal, markers.STACKS_SIGNAL))
             if lost:
                 fds.remove(stdin)
                 _say(f"[tfo] lifeline to the coordinator closed: killing task pid "
@@ -237,6 +316,12 @@ def _has_children() -> bool:
     return True
 
 
+def _write(text: str) -> None:
+    """A marker (or BEAT) to stdout in one write: a whole line, never split."""
+    with contextlib.suppress(OSError):
+        os.write(sys.stdout.fileno(), text.encode())
+
+
 def _say(message: str) -> None:
     """To stderr, which may be a pipe nobody reads any more (the coordinator is gone)."""
     with contextlib.suppress(OSError, ValueError):
@@ -258,12 +343,38 @@ def _exit_like(status: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status))
 
 
-def _task_tmp_dir() -> str | None:
+def _report_sigterm_handlers(fd: int) -> None:
+    """In the task: tell the wrapper (b"1"/b"0" on `fd`) whenever a Python SIGTERM handler
+    is set or unset, so that it knows whether a SIGTERM can do any good (see the top)."""
+    os.set_blocking(fd, False)  # a full pipe drops a report rather than block the task
+    original = signal.signal
+
+    def reporting(signalnum: int, handler: Any) -> Any:
+        previous = original(signalnum, handler)
+        if signalnum == signal.SIGTERM:
+            with contextlib.suppress(OSError):
+                os.write(fd, b"1" if callable(handler) else b"0")
+        return previous
+
+    signal.signal = reporting
+
+
+def _job() -> dict:
     try:
-        tmp_dir = json.loads(os.environ.get("TFO_JOB") or "{}").get("tmp_dir")
-    except (ValueError, AttributeError):
-        return None  # the runner names the problem
+        job = json.loads(os.environ.get("TFO_JOB") or "{}")
+    except ValueError:
+        return {}  # the runner names the problem
+    return job if isinstance(job, dict) else {}
+
+
+def _task_tmp_dir() -> str | None:
+    tmp_dir = _job().get("tmp_dir")
     return os.path.expanduser(tmp_dir) if isinstance(tmp_dir, str) and tmp_dir else None
+
+
+def _grace() -> float:
+    grace = _job().get("grace_seconds")
+    return float(grace) if isinstance(grace, int | float) and grace >= 0 else _GRACE_SECONDS
 
 
 def wrap() -> None:
@@ -273,7 +384,7 @@ def wrap() -> None:
     unset (no coordinator to follow), "stdin" (EOF means gone) or "stdin:SECONDS" (the
     coordinator also sends heartbeats; silence that long means gone).
     """
-    _follow_parent(signal.SIGTERM)
+    _follow_parent(signal.SIGHUP)  # the coordinator is gone: no grace to wait out
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     tmp_dir = _task_tmp_dir()
     if tmp_dir:
@@ -288,12 +399,19 @@ def wrap() -> None:
     lifeline = os.environ.get(markers.LIFELINE_ENV)
     sys.stdout.flush()
     sys.stderr.flush()
+    handler_r, handler_w = os.pipe()  # not inherited across exec: only the task writes it
     task_pid = os.fork()
     if task_pid == 0:
         _follow_parent(signal.SIGKILL)
+        os.close(handler_r)
+        _report_sigterm_handlers(handler_w)
+        # Where a stalled task is stuck, on request (the wrapper signals): to its log.
+        with contextlib.suppress(ValueError, OSError, RuntimeError, AttributeError):
+            faulthandler.register(getattr(signal, markers.STACKS_SIGNAL), all_threads=True)
         if lifeline:  # the heartbeat is the wrapper's to read
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, sys.stdin.fileno())
             os.close(devnull)
         return
-    _Wrapper(task_pid, tmp_dir, lifeline).run()
+    os.close(handler_w)
+    _Wrapper(task_pid, tmp_dir, lifeline, _grace(), handler_r).run()

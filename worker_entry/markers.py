@@ -68,6 +68,11 @@ USAGE_SECONDS = 2.0
 # With a heartbeat lifeline (SSH), the task's wrapper writes this byte to stdout every
 # HEARTBEAT_SECONDS; one byte, so it lands whole even amid the task's own output. Readers drop it.
 BEAT = b"\x1e"
+# Down the lifeline, the coordinator's request for the task's Python stacks (a stall): the
+# wrapper sends the task STACKS_SIGNAL, on which the task's faulthandler writes every
+# thread's stack to its stderr, the task's log. Heartbeats are any other byte.
+STACKS = b"?"
+STACKS_SIGNAL = "SIGUSR2"  # by name: this module stays free of platform imports
 
 # Events a task reports, in the order it reaches them.
 UP = "up"  # the process runs; TensorFlow not imported yet
@@ -77,6 +82,7 @@ FIRST_STEP = "first_step"  # the first training step finished
 EPOCH = "epoch"  # an epoch began (`epoch`, 0-based)
 PROGRESS = "progress"  # training moved: `step` (steps this attempt) and where (at most 1/s)
 USAGE = "usage"  # the task wrapper, every USAGE_SECONDS: the task tree's CPU, RSS, stopped?
+SIGTERM = "sigterm"  # the task wrapper got SIGTERM and passed it on (`grace`: s to SIGKILL)
 EVALUATED = "evaluated"  # the evaluator evaluated a checkpoint (`epoch`, `metrics`)
 SAVED = "saved"  # the model was written (`path`, `chief`)
 DONE = "done"  # the entry returned
@@ -85,6 +91,12 @@ DONE = "done"  # the entry returned
 # exist. The supervisor never restarts it, whatever the restart policy. 78 is EX_CONFIG
 # (sysexits.h); user code exiting 78 on its own is taken the same way.
 EXIT_PERMANENT = 78
+
+# The exit code of "I was preempted, my state is saved: restart me": what TensorFlow's
+# PreemptionCheckpointHandler exits with after saving off Google Cloud (its default
+# TerminationConfig, BorgTerminationConfig: `sys.exit(42)`; on GCE it is 143). After a SIGTERM
+# the supervisor restarts such a task without counting it against max_restarts.
+EXIT_PREEMPTED = 42
 
 
 def line(event: str, **fields: Any) -> str:

@@ -84,6 +84,13 @@ def _communication_options(tf: Any, collective: str) -> Any:
     return tf.distribute.experimental.CommunicationOptions(implementation=impl)
 
 
+def task_env(role: str, index: int, cluster: dict[str, list[str]]) -> dict[str, str]:
+    """TFO_TASK and TFO_IS_CHIEF as TF_CONFIG tells them. tfo's plan sets both; a TFJob's pods
+    (`tfo export tfjob`) share one environment per replica type, so there they come from here."""
+    return {"TFO_TASK": f"{role}:{index}",
+            "TFO_IS_CHIEF": "1" if markers.is_chief(role, index, cluster) else "0"}
+
+
 def main() -> int:
     tf_config = json.loads(os.environ["TF_CONFIG"])
     job = json.loads(os.environ["TFO_JOB"])
@@ -91,6 +98,8 @@ def main() -> int:
     for key in ("model_dir", "run_dir", "tmp_dir", "backup_dir"):
         job[key] = os.path.expanduser(job[key])
     role, index = tf_config["task"]["type"], int(tf_config["task"]["index"])
+    for key, value in task_env(role, index, tf_config.get("cluster", {})).items():
+        os.environ.setdefault(key, value)
     markers.emit(markers.UP, pid=os.getpid(), host=socket.gethostname())
     ps_job = job["strategy"] == Strategy.PARAMETER_SERVER
 

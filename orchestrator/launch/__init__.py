@@ -43,7 +43,12 @@ class TaskHandle(Protocol):
         killed it (as subprocess)."""
 
     def terminate(self) -> None:
-        """SIGTERM to the task's whole process group."""
+        """SIGTERM to the task's whole process group. The task's wrapper passes it on to the
+        task and SIGKILLs it after the plan's grace_seconds (worker_entry.lifeline)."""
+
+    def request_stacks(self) -> None:
+        """Ask the task for its Python stacks (STACKS down its lifeline): they come in its
+        output, a faulthandler dump. Nothing happens when it cannot answer (stopped, gone)."""
 
     def kill(self) -> None:
         """SIGKILL to the task's whole process group and any straggler in its tree."""

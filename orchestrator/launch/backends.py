@@ -4,7 +4,8 @@
     backends.start(task, attempt)      # BACKENDS[task.placement.kind], made on first use
 
 `local` runs tasks on this machine; a host under `hosts:` names its own (`backend: ssh`,
-the default).
+the default); `slurm` runs the tasks of a `backend: {slurm: …}` job as steps of one
+allocation, whose nodes `place` asks for before ports are allocated.
 """
 
 from __future__ import annotations
@@ -16,14 +17,18 @@ from orchestrator.launch import Backend, TaskHandle
 from orchestrator.launch.gpus import GpuReport, auto_gpus, gpu_problem
 from orchestrator.launch.local import LocalBackend
 from orchestrator.launch.preflight import HostCheck, same_versions
+from orchestrator.launch.slurm import Say, SlurmBackend
 from orchestrator.launch.ssh import SshBackend
 from orchestrator.plan import Plan, TaskPlan, placement, task_name
-from orchestrator.spec import ClusterSpec, HostSpec, SpecError
+from orchestrator.spec import SLURM, ClusterSpec, HostSpec, SpecError
 
 BACKENDS: dict[str, type[Backend]] = {
     "local": LocalBackend,
     "ssh": SshBackend,
+    SLURM: SlurmBackend,
 }
+# Kinds that place tasks themselves (a scheduler), never named by a host.
+_PLACING = {SLURM}
 
 
 class Backends:
@@ -33,9 +38,13 @@ class Backends:
         self._hosts = hosts
         self._made: dict[str, Backend] = {}
         for name, host in hosts.items():
+            if host.backend in _PLACING:
+                raise SpecError(f"hosts.{name}.backend: {host.backend} picks its own hosts; "
+                                f"write backend: {{{host.backend}: {{partition: …}}}} at the "
+                                "top level and give counts under tasks:")
             if host.backend not in BACKENDS:
                 raise SpecError(f"hosts.{name}.backend: unknown backend {host.backend!r}; "
-                                f"backends are {', '.join(sorted(BACKENDS))}")
+                                f"backends are {', '.join(sorted(set(BACKENDS) - _PLACING))}")
 
     def get(self, kind: str) -> Backend:
         if kind not in self._made:
@@ -47,6 +56,15 @@ class Backends:
         for t in plan.tasks:
             kinds.setdefault(t.placement.kind, []).append(t)
         return kinds
+
+    def place(self, spec: ClusterSpec, dry_run: bool, say: Say) -> dict[str, str]:
+        """The node of each task a scheduler places (task name → node): {} for a job whose
+        cluster file names the hosts. A dry run asks no scheduler."""
+        if spec.backend is None:
+            return {}
+        slurm = self.get(SLURM)
+        assert isinstance(slurm, SlurmBackend)
+        return slurm.place(spec, dry_run, say)
 
     def allocate(self, spec: ClusterSpec) -> dict[str, int]:
         """Ports for the `auto` tasks, each from its own backend, all distinct."""

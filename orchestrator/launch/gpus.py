@@ -16,13 +16,13 @@ import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import fabric
-
 from orchestrator.devices import gpus_field
 from orchestrator.launch import BackendError
 from orchestrator.spec import LOCALHOST, ClusterSpec
 
 if TYPE_CHECKING:  # ssh.py imports preflight, which imports this module
+    import fabric
+
     from orchestrator.launch.ssh import SshBackend
 
 NVIDIA_SMI = "nvidia-smi -L"

@@ -76,6 +76,11 @@ class LocalHandle:
     def terminate(self) -> None:
         self._signal_group(signal.SIGTERM)
 
+    def request_stacks(self) -> None:
+        with contextlib.suppress(OSError, ValueError):  # gone, or the pipe is closed
+            if self._proc.stdin is not None:
+                self._proc.stdin.write(markers.STACKS)
+
     def kill(self) -> None:
         self._signal_group(signal.SIGKILL)  # the wrapper too: what it leaves comes to us
         self.poll()

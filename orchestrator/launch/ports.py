@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import socket
 
-import psutil
-
 
 def port_free(port: int) -> bool:
     """True when a TF server could listen on `port` on every interface right now."""
@@ -26,6 +24,8 @@ def port_free(port: int) -> bool:
 
 def port_holder(port: int) -> str | None:
     """'pid 123 (python3)' for the process listening on `port`, where psutil can tell."""
+    import psutil  # only for a port in use: `tfo plan` goes without
+
     with contextlib.suppress(psutil.Error, OSError):
         for c in psutil.net_connections(kind="tcp"):
             if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:

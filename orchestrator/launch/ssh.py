@@ -29,9 +29,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import fabric
-import paramiko
+from typing import TYPE_CHECKING
 
 from orchestrator.launch import BackendError
 from orchestrator.launch.output import TaskOutput
@@ -42,6 +40,10 @@ from orchestrator.rundir import RUNS
 from orchestrator.spec import HostSpec, SpecError
 from worker_entry import markers
 from worker_entry.markers import HEARTBEAT_SECONDS, LIFELINE_SECONDS
+
+if TYPE_CHECKING:  # fabric and paramiko cost 0.16 s to import: only when a host is reached
+    import fabric
+    import paramiko
 
 CONNECT_TIMEOUT = 10.0
 FIRST_BEAT_SECONDS = 30.0  # python's start on a slow host, before its wrapper beats
@@ -56,6 +58,9 @@ class SshError(BackendError):
 
 def connect(name: str, host: HostSpec) -> fabric.Connection:
     """An open, authenticated connection; host keys checked unless the spec opts out."""
+    import fabric
+    import paramiko
+
     timeout = host.connect_timeout_seconds
     kwargs: dict = {"look_for_keys": host.key is None, "allow_agent": host.key is None,
                     "banner_timeout": timeout, "auth_timeout": timeout}
@@ -236,6 +241,11 @@ class SshHandle:
     def kill(self) -> None:
         self._signal_group("KILL")
 
+    def request_stacks(self) -> None:
+        with contextlib.suppress(OSError):  # the heartbeat's channel: the wrapper reads it
+            if not self._lost and self._chan.send_ready():
+                self._chan.send(markers.STACKS)
+
     def close(self, timeout: float = 1.0) -> list[str]:
         rest = self._output.close(timeout)
         self._closed.set()
@@ -249,6 +259,8 @@ class SshHandle:
 def _remote_exec(conn: fabric.Connection, command: str, timeout: float = 5.0) -> int | None:
     """Run a short command on the host, bounded in time even over a cut network (fabric's
     `run` can wait an hour for a channel there). Its exit status, or None."""
+    import paramiko
+
     transport = conn.client.get_transport()
     if transport is None or not transport.is_active():
         return None

@@ -14,7 +14,9 @@ Without TensorFlow, behind the task wrapper only (fast tests of the wrapper itse
     TFO_JOB='{"tmp_dir": ...}' TFO_LIFELINE=stdin python -m tests.jobs.escape MARKER ACTION
 
 ACTION: `exit:N` (exit with N), `signal:N` (kill itself with signal N), `hold` (ignore
-SIGTERM like TensorFlow does, and wait).
+SIGTERM like TensorFlow does, and wait), `preempt` (on SIGTERM, "save" for a moment and
+exit 42, as TensorFlow's PreemptionCheckpointHandler does), `deaf` (a SIGTERM handler that
+does nothing).
 """
 
 from __future__ import annotations
@@ -73,15 +75,23 @@ def _main(marker: str, action: str) -> None:
     from worker_entry import lifeline
 
     lifeline.wrap()
-    spawn_escapees(marker)
-    print(f"[escape] task pid={os.getpid()} tempdir={tempfile.gettempdir()}", flush=True)
     what, _, arg = action.partition(":")
+    spawn_escapees(marker)
+    # Before the task line, which tests wait for: what they do next meets the handler.
+    handlers = {"preempt": _preempted, "deaf": lambda signum, frame: None}
+    signal.signal(signal.SIGTERM, handlers.get(what, signal.SIG_IGN))
+    print(f"[escape] task pid={os.getpid()} tempdir={tempfile.gettempdir()}", flush=True)
     if what == "exit":
         sys.exit(int(arg))
     if what == "signal":
         os.kill(os.getpid(), int(arg))
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(600)
+
+
+def _preempted(signum: int, frame: object) -> None:
+    print("[escape] SIGTERM: saving", flush=True)
+    time.sleep(0.3)
+    sys.exit(42)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 
@@ -37,6 +38,7 @@ class _ExitAfterEpoch(tf.keras.callbacks.Callback):
 
 def train(ctx: TaskContext) -> None:
     args = ctx.args
+    print(f"[faulty] {ctx.task} on {socket.gethostname()}", flush=True)  # where it really ran
     if args.get("orphan_task") == ctx.task:  # a child that leaves the task's process group
         import subprocess
 

@@ -1,0 +1,288 @@
+"""The per-task table: live under `tfo run` on a terminal, and after a run (`tfo run`'s
+summary, `tfo status`), from the same rows.
+
+    view = LiveView(writer, fd)              # writer: the run's ConsoleWriter
+    echo = console_echo(writer.write, verbose, seen=view.seen)  # each task's last line
+    Supervisor(plan, start=..., echo=echo, watch=view)  # view(supervisor) once a second
+    view.close()                             # erases the table; the summary follows
+
+    rows_from_events(events)                 # tfo status: the rows a finished run ended with
+    render(table(rows, FINAL), width=160)    # plain text, no ANSI
+
+The loop only copies what it shows into `Row`s (plain data); the ConsoleWriter's thread
+renders them (rich) and draws them below the tasks' lines, so a slow terminal never holds
+the loop up. Every cell is a rich `Text` of `printable` characters: no markup and no escape
+sequence a task prints reaches the terminal.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.console import ConsoleWriter, printable
+from orchestrator.launch import describe_exit
+
+if TYPE_CHECKING:
+    from orchestrator.supervise import Supervisor, TaskOutcome, TaskRecord
+
+DUMB_TERMS = ("dumb", "unknown")
+
+
+def is_live_terminal(fd: int) -> bool:
+    """A terminal that can redraw: not a pipe or file (CI, `| tee`), not TERM=dumb."""
+    return os.isatty(fd) and os.environ.get("TERM", "") not in DUMB_TERMS
+
+
+@dataclass(frozen=True)
+class Row:
+    """One task as the tables show it; None shows as '-'."""
+
+    task: str
+    host: str = "-"
+    pid: int | None = None
+    state: str = "pending"
+    restarts: int = 0
+    uptime: float | None = None  # seconds this attempt has run
+    cpu: float | None = None  # percent of one core (the wrapper's `usage` marker)
+    rss: int | None = None  # bytes
+    epoch: int | None = None  # 0-based, as the progress marker has it
+    epochs: int | None = None
+    step: int | None = None  # steps this attempt
+    step_in_epoch: int | None = None
+    steps: int | None = None  # per epoch
+    steps_per_second: float | None = None
+    loss: float | None = None
+    exit: int | None = None
+    last: str = ""  # the last line it printed, or (tfo status) its last event
+
+
+def _progress(progress: Any) -> dict[str, Any]:
+    if progress is None:
+        return {}
+    return {k: getattr(progress, k) for k in
+            ("epoch", "epochs", "step", "step_in_epoch", "steps", "loss")}
+
+
+def row_from_record(rec: TaskRecord, now: float, last: str | None = None) -> Row:
+    """A copy of what the live table shows of one task (the loop's thread calls this);
+    `last`: its last line but TensorFlow's chatter, when known."""
+    live = rec.state.live
+    usage = rec.usage if live else None
+    state = rec.state.value
+    if usage is not None and usage.stopped:
+        state += " (stopped)"  # SIGSTOP / Ctrl-Z: state T, it will not move
+    return Row(
+        task=rec.name, host=rec.task.host, pid=rec.handle.pid if rec.handle else None,
+        state=state, restarts=rec.restarts,
+        uptime=now - rec.started_at if live and rec.started_at else None,
+        cpu=usage.cpu if usage else None, rss=usage.rss if usage else None,
+        steps_per_second=rec.steps_per_second if live else None, exit=rec.returncode,
+        last=rec.last_line if last is None else last, **_progress(rec.progress))
+
+
+def row_from_outcome(t: TaskOutcome) -> Row:
+    """A task's row in the summary, from the run's result."""
+    return Row(task=t.name, host=t.host or "-", state=t.state.value, restarts=t.restarts,
+               exit=t.returncode, **_progress(t.progress))
+
+
+def rows_from_events(events: Iterable[dict[str, Any]]) -> list[Row]:
+    """Each task's row as a run's events.jsonl tells it: its last attempt's pid and host,
+    its last progress, its restarts, how it ended, and its last event."""
+    tasks: dict[str, dict[str, Any]] = {}
+    for e in events:
+        name = e.get("task")
+        if not isinstance(name, str):
+            continue
+        t = tasks.setdefault(name, {"task": name})
+        t["last"] = e["event"]
+        kind = e["event"]
+        if kind == "task_started":
+            t.update(pid=_int(e.get("pid")), host=str(e.get("host") or "-"), state="starting",
+                     exit=None, **dict.fromkeys(("epoch", "epochs", "step", "step_in_epoch",
+                                                  "steps", "loss")))
+        elif kind == "task_ready":
+            t["state"] = "running"
+        elif kind == "task_progress":
+            t.update({k: _number(e.get(k)) for k in
+                      ("epoch", "epochs", "step", "step_in_epoch", "steps", "loss")})
+        elif kind == "task_restarted":
+            t.update(restarts=_int(e.get("restarts")) or 0, state="pending")
+        elif kind in ("task_exited", "task_stopped"):
+            rc = _int(e.get("returncode"))
+            t["exit"] = rc
+            t["state"] = "stopped" if kind == "task_stopped" else \
+                "succeeded" if rc == 0 else "failed"
+        elif kind == "task_start_failed":
+            t["state"] = "failed"
+    return [Row(**t) for _, t in sorted(tasks.items())]
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value: object) -> Any:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+# ---- cells -----------------------------------------------------------------------------
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}" if n < 10 * size else f"{n // size}{unit}"
+    return f"{n}B"
+
+
+def _epoch(r: Row) -> str:
+    if r.epoch is None:
+        return "-"
+    return f"{r.epoch + 1}/{r.epochs}" if r.epochs else str(r.epoch + 1)
+
+
+def _step(r: Row) -> str:
+    if r.step_in_epoch is not None and r.steps:
+        return f"{r.step_in_epoch}/{r.steps}"
+    return _dash(r.step)
+
+
+CELLS: dict[str, Any] = {
+    "task": lambda r: r.task,
+    "host": lambda r: r.host,
+    "pid": lambda r: _dash(r.pid),
+    "state": lambda r: r.state,
+    "restarts": lambda r: str(r.restarts),
+    "up": lambda r: duration(r.uptime),
+    "cpu": lambda r: "-" if r.cpu is None else f"{r.cpu:.0f}%",
+    "rss": lambda r: _bytes(r.rss),
+    "epoch": _epoch,
+    "step": _step,
+    "steps/s": lambda r: "-" if r.steps_per_second is None else f"{r.steps_per_second:.1f}",
+    "loss": lambda r: "-" if r.loss is None else f"{r.loss:.4g}",
+    "exit": lambda r: "-" if r.exit is None else describe_exit(r.exit),
+    "last line": lambda r: r.last or "-",
+    "last event": lambda r: r.last or "-",
+}
+LIVE = ("task", "host", "pid", "state", "restarts", "up", "cpu", "rss", "epoch", "step",
+        "steps/s", "loss", "last line")
+FINAL = ("task", "host", "state", "exit", "restarts", "epoch", "step", "loss")
+STATUS = ("task", "host", "state", "restarts", "epoch", "step", "loss", "last event", "pid",
+          "exit")
+_STYLES = {"running": "green", "succeeded": "green", "failed": "red", "stopped": "yellow"}
+
+
+# A narrow terminal loses these first, in this order, before the last line gets too short.
+NARROW_DROPS = ("pid", "host", "restarts", "rss", "up", "cpu")
+MIN_LAST = 20
+
+
+def _cells(rows: list[Row], columns: tuple[str, ...]) -> tuple[list[list[str]], list[int]]:
+    cells = [[printable(CELLS[col](r)) for col in columns] for r in rows]
+    return cells, [max([len(col), *(len(c[i]) for c in cells)]) for i, col in enumerate(columns)]
+
+
+def _room(widths: list[int], width: int) -> int:
+    """What a table's last column gets of `width`: each other column takes its padding and
+    a separator."""
+    return width - sum(w + 3 for w in widths[:-1])
+
+
+def fit(rows: list[Row], columns: tuple[str, ...], width: int) -> tuple[str, ...]:
+    """The columns that leave the last line MIN_LAST characters on a terminal this wide."""
+    for drop in NARROW_DROPS:
+        if _room(_cells(rows, columns)[1], width) >= MIN_LAST:
+            break
+        columns = tuple(c for c in columns if c != drop)
+    return columns
+
+
+def table(rows: list[Row], columns: tuple[str, ...], title: str = "",
+          width: int | None = None) -> Table:
+    """Every cell is Text: a task name, host or line is never read as rich markup. Given the
+    width, a last column of lines is cut to what the other columns leave (one line a row)."""
+    t = Table(title=Text(printable(title)) if title else None, title_justify="left",
+              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    cells, widths = _cells(rows, columns)
+    for col in columns:
+        t.add_column(col, no_wrap=True)
+    if width is not None and columns[-1].startswith("last"):
+        room = max(10, _room(widths, width))
+        cells = [[*c[:-1], c[-1] if len(c[-1]) <= room else c[-1][:room - 1] + "…"]
+                 for c in cells]
+    state = columns.index("state") if "state" in columns else -1
+    for r, row_cells in zip(rows, cells, strict=True):
+        style = _STYLES.get(r.state.split()[0], "")
+        t.add_row(*(Text(c, style=style if i == state else "")
+                    for i, c in enumerate(row_cells)))
+    return t
+
+
+def render(renderable: Any, width: int, color: bool = False) -> str:
+    """A table as text: with colors for a terminal, or plain."""
+    buf = io.StringIO()
+    Console(file=buf, width=width, force_terminal=color, color_system="standard" if color
+            else None, highlight=False, emoji=False, soft_wrap=False).print(renderable)
+    return buf.getvalue()
+
+
+class LiveView:
+    """The table under the tasks' lines on a terminal, redrawn once a second (the loop's
+    `watch`). Rows that do not fit the terminal's height are left out, and counted."""
+
+    def __init__(self, writer: ConsoleWriter, fd: int) -> None:
+        self._writer, self._fd = writer, fd
+        self._t0 = time.monotonic()
+        self._last: dict[str, str] = {}  # each task's last line that is not TF's chatter
+
+    def seen(self, task: str, line: str) -> None:
+        self._last[task] = line
+
+    def __call__(self, sup: Supervisor) -> None:
+        now = time.monotonic()
+        rows = [row_from_record(rec, now, self._last.get(rec.name, ""))
+                for rec in sup.records.values()]
+        title = (f"{sup.plan.run_id}: {sup.state.value}, {duration(now - self._t0)}, "
+                 f"restarts {sup.restarts}/{sup.policy.max_restarts}")
+        self._writer.set_footer(lambda: self._render(rows, title))
+
+    def _render(self, rows: list[Row], title: str) -> str:
+        try:
+            width, height = os.get_terminal_size(self._fd)
+        except OSError:
+            width, height = 120, 40
+        room = max(1, height - 6)  # title, header, rule, the "more" line, a line of output
+        shown = rows[:room]
+        text = render(table(shown, fit(shown, LIVE, width), title, width), width, color=True)
+        if len(rows) > len(shown):
+            text += f"… {len(rows) - len(shown)} more tasks (tfo status shows all)\n"
+        return text
+
+    def close(self) -> None:
+        self._writer.set_footer(None)

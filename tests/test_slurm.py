@@ -1,0 +1,319 @@
+"""The Slurm backend against a real Slurm: a private cluster of two nodes, each in its own
+network namespace (tests/slurmlab.py), real TensorFlow tasks as job steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.launch.slurm import assign_nodes, fit_problems, salloc_argv
+from orchestrator.quick import FlagError, SlurmFlags, on_slurm
+from orchestrator.spec import SlurmSpec, parse_spec
+from tests import slurmlab
+from tests.conftest import (
+    REPO,
+    SLURM_LAB,
+    events,
+    run_processes,
+    run_tfo,
+    tfo_cmd,
+    wait_until,
+    write_spec,
+)
+from tests.test_faults import Tfo, first
+
+pytestmark = [SLURM_LAB]  # see tests/conftest.py
+
+JOB = """\
+name: {name}
+strategy: {strategy}
+job:
+  entry: tests.jobs.faulty:train
+  args: {{epochs: {epochs}, epoch_sleep: {sleep}, orphan_task: "{orphan}"}}
+backend:
+  slurm: {{partition: {partition}, time: "10"{slurm}}}
+tasks: {{{tasks}}}
+restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0.5}}
+timeouts: {{startup_seconds: 120, grace_seconds: 5}}
+"""
+
+
+def job(name: str = "slurm", strategy: str = "multi_worker_mirrored", epochs: int = 2,
+        sleep: float = 0, orphan: str = "", partition: str = slurmlab.PARTITION,
+        tasks: str = "worker: 2", slurm: str = "") -> str:
+    return JOB.format(name=name, strategy=strategy, epochs=epochs, sleep=sleep, orphan=orphan,
+                      partition=partition, tasks=tasks, slurm=slurm)
+
+
+# ------------------------------------------------------------------ pure logic, no Slurm
+
+
+def test_tasks_spread_over_the_nodes_in_start_order():
+    names = ["ps:0", "worker:0", "worker:1", "chief:0"]
+    assert assign_nodes(names, ["n1", "n2"]) == {
+        "ps:0": "n1", "worker:0": "n2", "worker:1": "n1", "chief:0": "n2"}
+    assert assign_nodes(["worker:0", "worker:1"], ["n1", "n2"]) == {
+        "worker:0": "n1", "worker:1": "n2"}
+
+
+def test_salloc_asks_for_what_the_spec_says_and_holds_a_lifeline():
+    spec = SlurmSpec(partition="gpu", time="1:00:00", tasks_per_node=2, gpus_per_task=1,
+                     account="lab42", extra_args=["--qos=debug"])
+    argv = salloc_argv(spec, 3, "tfo-x")
+    assert argv[:4] == ["salloc", "--nodes=3", "--ntasks-per-node=2", "--job-name=tfo-x"]
+    assert {"--partition=gpu", "--time=1:00:00", "--account=lab42", "--gpus-per-task=1",
+            "--qos=debug"} <= set(argv)
+    assert argv[-3:-1] == ["sh", "-c"] and argv[-1].endswith("exec cat >/dev/null")
+
+
+def test_a_request_that_can_never_fit_is_named():
+    part = {"PartitionName": "lab", "TotalNodes": "2", "MaxNodes": "UNLIMITED", "State": "UP"}
+    assert fit_problems(SlurmSpec(), 2, part) == []
+    assert fit_problems(SlurmSpec(), 3, part) == [
+        "backend.slurm.nodes: 3 node(s) asked, partition lab has 2"]
+    assert "partition lab is DOWN" in fit_problems(SlurmSpec(), 1, {**part, "State": "DOWN"})[0]
+
+
+def test_on_slurm_turns_a_cluster_file_into_counts_and_a_request():
+    data = {"name": "ps", "strategy": "parameter_server",
+            "job": {"entry": "worker_entry.examples.digits:train"},
+            "hosts": {"gpu1": {"address": "gpu1"}},
+            "tasks": {"chief": "gpu1:1", "worker": ["gpu1:2", "gpu1:3"], "ps": ["gpu1:4"]}}
+    out = on_slurm(data, SlurmFlags(on="slurm", partition="gpu", nodes=2, tasks_per_node=2,
+                                    extra_args=("--qos=debug",)))
+    assert out["tasks"] == {"chief": 1, "worker": 2, "ps": 1} and "hosts" not in out
+    assert out["backend"] == {"slurm": {"partition": "gpu", "nodes": 2, "tasks_per_node": 2,
+                                        "extra_args": ["--qos=debug"]}}
+    assert parse_spec(out).backend.slurm.partition == "gpu"
+    assert on_slurm(data, SlurmFlags()) is data
+    with pytest.raises(FlagError, match="--partition: Slurm's request; add --on slurm"):
+        on_slurm(data, SlurmFlags(partition="gpu"))
+    with pytest.raises(FlagError, match="--on k8s: the one scheduler"):
+        on_slurm(data, SlurmFlags(on="k8s"))
+
+
+# ------------------------------------------------------------------- against real Slurm
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory):
+    """The Slurm lab for this module; SLURM_CONF points tfo and the tests at it. A machine
+    that cannot run it (not root, no namespaces, no apt) skips loudly; in CI (CI set) that
+    fails. Packages installed and the lab still not up: a failure, never a skip."""
+    if os.geteuid() != 0:
+        _cannot("the Slurm lab needs root (network namespaces, daemons)")
+    ok, reason = slurmlab.sshlab.netns_supported()
+    if not ok:
+        _cannot(f"the Slurm lab needs network namespaces: {reason}")
+    try:
+        slurmlab.ensure_slurm()
+    except slurmlab.SshLabError as e:
+        _cannot(f"Slurm is not installed and could not be: {e}")
+    with slurmlab.slurm_lab(tmp_path_factory.mktemp("slurm")) as lab, \
+            pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLURM_CONF", lab.conf)
+        yield lab
+        assert lab.jobs() == [], "a test left a Slurm job behind"
+        assert lab.clients() == [], "a test left salloc or srun running"
+
+
+def _cannot(reason: str) -> None:
+    message = f"NO SLURM TESTS RAN: {reason}"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def _job_id(out: str) -> str:
+    m = re.search(r"slurm job (\d+)", out)
+    assert m, out[-3000:]
+    return m.group(1)
+
+
+def _no_job_within(lab: slurmlab.SlurmLab, job_id: str, seconds: float) -> float:
+    """Seconds until squeue no longer lists the job (fails after `seconds`); then the
+    controller's record says it ended, and no process is left on any node."""
+    t0 = time.monotonic()
+    gone = wait_until(lambda: not [j for j in lab.jobs() if j.split()[0] == job_id], seconds,
+                      interval=0.1)
+    took = time.monotonic() - t0
+    assert gone, f"job {job_id} still in squeue after {seconds} s: {lab.jobs()}"
+    assert lab.job_state(job_id) in ("CANCELLED", "COMPLETED"), lab.job_state(job_id)
+    for node in lab.nodes:
+        assert wait_until(lambda n=node: not lab.node_processes(n), 5), \
+            f"processes left on {node}: {lab.node_processes(node)}"
+    return took
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_ps_job_has_its_ps_on_one_node_and_workers_on_both(lab: slurmlab.SlurmLab,
+                                                           run_dir: Path, tmp_path: Path):
+    spec = write_spec(tmp_path / "ps.yaml", job(
+        name="slurm-ps", strategy="parameter_server", tasks="ps: 1, worker: 2, chief: 1",
+        slurm=", nodes: 2, tasks_per_node: 2"))
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=240)
+    assert res.returncode == 0, res.output[-4000:]
+    hosts = {e["task"]: e["host"] for e in events(run_dir) if e["event"] == "task_started"}
+    assert hosts == {"ps:0": "node1", "worker:0": "node2", "worker:1": "node1",
+                     "chief:0": "node2"}
+    # The chief runs the entry: it, too, ran where the plan put it.
+    assert "[chief:0] [faulty] chief:0 on node2" in res.stdout, res.stdout[-3000:]
+    assert first(events(run_dir), "job_finished")["state"] == "succeeded"
+    _no_job_within(lab, _job_id(res.stderr), 10)
+
+
+def _step_of(lab: slurmlab.SlurmLab, job_id: str, task: str, attempt: int) -> str | None:
+    cp = lab.run("squeue", "-h", "-s", "-j", job_id, "-o", "%i %j")
+    for line in cp.stdout.splitlines():
+        step, _, name = line.partition(" ")
+        if name == f"tfo.{task}.{attempt}":
+            return step
+    return None
+
+
+def _alive(pid: int) -> bool:
+    return slurmlab.sshlab._pid_alive(pid)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_mwms_one_worker_per_node_and_a_killed_step_restarts_in_the_allocation(
+        lab: slurmlab.SlurmLab, run_dir: Path, tmp_path: Path):
+    """An MWMS job, a worker on each node. scancel --signal=KILL of worker:1's step: every
+    process of the step dies, the one that setsid away too (proctrack/cgroup), and the group
+    comes back in the same allocation and finishes. (One TF run for both: `make test`'s
+    budget.)"""
+    spec = write_spec(tmp_path / "mwms.yaml", job(epochs=3, sleep=1, orphan="worker:1"))
+    t0 = time.time()
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_epoch", "worker:1", epoch=1, timeout=180)
+        job_id = lab.jobs()[0].split()[0]
+        step = _step_of(lab, job_id, "worker:1", 0)
+        assert step, lab.run("squeue", "-s").stdout
+        log = (run_dir / "logs" / "worker-1.log").read_text()
+        straggler = int(re.search(r"started a straggler pid=(\d+)", log).group(1))
+        assert _alive(straggler)
+        assert lab.run("scancel", "--signal=KILL", step).returncode == 0
+        assert wait_until(lambda: not _alive(straggler), 5), "the setsid straggler survived"
+        tfo.wait_event("task_started", "worker:1", attempt=1, timeout=60)
+        rc, err = tfo.finish(timeout=200)
+    finally:
+        tfo.close()
+    assert rc == 0, err[-4000:]
+    # Where each worker really ran: its hostname, inside the node's namespaces.
+    logs = {n: (run_dir / "logs" / f"worker-{n}.log").read_text() for n in (0, 1)}
+    assert "[faulty] worker:0 on node1" in logs[0] and "[faulty] worker:1 on node2" in logs[1]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["tasks"][0]["tf_config"]["cluster"]["worker"][0].startswith("node1:")
+    ev = events(run_dir)
+    training = max(e["time"] for e in ev if e["event"] == "task_first_step" and e["attempt"] == 0)
+    print(f"\nslurm: tfo run → both workers training: {training - t0:.1f} s")
+    exited = first(ev, "task_exited", "worker:1", attempt=0)
+    assert exited["returncode"] == -9, exited
+    assert f"slurm job {job_id}:" in err and err.count("slurm job ") == 1  # one allocation
+    assert first(ev, "job_finished")["state"] == "succeeded"
+    _no_job_within(lab, job_id, 10)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
+def test_ctrl_c_or_sigkill_of_tfo_leaves_no_job(lab: slurmlab.SlurmLab, run_dir: Path,
+                                                tmp_path: Path, sig: signal.Signals):
+    spec = write_spec(tmp_path / "stop.yaml", job(epochs=20, sleep=1, orphan="worker:0"))
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_ready", "worker:1", timeout=180)
+        tfo.wait_event("task_ready", "worker:0", timeout=60)
+        job_id = lab.jobs()[0].split()[0]
+        os.kill(tfo.proc.pid, sig)
+        took = _no_job_within(lab, job_id, 10)
+        print(f"\nslurm: {sig.name} of tfo → job {job_id} gone from squeue in {took:.2f} s")
+        tfo.proc.wait(timeout=30)
+    finally:
+        tfo.close()
+    if sig is signal.SIGINT:
+        assert tfo.proc.returncode == 130
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert wait_until(lambda: not run_processes(plan["run_id"]), 10)  # srun too
+    # salloc too (given SIGTERM, a granted salloc 22.05 revokes the job, then spins forever)
+    assert wait_until(lambda: not lab.clients(), 10), lab.clients()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
+def test_a_queued_job_shows_why_and_ctrl_c_or_sigkill_withdraws_it(
+        lab: slurmlab.SlurmLab, run_dir: Path, tmp_path: Path, sig: signal.Signals):
+    """Both nodes taken by another job: tfo says the job waits, with squeue's reason; Ctrl-C
+    or SIGKILL of tfo in the queue leaves nothing queued."""
+    blocker = lab.run("salloc", "--no-shell", "--exclusive", "-N2", "-J", "blocker")
+    assert blocker.returncode == 0, blocker.stderr
+    blocker_id = re.search(r"allocation (\d+)", blocker.stderr).group(1)
+    spec = write_spec(tmp_path / "queued.yaml", job(name="queued"))
+    proc = subprocess.Popen(tfo_cmd("run", str(spec), "--run-dir", str(run_dir)), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    os.set_blocking(proc.stderr.fileno(), False)
+    seen = [""]
+
+    def proc_err() -> str:
+        seen[0] += proc.stderr.read() or ""
+        return seen[0]
+
+    try:
+        assert wait_until(lambda: len(lab.jobs()) == 2, 20), lab.jobs()
+        queued = next(j.split()[0] for j in lab.jobs() if "tfo-queued" in j)
+        assert wait_until(lambda: (run_dir / "plan.json").exists() or "PENDING" in
+                          lab.run("squeue", "-h", "-j", queued, "-o", "%T").stdout, 10)
+        assert wait_until(lambda: "waits in the queue" in proc_err(), 10)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+        err = seen[0] + err
+        assert f"slurm job {queued} waits in the queue: PENDING (Resources)" in err, err
+        assert proc.returncode == (130 if sig is signal.SIGINT else -9), err
+        assert wait_until(lambda: [j for j in lab.jobs() if j.split()[0] == queued] == [], 10)
+        assert not (run_dir / "plan.json").exists()  # nothing started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        lab.run("scancel", blocker_id)
+    assert wait_until(lambda: lab.jobs() == [], 10), lab.jobs()
+
+
+@pytest.mark.timeout(60)
+def test_a_partition_that_does_not_exist_is_exit_2_naming_the_field(
+        lab: slurmlab.SlurmLab, tmp_path: Path):
+    # From the spec, and from `--on slurm` flags on a cluster file written for localhost.
+    spec = write_spec(tmp_path / "bad.yaml", job(partition="nosuch"))
+    for args in ([str(spec)], ["clusters/localhost.yaml", "--on", "slurm", "--partition",
+                               "nosuch"]):
+        res = run_tfo("run", *args, "--run-dir", str(tmp_path / "run"), timeout=45)
+        assert res.returncode == 2, res.output
+        assert ("backend.slurm.partition: no partition 'nosuch' on this Slurm cluster; "
+                f"partitions: {slurmlab.PARTITION}") in res.stderr
+        assert "Traceback" not in res.output
+        assert lab.jobs() == []
+    res = run_tfo("check", str(spec), timeout=45)
+    assert res.returncode == 1 and "no partition 'nosuch'" in res.stderr, res.output
+
+
+@pytest.mark.timeout(60)
+def test_check_reports_the_partition_and_idle_nodes(lab: slurmlab.SlurmLab, tmp_path: Path):
+    spec = write_spec(tmp_path / "ok.yaml", job())
+    res = run_tfo("check", str(spec), timeout=45)
+    assert res.returncode == 0, res.output
+    assert "slurm:lab" in res.stdout and "2 of 2 node(s) idle; job asks 2 node(s)" in res.stdout
+    big = write_spec(tmp_path / "big.yaml", job(tasks="worker: 3"))
+    res = run_tfo("check", str(big), timeout=45)
+    assert res.returncode == 1, res.output
+    assert "backend.slurm.nodes: 3 node(s) asked, partition lab has 2" in res.stderr
