@@ -35,7 +35,10 @@ test: $(STAMP) sshd slurm
 	$(BIN)/ruff check orchestrator worker_entry tests bench
 	$(BIN)/pytest -q -rs -n 2 --dist loadgroup --durations=25
 
+# make bench: every figure of issue 13 against its target (about 10 minutes on 2 cores);
+# writes bench/results.json and bench/results.png. Installs the `bench` extra (matplotlib).
 bench: $(STAMP)
+	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/run.py
 
 lint: $(STAMP)

@@ -1,24 +1,43 @@
-"""Benchmarks: speed and memory figures of tfo on this machine (`make bench`).
+"""`make bench`: every figure of issue 13, each the median of repeated runs (with min and
+max), against its target. Writes bench/results.json and bench/results.png, prints a table.
 
-Prints each figure and saves them all to bench/results/<timestamp>.json. Figures:
-- coordinator: `tfo --help` and `tfo plan` wall time (no TensorFlow on that side)
-- mwms: wall time of `tfo run clusters/localhost.yaml`, time from run start to both
-  workers' first training step, peak RSS of the coordinator and of each task
-- ps: wall time of `tfo run clusters/localhost-ps.yaml`, peak RSS per role
-- faults: detection (kill → task_exited), group teardown, restart → resumed epoch
-- ssh: `tfo check` and bring-up (run start → every task ready) on 1 and on 2 lab hosts
+    python bench/run.py            # the full setting: about 10 minutes on 2 quiet cores
+    python bench/run.py --quick    # a tiny setting (seconds, no TensorFlow): checks the harness
+    python bench/run.py --extras   # also the parameter-server and SSH-lab figures
+
+Figures (the job is bench/job.py, the same script under tfo and by hand):
+- paired: tfo and the hand launch (TensorFlow's guide: one process per task, TF_CONFIG
+  exported, nothing watching) alternate A B A B in the same run, so drift cancels; each
+  pair gives a ratio tfo ÷ hand of the whole run's wall time, of start → both workers'
+  first step, of training throughput (steps/s after epoch 0) and of CPU (informational).
+- coordinator CPU per wall second: `tfo run` of N light tasks (bench/job.py --fake: a
+  process that listens on its port and sleeps), the coordinator's own CPU time over a
+  window once all are ready, for N = 2 … 64 (the scale curve).
+- SIGKILL → detected / all stopped: in the same runs, one task's wrapper is SIGKILLed;
+  task_exited and the last task_stopped, from events.jsonl, against the kill's time.
+- SIGKILL → training resumed: 2-worker MWMS under tfo, a worker SIGKILLed after epoch 0,
+  restart on-failure; kill → both workers' first step of attempt 1, with its breakdown.
+- `tfo --help`, `tfo plan`: wall time; `tfo plan --json` of 1,000 tasks: time and size,
+  and size per task at 1,000 against 250 (linear: within 10 %).
+- fit() tail (informational, item of issue 13): last epoch's end → fit() returned.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
+import re
+import resource
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
@@ -26,173 +45,495 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 PY = sys.executable
-RESULTS: dict[str, dict] = {}
+JOB = "bench/job.py"
+BENCH_LINE = re.compile(r"^BENCH (\w+)(?: (\d+))? ([\d.]+)$")
+ATTEMPT_HEADER = re.compile(r"^===== tfo: \S+ attempt (\d+) =====$")
 
 
-def record(group: str, name: str, value: float, unit: str) -> None:
-    RESULTS.setdefault(group, {})[name] = {"value": round(value, 3), "unit": unit}
-    print(f"{group:12s} {name:40s} {value:10.3f} {unit}", flush=True)
+@dataclass(frozen=True)
+class Setting:
+    pairs: int  # A B pairs of the paired figures
+    epochs: int
+    steps_per_epoch: int
+    fake: bool  # bench/job.py --fake: no TensorFlow
+    counts: tuple[int, ...]  # light-task counts of the coordinator-CPU curve
+    runs_per_count: int
+    window: float  # seconds of coordinator CPU measured per run
+    resumes: int
+    cli_reps: int
+    plan_tasks: tuple[int, int]  # `tfo plan --json` sizes: (small, large)
 
+
+FULL = Setting(pairs=5, epochs=8, steps_per_epoch=60, fake=False, counts=(2, 8, 16, 32, 64),
+               runs_per_count=5, window=2.0, resumes=5, cli_reps=5, plan_tasks=(250, 1000))
+QUICK = Setting(pairs=1, epochs=2, steps_per_epoch=3, fake=True, counts=(2, 4),
+                runs_per_count=1, window=0.3, resumes=1, cli_reps=1, plan_tasks=(10, 40))
+
+
+@dataclass
+class Figure:
+    key: str
+    label: str
+    unit: str
+    target: float | None  # None: informational
+    better: str = "le"  # "le": at most the target; "ge": at least
+    before: str = ""  # the figure in the issue, before this work
+    samples: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+    @property
+    def met(self) -> bool | None:
+        if self.target is None or self.median is None:
+            return None
+        return self.median <= self.target if self.better == "le" else self.median >= self.target
+
+    def summary(self) -> dict:
+        d = asdict(self)
+        d.update(median=self.median, min=min(self.samples, default=None),
+                 max=max(self.samples, default=None), n=len(self.samples), met=self.met)
+        return d
+
+
+FIGURES: dict[str, Figure] = {f.key: f for f in [
+    Figure("wall_ratio", "whole run, tfo ÷ hand", "×", 1.02, before="1.084"),
+    Figure("first_step_ratio", "start → both first step, tfo ÷ hand", "×", 1.05, before="1.125"),
+    Figure("throughput_ratio", "throughput, tfo ÷ hand", "×", 0.99, "ge", before="0.983"),
+    Figure("cpu_ratio", "CPU of the whole run, tfo ÷ hand", "×", None, before="1.04"),
+    Figure("coord_cpu_2", "coordinator CPU / wall s, 2 light tasks", "cores", 0.01,
+           before="0.019"),
+    Figure("coord_cpu_64", "coordinator CPU / wall s, 64 light tasks", "cores", 0.03,
+           before="0.32"),
+    Figure("kill_detected", "SIGKILL → detected, 64 light tasks", "s", 0.1, before="0.011"),
+    Figure("kill_stopped", "SIGKILL → all stopped, 64 light tasks", "s", 0.5, before="0.38"),
+    Figure("resume", "SIGKILL → training resumed, 2-worker MWMS", "s", 3.0, before="6.1"),
+    Figure("help", "tfo --help", "s", 0.25, before="0.47"),
+    Figure("plan", "tfo plan", "s", 0.3, before="0.39"),
+    Figure("plan_json_time", "tfo plan --json, 1,000 tasks: time", "s", 1.0, before="1.9"),
+    Figure("plan_json_linear", "tfo plan --json: bytes/task at 1,000 ÷ at 250", "×", 1.1,
+           before="≈4 (51 MB)"),
+    Figure("plan_json_mb", "tfo plan --json, 1,000 tasks: size", "MB", None, before="51"),
+    Figure("fit_tail_tfo", "last epoch → fit() returned, tfo (worst worker)", "s", None),
+    Figure("fit_tail_hand", "last epoch → fit() returned, hand (worst worker)", "s", None),
+]}
+CURVE: dict[int, list[float]] = {}  # light tasks → coordinator CPU per wall second
+DETAIL: dict[str, list[float]] = {}  # breakdowns and absolute values, informational
+
+
+def detail(name: str, value: float) -> None:
+    DETAIL.setdefault(name, []).append(round(value, 4))
+
+
+def add(key: str, value: float) -> None:
+    FIGURES[key].samples.append(round(value, 4))
+    print(f"  {FIGURES[key].label}: {value:.4g} {FIGURES[key].unit}", flush=True)
+
+
+# ---- helpers -----------------------------------------------------------------------------
 
 def events(run_dir: Path) -> list[dict]:
     path = run_dir / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def run_sampled(args: list[str], run_dir: Path, timeout: float = 600,
-                on_event=None) -> tuple[int, float, dict[str, int], int]:  # noqa: ANN001
-    """Run tfo, sampling RSS of the coordinator and of each task (by TFO_TASK) every 0.2 s."""
-    t0 = time.time()
-    proc = subprocess.Popen([PY, "-m", "orchestrator", *args, "--run-dir", str(run_dir)],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    coord = psutil.Process(proc.pid)
-    peak_tasks: dict[str, int] = {}
-    peak_coord = 0
-    fired = False
-    while proc.poll() is None and time.time() - t0 < timeout:
-        with contextlib.suppress(psutil.Error):
-            peak_coord = max(peak_coord, coord.memory_info().rss)
-        for p in coord.children(recursive=True):
-            try:
-                task = p.environ().get("TFO_TASK")
-                if task:
-                    rss = p.memory_info().rss
-                    peak_tasks[task] = max(peak_tasks.get(task, 0), rss)
-            except psutil.Error:
-                continue
-        if on_event and not fired:
-            fired = on_event(events(run_dir))
-        time.sleep(0.2)
-    if proc.poll() is None:
+def timeline(text: str, attempt: int | None = None) -> dict[str, list[float]]:
+    """BENCH lines of one task's output (of one attempt, from tfo's headers in its log):
+    {"first_step": [t], "epoch": [t0, t1, …], "fit_returned": [t], "done": [t]}."""
+    found: dict[str, list[float]] = {}
+    current = 0
+    for line in text.splitlines():
+        if m := ATTEMPT_HEADER.match(line):
+            current = int(m.group(1))
+        elif (m := BENCH_LINE.match(line)) and (attempt is None or current == attempt):
+            found.setdefault(m.group(1), []).append(float(m.group(3)))
+    return found
+
+
+def throughput(tl: dict[str, list[float]], steps_per_epoch: int) -> float:
+    ends = tl["epoch"]
+    return steps_per_epoch * (len(ends) - 1) / (ends[-1] - ends[0])
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def cpu_seconds(p: psutil.Process) -> float:
+    """CPU time of a process, all its threads: from schedstat in nanoseconds (cpu_times
+    counts 10 ms ticks, too coarse for 0.01 of a core over a few seconds)."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{p.pid}/task"):
+            with contextlib.suppress(OSError, ValueError):
+                total += int(Path(f"/proc/{p.pid}/task/{tid}/schedstat").read_text().split()[0])
+    except OSError:
+        return sum(p.cpu_times()[:2])
+    return total / 1e9
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(OSError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    return proc.returncode, time.time() - t0, peak_tasks, peak_coord
 
 
-def bench_coordinator() -> None:
-    for label, args in (("tfo --help", ["--help"]),
-                        ("tfo plan localhost.yaml", ["plan", "clusters/localhost.yaml"])):
-        times = []
-        for _ in range(5):
-            t = time.perf_counter()
-            subprocess.run([PY, "-m", "orchestrator", *args], cwd=REPO, capture_output=True,
-                           check=True)
-            times.append(time.perf_counter() - t)
-        record("coordinator", f"{label} (best of 5)", min(times), "s")
+def wait(proc: subprocess.Popen, timeout: float, what: str) -> int:
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        raise RuntimeError(f"{what} did not finish in {timeout:g} s") from None
 
 
-def bench_mwms(tmp: Path) -> None:
-    rd = tmp / "mwms"
-    code, wall, peaks, coord = run_sampled(["run", "clusters/localhost.yaml"], rd)
-    assert code == 0, f"mwms run failed ({code})"
+def tfo(*args: str, **kw) -> subprocess.Popen:  # noqa: ANN003
+    return subprocess.Popen([PY, "-m", "orchestrator", *args], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, **kw)
+
+
+def job_args(s: Setting, **over: float) -> list[str]:
+    args = ["--epochs", str(over.get("epochs", s.epochs)),
+            "--steps_per_epoch", str(over.get("steps_per_epoch", s.steps_per_epoch))]
+    if s.fake or over.get("fake"):
+        args += ["--fake", "--step_seconds", str(over.get("step_seconds", 0.01))]
+    return args
+
+
+def spec(path: Path, name: str, args: list[str], workers: int, restart: str = "never",
+         max_restarts: int = 0) -> Path:
+    path.write_text(json.dumps({
+        "name": name, "strategy": "multi_worker_mirrored",
+        "job": {"script": JOB, "args": args},
+        "tasks": {"worker": ["localhost:auto"] * workers},
+        "restart": {"policy": restart, "max_restarts": max_restarts, "backoff_seconds": 0},
+        "timeouts": {"startup_seconds": 300, "grace_seconds": 5},
+    }))
+    return path
+
+
+def task_logs(run_dir: Path) -> dict[str, str]:
+    plan = json.loads((run_dir / "plan.json").read_text())
+    logs = {t["name"]: Path(t["log_path"]) for t in plan["tasks"]}
+    return {name: p.read_text(errors="replace") if p.exists() else "" for name, p in logs.items()}
+
+
+# ---- paired: tfo against the hand launch ------------------------------------------------
+
+def run_tfo_job(s: Setting, tmp: Path, i: int) -> tuple[float, float, list[dict], float]:
+    rd = tmp / f"pair-tfo-{i}"
+    path = spec(tmp / f"pair-{i}.json", "bench-pair", job_args(s), 2)
+    cpu0, t0 = children_cpu(), time.time()
+    proc = tfo("run", str(path), "--run-dir", str(rd))
+    code = wait(proc, 600, "tfo run")
+    wall, cpu = time.time() - t0, children_cpu() - cpu0
+    if code != 0:
+        raise RuntimeError(f"tfo run failed ({code}); see {rd}")
+    return t0, wall, [timeline(text) for text in task_logs(rd).values()], cpu
+
+
+def run_by_hand(s: Setting, tmp: Path, i: int) -> tuple[float, float, list[dict], float]:
+    from orchestrator.launch.ports import free_ports
+
+    ports = free_ports(2, avoid=set())
+    cluster = {"worker": [f"localhost:{p}" for p in ports]}
+    outs = [tmp / f"pair-hand-{i}-{k}.log" for k in range(2)]
+    cpu0, t0 = children_cpu(), time.time()
+    procs = []
+    for k, out in enumerate(outs):
+        # TF_USE_LEGACY_KERAS: MWMS needs tf_keras on TF 2.21; tfo's tasks default to it.
+        env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CONFIG": json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": k}})}
+        with open(out, "wb") as f:
+            procs.append(subprocess.Popen([PY, JOB, *job_args(s)], cwd=REPO, env=env, stdout=f,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+    try:
+        codes = [wait(p, 600, "the hand launch") for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                kill_group(p)
+    wall, cpu = time.time() - t0, children_cpu() - cpu0
+    if any(codes):
+        raise RuntimeError(f"the hand launch failed ({codes}); see {outs}")
+    return t0, wall, [timeline(o.read_text(errors="replace")) for o in outs], cpu
+
+
+def bench_paired(s: Setting, tmp: Path) -> None:
+    print(f"paired: {s.pairs} × (tfo, hand), {s.epochs} epochs × {s.steps_per_epoch} steps",
+          flush=True)
+    for i in range(s.pairs):
+        got = {}
+        for who, runner in (("tfo", run_tfo_job), ("hand", run_by_hand)):  # A B, A B, …
+            t0, wall, tls, cpu = runner(s, tmp, i)
+            first = max(tl["first_step"][0] for tl in tls) - t0
+            speed = statistics.mean(throughput(tl, s.steps_per_epoch) for tl in tls)
+            tail = max(tl["fit_returned"][0] - tl["epoch"][-1] for tl in tls)
+            got[who] = (wall, first, speed, cpu)
+            for name, v in (("wall", wall), ("first_step", first), ("steps_per_s", speed),
+                            ("cpu_s", cpu)):
+                detail(f"{who} {name}", v)
+            FIGURES[f"fit_tail_{who}"].samples.append(round(tail, 4))
+        (tw, tf_, ts, tc), (hw, hf, hs, hc) = got["tfo"], got["hand"]
+        add("wall_ratio", tw / hw)
+        add("first_step_ratio", tf_ / hf)
+        add("throughput_ratio", ts / hs)
+        add("cpu_ratio", tc / hc)
+
+
+# ---- light tasks: coordinator CPU, SIGKILL → detected / stopped --------------------------
+
+def bench_light(s: Setting, tmp: Path) -> None:
+    for n in s.counts:
+        print(f"light tasks: {n}, {s.runs_per_count} run(s)", flush=True)
+        for i in range(s.runs_per_count):
+            light_run(s, tmp, n, i)
+
+
+def light_run(s: Setting, tmp: Path, n: int, i: int) -> None:
+    rd = tmp / f"light-{n}-{i}"
+    # One step of 10 minutes: the task sits there until it is killed.
+    path = spec(tmp / f"light-{n}.json", "bench-light",
+                job_args(s, fake=True, epochs=1, steps_per_epoch=1, step_seconds=600), n)
+    proc = tfo("run", str(path), "--run-dir", str(rd))
+    try:
+        coord = psutil.Process(proc.pid)
+        until = time.monotonic() + 300
+        while sum(e["event"] == "task_ready" for e in events(rd)) < n:
+            if proc.poll() is not None or time.monotonic() > until:
+                raise RuntimeError(f"{n} light tasks did not all come up; see {rd}")
+            time.sleep(0.1)
+        time.sleep(min(1.0, s.window))  # the start's own work settles
+        c0, t0 = cpu_seconds(coord), time.monotonic()
+        time.sleep(s.window)
+        per_second = (cpu_seconds(coord) - c0) / (time.monotonic() - t0)
+        CURVE.setdefault(n, []).append(round(per_second, 5))
+        if n == 2:
+            add("coord_cpu_2", per_second)
+        elif n == max(s.counts):
+            add("coord_cpu_64", per_second)
+        else:
+            print(f"  coordinator CPU / wall s, {n} light tasks: {per_second:.4g}", flush=True)
+        victim = next(e["pid"] for e in events(rd) if e["event"] == "task_started"
+                      and e["task"] == "worker:1")
+        killed = time.time()
+        os.kill(victim, signal.SIGKILL)
+        wait(proc, 120, "tfo run (after the SIGKILL)")
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
     ev = events(rd)
-    start = next(e["time"] for e in ev if e["event"] == "run_started")
-    first = [e["time"] for e in ev if e["event"] == "task_first_step"]
-    record("mwms", "wall time of tfo run", wall, "s")
-    record("mwms", "run start -> both workers' first step", max(first) - start, "s")
-    record("mwms", "coordinator peak RSS", coord / 2**20, "MiB")
-    for task, rss in sorted(peaks.items()):
-        record("mwms", f"{task} peak RSS", rss / 2**20, "MiB")
+    exited = next(e["time"] for e in ev if e["event"] == "task_exited"
+                  and e["task"] == "worker:1")
+    stopped = max(e["time"] for e in ev if e["event"] in ("task_stopped", "task_exited"))
+    if n == max(s.counts):
+        add("kill_detected", exited - killed)
+        add("kill_stopped", stopped - killed)
+    else:
+        detail(f"kill_detected {n}", exited - killed)
+        detail(f"kill_stopped {n}", stopped - killed)
 
 
-def bench_ps(tmp: Path) -> None:
-    rd = tmp / "ps"
-    code, wall, peaks, coord = run_sampled(["run", "clusters/localhost-ps.yaml"], rd)
-    assert code == 0, f"ps run failed ({code})"
-    record("ps", "wall time of tfo run", wall, "s")
-    record("ps", "coordinator peak RSS", coord / 2**20, "MiB")
-    for task, rss in sorted(peaks.items()):
-        record("ps", f"{task} peak RSS", rss / 2**20, "MiB")
+# ---- SIGKILL → training resumed ---------------------------------------------------------
+
+def bench_resume(s: Setting, tmp: Path) -> None:
+    print(f"resume: {s.resumes} run(s)", flush=True)
+    for i in range(s.resumes):
+        resume_run(s, tmp, i)
 
 
-def bench_faults(tmp: Path) -> None:
-    spec = tmp / "faults.yaml"
-    spec.write_text("""\
-name: bench-faults
-job: {entry: "tests.jobs.faulty:train", args: {epochs: 4, epoch_sleep: 2}}
-tasks: {worker: [localhost:20000, localhost:20001]}
-restart: {policy: on-failure, max_restarts: 1, backoff_seconds: 0}
-""")
-    rd = tmp / "faults"
-    killed: dict[str, float] = {}
-
-    def kill_in_epoch_2(ev: list[dict]) -> bool:
-        if any(e["event"] == "task_epoch" and e["task"] == "worker:1" and e["epoch"] == 1
-               for e in ev):
-            time.sleep(1.0)
-            pid = next(e["pid"] for e in ev if e["event"] == "task_started"
-                       and e["task"] == "worker:1")
-            killed["t"] = time.time()
-            os.kill(pid, signal.SIGKILL)
-            return True
-        return False
-
-    code, _, _, _ = run_sampled(["run", str(spec)], rd, on_event=kill_in_epoch_2)
-    assert code == 0, f"fault run failed ({code})"
+def resume_run(s: Setting, tmp: Path, i: int) -> None:
+    rd = tmp / f"resume-{i}"
+    path = spec(tmp / "resume.json", "bench-resume", job_args(s, epochs=max(2, s.epochs // 2)),
+                2, restart="on-failure", max_restarts=1)
+    proc = tfo("run", str(path), "--run-dir", str(rd))
+    peak_coord, peak_task = 0, 0
+    try:
+        coord = psutil.Process(proc.pid)
+        until = time.monotonic() + 600
+        killed = None
+        while proc.poll() is None and time.monotonic() < until:
+            with contextlib.suppress(psutil.Error):
+                peak_coord = max(peak_coord, coord.memory_info().rss)
+                for p in coord.children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        peak_task = max(peak_task, p.memory_info().rss)
+            if killed is None and (rd / "plan.json").exists():
+                logs = task_logs(rd)
+                if "epoch" in timeline(logs["worker:1"], attempt=0):
+                    victim = next(e["pid"] for e in events(rd) if e["event"] == "task_started"
+                                  and e["task"] == "worker:1")
+                    killed = time.time()
+                    os.kill(victim, signal.SIGKILL)
+            time.sleep(0.05)
+        code = wait(proc, max(1.0, until - time.monotonic()), "tfo run (resume)")
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
+    if code != 0 or killed is None:
+        raise RuntimeError(f"resume run failed ({code}, killed: {killed}); see {rd}")
     ev = events(rd)
-    def when(event: str, task: str) -> float:
-        return next(e["time"] for e in ev if e["event"] == event and e["task"] == task)
 
-    exited, stopped = when("task_exited", "worker:1"), when("task_stopped", "worker:0")
-    resumed = next(e for e in ev if e["event"] == "task_epoch" and e["attempt"] == 1)
-    record("faults", "detection (SIGKILL -> task_exited)", exited - killed["t"], "s")
-    record("faults", "group teardown (SIGKILL -> peer stopped)", stopped - killed["t"], "s")
-    record("faults", "restart -> resumed training", resumed["time"] - stopped, "s")
-    record("faults", "resumed at epoch (0-based)", resumed["epoch"], "epoch")
+    def last(event: str, attempt: int | None = None) -> float:
+        return max((e["time"] for e in ev if e["event"] == event
+                    and (attempt is None or e.get("attempt") == attempt)), default=float("nan"))
 
-
-def bench_ssh(tmp: Path) -> None:
-    from tests import sshlab
-
-    ok, reason = sshlab.netns_supported()
-    if not ok:
-        print(f"ssh: skipped, {reason}")
-        return
-    sshlab.ensure_openssh()
-    with sshlab.lab_hosts(tmp / "lab") as hosts:
-        for count in (1, 2):
-            lines = []
-            for h in hosts[:count]:
-                fields = {"address": h.address, "user": h.user, "key": h.key,
-                          "known_hosts": h.known_hosts, "python": PY,
-                          "workdir": str(tmp / f"w{count}-{h.name}")}
-                lines.append(f"  {h.name}: {json.dumps(fields)}")
-            workers = ", ".join(f"{hosts[i % count].name}:{20000 + i}" for i in range(2))
-            spec = tmp / f"lab{count}.yaml"
-            spec.write_text("name: bench-lab\njob: {entry: 'worker_entry.examples.digits:train',"
-                            " args: {epochs: 1}}\nhosts:\n" + "\n".join(lines)
-                            + f"\ntasks:\n  worker: [{workers}]\n")
-            t = time.perf_counter()
-            subprocess.run([PY, "-m", "orchestrator", "check", str(spec)], cwd=REPO,
-                           capture_output=True, check=True)
-            record("ssh", f"tfo check, {count} host(s)", time.perf_counter() - t, "s")
-            rd = tmp / f"lab{count}-run"
-            code, _, _, _ = run_sampled(["run", str(spec)], rd)
-            assert code == 0, f"lab run on {count} host(s) failed ({code})"
-            ev = events(rd)
-            start = next(e["time"] for e in ev if e["event"] == "run_started")
-            ready = max(e["time"] for e in ev if e["event"] == "task_ready")
-            record("ssh", f"bring-up, {count} host(s) (start -> all ready)", ready - start, "s")
+    resumed = max(timeline(text, attempt=1)["first_step"][0] for text in task_logs(rd).values())
+    restarted = last("task_started", 1)
+    add("resume", resumed - killed)
+    detail("resume: kill → detected", last("task_exited", 0) - killed)
+    detail("resume: kill → all stopped", max(e["time"] for e in ev if e["time"] <= restarted
+                                            and e["event"] in ("task_stopped", "task_exited"))
+           - killed)
+    detail("resume: kill → restarted", restarted - killed)
+    detail("resume: kill → ready (TF imported, server up)", last("task_ready", 1) - killed)
+    detail("coordinator peak RSS MiB", peak_coord / 2**20)
+    detail("task peak RSS MiB", peak_task / 2**20)
 
 
-def main() -> None:
+# ---- the command line -------------------------------------------------------------------
+
+def timed(args: list[str], capture: bool = False) -> tuple[float, bytes]:
+    t = time.perf_counter()
+    done = subprocess.run([PY, "-m", "orchestrator", *args], cwd=REPO, capture_output=True,
+                          check=True)
+    return time.perf_counter() - t, done.stdout
+
+
+def bench_cli(s: Setting, tmp: Path) -> None:
+    print(f"command line: {s.cli_reps} × each", flush=True)
+    for _ in range(s.cli_reps):  # interleaved, like the pairs
+        add("help", timed(["--help"])[0])
+        add("plan", timed(["plan", "clusters/localhost.yaml"])[0])
+    small, large = s.plan_tasks
+    sizes = {}
+    for n in (small, large):
+        path = tmp / f"plan-{n}.json"
+        hosts = {f"h{h}": {"address": f"10.0.0.{h + 1}"} for h in range(4)}  # ≤ 256 a host
+        path.write_text(json.dumps({"name": "bench-plan", "job": {"script": JOB}, "hosts": hosts,
+                                    "tasks": {"worker": [f"h{k % 4}:{30000 + k // 4}"
+                                                         for k in range(n)]}}))
+        for _ in range(s.cli_reps if n == large else 1):
+            seconds, out = timed(["plan", str(path), "--json"])
+            sizes[n] = len(out)
+            if n == large:
+                add("plan_json_time", seconds)
+    add("plan_json_mb", sizes[large] / 1e6)
+    add("plan_json_linear", (sizes[large] / large) / (sizes[small] / small))
+
+
+# ---- output -----------------------------------------------------------------------------
+
+def table() -> str:
+    rows = [f"{'figure':52s} {'before':>10s} {'median':>9s} {'min':>9s} {'max':>9s} "
+            f"{'n':>2s}  target     "]
+    for f in FIGURES.values():
+        if not f.samples:
+            continue
+        mark = {True: "met", False: "MISSED", None: ""}[f.met]
+        target = "" if f.target is None else f"{'≤' if f.better == 'le' else '≥'} {f.target:g}"
+        rows.append(f"{f.label:52s} {f.before:>10s} {f.median:9.4g} {min(f.samples):9.4g} "
+                    f"{max(f.samples):9.4g} {len(f.samples):2d}  {target:9s} {mark}")
+    return "\n".join(rows)
+
+
+def plot(path: Path) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[bench]'): no plot"
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ratios = [FIGURES[k] for k in ("wall_ratio", "first_step_ratio", "throughput_ratio",
+                                   "cpu_ratio") if FIGURES[k].samples]
+    for x, f in enumerate(ratios):
+        med = f.median
+        color = {True: "tab:green", False: "tab:red", None: "tab:gray"}[f.met]
+        left.bar(x, med, color=color, yerr=[[med - min(f.samples)], [max(f.samples) - med]],
+                 capsize=4)
+        if f.target is not None:
+            left.hlines(f.target, x - 0.4, x + 0.4, colors="black", linestyles="dashed")
+    left.axhline(1.0, color="gray", linewidth=0.8)
+    left.set_xticks(range(len(ratios)), [f.label.replace(", tfo ÷ hand", "").replace(
+        " → ", "→\n") for f in ratios], fontsize=8)
+    left.set_ylabel("tfo ÷ hand launch (median, min–max; dashed: target)")
+    left.set_title("tfo against a hand launch, paired runs")
+    counts = sorted(CURVE)
+    if counts:
+        med = [statistics.median(CURVE[n]) for n in counts]
+        low = [m - min(CURVE[n]) for n, m in zip(counts, med, strict=True)]
+        high = [max(CURVE[n]) - m for n, m in zip(counts, med, strict=True)]
+        right.errorbar(counts, med, yerr=[low, high],
+                       marker="o", capsize=4, label="measured (median, min–max)")
+        right.scatter([2, 64], [0.01, 0.03], marker="_", s=400, color="black",
+                      label="target")
+        right.scatter([2, 64], [0.019, 0.32], marker="x", color="tab:red",
+                      label="before (issue 13)")
+        right.set_xlabel("light tasks")
+        right.set_ylabel("coordinator CPU per wall second (cores)")
+        right.set_title("coordinator CPU against task count")
+        right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny setting: the harness only")
+    parser.add_argument("--extras", action="store_true", help="also the PS and SSH figures")
+    parser.add_argument("--out", type=Path, default=REPO / "bench",
+                        help="where results.json and results.png go")
+    args = parser.parse_args(argv)
+    s = QUICK if args.quick else FULL
+    started = time.monotonic()
+    sections: list[Callable[[Setting, Path], None]] = [bench_cli, bench_light, bench_paired,
+                                                       bench_resume]
+    if args.extras:
+        from bench import extras
+
+        sections += [extras.bench_ps, extras.bench_ssh]
+    took: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="tfo-bench-") as d:
-        tmp = Path(d)
-        bench_coordinator()
-        bench_mwms(tmp)
-        bench_ps(tmp)
-        bench_faults(tmp)
-        bench_ssh(tmp)
-    out = REPO / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / time.strftime("%Y%m%d-%H%M%S.json")
-    path.write_text(json.dumps({"machine": {"cpus": os.cpu_count(),
-                                            "memory_gib": round(psutil.virtual_memory().total
-                                                                / 2**30, 1)},
-                                "results": RESULTS}, indent=2))
-    print(f"saved {path}")
+        for section in sections:
+            t = time.monotonic()
+            section(s, Path(d))
+            took[section.__name__] = round(time.monotonic() - t, 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    results = {
+        "setting": asdict(s) | {"name": "quick" if args.quick else "full"},
+        "machine": {"cpus": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in load],
+                    "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
+        "seconds": round(time.monotonic() - started, 1),
+        "section_seconds": took,
+        "figures": {k: f.summary() for k, f in FIGURES.items() if f.samples},
+        "coordinator_cpu_curve": {str(n): v for n, v in sorted(CURVE.items())},
+        "detail": DETAIL,
+    }
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    problem = plot(args.out / "results.png")
+    print()
+    if args.quick:
+        print("QUICK setting: tiny sizes (see results.json's setting), no TensorFlow; the "
+              "figures check the harness, not the targets")
+    print(table())
+    print(f"\n{results['seconds']:g} s on {os.cpu_count()} cores, load average at the end "
+          f"{load[0]:.2f}; wrote {args.out / 'results.json'}"
+          + (f"; {problem}" if problem else f" and {args.out / 'results.png'}"))
+    missed = [f.label for f in FIGURES.values() if f.met is False]
+    if missed:
+        print("missed: " + "; ".join(missed))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -4,10 +4,13 @@
     result = supervisor.run()          # blocks; SIGINT/SIGTERM tear everything down
     sys.exit(result.exit_code)         # 0 ok, 1 failed, 129 SIGHUP, 130 SIGINT, 143 SIGTERM
 
-One thread, one loop (poll every 50 ms): pump output into logs and console, notice
-exits and stalls, decide restarts, start what is due. Every step is written to events.jsonl.
-What to do is the plan's: its policy (restarts, timeouts) and its strategy's rules (which
-roles serve first, which are servers, what restarts with what, what counts as done).
+One thread, one loop: pump output into logs and console, notice exits and stalls, decide
+restarts, start what is due. Between rounds it sleeps until the kernel says something
+happened: a task exited (its handle's pidfd), output arrived or a signal came
+(orchestrator.wakeup), at most IDLE_SECONDS (timeouts, backoffs); handles with no exit fd
+(SSH) are polled every POLL_SECONDS. Every step is written to events.jsonl. What to do is
+the plan's: its policy (restarts, timeouts) and its strategy's rules (which roles serve
+first, which are servers, what restarts with what, what counts as done).
 
 Hangs are failures: a training task whose step has not moved for `stall_seconds` (or that
 has been stopped that long) fails its attempt like an exit would (orchestrator.stall); its
@@ -23,6 +26,7 @@ every worker exits with the code, but only the preempted one got the signal.
 from __future__ import annotations
 
 import contextlib
+import select
 import signal
 import sys
 import time
@@ -33,6 +37,7 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
+from orchestrator import wakeup
 from orchestrator.launch import Launcher, TaskHandle, describe_exit
 from orchestrator.markers import (
     BadMarker,
@@ -53,7 +58,8 @@ from worker_entry.markers import Role
 
 __all__ = ["JobState", "RunResult", "Supervisor", "TaskState", "restart_allowed", "tail"]
 
-POLL_SECONDS = 0.05
+POLL_SECONDS = 0.05  # handles without an exit fd
+IDLE_SECONDS = 0.25  # the longest the loop sleeps with nothing happening
 WATCH_SECONDS = 1.0  # how often the loop hands itself to a watcher (the live view)
 # A closed terminal or a dropped SSH session to the user's machine sends SIGHUP: a teardown
 # like Ctrl-C, not a silent death that leaves the run looking alive.
@@ -289,7 +295,7 @@ class Supervisor:
                     self._watched_at = time.monotonic()
                     self.watch(self)
                 if self._ending is None:
-                    time.sleep(POLL_SECONDS)
+                    self._sleep(self._live_handles(), self._idle_seconds())
         except Exception as e:  # a bug of ours: still tear down, and say where to look
             crash_log = Path(self.run_dir.crash_log)
             crash_log.write_text(traceback.format_exc())
@@ -357,6 +363,32 @@ class Supervisor:
         self._signal_count += 1
         if self._signal is None:
             self._signal = signal.Signals(signum)
+        wakeup.notify()
+
+    # ---- sleeping ---------------------------------------------------------------------
+    def _live_handles(self) -> list[TaskHandle]:
+        return [r.handle for r in self.records.values() if r.state.live and r.handle is not None]
+
+    def _idle_seconds(self) -> float:
+        """Until the next task is due to start (a restart's backoff), at most IDLE_SECONDS."""
+        now, idle = time.monotonic(), IDLE_SECONDS
+        for r in self.records.values():
+            if r.state is TaskState.PENDING and self._prerequisites_ready(r):
+                idle = min(idle, r.start_after - now)
+        return max(0.0, idle)
+
+    def _sleep(self, handles: list[TaskHandle], timeout: float) -> None:
+        """Until one of `handles` exits, output or a signal arrives, or `timeout` passed."""
+        poller = select.poll()
+        poller.register(wakeup.fileno(), select.POLLIN)
+        for h in handles:
+            fd = getattr(h, "exit_fd", None)
+            if fd is None:
+                timeout = min(timeout, POLL_SECONDS)
+            else:
+                poller.register(fd, select.POLLIN)
+        poller.poll(max(0.0, timeout) * 1000)  # a negative timeout would wait forever
+        wakeup.drain()
 
     # ---- starting ---------------------------------------------------------------------
     def _prerequisites_ready(self, rec: TaskRecord) -> bool:
@@ -642,9 +674,10 @@ class Supervisor:
         until = time.monotonic() + grace
         while time.monotonic() < until and self._signal_count < 2:
             self._pump()
-            if all(r.handle.poll() is not None for r in live):
+            running = [r.handle for r in live if r.handle.poll() is None]
+            if not running:
                 break
-            time.sleep(POLL_SECONDS)
+            self._sleep(running, until - time.monotonic())
         for r in live:
             if r.handle.poll() is None:
                 self.events.write("task_killed", r.name, pid=r.handle.pid,

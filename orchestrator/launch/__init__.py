@@ -32,6 +32,12 @@ class TaskHandle(Protocol):
     @property
     def pid(self) -> int | None: ...
 
+    @property
+    def exit_fd(self) -> int | None:
+        """A file descriptor that turns readable when the task exits (a pidfd), for the
+        supervisor to sleep on; None (or no such attribute): the supervisor polls it every
+        POLL_SECONDS instead (SSH tasks: their channel has no fd that says so)."""
+
     def poll(self) -> int | None:
         """None while running, >= 0 an exit code, < 0 the number of the signal that
         killed it (as subprocess)."""

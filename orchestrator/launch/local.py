@@ -3,10 +3,12 @@ group (and session).
 
     handle = LocalBackend({}).start(task, attempt=0)
     handle.poll(); handle.lines(); handle.terminate(); handle.kill()
+    handle.exit_fd    # a pidfd: readable once the task exited (the supervisor waits on it)
 
 The task's stdin is a pipe we hold and never write: its lifeline. If the coordinator dies,
 the kernel closes it and the task's wrapper kills the task and everything it started (see
-worker_entry.lifeline). The pid we know is that wrapper's.
+worker_entry.lifeline). The pid we know is that wrapper's. Should the wrapper itself be
+SIGKILLed, what its task started comes to the coordinator, a child subreaper (orphans.py).
 """
 
 from __future__ import annotations
@@ -19,16 +21,13 @@ import subprocess
 import time
 from collections.abc import Mapping
 
-import psutil
-
+from orchestrator.launch import orphans
 from orchestrator.launch.output import TaskOutput
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, check_local
 from orchestrator.plan import Plan, TaskPlan
 from orchestrator.spec import HostSpec
 from worker_entry import markers
-
-TREE_SCAN_SECONDS = 1.0  # how often the task's process tree is noted while it runs
 
 
 class LocalHandle:
@@ -37,14 +36,17 @@ class LocalHandle:
         env = {**os.environ, **task.env, "TFO_ATTEMPT": str(attempt),
                markers.LIFELINE_ENV: markers.lifeline(heartbeat=False)}
         os.makedirs(task.cwd, exist_ok=True)
+        orphans.adopt()
         self._proc = subprocess.Popen(
             task.command, cwd=task.cwd, env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, bufsize=0,
         )
         self._pgid = self._proc.pid  # start_new_session: the leader's pid is the group id
-        self._known: dict[int, psutil.Process] = {}
-        self._scanned = 0.0
-        self._remember_tree()
+        orphans.started(self._proc.pid)
+        self._reaped_at: float | None = None
+        self._pidfd: int | None = None
+        with contextlib.suppress(AttributeError, OSError):  # Linux 5.3+ (else: polled)
+            self._pidfd = os.pidfd_open(self._proc.pid)
         assert self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
         self._output = TaskOutput(task.log_path, lambda: os.read(fd, 65536), f"out-{task.name}")
@@ -53,20 +55,15 @@ class LocalHandle:
     def pid(self) -> int:
         return self._proc.pid
 
-    def _remember_tree(self) -> None:
-        """Note every process in the task's tree. The wrapper, a child subreaper, keeps all
-        the task started in it and kills them when the task ends; this list is for when
-        the wrapper itself is SIGKILLed and they fall out of the tree."""
-        self._scanned = time.monotonic()
-        with contextlib.suppress(psutil.Error):
-            leader = psutil.Process(self._proc.pid)
-            for p in [leader, *leader.children(recursive=True)]:
-                self._known.setdefault(p.pid, p)
+    @property
+    def exit_fd(self) -> int | None:
+        return self._pidfd
 
     def poll(self) -> int | None:
         rc = self._proc.poll()
-        if rc is None and time.monotonic() - self._scanned > TREE_SCAN_SECONDS:
-            self._remember_tree()
+        if rc is not None and self._reaped_at is None:
+            self._reaped_at = time.monotonic()
+            orphans.reaped(self._proc.pid)
         return rc
 
     def lines(self) -> list[str]:
@@ -77,7 +74,6 @@ class LocalHandle:
             os.killpg(self._pgid, sig)
 
     def terminate(self) -> None:
-        self._remember_tree()
         self._signal_group(signal.SIGTERM)
 
     def request_stacks(self) -> None:
@@ -86,22 +82,19 @@ class LocalHandle:
                 self._proc.stdin.write(markers.STACKS)
 
     def kill(self) -> None:
-        self._remember_tree()
-        self._signal_group(signal.SIGKILL)
-        self._kill_known()
-        self._proc.poll()
-
-    def _kill_known(self) -> None:
-        for p in self._known.values():
-            with contextlib.suppress(psutil.Error):
-                if p.is_running():  # psutil checks the create time: never a reused pid
-                    p.kill()
+        self._signal_group(signal.SIGKILL)  # the wrapper too: what it leaves comes to us
+        self.poll()
 
     def close(self, timeout: float = 1.0) -> list[str]:
-        # The task is gone; whatever it started goes too (its wrapper has cleaned up by the
-        # time the output pipe closes, which the reader waits for).
+        # The task is gone; whatever it started goes too: its wrapper cleaned up before it
+        # exited, or, SIGKILLed, left it to us. Then the output pipe closes.
+        if self.poll() is not None and orphans.left_by(self._pgid):
+            orphans.sweep(since=self._reaped_at)
         rest = self._output.close(timeout)
-        self._kill_known()
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = None
         with contextlib.suppress(OSError):
             if self._proc.stdin is not None:
                 self._proc.stdin.close()

@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import BinaryIO
 
+from orchestrator import wakeup
+
 LINE_CAP = 64 * 1024  # characters of one line held in memory
 QUEUE_CHARS = 4 * 1024 * 1024  # lines waiting for the supervisor, in characters
 
@@ -47,6 +49,8 @@ class _LineQueue:
                 self._cond.wait()
             self.full = False
             if self._open:
+                if not self._lines:
+                    wakeup.notify()  # the supervisor sleeps until there is something to take
                 self._lines.append(line)
                 self._size += len(line)
 
@@ -127,6 +131,7 @@ class TaskOutput:
             self._end_line()
         if not self._ended_line:
             self._write(b"\n")  # the next attempt's header starts a line of its own
+        wakeup.notify()  # the output ended: `done`
         with self._log_lock:
             log, self._log = self._log, None
         if log is not None:

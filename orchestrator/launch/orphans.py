@@ -1,0 +1,104 @@
+"""What a SIGKILLed task wrapper leaves: the coordinator adopts it and kills it.
+
+    orphans.adopt()                  # before the first local task starts (once a process)
+    orphans.started(pid)             # a wrapper we started (its pid is its process group)
+    orphans.reaped(pid)              # ... and we collected its exit
+    if orphans.left_by(pid):         # when its handle closes: did it die uncleanly?
+        orphans.sweep(since=reaped_at)   # kill and reap what it left
+
+The wrapper (worker_entry.lifeline) kills everything its task started, whenever the task
+ends; it cannot once it is SIGKILLed itself. The task then dies with it (PDEATHSIG), and
+what the task started (a child in a session of its own, a double-forked daemon) is
+re-parented by the kernel to the nearest child subreaper: the coordinator, which is one.
+So those processes are the coordinator's children and nothing needs sampling while tasks
+run (the old backstop read every task's process tree from /proc each second: the 64-task
+CPU hog). Whether a wrapper died uncleanly costs one waitid: its task, in its process group,
+is then our child (or zombie), where a wrapper that cleaned up had reaped it. Only then a
+sweep: one scan of /proc, which covers every wrapper reaped before it started. (A wrapper
+SIGKILLed after it reaped its task, while it killed the rest, is not noticed.)
+
+Only our own are touched: a child of ours that is no wrapper we started, and that either
+carries TFO_ATTEMPT in its environment (every local task's processes inherit it) or is
+in a wrapper's process group (the task itself, already a zombie).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+import time
+
+import psutil
+
+_PR_SET_CHILD_SUBREAPER = 36
+_SWEEP_SECONDS = 2.0  # at most this long killing generation after generation (a fork bomb)
+
+_adopted = False
+_wrappers: set[int] = set()  # started, exit not collected yet
+_groups: set[int] = set()  # process groups of the wrappers we started
+_swept_at = float("-inf")  # monotonic start of the last sweep
+
+
+def adopt() -> None:
+    global _adopted
+    if not _adopted and sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _adopted = True
+
+
+def started(pid: int) -> None:
+    _wrappers.add(pid)
+    _groups.add(pid)
+
+
+def reaped(pid: int) -> None:
+    _wrappers.discard(pid)
+
+
+def left_by(pid: int) -> bool:
+    """Has the wrapper `pid` (exited) left a child of ours in its process group?"""
+    try:
+        os.waitid(os.P_PGID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    except (AttributeError, OSError):  # no waitid here: look
+        return True
+    return True
+
+
+def _ours(p: psutil.Process) -> bool:
+    if p.pid in _wrappers:
+        return False
+    try:
+        return "TFO_ATTEMPT" in p.environ()
+    except psutil.Error:  # a zombie: its environment is gone, its group is not
+        with contextlib.suppress(OSError):
+            return os.getpgid(p.pid) in _groups
+    return False
+
+
+def sweep(since: float | None = None) -> int:
+    """Kill and reap our orphans; how many. Skipped when a sweep started after `since` (the
+    monotonic time the wrapper's exit was collected: its orphans were ours by then)."""
+    global _swept_at
+    if since is not None and _swept_at > since:
+        return 0
+    start, killed = time.monotonic(), 0
+    while time.monotonic() - start < _SWEEP_SECONDS:
+        try:
+            found = [p for p in psutil.Process().children() if _ours(p)]
+        except psutil.Error:
+            break
+        if not found:
+            break
+        for p in found:
+            with contextlib.suppress(psutil.Error):
+                p.kill()  # psutil checks the create time: never a reused pid
+        for p in found:  # reap: their children come to us next, for the next round
+            with contextlib.suppress(psutil.Error, ChildProcessError):
+                p.wait(0.5)
+        killed += len(found)
+    _swept_at = start
+    return killed

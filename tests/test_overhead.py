@@ -1,0 +1,120 @@
+"""Supervising idle tasks costs the coordinator next to nothing, and a task's death is
+learnt from the kernel at once. Light tasks: bench/job.py --fake (listens on its port and
+sleeps), no TensorFlow; and the supervisor's loop with scripted handles."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bench.run import cpu_seconds
+from orchestrator.plan import TaskPlan
+from orchestrator.supervise import JobState, Supervisor
+from tests.conftest import REPO, events, kill_tree, tfo_cmd, wait_until, write_spec
+from tests.test_supervise import READY, planned, spec
+
+TASKS = 32
+
+
+@pytest.mark.timeout(240)
+def test_idle_tasks_cost_the_coordinator_almost_nothing(run_dir: Path, tmp_path: Path):
+    spec = write_spec(tmp_path / "light.json", json.dumps({
+        "name": "light", "job": {"script": "bench/job.py", "args": [
+            "--fake", "--epochs", "1", "--steps_per_epoch", "1", "--step_seconds", "600"]},
+        "tasks": {"worker": ["localhost:auto"] * TASKS}, "restart": {"policy": "never"}}))
+    proc = subprocess.Popen(tfo_cmd("run", str(spec), "--run-dir", str(run_dir)), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        ready = wait_until(lambda: sum(e["event"] == "task_ready"
+                                       for e in events(run_dir)) == TASKS, 180, 0.2)
+        assert ready, "the light tasks did not all come up"
+        time.sleep(0.5)
+        coord = psutil.Process(proc.pid)
+        c0, t0 = cpu_seconds(coord), time.monotonic()
+        time.sleep(3)
+        per_second = (cpu_seconds(coord) - c0) / (time.monotonic() - t0)
+        # Sampling each task's process tree every second cost 0.10 of a core at 32 tasks.
+        assert per_second < 0.03, f"the coordinator used {per_second:.3f} of a core"
+
+        victim = next(e["pid"] for e in events(run_dir) if e["event"] == "task_started"
+                      and e["task"] == "worker:1")
+        killed = time.time()
+        os.kill(victim, signal.SIGKILL)
+        assert proc.wait(60) == 1
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+            proc.wait()
+    ev = events(run_dir)
+    exited = next(e["time"] for e in ev if e["event"] == "task_exited")
+    assert exited - killed < 0.5, f"the SIGKILL was noticed {exited - killed:.3f} s later"
+    assert sum(e["event"] == "task_stopped" for e in ev) == TASKS - 1
+
+
+class PipeHandle:
+    """A task that runs for `after` seconds; a pipe turns readable when it exits, as a
+    pidfd does. Counts how often the supervisor asks."""
+
+    def __init__(self, task: TaskPlan, attempt: int, after: float) -> None:
+        self.task, self.attempt, self.pid = task, attempt, 1000
+        self._r, self._w = os.pipe()
+        self._rc: int | None = None
+        self._lines = [READY]
+        self.polls, self.exited_at = 0, 0.0
+        threading.Timer(after, self._exit).start()
+
+    @property
+    def exit_fd(self) -> int:
+        return self._r
+
+    def _exit(self) -> None:
+        self.exited_at, self._rc = time.time(), 0
+        os.write(self._w, b"x")
+
+    def poll(self) -> int | None:
+        self.polls += 1
+        return self._rc
+
+    def terminate(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+    def lines(self) -> list[str]:
+        out, self._lines = self._lines, []
+        return out
+
+    def close(self, timeout: float = 1.0) -> list[str]:
+        os.close(self._r)
+        os.close(self._w)
+        return []
+
+
+@pytest.mark.timeout(20)
+def test_the_loop_sleeps_until_the_kernel_says_a_task_exited(tmp_path: Path):
+    handles: list[PipeHandle] = []
+
+    def start(task: TaskPlan, attempt: int) -> PipeHandle:
+        handles.append(PipeHandle(task, attempt, after=1.0))
+        return handles[-1]
+
+    plan = planned(tmp_path, spec())
+    result = Supervisor(plan, start=start, echo=lambda task, line: None).run()
+    assert result.state is JobState.SUCCEEDED
+    ev = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    for h in handles:
+        # A 50 ms poll asked 20 times a second; sleeping on the fd, a few times at most.
+        assert h.polls <= 10, f"{h.task.name} polled {h.polls} times in 1 s"
+        exited = next(e["time"] for e in ev if e["event"] == "task_exited"
+                      and e["task"] == h.task.name)
+        assert exited - h.exited_at < 0.05, "the exit was noticed late"
