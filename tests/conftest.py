@@ -28,6 +28,19 @@ SSH_LAB = pytest.mark.xdist_group("sshlab")  # the netns lab: lab1/lab2 on 10.20
 SLURM_LAB = pytest.mark.xdist_group("slurmlab")  # the Slurm lab on 10.201.0.0/24
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under --dist loadgroup, xdist marks a grouped test by suffixing its node id with
+    @group; a pytest that ignores that (9.2: pytest-xdist#1386) would run a group in both
+    workers at once, and the labs and ports would collide. Refuse to run that way."""
+    if not config.getvalue("loadgroup"):
+        return
+    lost = [i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(f"--dist loadgroup is not in effect ({lost[0]} has no @group): "
+                                "pytest 9.2 breaks it (pytest-xdist#1386); install pytest<9.2")
+
+
 @dataclass
 class TfoResult:
     returncode: int

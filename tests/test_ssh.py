@@ -104,7 +104,7 @@ def test_mwms_across_two_lab_hosts(lab, run_dir: Path, tmp_path: Path):
     finally:
         tfo.close()
     plan = json.loads((run_dir / "plan.json").read_text())
-    assert plan["tasks"][0]["tf_config"]["cluster"]["worker"] == [
+    assert plan["cluster"]["worker"] == [
         "10.200.0.11:20000", "10.200.0.12:20000"]
     # The code was copied to each host's workdir; the chief saved on its own host only.
     assert (tmp_path / "lab1" / "worker_entry" / "runner.py").exists()
