@@ -3,6 +3,7 @@ network namespace (tests/slurmlab.py), real TensorFlow tasks as job steps."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -266,7 +267,10 @@ def test_a_queued_job_shows_why_and_ctrl_c_or_sigkill_withdraws_it(
     seen = [""]
 
     def proc_err() -> str:
-        seen[0] += proc.stderr.read() or ""
+        # os.read, not the text stream's read: a non-blocking TextIOWrapper can raise
+        # TypeError when its buffer's read returns None mid-line.
+        with contextlib.suppress(BlockingIOError):
+            seen[0] += os.read(proc.stderr.fileno(), 65536).decode(errors="replace")
         return seen[0]
 
     try:
