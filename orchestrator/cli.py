@@ -319,19 +319,19 @@ OnOpt = Annotated[str | None, typer.Option(
     "--on", help="hand the job to a scheduler: slurm (each role's tasks become a count; Slurm "
     "picks the nodes)", rich_help_panel=_SLURM, show_default=False)]
 PartitionOpt = Annotated[str | None, typer.Option(
-    "--partition", help="Slurm partition \\[default: the cluster's default]",
+    "--partition", help="Slurm partition [default: the cluster's default]",
     rich_help_panel=_SLURM, show_default=False)]
 TimeOpt = Annotated[str | None, typer.Option(
     "--time", help="Slurm time limit: minutes, HH:MM:SS, D-HH:MM:SS", rich_help_panel=_SLURM,
     show_default=False)]
 NodesOpt = Annotated[int | None, typer.Option(
-    "--nodes", help="nodes to ask for \\[default: enough for --tasks-per-node]",
+    "--nodes", help="nodes to ask for [default: enough for --tasks-per-node]",
     rich_help_panel=_SLURM, show_default=False)]
 TasksPerNodeOpt = Annotated[int | None, typer.Option(
-    "--tasks-per-node", help="tasks on one node \\[default: 1]", rich_help_panel=_SLURM,
+    "--tasks-per-node", help="tasks on one node [default: 1]", rich_help_panel=_SLURM,
     show_default=False)]
 GpusPerTaskOpt = Annotated[int | None, typer.Option(
-    "--gpus-per-task", help="GPUs Slurm gives each task \\[default: 0]", rich_help_panel=_SLURM,
+    "--gpus-per-task", help="GPUs Slurm gives each task [default: 0]", rich_help_panel=_SLURM,
     show_default=False)]
 AccountOpt = Annotated[str | None, typer.Option(
     "--account", help="Slurm account to charge", rich_help_panel=_SLURM, show_default=False)]

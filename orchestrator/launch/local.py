@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 
 from orchestrator.launch import orphans
-from orchestrator.launch.output import TaskOutput
+from orchestrator.launch.output import TaskOutput, close_pipes, send_lifeline
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, check_local
 from orchestrator.plan import Plan, TaskPlan
@@ -77,9 +77,7 @@ class LocalHandle:
         self._signal_group(signal.SIGTERM)
 
     def request_stacks(self) -> None:
-        with contextlib.suppress(OSError, ValueError):  # gone, or the pipe is closed
-            if self._proc.stdin is not None:
-                self._proc.stdin.write(markers.STACKS)
+        send_lifeline(self._proc, markers.STACKS)
 
     def kill(self) -> None:
         self._signal_group(signal.SIGKILL)  # the wrapper too: what it leaves comes to us
@@ -95,14 +93,7 @@ class LocalHandle:
             with contextlib.suppress(OSError):
                 os.close(self._pidfd)
             self._pidfd = None
-        with contextlib.suppress(OSError):
-            if self._proc.stdin is not None:
-                self._proc.stdin.close()
-        # A reader still in read() (something still has the pipe open) keeps the pipe: closing
-        # it under the reader could hand its number to a file opened meanwhile. It ends on EOF.
-        if self._output.done and self._proc.stdout is not None:
-            with contextlib.suppress(OSError):
-                self._proc.stdout.close()
+        close_pipes(self._proc, self._output)
         # The wrapper removes the task's temp dir, except when it was SIGKILLed itself.
         shutil.rmtree(self.task.tmp_dir, ignore_errors=True)
         return rest

@@ -14,6 +14,8 @@ a full pipe.
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import threading
 import time
 from collections import deque
@@ -171,3 +173,25 @@ class TaskOutput:
         self._line.clear()
         self._more = 0
         self._queue.put(text)
+
+
+# Local and Slurm tasks are child processes of ours (the task's wrapper, or srun before it):
+# their lifeline is the child's stdin and their output its stdout.
+def send_lifeline(proc: subprocess.Popen, data: bytes) -> None:
+    """Bytes down a child task's lifeline (e.g. markers.STACKS; srun passes them on to the
+    wrapper); nothing when the task is gone or the pipe is closed."""
+    with contextlib.suppress(OSError, ValueError):
+        if proc.stdin is not None:
+            proc.stdin.write(data)
+
+
+def close_pipes(proc: subprocess.Popen, output: TaskOutput) -> None:
+    """After the task exited and `output.close`: its lifeline, and its output pipe once the
+    reader is done. A reader still in read() (something still has the pipe open) keeps the
+    pipe: closing it under the reader could hand its number to a file opened meanwhile."""
+    with contextlib.suppress(OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    if output.done and proc.stdout is not None:
+        with contextlib.suppress(OSError):
+            proc.stdout.close()

@@ -38,7 +38,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 from orchestrator.launch import BackendError
-from orchestrator.launch.output import TaskOutput
+from orchestrator.launch.output import TaskOutput, close_pipes, send_lifeline
 from orchestrator.launch.preflight import HostCheck
 from orchestrator.plan import Plan, TaskPlan, task_name
 from orchestrator.spec import SLURM, ClusterSpec, HostSpec, SlurmSpec, SpecError
@@ -306,9 +306,7 @@ class SlurmHandle:
                 self._proc.send_signal(signal.SIGTERM)
 
     def request_stacks(self) -> None:
-        with contextlib.suppress(OSError, ValueError):  # srun passes stdin on to the wrapper
-            if self._proc.stdin is not None:
-                self._proc.stdin.write(markers.STACKS)
+        send_lifeline(self._proc, markers.STACKS)
 
     def kill(self) -> None:
         if self._proc.poll() is None:
@@ -318,12 +316,7 @@ class SlurmHandle:
 
     def close(self, timeout: float = 1.0) -> list[str]:
         rest = self._output.close(timeout)
-        with contextlib.suppress(OSError):
-            if self._proc.stdin is not None:
-                self._proc.stdin.close()
-        if self._output.done and self._proc.stdout is not None:
-            with contextlib.suppress(OSError):
-                self._proc.stdout.close()
+        close_pipes(self._proc, self._output)
         return rest
 
 
