@@ -33,7 +33,7 @@ slurm:
 
 test: $(STAMP) sshd slurm
 	$(BIN)/ruff check orchestrator worker_entry tests bench
-	$(BIN)/pytest -q -rs -n 2 --dist loadgroup --durations=25
+	$(BIN)/pytest -q -rfEs -n 2 --dist loadgroup --durations=25
 
 # make bench: every figure of issue 13 against its target (about 10 minutes on 2 cores);
 # writes bench/results.json and bench/results.png. Installs the `bench` extra (matplotlib).
