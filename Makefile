@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint clean sshd slurm
+.PHONY: run test bench lint clean sshd slurm pyc
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,7 +15,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[tf,test]'
 	touch $(STAMP)
 
-run: $(STAMP)
+# Bytecode for our own modules, as a non-editable pip install would leave it: where
+# PYTHONDONTWRITEBYTECODE is set (CI here), every `tfo` would otherwise compile them again
+# (about 70 ms of a 0.3 s `tfo plan`). Cheap when nothing changed.
+pyc: $(STAMP)
+	@$(BIN)/python -m compileall -q orchestrator worker_entry bench >/dev/null
+
+run: $(STAMP) pyc
 	$(BIN)/tfo run clusters/localhost.yaml
 
 # The SSH tests run real sshd processes: install openssh-server when it is missing.
@@ -31,13 +37,13 @@ slurm:
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
 	  slurmctld slurmd slurm-client munge iproute2 util-linux >/dev/null; }
 
-test: $(STAMP) sshd slurm
+test: $(STAMP) pyc sshd slurm
 	$(BIN)/ruff check orchestrator worker_entry tests bench
 	$(BIN)/pytest -q -rfEs -n 2 --dist loadgroup --durations=25
 
 # make bench: every figure of issue 13 against its target (about 10 minutes on 2 cores);
 # writes bench/results.json and bench/results.png. Installs the `bench` extra (matplotlib).
-bench: $(STAMP)
+bench: $(STAMP) pyc
 	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/run.py
 

@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under --dist loadgroup, xdist marks a grouped test by suffixing its node id with
     @group; a pytest that ignores that (9.2: pytest-xdist#1386) would run a group in both
     workers at once, and the labs and ports would collide. Refuse to run that way."""
-    if not config.getvalue("loadgroup"):
+    if not getattr(config.option, "loadgroup", False):  # set in xdist's workers only
         return
     lost = [i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
     if lost:

@@ -11,7 +11,6 @@ allocation, whose nodes `place` asks for before ports are allocated.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 from orchestrator.launch import Backend, TaskHandle
 from orchestrator.launch.gpus import GpuReport, auto_gpus, gpu_problem
@@ -83,6 +82,8 @@ class Backends:
     def check(self, plan: Plan) -> list[HostCheck]:
         """Every kind's preflight at once; then the same TensorFlow everywhere."""
         kinds = self._by_kind(plan)
+        from concurrent.futures import ThreadPoolExecutor  # only for hosts to check
+
         with ThreadPoolExecutor(max_workers=max(1, len(kinds))) as pool:
             found = pool.map(lambda k: self.get(k).check(kinds[k]), kinds)
             rows = [row for part in found for row in part]

@@ -29,8 +29,10 @@ import ctypes
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
-import psutil
+if TYPE_CHECKING:
+    import psutil
 
 _PR_SET_CHILD_SUBREAPER = 36
 _SWEEP_SECONDS = 2.0  # at most this long killing generation after generation (a fork bomb)
@@ -69,6 +71,8 @@ def left_by(pid: int) -> bool:
 
 
 def _ours(p: psutil.Process) -> bool:
+    import psutil
+
     if p.pid in _wrappers:
         return False
     try:
@@ -85,6 +89,8 @@ def sweep(since: float | None = None) -> int:
     global _swept_at
     if since is not None and _swept_at > since:
         return 0
+    import psutil  # only when a wrapper left something: `tfo plan` goes without
+
     start, killed = time.monotonic(), 0
     while time.monotonic() - start < _SWEEP_SECONDS:
         try:
