@@ -42,8 +42,10 @@ def test_idle_tasks_cost_the_coordinator_almost_nothing(run_dir: Path, tmp_path:
         c0, t0 = cpu_seconds(coord), time.monotonic()
         time.sleep(3)
         per_second = (cpu_seconds(coord) - c0) / (time.monotonic() - t0)
-        # Sampling each task's process tree every second cost 0.10 of a core at 32 tasks.
-        assert per_second < 0.03, f"the coordinator used {per_second:.3f} of a core"
+        # Sampling each task's process tree every second cost 0.10 of a core at 32 tasks. The
+        # figure itself is the bench's (make bench); this catches that kind of regression with
+        # room for a CI machine whose other test worker is training.
+        assert per_second < 0.05, f"the coordinator used {per_second:.3f} of a core"
 
         victim = next(e["pid"] for e in events(run_dir) if e["event"] == "task_started"
                       and e["task"] == "worker:1")
@@ -117,4 +119,5 @@ def test_the_loop_sleeps_until_the_kernel_says_a_task_exited(tmp_path: Path):
         assert h.polls <= 10, f"{h.task.name} polled {h.polls} times in 1 s"
         exited = next(e["time"] for e in ev if e["event"] == "task_exited"
                       and e["task"] == h.task.name)
-        assert exited - h.exited_at < 0.05, "the exit was noticed late"
+        # Woken by the fd, not by IDLE_SECONDS (0.25 s); room for a loaded machine.
+        assert exited - h.exited_at < 0.1, "the exit was noticed late"
