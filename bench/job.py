@@ -14,6 +14,11 @@ once the last epoch ended, dump every thread's stack to stderr every SECONDS unt
 returns, and profile every call from then on: each call (Python or C) that took over 1 s
 is printed as `BENCH slow_call <seconds> <function> <where>` (what fit() waits for).
 
+--pin: one core per task (task index modulo the cores this process may use) and one
+TensorFlow intra-op thread, set before TensorFlow is imported. Two workers that each spread
+over both cores of a 2-core machine make the paired figures swing by ±50 % from run to run;
+the same flag in both arms keeps the comparison fair.
+
 --fake: no TensorFlow. It listens on its TF_CONFIG port (how a script task is seen ready)
 and sleeps `--step_seconds` per step: the harness's quick setting, and the "light task"
 of the coordinator-CPU figures (one step of many seconds).
@@ -70,6 +75,14 @@ def fake(args: argparse.Namespace) -> None:
                 say("first_step")
         say("epoch", epoch)
     say("fit_returned")
+
+
+def pin() -> None:
+    task = (json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {})
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[int(task.get("index", 0)) % len(cores)]})
+    for var in ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS"):
+        os.environ[var] = "1"
 
 
 def real(args: argparse.Namespace) -> None:
@@ -141,7 +154,10 @@ def main() -> None:
     parser.add_argument("--backup", default="")
     parser.add_argument("--trace_tail", type=float, default=0.0)
     parser.add_argument("--keep_locals", action="store_true")
+    parser.add_argument("--pin", action="store_true")
     args = parser.parse_args()
+    if args.pin:
+        pin()
     (fake if args.fake else real)(args)
     say("done")
     sys.stdout.flush()

@@ -10,6 +10,8 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
   exported, nothing watching) alternate A B A B in the same run, so drift cancels; each
   pair gives a ratio tfo ÷ hand of the whole run's wall time, of start → both workers'
   first step, of training throughput (steps/s after epoch 0) and of CPU (informational).
+  Each worker has a core of its own and one intra-op thread (bench/job.py --pin), in both
+  arms: unpinned, two workers fighting over 2 cores swung the pairs from 0.61 to 1.54.
 - coordinator CPU per wall second: `tfo run` of N light tasks (bench/job.py --fake: a
   process that listens on its port and sleeps), the coordinator's own CPU time over a
   window once all are ready, for N = 2 … 64 (the scale curve).
@@ -202,6 +204,8 @@ def job_args(s: Setting, **over: float) -> list[str]:
             "--steps_per_epoch", str(over.get("steps_per_epoch", s.steps_per_epoch))]
     if s.fake or over.get("fake"):
         args += ["--fake", "--step_seconds", str(over.get("step_seconds", 0.01))]
+    else:  # a core and one intra-op thread per worker, in both arms: see bench/job.py
+        args += ["--pin"]
     return args
 
 
