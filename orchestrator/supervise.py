@@ -458,8 +458,8 @@ class Supervisor:
     # ---- output -----------------------------------------------------------------------
     def _pump(self) -> None:
         for rec in self.records.values():
-            if rec.handle is not None:
-                self._consume(rec, rec.handle.lines())
+            if rec.handle is not None and (lines := rec.handle.lines()):
+                self._consume(rec, lines)
 
     def _consume(self, rec: TaskRecord, lines: list[str]) -> None:
         """Lines a task printed (its handle wrote them to its log): markers, or the console.
