@@ -4,6 +4,8 @@ max), against its target. Writes bench/results.json and bench/results.png, print
     python bench/run.py            # the full setting: about 10 minutes on 2 quiet cores
     python bench/run.py --quick    # a tiny setting (seconds, no TensorFlow): checks the harness
     python bench/run.py --extras   # also the parameter-server and SSH-lab figures
+    python bench/run.py --only light --counts 2,64   # one section (cli, light, paired,
+                                                     # resume), light tasks at 2 and 64
 
 Figures (the job is bench/job.py, the same script under tfo and by hand):
 - paired: tfo and the hand launch (TensorFlow's guide: one process per task, TF_CONFIG
@@ -39,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -490,17 +492,27 @@ def plot(path: Path) -> str | None:
     return None
 
 
+SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
+    "cli": bench_cli, "light": bench_light, "paired": bench_paired, "resume": bench_resume}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny setting: the harness only")
     parser.add_argument("--extras", action="store_true", help="also the PS and SSH figures")
     parser.add_argument("--out", type=Path, default=REPO / "bench",
                         help="where results.json and results.png go")
+    parser.add_argument("--only", choices=sorted(SECTIONS), action="append",
+                        help="only this section (repeatable)")
+    parser.add_argument("--counts", type=lambda v: tuple(int(n) for n in v.split(",")),
+                        help="light-task counts, e.g. 2,64")
     args = parser.parse_args(argv)
     s = QUICK if args.quick else FULL
+    if args.counts:
+        s = replace(s, counts=args.counts)
     started = time.monotonic()
-    sections: list[Callable[[Setting, Path], None]] = [bench_cli, bench_light, bench_paired,
-                                                       bench_resume]
+    sections: list[Callable[[Setting, Path], None]] = [
+        f for name, f in SECTIONS.items() if not args.only or name in args.only]
     if args.extras:
         from bench import extras
 

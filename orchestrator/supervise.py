@@ -6,11 +6,12 @@
 
 One thread, one loop: pump output into logs and console, notice exits and stalls, decide
 restarts, start what is due. Between rounds it sleeps until the kernel says something
-happened: a task exited (its handle's pidfd), output arrived or a signal came
-(orchestrator.wakeup), at most IDLE_SECONDS (timeouts, backoffs); handles with no exit fd
-(SSH) are polled every POLL_SECONDS. Every step is written to events.jsonl. What to do is
-the plan's: its policy (restarts, timeouts) and its strategy's rules (which roles serve
-first, which are servers, what restarts with what, what counts as done).
+happened: a task exited (its handle's pidfd) or a signal came, at once; output arrived
+(orchestrator.wakeup), at most every OUTPUT_SECONDS; at most IDLE_SECONDS (timeouts,
+backoffs); handles with no exit fd (SSH) are polled every POLL_SECONDS. Every step is
+written to events.jsonl. What to do is the plan's: its policy (restarts, timeouts) and its
+strategy's rules (which roles serve first, which are servers, what restarts with what, what
+counts as done).
 
 Hangs are failures: a training task whose step has not moved for `stall_seconds` (or that
 has been stopped that long) fails its attempt like an exit would (orchestrator.stall); its
@@ -26,7 +27,6 @@ every worker exits with the code, but only the preempted one got the signal.
 from __future__ import annotations
 
 import contextlib
-import select
 import signal
 import sys
 import time
@@ -60,6 +60,12 @@ __all__ = ["JobState", "RunResult", "Supervisor", "TaskState", "restart_allowed"
 
 POLL_SECONDS = 0.05  # handles without an exit fd
 IDLE_SECONDS = 0.25  # the longest the loop sleeps with nothing happening
+# Output wakes the loop at most this often: a round costs O(tasks), and the usage markers of
+# 64 tasks alone arrive 32 times a second (a round for each cost 0.04 of a core).
+OUTPUT_SECONDS = 0.1
+# Stalls are looked for at most this often (each look builds a Watched per task); they are
+# found within stall_seconds + 1 s.
+STALL_CHECK_SECONDS = 0.25
 WATCH_SECONDS = 1.0  # how often the loop hands itself to a watcher (the live view)
 # A closed terminal or a dropped SSH session to the user's machine sends SIGHUP: a teardown
 # like Ctrl-C, not a silent death that leaves the run looking alive.
@@ -91,10 +97,11 @@ class TaskState(str, Enum):
 
     @property
     def live(self) -> bool:
-        return self in (TaskState.STARTING, TaskState.RUNNING)
+        return self in _LIVE  # a frozenset: the loop asks for every task each round
 
 
 _T = TaskState
+_LIVE = frozenset({_T.STARTING, _T.RUNNING})
 TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     _T.PENDING: frozenset({_T.STARTING, _T.FAILED, _T.PENDING}),
     _T.STARTING: frozenset({_T.RUNNING, _T.SUCCEEDED, _T.FAILED, _T.STOPPED}),
@@ -262,6 +269,10 @@ class Supervisor:
         self._signal: signal.Signals | None = None
         self._signal_count = 0
         self._t0 = time.monotonic()
+        self._waiter = wakeup.Waiter()
+        self._round_at = 0.0  # monotonic time the last round began (OUTPUT_SECONDS)
+        self._exited: set[int] = set()  # exit fds readable when the loop last woke
+        self._stalls_at = 0.0  # monotonic time of the last stall check (STALL_CHECK_SECONDS)
         # Made, with plan.json, before anything starts (cli.make_run_dir): a bad place or a
         # full disk is the user's error there, and plan.json is not serialized twice.
         self.run_dir = RunDir(plan.run_dir)
@@ -344,15 +355,22 @@ class Supervisor:
         self._poll_exits()
         if self._ending is None:
             self._check_startup(time.monotonic())
-        if self._ending is None:
-            self._check_stalls(time.monotonic())
+        if self._ending is None and (now := time.monotonic()) >= \
+                self._stalls_at + STALL_CHECK_SECONDS:
+            self._stalls_at = now
+            self._check_stalls(now)
         if self._ending is None:
             self._check_success()
         return None
 
     def _poll_exits(self) -> None:
+        """Asks the handles the kernel said exited (their exit fd readable when the loop
+        woke) and those without an exit fd. One that exits later, or before its fd was
+        first watched, wakes the next sleep at once: the fd stays readable."""
+        asked = {None, *self._exited}
         for rec in self.records.values():
-            if rec.state.live and rec.handle is not None:
+            if rec.state.live and rec.handle is not None and \
+                    getattr(rec.handle, "exit_fd", None) in asked:
                 rc = rec.handle.poll()
                 if rc is not None:
                     self._on_exit(rec, rc)
@@ -363,7 +381,7 @@ class Supervisor:
         self._signal_count += 1
         if self._signal is None:
             self._signal = signal.Signals(signum)
-        wakeup.notify()
+        wakeup.notify(urgent=True)
 
     # ---- sleeping ---------------------------------------------------------------------
     def _live_handles(self) -> list[TaskHandle]:
@@ -378,17 +396,23 @@ class Supervisor:
         return max(0.0, idle)
 
     def _sleep(self, handles: list[TaskHandle], timeout: float) -> None:
-        """Until one of `handles` exits, output or a signal arrives, or `timeout` passed."""
-        poller = select.poll()
-        poller.register(wakeup.fileno(), select.POLLIN)
-        for h in handles:
-            fd = getattr(h, "exit_fd", None)
-            if fd is None:
-                timeout = min(timeout, POLL_SECONDS)
-            else:
-                poller.register(fd, select.POLLIN)
-        poller.poll(max(0.0, timeout) * 1000)  # a negative timeout would wait forever
-        wakeup.drain()
+        """Until one of `handles` exits or a signal comes, or `timeout` passed; output ends
+        the sleep too, but no sooner than OUTPUT_SECONDS after the last round began."""
+        fds = {fd for h in handles if (fd := getattr(h, "exit_fd", None)) is not None}
+        if len(fds) < len(handles):
+            timeout = min(timeout, POLL_SECONDS)
+        self._waiter.watch(fds)
+        until, output = time.monotonic() + timeout, False
+        while True:  # at least one look, even with no time to wait
+            self._exited, notified = self._waiter.wait(until - time.monotonic(),
+                                                       output=not output)
+            if self._exited or self._signal is not None:
+                break
+            if notified:  # output (a signal ended the sleep above)
+                output, until = True, min(until, self._round_at + OUTPUT_SECONDS)
+            if time.monotonic() >= until:
+                break
+        self._round_at = time.monotonic()
 
     # ---- starting ---------------------------------------------------------------------
     def _prerequisites_ready(self, rec: TaskRecord) -> bool:
@@ -434,8 +458,8 @@ class Supervisor:
     # ---- output -----------------------------------------------------------------------
     def _pump(self) -> None:
         for rec in self.records.values():
-            if rec.handle is not None:
-                self._consume(rec, rec.handle.lines())
+            if rec.handle is not None and (lines := rec.handle.lines()):
+                self._consume(rec, lines)
 
     def _consume(self, rec: TaskRecord, lines: list[str]) -> None:
         """Lines a task printed (its handle wrote them to its log): markers, or the console.

@@ -6,17 +6,22 @@ Each fake task prints its markers at once and exits with a scripted code after a
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from orchestrator import wakeup
 from orchestrator.plan import Plan, TaskPlan, make_plan
 from orchestrator.rundir import RunDir
 from orchestrator.spec import parse_spec
 from orchestrator.supervise import (
+    IDLE_SECONDS,
     JOB_TRANSITIONS,
+    OUTPUT_SECONDS,
     TASK_TRANSITIONS,
     IllegalTransition,
     JobState,
@@ -460,3 +465,101 @@ def test_the_summary_tail_skips_markers(tmp_path):
     log.write_text("".join(f"line {i}\n{usage(False)}\n{progress(i)}\n" for i in range(30))
                    + '@tfo {"event": "usage", "cpu": "lots"}\n')
     assert tail(str(log), 3) == ["line 28", "line 29", '@tfo {"event": "usage", "cpu": "lots"}']
+
+
+class FdHandle(FakeHandle):
+    """A FakeHandle with an exit fd, as a pidfd: a pipe that turns readable when it exits
+    (its scripted exit, terminate or kill). Counts the supervisor's rounds (each takes its
+    lines) and its polls."""
+
+    def __init__(self, task: TaskPlan, attempt: int, script: Script) -> None:
+        super().__init__(task, attempt, script)
+        self._r, self._w = os.pipe()
+        self.rounds = self.polls = 0
+        self.exited_at = 0.0
+        if self.code is not None:
+            threading.Timer(self.after, self._exit, [self.code]).start()
+
+    @property
+    def exit_fd(self) -> int:
+        return self._r
+
+    def _exit(self, rc: int) -> None:
+        if self._rc is None:
+            self._rc, self.exited_at = rc, time.time()
+            os.write(self._w, b"x")
+
+    def poll(self) -> int | None:
+        self.polls += 1
+        return self._rc
+
+    def terminate(self) -> None:
+        self._exit(-15)
+
+    def kill(self) -> None:
+        self._exit(-9)
+
+    def lines(self) -> list[str]:
+        self.rounds += 1
+        return super().lines()
+
+    def close(self, timeout: float = 1.0) -> list[str]:
+        rest = super().close(timeout)
+        os.close(self._r)
+        os.close(self._w)
+        return rest
+
+
+def supervise_fds(tmp_path: Path, spec: dict, scripts: dict[str, Script]):
+    handles: list[FdHandle] = []
+
+    def start(task: TaskPlan, attempt: int) -> FdHandle:
+        handles.append(FdHandle(task, attempt, scripts.get(task.name, Script())))
+        return handles[-1]
+
+    result = Supervisor(planned(tmp_path, spec), start=start, echo=lambda task, line: None).run()
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    return result, handles, events
+
+
+@pytest.mark.timeout(20)
+def test_output_wakes_the_loop_at_most_every_output_seconds_and_exits_at_once(tmp_path):
+    """64 tasks' usage markers alone came 32 times a second, each a round over every task:
+    output waits for the next round, OUTPUT_SECONDS at most; an exit does not."""
+    scripts = {f"worker:{i}": Script([(0, 1.0, True)]) for i in range(2)}
+    flooding = threading.Event()
+
+    def flood() -> None:  # what output readers do as their lines arrive
+        while not flooding.wait(0.002):
+            wakeup.notify()
+
+    threading.Thread(target=flood, daemon=True).start()
+    try:
+        result, handles, events = supervise_fds(tmp_path, spec(), scripts)
+    finally:
+        flooding.set()
+    assert result.state is JobState.SUCCEEDED
+    for h in handles:
+        # 1 s: about 1 / OUTPUT_SECONDS rounds; a round per notification was ~500.
+        assert h.rounds <= 1.0 / OUTPUT_SECONDS + 5, f"{h.task.name}: {h.rounds} rounds"
+        assert h.polls <= 3, f"{h.task.name} polled {h.polls} times: only its exit fd tells"
+        exited = next(e["time"] for e in events if e["event"] == "task_exited"
+                      and e["task"] == h.task.name)
+        assert exited - h.exited_at < 0.05, "the exit was noticed late"
+
+
+@pytest.mark.timeout(20)
+def test_the_exit_fds_watched_follow_the_handles_across_a_restart(tmp_path):
+    """The loop keeps one poll object: a closed exit fd left in it would wake every sleep
+    at once (POLLNVAL), a new one left out would be noticed only by the idle timeout."""
+    scripts = {"worker:0": Script([(None, 0, True), (0, 0.6, True)]),
+               "worker:1": Script([(3, 0.2, True), (0, 0.6, True)])}
+    result, handles, events = supervise_fds(tmp_path, spec(), scripts)
+    assert result.state is JobState.SUCCEEDED and result.restarts == 1
+    again = [h for h in handles if h.attempt == 1]
+    assert len(again) == 2
+    for h in again:
+        assert h.rounds <= 0.6 / IDLE_SECONDS + 6, f"{h.task.name}: {h.rounds} rounds"
+        exited = next(e["time"] for e in events if e["event"] == "task_exited"
+                      and e["task"] == h.task.name and e["attempt"] == 1)
+        assert exited - h.exited_at < 0.05, "the exit was noticed late"

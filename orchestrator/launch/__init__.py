@@ -34,9 +34,10 @@ class TaskHandle(Protocol):
 
     @property
     def exit_fd(self) -> int | None:
-        """A file descriptor that turns readable when the task exits (a pidfd), for the
-        supervisor to sleep on; None (or no such attribute): the supervisor polls it every
-        POLL_SECONDS instead (SSH tasks: their channel has no fd that says so)."""
+        """A file descriptor that turns readable when the task exits (a pidfd), and stays
+        so: the supervisor sleeps on it and calls poll() only once it is readable. None (or
+        no such attribute): the supervisor polls it every POLL_SECONDS instead (SSH tasks:
+        their channel has no fd that says so)."""
 
     def poll(self) -> int | None:
         """None while running, >= 0 an exit code, < 0 the number of the signal that

@@ -51,12 +51,15 @@ class _LineQueue:
                 self._cond.wait()
             self.full = False
             if self._open:
-                if not self._lines:
-                    wakeup.notify()  # the supervisor sleeps until there is something to take
+                first = not self._lines
                 self._lines.append(line)
                 self._size += len(line)
+                if first:  # queued first: `take` looks without the lock
+                    wakeup.notify()  # the supervisor sleeps until there is something to take
 
     def take(self) -> list[str]:
+        if not self._lines:  # most rounds, for most tasks: no lock to take
+            return []
         with self._cond:
             lines = list(self._lines)
             self._lines.clear()
