@@ -125,7 +125,9 @@ _MARKER: TypeAdapter[Marker] = TypeAdapter(Marker)
 
 
 def read_marker(line: str) -> Marker | None:
-    """The marker in one output line, or None for an ordinary line."""
+    """The marker in one output line, or None for an ordinary line. The reader takes
+    markers.START off; a line read some other way (the raw output) may still have it."""
+    line = line.removeprefix(m.START)
     if not line.startswith(m.PREFIX):
         return None
     try:

@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator.console import ConsoleWriter
 from orchestrator.launch.output import LINE_CAP, TaskOutput
-from orchestrator.markers import BadMarker, Evaluated, Up, read_marker
+from orchestrator.markers import BadMarker, Evaluated, Up, Usage, read_marker
 from tests import sshlab
 from tests.conftest import REPO, events, kill_tree, tfo_cmd, write_spec
 from tests.jobs.noisy import BAD_MARKERS
@@ -85,6 +85,22 @@ def test_an_overlong_line_is_cut_in_memory_and_whole_in_the_log(tmp_path):
     assert lines[3:] == ["last, no newline"]
     data = log.read_bytes()
     assert data == b"".join(parts) + b"\n"  # every byte, and the log ends a line
+
+
+def test_a_marker_amid_a_line_is_taken_out_and_the_line_goes_on_whole(tmp_path):
+    """The wrapper's usage marker arrives while the task is half-way through a line (a
+    progress bar, a line printed in pieces), once split over two reads."""
+    usage = markers.line(markers.USAGE, cpu=1.0, rss=2**20).encode()
+    log = tmp_path / "t.log"
+    parts = [b"epoch 1/3 [====", usage, b"====] done\nnext ", usage[:9], usage[9:],
+             b"line\n", usage]
+    lines = _collect(TaskOutput(str(log), _chunks(*parts), "t"))
+    marker = usage.decode().removeprefix(markers.START).rstrip("\n")
+    assert lines == [marker, "epoch 1/3 [========] done", marker, "next line", marker]
+    assert all(isinstance(read_marker(x), Usage) for x in (marker, usage.decode()))
+    # The log: the task's lines whole, each marker after the line it interrupted.
+    assert log.read_text().splitlines() == ["epoch 1/3 [========] done", marker, "next line",
+                                            marker, marker]
 
 
 def test_a_full_queue_makes_the_reader_wait_not_grow(tmp_path):

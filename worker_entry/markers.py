@@ -63,6 +63,11 @@ def parse_lifeline(value: str | None) -> tuple[bool, float | None]:
 
 
 PREFIX = "@tfo "
+# Every marker is written as START + "@tfo {json}\n" in one write. The task shares its output
+# with the wrapper's markers and may be in the middle of a line (a progress bar, a line
+# printed in pieces) when one arrives: the reader (orchestrator/launch/output.py) takes
+# START…newline out wherever it lands, and the task's line goes on whole around it.
+START = "\x1d"
 # How often the task's wrapper measures its task's processes on their host (any backend).
 USAGE_SECONDS = 2.0
 # With a heartbeat lifeline (SSH), the task's wrapper writes this byte to stdout every
@@ -100,7 +105,7 @@ EXIT_PREEMPTED = 42
 
 
 def line(event: str, **fields: Any) -> str:
-    return PREFIX + json.dumps({"event": event, **fields}, default=str) + "\n"
+    return START + PREFIX + json.dumps({"event": event, **fields}, default=str) + "\n"
 
 
 def emit(event: str, **fields: Any) -> None:

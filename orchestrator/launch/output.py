@@ -10,6 +10,11 @@ the lines, for markers and the console, each held to LINE_CAP in memory: a longe
 cut there, with a note of how many bytes more the log has. They wait in a queue bounded in
 size; a task that prints faster than the supervisor takes its lines waits, as it would on
 a full pipe.
+
+Markers (worker_entry.markers.START, "@tfo {json}", newline) can land in the middle of
+the task's line: the task's wrapper writes them into the same pipe whenever it measures
+the task, however far the task got with its line. They are taken out where they land and
+become lines of their own; in the log, after the line they interrupted.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from orchestrator import wakeup
+from worker_entry.markers import START
+
+_START = START.encode()
 
 LINE_CAP = 64 * 1024  # characters of one line held in memory
 QUEUE_CHARS = 4 * 1024 * 1024  # lines waiting for the supervisor, in characters
@@ -86,6 +94,8 @@ class TaskOutput:
         self._line = bytearray()  # the current line, up to LINE_CAP bytes
         self._more = 0  # bytes of the current line beyond LINE_CAP: in the log only
         self._ended_line = True  # the log ends with a newline
+        self._marker: bytearray | None = None  # a marker being read (START seen, no newline)
+        self._held: list[bytes] = []  # markers for the log once the task's line ends
         self._log_lock = threading.Lock()  # the reader and note() both write
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -130,12 +140,15 @@ class TaskOutput:
                 data = b""
             if not data:
                 break
-            self._write(data)
-            self._split(data)
+            self._feed(data)
+        if self._marker is not None:
+            self._end_marker()
         if self._line or self._more:
             self._end_line()
         if not self._ended_line:
             self._write(b"\n")  # the next attempt's header starts a line of its own
+        if self._held:
+            self._write(b"".join(self._held))
         wakeup.notify()  # the output ended: `done`
         with self._log_lock:
             log, self._log = self._log, None
@@ -155,6 +168,48 @@ class TaskOutput:
             except OSError as e:  # e.g. a full disk: the task must not block on our log
                 self._log, error = None, e
         self._queue.put(f"[tfo] cannot write the log any more: {error}")
+
+    def _feed(self, data: bytes) -> None:
+        """The task's bytes, with every marker taken out (START up to its newline)."""
+        start = 0
+        while start < len(data):
+            if self._marker is not None:
+                end = data.find(b"\n", start)
+                stop = len(data) if end < 0 else end
+                room = max(0, LINE_CAP - len(self._marker))  # a stray START: held to a cap
+                self._marker += data[start:min(stop, start + room)]
+                if end < 0:
+                    return
+                self._end_marker()
+                start = end + 1
+                continue
+            mark = data.find(_START, start)
+            stop = len(data) if mark < 0 else mark
+            self._task_bytes(data[start:stop])
+            if mark >= 0:
+                self._marker = bytearray()
+            start = stop + len(_START) if mark >= 0 else stop
+
+    def _task_bytes(self, part: bytes) -> None:
+        """The task's own output: to the log as it is, held markers after its line ends."""
+        if self._held and (nl := part.find(b"\n")) >= 0:
+            line_end, part = part[:nl + 1], part[nl + 1:]
+            self._write(line_end)
+            self._split(line_end)
+            self._write(b"".join(self._held))
+            self._held.clear()
+        if part:
+            self._write(part)
+            self._split(part)
+
+    def _end_marker(self) -> None:
+        assert self._marker is not None
+        raw, self._marker = bytes(self._marker).rstrip(b"\r") + b"\n", None
+        if self._ended_line:
+            self._write(raw)
+        else:  # the log is in the middle of the task's line: the marker goes after it
+            self._held.append(raw)
+        self._queue.put(raw[:-1].decode(errors="replace"))
 
     def _split(self, data: bytes) -> None:
         start = 0
