@@ -153,7 +153,8 @@ def test_never_policy_fails_and_names_the_signal(run_dir: Path, tmp_path: Path):
 @pytest.mark.tf
 @pytest.mark.timeout(180)
 def test_startup_timeout_names_the_task(run_dir: Path, tmp_path: Path):
-    spec = mwms(policy="never", timeouts=", startup_seconds: 20", hang="worker:1")
+    # worker:0 must have imported TensorFlow (connecting) by then, even on a loaded machine.
+    spec = mwms(policy="never", timeouts=", startup_seconds: 30", hang="worker:1")
     res = run_tfo("run", str(write_spec(tmp_path / "c.yaml", spec)), "--run-dir", str(run_dir),
                   timeout=120)
     assert res.returncode == 1, res.output[-3000:]
