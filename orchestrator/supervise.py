@@ -1,6 +1,6 @@
 """The loop: start order, health, restart policy, success policy, deadline, signals, teardown.
 
-    supervisor = Supervisor(plan, start=backends.start)
+    supervisor = Supervisor(plan, start=backends.start)   # standby=backends.standby: spares
     result = supervisor.run()          # blocks; SIGINT/SIGTERM tear everything down
     sys.exit(result.exit_code)         # 0 ok, 1 failed, 129 SIGHUP, 130 SIGINT, 143 SIGTERM
 
@@ -21,6 +21,10 @@ PreemptionCheckpointHandler, having saved) after a SIGTERM is restarted without 
 against max_restarts. "After a SIGTERM" means its wrapper reported one (a `sigterm` marker)
 this attempt, to it or to a task of its restart unit: the handler saves on every worker and
 every worker exits with the code, but only the preempted one got the signal.
+
+Warm spares (`standby`, orchestrator/launch/spares.py): at an attempt's first progress, while
+a restart is still possible, the loop asks for a standby of the task's next attempt
+(`task_standby_started`); a restart that gets it says `warm: true` in `task_started`.
 """
 
 from __future__ import annotations
@@ -243,8 +247,9 @@ def tail(path: str, n: int = 20) -> list[str]:
 class Supervisor:
     def __init__(self, plan: Plan, start: Launcher,
                  echo: Callable[[str, str], None] | None = None,
-                 watch: Callable[[Supervisor], None] | None = None) -> None:
-        self.plan, self._start = plan, start
+                 watch: Callable[[Supervisor], None] | None = None,
+                 standby: Callable[[TaskPlan, int], int | None] | None = None) -> None:
+        self.plan, self._start, self._standby = plan, start, standby
         self.policy, self.rules = plan.policy, plan.rules
         self.echo = echo or _print_line
         # Called by the loop, on its thread, at most every WATCH_SECONDS: it may read the
@@ -429,7 +434,26 @@ class Supervisor:
         rec.usage, rec.usage_at, rec.stopped_since, rec.sigterm = None, None, None, False
         rec.done = False
         self.events.write("task_started", rec.name, pid=rec.handle.pid, attempt=rec.attempt,
-                          host=rec.task.host, port=rec.task.port)
+                          host=rec.task.host, port=rec.task.port,
+                          warm=getattr(rec.handle, "warm", False))
+
+    def _make_standby(self, rec: TaskRecord) -> None:
+        """A warm spare for `rec`'s next attempt, if a restart may still need one. Asked for
+        at the attempt's first progress: its start-up is over, the spare's import does not
+        slow it."""
+        if self._standby is None or self.policy.restart[rec.role] is RestartPolicy.NEVER:
+            return
+        restarts = rec.restarts if rec.role in self.rules.sidecars else self.restarts
+        if restarts >= self.policy.max_restarts:
+            return
+        try:
+            pid = self._standby(rec.task, rec.attempt + 1)
+        except Exception as e:  # noqa: BLE001 - no spare is no failure: a restart starts cold
+            self.events.write("task_standby_failed", rec.name, attempt=rec.attempt + 1,
+                              error=str(e))
+            return
+        if pid is not None:
+            self.events.write("task_standby_started", rec.name, pid=pid, attempt=rec.attempt + 1)
 
     # ---- output -----------------------------------------------------------------------
     def _pump(self) -> None:
@@ -477,6 +501,8 @@ class Supervisor:
 
     def _progressed(self, rec: TaskRecord, marker: Progress) -> None:
         now, before = time.monotonic(), rec.progress
+        if before is None:
+            self._make_standby(rec)
         if before is None or marker.step > before.step:
             if before is not None and now > rec.progress_at:
                 rec.steps_per_second = (marker.step - before.step) / (now - rec.progress_at)
