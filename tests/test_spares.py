@@ -5,7 +5,9 @@ outlives the run."""
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -113,6 +115,22 @@ def standbys(run_dir: Path) -> dict[tuple[str, int], int]:
             if e["event"] == "task_standby_started"}
 
 
+def run_with_spares(run_dir: Path, tmp_path: Path, epochs: int, sleep: float,
+                    act: Callable[[Tfo], Any]) -> Any:
+    """`tfo run` of the 2-worker job with warm spares (one restart): once worker:1's standby
+    started, `act`; then the run must succeed. What `act` returned."""
+    text = SPARES.format(epochs=epochs, sleep=sleep, max_restarts=1)
+    tfo = Tfo(write_spec(tmp_path / "c.yaml", text), run_dir)
+    try:
+        tfo.wait_event("task_standby_started", "worker:1", attempt=1, timeout=180)
+        got = act(tfo)
+        code, err = tfo.finish()
+        assert code == 0, err[-3000:]
+    finally:
+        tfo.close()
+    return got
+
+
 def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -123,16 +141,11 @@ def gone(pid: int) -> bool:
 @pytest.mark.tf
 @pytest.mark.timeout(300)
 def test_sigkill_restart_is_served_by_the_warm_spare(run_dir: Path, tmp_path: Path):
-    text = SPARES.format(epochs=5, sleep=2, max_restarts=1)
-    tfo = Tfo(write_spec(tmp_path / "c.yaml", text), run_dir)
-    try:
-        tfo.wait_event("task_standby_started", "worker:1", attempt=1, timeout=180)
+    def kill(tfo: Tfo) -> float:
         tfo.wait_event("task_epoch", "worker:1", epoch=1, timeout=180)
-        killed_at = kill_task(tfo, "worker:1")
-        code, err = tfo.finish()
-        assert code == 0, err[-3000:]
-    finally:
-        tfo.close()
+        return kill_task(tfo, "worker:1")
+
+    killed_at = run_with_spares(run_dir, tmp_path, 5, 2, kill)
     ev = events(run_dir)
     assert first(ev, "task_exited", "worker:1", attempt=0)["returncode"] == -signal.SIGKILL
     spares = standbys(run_dir)
@@ -150,15 +163,24 @@ def test_sigkill_restart_is_served_by_the_warm_spare(run_dir: Path, tmp_path: Pa
 @pytest.mark.tf
 @pytest.mark.timeout(300)
 def test_a_standby_left_unused_is_gone_when_the_run_ends(run_dir: Path, tmp_path: Path):
-    text = SPARES.format(epochs=3, sleep=1, max_restarts=1)
-    tfo = Tfo(write_spec(tmp_path / "c.yaml", text), run_dir)
-    try:
-        tfo.wait_event("task_standby_started", "worker:1", attempt=1, timeout=180)
-        code, err = tfo.finish()
-        assert code == 0, err[-3000:]
-    finally:
-        tfo.close()
+    run_with_spares(run_dir, tmp_path, 3, 1, lambda tfo: None)
     spares = standbys(run_dir)
     assert spares and not [e for e in events(run_dir) if e["event"] == "task_restarted"]
     assert all(gone(pid) for pid in spares.values()), spares
     # ...and nothing of the run is left at all (their tasks neither): the run_dir fixture
+
+
+def test_a_script_standby_imports_the_installed_libraries_the_script_imports(tmp_path,
+                                                                            monkeypatch):
+    from worker_entry.standby import _libraries
+
+    monkeypatch.syspath_prepend(str(tmp_path))  # as the task's workdir is: importable
+
+    (tmp_path / "mymodel.py").write_text("print('side effects')\n")
+    script = tmp_path / "train.py"
+    script.write_text("import json, mymodel\nfrom . import sibling\n"
+                      "def main():\n    import numpy as np\n"
+                      "    from sklearn.datasets import load_digits\n"
+                      "    from nosuchlibrary import x\n")
+    # The job's own module (mymodel) may expect what the script does first: left to it.
+    assert _libraries(str(script)) == ["json", "numpy", "sklearn.datasets"]
