@@ -247,7 +247,7 @@ class _Wrapper:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
         _exit_like(self.status if self.status is not None else 70 << 8)
 
-    def _timeout(self, now: float) -> float:
+    def _timeout(self, now: float) -> float | None:
         """How long select may wait: until the next duty falls due (None: no duty, a standby)."""
         due = [] if self.standby else [self.usage_at]
         if self.ready_port and not self.standby:
