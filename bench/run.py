@@ -2,7 +2,8 @@
 max), against its target. Writes bench/results.json and bench/results.png, prints a table.
 
     python bench/run.py            # the full setting: about 10 minutes on 2 quiet cores
-    python bench/run.py --quick    # a tiny setting (seconds, no TensorFlow): checks the harness
+    python bench/run.py --quick    # a tiny setting (seconds; only the standbys import
+                                   # TensorFlow): checks the harness
     python bench/run.py --extras   # also the parameter-server and SSH-lab figures
     python bench/run.py --only resume   # one section: cli, light, paired or resume
 
@@ -594,8 +595,8 @@ def main(argv: list[str] | None = None) -> int:
     problem = plot(args.out / "results.png")
     print()
     if args.quick:
-        print("QUICK setting: tiny sizes (see results.json's setting), no TensorFlow; the "
-              "figures check the harness, not the targets")
+        print("QUICK setting: tiny sizes (see results.json's setting), no TensorFlow but in "
+              "the warm spares; the figures check the harness, not the targets")
     print(table())
     print(f"\n{results['seconds']:g} s on {os.cpu_count()} cores, load average at the end "
           f"{load[0]:.2f}; wrote {args.out / 'results.json'}"
