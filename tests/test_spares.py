@@ -5,6 +5,7 @@ outlives the run."""
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from orchestrator.launch.spares import SPARE_RSS, Spares, spares_pay_off, spares_wanted
 from orchestrator.plan import make_plan
 from orchestrator.spec import cluster_schema, parse_spec
-from tests.conftest import events, write_spec
+from tests.conftest import events, wait_until, write_spec
 from tests.test_faults import Tfo, first, kill_task
 
 GIB = 2**30
@@ -158,6 +159,32 @@ def test_sigkill_restart_is_served_by_the_warm_spare(run_dir: Path, tmp_path: Pa
     assert resumed and min(resumed) >= 1, resumed  # from its checkpoint, not the start
     assert ev[-1]["event"] == "job_finished" and ev[-1]["exit_code"] == 0
     assert (run_dir / "model" / "saved_model" / "saved_model.pb").exists()
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(120)
+def test_closing_the_backend_kills_its_standbys_and_leaves_the_tasks_files(tmp_path):
+    """While the coordinator (here: this test) lives on, so their lifeline cannot be what
+    ends them. A standby never touches the task's temp dir: the running attempt's."""
+    from orchestrator.launch.local import LocalBackend
+
+    spec = parse_spec({"name": "t", "job": {"entry": "tests.jobs.faulty:train"},
+                       "tasks": {"worker": ["localhost:21100"]},
+                       "restart": {"policy": "on-failure", "warm_spares": True}})
+    task = make_plan(spec, run_id="spare-close", run_dir=tmp_path / "run",
+                     workdir=Path.cwd()).tasks[0]
+    Path(task.tmp_dir).mkdir(parents=True)
+    (Path(task.tmp_dir) / "the running attempt's").write_text("")
+    backend = LocalBackend({})
+    pid = backend.standby(task, 1)
+    assert pid is not None and backend.standby(task, 1) is None  # one per task
+    wrapper = psutil.Process(pid)
+    tree = wait_until(lambda: [wrapper, *wrapper.children()] if wrapper.children() else None, 30)
+    assert tree, "the standby's task never started"
+    time.sleep(1.0)  # importing TensorFlow now
+    backend.close()
+    assert all(gone(p.pid) for p in tree), [p.pid for p in tree]
+    assert (Path(task.tmp_dir) / "the running attempt's").exists()
 
 
 @pytest.mark.tf

@@ -82,6 +82,10 @@ BAD = [
     ("code that does not hold the script", GOOD.replace(
         '{entry: "worker_entry.examples.digits:train"}', "{script: a/train.py, code: b}"),
      ["job.code", "holds job.script"]),
+    ("warm spares not a choice", GOOD + "restart: {warm_spares: always}\n",
+     ["restart.warm_spares", "expected auto, true or false", "'always'"]),
+    ("warm spares a number", GOOD + "restart: {warm_spares: 1}\n",
+     ["restart.warm_spares", "expected auto, true or false", "got 1"]),
 ]
 # Issue 8: inputs that gave a traceback, a hang or a silently wrong value.
 HOSTILE = [
@@ -101,10 +105,6 @@ HOSTILE = [
      ["job.model_dir", "'/m/{run_id'", "{run_id}, {run_dir}"]),
     ("infinite backoff", GOOD + "restart: {backoff_seconds: .inf}\n",
      ["restart.backoff_seconds", "finite"]),
-    ("warm spares not a choice", GOOD + "restart: {warm_spares: always}\n",
-     ["restart.warm_spares", "expected auto, true or false", "'always'"]),
-    ("warm spares a number", GOOD + "restart: {warm_spares: 1}\n",
-     ["restart.warm_spares", "expected auto, true or false", "got 1"]),
     ("nan startup timeout", GOOD + "timeouts: {startup_seconds: .nan}\n",
      ["timeouts.startup_seconds", "finite"]),
     ("infinite deadline", GOOD + "timeouts: {deadline_seconds: .inf}\n",
