@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from orchestrator.plan import LOCAL
 
@@ -43,12 +43,15 @@ class Standby(Protocol):
     def discard(self) -> None: ...
 
 
-class Spares:
+S = TypeVar("S", bound=Standby)
+
+
+class Spares(Generic[S]):
     """The standbys of one backend's tasks, by task name."""
 
-    def __init__(self, start: Callable[[TaskPlan, int], Standby]) -> None:
+    def __init__(self, start: Callable[[TaskPlan, int], S]) -> None:
         self._start = start
-        self._held: dict[str, Standby] = {}
+        self._held: dict[str, S] = {}
 
     def make(self, task: TaskPlan, attempt: int) -> int | None:
         held = self._held.get(task.name)
@@ -58,7 +61,7 @@ class Spares:
         standby = self._held[task.name] = self._start(task, attempt)
         return standby.pid
 
-    def take(self, task: TaskPlan, attempt: int) -> Standby | None:
+    def take(self, task: TaskPlan, attempt: int) -> S | None:
         held = self._held.pop(task.name, None)
         if held is None:
             return None
