@@ -2,10 +2,11 @@
 max), against its target. Writes bench/results.json and bench/results.png, prints a table.
 
     python bench/run.py            # the full setting: about 10 minutes on 2 quiet cores
-    python bench/run.py --quick    # a tiny setting (seconds, no TensorFlow): checks the harness
+    python bench/run.py --quick    # a tiny setting (seconds; only the standbys import
+                                   # TensorFlow): checks the harness
     python bench/run.py --extras   # also the parameter-server and SSH-lab figures
     python bench/run.py --only light --counts 2,64   # one section (cli, light, paired,
-                                                     # resume), light tasks at 2 and 64
+                                                     # resume; repeatable), light tasks at 2, 64
 
 Figures (the job is bench/job.py, the same script under tfo and by hand):
 - paired: tfo and the hand launch (TensorFlow's guide: one process per task, TF_CONFIG
@@ -21,6 +22,9 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
   task_exited and the last task_stopped, from events.jsonl, against the kill's time.
 - SIGKILL → training resumed: 2-worker MWMS under tfo, a worker SIGKILLed after epoch 0,
   restart on-failure; kill → both workers' first step of attempt 1, with its breakdown.
+  `resume` with warm spares (restart.warm_spares: true; the kill waits until both standbys
+  have imported TensorFlow), `resume_cold` without, alternated; the spare's RSS in detail.
+  Once both workers took their first step again, the run is stopped (exit 143).
 - `tfo --help`, `tfo plan`: wall time; `tfo plan --json` of 1,000 tasks: time and size,
   and size per task at 1,000 against 250 (linear: within 10 %).
 - fit() tail (informational, item of issue 13): last epoch's end → fit() returned.
@@ -114,6 +118,7 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     Figure("kill_detected", "SIGKILL → detected, 64 light tasks", "s", 0.1, before="0.011"),
     Figure("kill_stopped", "SIGKILL → all stopped, 64 light tasks", "s", 0.5, before="0.38"),
     Figure("resume", "SIGKILL → training resumed, 2-worker MWMS", "s", 3.0, before="6.1"),
+    Figure("resume_cold", "… the same without warm spares", "s", None, before="6.1"),
     Figure("help", "tfo --help", "s", 0.25, before="0.47"),
     Figure("plan", "tfo plan", "s", 0.3, before="0.39"),
     Figure("plan_json_time", "tfo plan --json, 1,000 tasks: time", "s", 1.0, before="1.9"),
@@ -212,12 +217,13 @@ def job_args(s: Setting, **over: float) -> list[str]:
 
 
 def spec(path: Path, name: str, args: list[str], workers: int, restart: str = "never",
-         max_restarts: int = 0) -> Path:
+         max_restarts: int = 0, warm_spares: bool | str = "auto") -> Path:
     path.write_text(json.dumps({
         "name": name, "strategy": "multi_worker_mirrored",
         "job": {"script": JOB, "args": args},
         "tasks": {"worker": ["localhost:auto"] * workers},
-        "restart": {"policy": restart, "max_restarts": max_restarts, "backoff_seconds": 0},
+        "restart": {"policy": restart, "max_restarts": max_restarts, "backoff_seconds": 0,
+                    "warm_spares": warm_spares},
         "timeouts": {"startup_seconds": 300, "grace_seconds": 5},
     }))
     return path
@@ -348,41 +354,91 @@ def light_run(s: Setting, tmp: Path, n: int, i: int) -> None:
 # ---- SIGKILL → training resumed ---------------------------------------------------------
 
 def bench_resume(s: Setting, tmp: Path) -> None:
-    print(f"resume: {s.resumes} run(s)", flush=True)
-    for i in range(s.resumes):
-        resume_run(s, tmp, i)
+    print(f"resume: {s.resumes} run(s) with warm spares, as many without", flush=True)
+    for i in range(s.resumes):  # alternated, like the pairs
+        resume_run(s, tmp, i, warm=True)
+        resume_run(s, tmp, i, warm=False)
 
 
-def resume_run(s: Setting, tmp: Path, i: int) -> None:
-    rd = tmp / f"resume-{i}"
-    path = spec(tmp / "resume.json", "bench-resume", job_args(s, epochs=max(2, s.epochs // 2)),
-                2, restart="on-failure", max_restarts=1)
+class SpareWatch:
+    """The standbys of a run (its task_standby_started events): each one's process tree, and
+    whether its task is warm, i.e. done importing: asleep, its CPU time still for
+    WARM_QUIET_SECONDS (it waits for GO)."""
+
+    WARM_QUIET_SECONDS = 0.5
+
+    def __init__(self) -> None:
+        self.cpu: dict[int, tuple[float, float]] = {}  # standby pid → (cpu s, since when)
+        self.rss: dict[int, int] = {}  # standby pid → its tree's RSS once warm
+
+    def warm(self, pids: list[int]) -> bool:
+        return bool(pids) and all(self._warm(pid) for pid in pids)
+
+    def _warm(self, pid: int) -> bool:
+        if pid in self.rss:
+            return True
+        try:
+            tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+            cpu = sum(sum(p.cpu_times()[:2]) for p in tree)
+            asleep = all(p.status() == psutil.STATUS_SLEEPING for p in tree)
+            rss = sum(p.memory_info().rss for p in tree)
+        except psutil.Error:
+            return False
+        now = time.monotonic()
+        before, since = self.cpu.get(pid, (None, now))
+        if cpu != before or not asleep:
+            self.cpu[pid] = (cpu, now)
+        elif now - since >= self.WARM_QUIET_SECONDS:
+            self.rss[pid] = rss
+            return True
+        return False
+
+
+def resume_run(s: Setting, tmp: Path, i: int, warm: bool) -> None:
+    """One SIGKILL → resumed measure: `warm` with warm spares (the kill waits until both
+    standbys are warm), else without. The job runs long enough for that; the run is stopped
+    once both workers took their first step again."""
+    rd = tmp / f"resume-{'warm' if warm else 'cold'}-{i}"
+    # Long enough for the standbys to start (5 s after ready: a script reports no progress)
+    # and import TensorFlow on a busy machine; stopped early anyway.
+    args = job_args(s, epochs=100, step_seconds=0.2) if s.fake else job_args(s, epochs=100)
+    path = spec(tmp / "resume.json", "bench-resume", args, 2, restart="on-failure",
+                max_restarts=1, warm_spares=warm)
     proc = tfo("run", str(path), "--run-dir", str(rd))
     peak_coord, peak_task = 0, 0
+    spares = SpareWatch()
     try:
         coord = psutil.Process(proc.pid)
         until = time.monotonic() + 600
-        killed = None
+        killed = stopped = None
         while proc.poll() is None and time.monotonic() < until:
             with contextlib.suppress(psutil.Error):
                 peak_coord = max(peak_coord, coord.memory_info().rss)
                 for p in coord.children(recursive=True):
                     with contextlib.suppress(psutil.Error):
                         peak_task = max(peak_task, p.memory_info().rss)
-            if killed is None and (rd / "plan.json").exists():
+            if stopped is None and (rd / "plan.json").exists():
                 logs = task_logs(rd)
-                if "epoch" in timeline(logs["worker:1"], attempt=0):
-                    victim = next(e["pid"] for e in events(rd) if e["event"] == "task_started"
+                ev = events(rd)
+                standbys = [e["pid"] for e in ev if e["event"] == "task_standby_started"]
+                if killed is None and "epoch" in timeline(logs["worker:1"], attempt=0) \
+                        and (not warm or (len(standbys) == 2 and spares.warm(standbys))):
+                    victim = next(e["pid"] for e in ev if e["event"] == "task_started"
                                   and e["task"] == "worker:1")
                     killed = time.time()
                     os.kill(victim, signal.SIGKILL)
+                elif killed is not None and all("first_step" in timeline(text, attempt=1)
+                                                for text in logs.values()):
+                    stopped = time.time()
+                    proc.send_signal(signal.SIGTERM)  # measured: no need to train on
             time.sleep(0.05)
         code = wait(proc, max(1.0, until - time.monotonic()), "tfo run (resume)")
     finally:
         if proc.poll() is None:
             kill_group(proc)
-    if code != 0 or killed is None:
-        raise RuntimeError(f"resume run failed ({code}, killed: {killed}); see {rd}")
+    if code != 143 or killed is None or stopped is None:
+        raise RuntimeError(f"resume run failed ({code}, killed: {killed}, stopped: {stopped}); "
+                           f"see {rd}")
     ev = events(rd)
 
     def last(event: str, attempt: int | None = None) -> float:
@@ -391,13 +447,21 @@ def resume_run(s: Setting, tmp: Path, i: int) -> None:
 
     resumed = max(timeline(text, attempt=1)["first_step"][0] for text in task_logs(rd).values())
     restarted = last("task_started", 1)
-    add("resume", resumed - killed)
-    detail("resume: kill → detected", last("task_exited", 0) - killed)
-    detail("resume: kill → all stopped", max(e["time"] for e in ev if e["time"] <= restarted
-                                            and e["event"] in ("task_stopped", "task_exited"))
-           - killed)
-    detail("resume: kill → restarted", restarted - killed)
-    detail("resume: kill → ready (TF imported, server up)", last("task_ready", 1) - killed)
+    served = [e.get("warm") for e in ev if e["event"] == "task_started" and e["attempt"] == 1]
+    if warm and served != [True, True]:
+        raise RuntimeError(f"the restart was not served by the warm spares ({served}); see {rd}")
+    add("resume" if warm else "resume_cold", resumed - killed)
+    how = "warm" if warm else "cold"
+    detail(f"resume {how}: kill → detected", last("task_exited", 0) - killed)
+    detail(f"resume {how}: kill → all stopped", max(
+        e["time"] for e in ev if e["time"] <= restarted
+        and e["event"] in ("task_stopped", "task_exited")) - killed)
+    detail(f"resume {how}: kill → restarted", restarted - killed)
+    detail(f"resume {how}: kill → up (python running our code)", last("task_up", 1) - killed)
+    detail(f"resume {how}: kill → ready (TF imported, server up)", last("task_ready", 1) - killed)
+    if warm:
+        for rss in spares.rss.values():
+            detail("spare RSS MiB (a warm standby: wrapper and task)", rss / 2**20)
     detail("coordinator peak RSS MiB", peak_coord / 2**20)
     detail("task peak RSS MiB", peak_task / 2**20)
 
@@ -500,8 +564,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny setting: the harness only")
     parser.add_argument("--extras", action="store_true", help="also the PS and SSH figures")
-    parser.add_argument("--out", type=Path, default=REPO / "bench",
-                        help="where results.json and results.png go")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where results.json and results.png go (default: bench/; with "
+                             "--only, a new temporary directory: the full results stay)")
     parser.add_argument("--only", choices=sorted(SECTIONS), action="append",
                         help="only this section (repeatable)")
     parser.add_argument("--counts", type=lambda v: tuple(int(n) for n in v.split(",")),
@@ -513,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     sections: list[Callable[[Setting, Path], None]] = [
         f for name, f in SECTIONS.items() if not args.only or name in args.only]
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="tfo-bench-")) if args.only else REPO / "bench"
     if args.extras:
         from bench import extras
 
@@ -539,8 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     problem = plot(args.out / "results.png")
     print()
     if args.quick:
-        print("QUICK setting: tiny sizes (see results.json's setting), no TensorFlow; the "
-              "figures check the harness, not the targets")
+        print("QUICK setting: tiny sizes (see results.json's setting), no TensorFlow but in "
+              "the warm spares; the figures check the harness, not the targets")
     print(table())
     print(f"\n{results['seconds']:g} s on {os.cpu_count()} cores, load average at the end "
           f"{load[0]:.2f}; wrote {args.out / 'results.json'}"

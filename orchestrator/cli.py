@@ -556,6 +556,7 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         for line in backends.sync(p):  # sync
             err.print(f"[bold]tfo[/]: {line}", soft_wrap=True)
         err.print(f"[bold]tfo[/]: run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
+        from orchestrator.launch.spares import spares_wanted
         from orchestrator.liveview import LiveView, is_live_terminal
 
         fd = sys.stdout.fileno()
@@ -563,7 +564,9 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         view = LiveView(console, fd) if is_live_terminal(fd) else None
         try:  # supervise
             echo = console_echo(console.write, verbose, logs, view.seen if view else None)
-            result = Supervisor(p, start=backends.start, echo=echo, watch=view).run()
+            standby = backends.standby if spares_wanted(p) else None
+            result = Supervisor(p, start=backends.start, echo=echo, watch=view,
+                                standby=standby).run()
         finally:
             if view is not None:
                 view.close()  # the summary's table takes its place

@@ -53,6 +53,7 @@ class Policy:
     # checked too (for being stopped: they have no step to watch).
     stall_seconds: float | None = None
     stall_all: bool = False
+    warm_spares: bool | str = "auto"  # restart.warm_spares: True, False or "auto"
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "restart": {r.value: p.value for r, p in self.restart.items()}}

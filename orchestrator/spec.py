@@ -374,12 +374,24 @@ class TasksSpec(_Model):
                 yield role, index, address
 
 
+def _check_warm_spares(value: Any) -> Any:
+    if isinstance(value, bool) or value == "auto":
+        return value
+    raise ValueError(f"expected auto, true or false, got {value!r}")
+
+
+# Warm spares (orchestrator/launch/spares.py): local tasks' next attempts started ahead, with
+# TensorFlow imported. `auto`: where the machine has the cores and memory for them.
+WarmSpares = Annotated[Literal["auto"] | bool, BeforeValidator(_check_warm_spares)]
+
+
 class RestartSpec(_Model):
     """How the job reacts to a lost task; the strategy decides what is restarted with it."""
 
     policy: RestartPolicy | dict[str, RestartPolicy] = RestartPolicy.NEVER
     max_restarts: Int = Field(default=3, ge=0)
     backoff_seconds: Seconds = Field(default=1.0, ge=0)
+    warm_spares: WarmSpares = "auto"
 
     @field_validator("policy")
     @classmethod

@@ -1,6 +1,6 @@
 """The loop: start order, health, restart policy, success policy, deadline, signals, teardown.
 
-    supervisor = Supervisor(plan, start=backends.start)
+    supervisor = Supervisor(plan, start=backends.start)   # standby=backends.standby: spares
     result = supervisor.run()          # blocks; SIGINT/SIGTERM tear everything down
     sys.exit(result.exit_code)         # 0 ok, 1 failed, 129 SIGHUP, 130 SIGINT, 143 SIGTERM
 
@@ -22,6 +22,11 @@ PreemptionCheckpointHandler, having saved) after a SIGTERM is restarted without 
 against max_restarts. "After a SIGTERM" means its wrapper reported one (a `sigterm` marker)
 this attempt, to it or to a task of its restart unit: the handler saves on every worker and
 every worker exits with the code, but only the preempted one got the signal.
+
+Warm spares (`standby`, orchestrator/launch/spares.py): once an attempt trains (its first
+progress, or a while after ready), while a restart is still possible, the loop asks for a
+standby of the task's next attempt (`task_standby_started`); a restart that gets it says
+`warm: true` in `task_started`.
 """
 
 from __future__ import annotations
@@ -74,6 +79,9 @@ SIGNAL_EXIT = {signal.SIGHUP: 129, signal.SIGINT: 130, signal.SIGTERM: 143}
 # them at once; a task whose main thread holds the GIL still answers: it is C code).
 STACKS_WAIT_SECONDS = 2.0
 STACKS_QUIET_SECONDS = 0.3  # a dump has ended when its task printed nothing more this long
+# A task that reports no progress (a script without worker_entry.progress) is taken to be
+# training this long after its ready marker (its port listens): then its warm spare starts.
+STANDBY_AFTER_READY_SECONDS = 5.0
 
 
 class TaskState(str, Enum):
@@ -186,6 +194,8 @@ class TaskRecord:
     sigterm: bool = False  # its wrapper got SIGTERM this attempt (preemption)
     done: bool = False  # its entry or script returned: exiting (TF may take its time)
     stack_lines: list[str] | None = None  # its output while its stacks are asked for
+    running_at: float | None = None  # monotonic time of its ready marker, this attempt
+    standby_asked: bool = False  # a warm spare for its next attempt was asked for
 
     @property
     def name(self) -> str:
@@ -250,8 +260,9 @@ def tail(path: str, n: int = 20) -> list[str]:
 class Supervisor:
     def __init__(self, plan: Plan, start: Launcher,
                  echo: Callable[[str, str], None] | None = None,
-                 watch: Callable[[Supervisor], None] | None = None) -> None:
-        self.plan, self._start = plan, start
+                 watch: Callable[[Supervisor], None] | None = None,
+                 standby: Callable[[TaskPlan, int], int | None] | None = None) -> None:
+        self.plan, self._start, self._standby = plan, start, standby
         self.policy, self.rules = plan.policy, plan.rules
         self.echo = echo or _print_line
         # Called by the loop, on its thread, at most every WATCH_SECONDS: it may read the
@@ -359,6 +370,8 @@ class Supervisor:
                 self._stalls_at + STALL_CHECK_SECONDS:
             self._stalls_at = now
             self._check_stalls(now)
+        if self._ending is None and self._standby is not None:
+            self._make_standbys(time.monotonic())
         if self._ending is None:
             self._check_success()
         return None
@@ -451,9 +464,39 @@ class Supervisor:
         rec.started_at, rec.last_marker, rec.returncode = time.monotonic(), "", None
         rec.progress, rec.progress_at, rec.steps_per_second = None, rec.started_at, None
         rec.usage, rec.usage_at, rec.stopped_since, rec.sigterm = None, None, None, False
-        rec.done = False
+        rec.done, rec.running_at, rec.standby_asked = False, None, False
         self.events.write("task_started", rec.name, pid=rec.handle.pid, attempt=rec.attempt,
-                          host=rec.task.host, port=rec.task.port)
+                          host=rec.task.host, port=rec.task.port,
+                          warm=getattr(rec.handle, "warm", False))
+
+    def _make_standbys(self, now: float) -> None:
+        """A warm spare for each running task's next attempt, once its start-up is over (so
+        the spare's import does not slow it): at its first progress marker, or
+        STANDBY_AFTER_READY_SECONDS after its ready marker for a task that reports none.
+        Only while a restart may still need one."""
+        for rec in self.records.values():
+            if rec.state is not TaskState.RUNNING or rec.standby_asked or rec.done \
+                    or rec.role in self.rules.servers or rec.running_at is None:
+                continue
+            if rec.progress is None and now - rec.running_at < STANDBY_AFTER_READY_SECONDS:
+                continue
+            rec.standby_asked = True
+            if self.policy.restart[rec.role] is RestartPolicy.NEVER:
+                continue
+            restarts = rec.restarts if rec.role in self.rules.sidecars else self.restarts
+            if restarts < self.policy.max_restarts:
+                self._make_standby(rec)
+
+    def _make_standby(self, rec: TaskRecord) -> None:
+        assert self._standby is not None
+        try:
+            pid = self._standby(rec.task, rec.attempt + 1)
+        except Exception as e:  # noqa: BLE001 - no spare is no failure: a restart starts cold
+            self.events.write("task_standby_failed", rec.name, attempt=rec.attempt + 1,
+                              error=str(e))
+            return
+        if pid is not None:
+            self.events.write("task_standby_started", rec.name, pid=pid, attempt=rec.attempt + 1)
 
     # ---- output -----------------------------------------------------------------------
     def _pump(self) -> None:
@@ -488,6 +531,7 @@ class Supervisor:
                 self._progressed(rec, marker)
             if marker.event == markers.READY and rec.state is TaskState.STARTING:
                 self._set(rec, TaskState.RUNNING)
+                rec.running_at = time.monotonic()
             elif isinstance(marker, Evaluated):
                 self.evaluation = {"epoch": marker.epoch, "metrics": marker.metrics}
             self.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})

@@ -82,6 +82,10 @@ BAD = [
     ("code that does not hold the script", GOOD.replace(
         '{entry: "worker_entry.examples.digits:train"}', "{script: a/train.py, code: b}"),
      ["job.code", "holds job.script"]),
+    ("warm spares not a choice", GOOD + "restart: {warm_spares: always}\n",
+     ["restart.warm_spares", "expected auto, true or false", "'always'"]),
+    ("warm spares a number", GOOD + "restart: {warm_spares: 1}\n",
+     ["restart.warm_spares", "expected auto, true or false", "got 1"]),
 ]
 # Issue 8: inputs that gave a traceback, a hang or a silently wrong value.
 HOSTILE = [
@@ -207,7 +211,8 @@ def test_bad_spec_is_rejected_with_the_field_named(case, text, needles, tmp_path
                                   "bad yaml", "ps in an MWMS job", "PS job without ps",
                                   "PS job with two chiefs", *[c for c, _, _ in HOSTILE],
                                   "nccl without GPUs", "GPU count instead of ids",
-                                  "addresses under slurm", "slurm time not a time"])
+                                  "addresses under slurm", "slurm time not a time",
+                                  "warm spares not a choice"])
 def test_cli_exits_2_without_traceback(case, tmp_path):
     text, needles = next((t, n) for c, t, n in BAD if c == case)
     spec = write_spec(tmp_path / "c.yaml", text)
@@ -403,7 +408,8 @@ def test_a_duplicate_key_in_json(tmp_path: Path):
         load_spec(path)
 
 
-SCHEMA_BAD = ["unknown top-level key", "unknown job key", "unknown role", "port not a number"]
+SCHEMA_BAD = ["unknown top-level key", "unknown job key", "unknown role", "port not a number",
+              "warm spares not a choice"]
 
 
 @pytest.mark.timeout(60)

@@ -91,15 +91,26 @@ def planned(tmp_path: Path, spec: dict) -> Plan:
     return plan
 
 
-def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script]):
+def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script],
+              spares: list[tuple[str, int]] | None = None):
+    """Run the scripted tasks. `spares`: warm spares are on, and each one asked for is
+    appended there; a start that finds its (task, attempt) among them is `warm`."""
     plan = planned(tmp_path, spec)
     started: list[tuple[str, int]] = []
 
     def start(task: TaskPlan, attempt: int) -> FakeHandle:
         started.append((task.name, attempt))
-        return FakeHandle(task, attempt, scripts.get(task.name, Script()))
+        handle = FakeHandle(task, attempt, scripts.get(task.name, Script()))
+        handle.warm = spares is not None and (task.name, attempt) in spares
+        return handle
 
-    sup = Supervisor(plan, start=start, echo=lambda task, line: None)
+    def standby(task: TaskPlan, attempt: int) -> int:
+        assert spares is not None
+        spares.append((task.name, attempt))
+        return 2000 + attempt
+
+    sup = Supervisor(plan, start=start, echo=lambda task, line: None,
+                     standby=standby if spares is not None else None)
     result = sup.run()
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     return result, started, events
@@ -563,3 +574,43 @@ def test_the_exit_fds_watched_follow_the_handles_across_a_restart(tmp_path):
         exited = next(e["time"] for e in events if e["event"] == "task_exited"
                       and e["task"] == h.task.name and e["attempt"] == 1)
         assert exited - h.exited_at < 0.05, "the exit was noticed late"
+
+
+# ---- warm spares -------------------------------------------------------------------------
+
+@pytest.mark.timeout(20)
+def test_a_warm_spare_is_asked_for_at_first_progress_and_serves_the_restart(tmp_path):
+    scripts = {"worker:0": Script([(None, 0, True), (0, 0.3, True)], {0: steps(0.3)}),
+               "worker:1": Script([(-9, 0.6, True), (0, 0.3, True)], {0: steps(0.3)})}
+    spares: list[tuple[str, int]] = []
+    result, _, events = supervise(tmp_path, spec(max_restarts=1), scripts, spares)
+    assert result.state is JobState.SUCCEEDED and result.restarts == 1
+    # One spare per task for attempt 1; none for attempt 2: no restart was left.
+    assert sorted(spares) == [("worker:0", 1), ("worker:1", 1)]
+    made = [(e["task"], e["attempt"], e["pid"]) for e in events
+            if e["event"] == "task_standby_started"]
+    assert sorted(made) == [("worker:0", 1, 2001), ("worker:1", 1, 2001)]
+    warm = {(e["task"], e["attempt"]): e["warm"] for e in events if e["event"] == "task_started"}
+    assert warm == {("worker:0", 0): False, ("worker:1", 0): False,
+                    ("worker:0", 1): True, ("worker:1", 1): True}
+
+
+@pytest.mark.timeout(20)
+def test_a_task_without_progress_gets_its_spare_a_while_after_ready(tmp_path, monkeypatch):
+    monkeypatch.setattr("orchestrator.supervise.STANDBY_AFTER_READY_SECONDS", 0.3)
+    scripts = {"worker:0": Script([(0, 0.6, True)]), "worker:1": Script([(0, 0.1, True)])}
+    spares: list[tuple[str, int]] = []
+    result, _, _ = supervise(tmp_path, spec(), scripts, spares)
+    assert result.state is JobState.SUCCEEDED
+    assert spares == [("worker:0", 1)]  # worker:1 was done before its while was up
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("policy, max_restarts", [("never", 2), ("on-failure", 0)])
+def test_no_spare_without_a_restart_to_serve(tmp_path, policy, max_restarts):
+    scripts = {"worker:0": Script([(0, 0.4, True)], {0: steps(0.3)}),
+               "worker:1": Script([(0, 0.4, True)], {0: steps(0.3)})}
+    spares: list[tuple[str, int]] = []
+    result, _, _ = supervise(tmp_path, spec(policy=policy, max_restarts=max_restarts), scripts,
+                             spares)
+    assert result.state is JobState.SUCCEEDED and spares == []

@@ -46,6 +46,13 @@ whose main thread only ever waits in select:
 - TMPDIR, TEMP and TMP point into the task's temp dir (plan.py), which the wrapper makes
   before the task starts: TensorFlow's autograph files and anything else written through
   `tempfile` go with the task, even a SIGKILLed one.
+- A standby (STANDBY_ENV=1: a warm spare, orchestrator/launch/spares.py) is started while
+  the attempt before its own still runs. Its task imports TensorFlow and waits
+  (worker_entry.standby); the wrapper passes GO from the lifeline on to it over a pipe. Until
+  then the wrapper writes nothing (nobody reads its stdout yet: a full pipe would block it),
+  neither measures nor watches the port (the running attempt's), and leaves the temp dir
+  alone (the running attempt's too); the lifeline, the parent's death and SIGTERM end it as
+  they end any task. At GO it makes the temp dir, and is a task's wrapper like any other.
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ import time
 import traceback
 from typing import Any
 
-from worker_entry import markers, usage
+from worker_entry import markers, standby, usage
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -150,8 +157,9 @@ def _script_port() -> int | None:
 
 class _Wrapper:
     def __init__(self, task_pid: int, tmp_dir: str | None, lifeline: str | None,
-                 grace: float, handler_fd: int) -> None:
+                 grace: float, handler_fd: int, go_fd: int | None = None) -> None:
         self.task_pid, self.tmp_dir, self.grace = task_pid, tmp_dir, grace
+        self.go_fd = go_fd  # a standby's, until GO: the task waits for a byte on it
         self.handler_fd: int | None = handler_fd  # the task: b"1" handler set, b"0" unset
         self.handles_sigterm = False
         self.ready_port = _script_port()  # None once reported
@@ -173,8 +181,8 @@ class _Wrapper:
         """A task with a SIGTERM handler gets it, and SIGKILL after the grace (the loop's
         deadline, counted from the first); one without, SIGKILL now."""
         self._read_handler_state()
-        if not self.handles_sigterm:
-            if self.status is None:
+        if not self.handles_sigterm or self.standby:
+            if self.status is None and not self.standby:
                 _write(markers.line(markers.SIGTERM, grace=0))
             self._kill_task()
             return
@@ -200,6 +208,23 @@ class _Wrapper:
             os.close(self.handler_fd)
             self.handler_fd = None
 
+    @property
+    def standby(self) -> bool:
+        """A warm spare that has not had GO yet: it writes nothing and owns nothing."""
+        return self.go_fd is not None
+
+    def _go(self) -> None:
+        """A standby's turn: its task runs from now on, as one started now would."""
+        assert self.go_fd is not None
+        if self.tmp_dir and not _make_tmp_dir(self.tmp_dir):
+            self._kill_task()
+        else:
+            with contextlib.suppress(OSError):
+                os.write(self.go_fd, markers.GO)
+        os.close(self.go_fd)
+        self.go_fd = None
+        self.usage_at = time.monotonic() + markers.USAGE_SECONDS
+
     def _reap(self) -> None:
         while True:
             try:
@@ -218,20 +243,20 @@ class _Wrapper:
         except BaseException:  # a bug of ours: say where, and still clean up
             _say(traceback.format_exc())
         self._end_descendants()  # the task too, if a bug left it running
-        if self.tmp_dir:
+        if self.tmp_dir and not self.standby:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
         _exit_like(self.status if self.status is not None else 70 << 8)
 
-    def _timeout(self, now: float) -> float:
-        """How long select may wait: until the next duty falls due."""
-        due = [self.usage_at]
-        if self.ready_port:
+    def _timeout(self, now: float) -> float | None:
+        """How long select may wait: until the next duty falls due (None: no duty, a standby)."""
+        due = [] if self.standby else [self.usage_at]
+        if self.ready_port and not self.standby:
             due.append(now + _READY_POLL_SECONDS)
         if self.quiet_limit:
             due.append(now + 0.5)
         if self.kill_at is not None:
             due.append(self.kill_at)
-        return max(0.0, min(due) - now)
+        return max(0.0, min(due) - now) if due else None
 
     def _watch(self) -> None:
         wake_r, wake_w = os.pipe()
@@ -252,7 +277,7 @@ class _Wrapper:
         while self.status is None:
             ready, _, _ = select.select(fds, [], [], self._timeout(time.monotonic()))
             now = time.monotonic()
-            if self.ready_port and listening(self.ready_port):
+            if self.ready_port and not self.standby and listening(self.ready_port):
                 self.ready_port = None
                 _write(markers.line(markers.READY, what="training", by="port"))
             if self.handler_fd is not None and self.handler_fd in ready:
@@ -270,11 +295,12 @@ class _Wrapper:
                 _say(f"[tfo] task pid {self.task_pid} still running {self.grace:g} s after "
                      "SIGTERM: killing it")
                 self._kill_task()
-            if now >= self.usage_at:
+            if now >= self.usage_at and not self.standby:
                 self.usage_at = now + markers.USAGE_SECONDS
                 _write(markers.line(markers.USAGE, **self.meter.measure(
                     descendants(os.getpid()))))
-            if self.quiet_limit and now - beat >= markers.HEARTBEAT_SECONDS:
+            if self.quiet_limit and now - beat >= markers.HEARTBEAT_SECONDS \
+                    and not self.standby:
                 beat = now
                 _write(markers.BEAT.decode())  # we are alive
             if stdin not in fds:
@@ -286,7 +312,9 @@ class _Wrapper:
                 except OSError:
                     data = b""
                 heard, lost = now, not data
-                if markers.STACKS in data:
+                if self.standby and markers.GO in data:
+                    self._go()
+                elif markers.STACKS in data and not self.standby:
                     self._signal_task(getattr(signal, markers.STACKS_SIGNAL))
             if lost:
                 fds.remove(stdin)
@@ -369,6 +397,15 @@ def _job() -> dict:
     return job if isinstance(job, dict) else {}
 
 
+def _make_tmp_dir(tmp_dir: str) -> bool:
+    try:
+        os.makedirs(tmp_dir, exist_ok=True)
+    except OSError as e:
+        _say(f"[tfo] cannot create the task's temp dir {tmp_dir}: {e.strerror or e}")
+        return False
+    return True
+
+
 def _task_tmp_dir() -> str | None:
     tmp_dir = _job().get("tmp_dir")
     return os.path.expanduser(tmp_dir) if isinstance(tmp_dir, str) and tmp_dir else None
@@ -388,20 +425,19 @@ def wrap() -> None:
     """
     _follow_parent(signal.SIGHUP)  # the coordinator is gone: no grace to wait out
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    waits = os.environ.get(markers.STANDBY_ENV) == "1"  # a standby: see the top
     tmp_dir = _task_tmp_dir()
     if tmp_dir:
         for var in ("TMPDIR", "TEMP", "TMP"):  # a lab host's workdir may be ~/something
             if var in os.environ:
                 os.environ[var] = os.path.expanduser(os.environ[var])
-        try:
-            os.makedirs(tmp_dir, exist_ok=True)
-        except OSError as e:
-            _say(f"[tfo] cannot create the task's temp dir {tmp_dir}: {e.strerror or e}")
+        if not waits and not _make_tmp_dir(tmp_dir):
             os._exit(1)
     lifeline = os.environ.get(markers.LIFELINE_ENV)
     sys.stdout.flush()
     sys.stderr.flush()
     handler_r, handler_w = os.pipe()  # not inherited across exec: only the task writes it
+    go_r, go_w = os.pipe() if waits else (None, None)
     task_pid = os.fork()
     if task_pid == 0:
         _follow_parent(signal.SIGKILL)
@@ -414,6 +450,11 @@ def wrap() -> None:
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, sys.stdin.fileno())
             os.close(devnull)
+        if go_r is not None and go_w is not None:
+            os.close(go_w)  # the wrapper's end: its exit is our EOF
+            standby.serve(go_r)
         return
     os.close(handler_w)
-    _Wrapper(task_pid, tmp_dir, lifeline, _grace(), handler_r).run()
+    if go_r is not None:
+        os.close(go_r)
+    _Wrapper(task_pid, tmp_dir, lifeline, _grace(), handler_r, go_w).run()

@@ -78,6 +78,11 @@ BEAT = b"\x1e"
 # thread's stack to its stderr, the task's log. Heartbeats are any other byte.
 STACKS = b"?"
 STACKS_SIGNAL = "SIGUSR2"  # by name: this module stays free of platform imports
+# A warm spare (orchestrator/launch/spares.py) is a task started ahead of its attempt with
+# STANDBY_ENV=1: it imports TensorFlow and waits (worker_entry.standby) until GO comes down
+# its lifeline; from then on it runs as a task started at that moment would.
+STANDBY_ENV = "TFO_STANDBY"
+GO = b"!"
 
 # Events a task reports, in the order it reaches them.
 UP = "up"  # the process runs; TensorFlow not imported yet

@@ -85,7 +85,11 @@ class Backend(Protocol):
 
     def start(self, task: TaskPlan, attempt: int) -> TaskHandle: ...
 
-    def close(self) -> None: ...
+    # Optional: `standby(task, attempt) -> int | None` starts a warm spare for that attempt,
+    # which `start` then hands over (local.py, spares.py). A backend without it has none.
+
+    def close(self) -> None:
+        """The run is over: release what the backend holds (its warm spares too)."""
 
 
 class BackendError(Exception):

@@ -2,6 +2,7 @@
 
     backends = Backends(spec.hosts)
     backends.start(task, attempt)      # BACKENDS[task.placement.kind], made on first use
+    backends.standby(task, attempt)    # a warm spare for that attempt, where the kind has them
 
 `local` runs tasks on this machine; a host under `hosts:` names its own (`backend: ssh`,
 the default); `slurm` runs the tasks of a `backend: {slurm: …}` job as steps of one
@@ -105,6 +106,12 @@ class Backends:
 
     def start(self, task: TaskPlan, attempt: int) -> TaskHandle:
         return self.get(task.placement.kind).start(task, attempt)
+
+    def standby(self, task: TaskPlan, attempt: int) -> int | None:
+        """A warm spare for the task's `attempt` where its backend keeps them (local:
+        launch/spares.py); its pid, or None (none made)."""
+        make = getattr(self.get(task.placement.kind), "standby", None)
+        return make(task, attempt) if make is not None else None
 
     def close(self) -> None:
         for backend in self._made.values():

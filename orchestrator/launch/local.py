@@ -9,6 +9,11 @@ The task's stdin is a pipe we hold and never write: its lifeline. If the coordin
 the kernel closes it and the task's wrapper kills the task and everything it started (see
 worker_entry.lifeline). The pid we know is that wrapper's. Should the wrapper itself be
 SIGKILLed, what its task started comes to the coordinator, a child subreaper (orphans.py).
+
+A standby (`LocalHandle(task, attempt, standby=True)`, a warm spare: spares.py) is the same
+process started ahead: its task imports TensorFlow and waits. `go()` starts it for real;
+its output, held in the pipe until then, goes to the log from that moment. `discard()` ends
+one that was never used.
 """
 
 from __future__ import annotations
@@ -25,16 +30,22 @@ from orchestrator.launch import orphans
 from orchestrator.launch.output import TaskOutput, close_pipes, send_lifeline
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, check_local
+from orchestrator.launch.spares import Spares
 from orchestrator.plan import Plan, TaskPlan
 from orchestrator.spec import HostSpec
 from worker_entry import markers
 
+_DISCARD_SECONDS = 2.0  # a SIGKILLed standby is gone in milliseconds; never wait longer
+
 
 class LocalHandle:
-    def __init__(self, task: TaskPlan, attempt: int) -> None:
+    def __init__(self, task: TaskPlan, attempt: int, standby: bool = False) -> None:
         self.task, self.attempt = task, attempt
+        self.warm = False  # a standby that was told to go
         env = {**os.environ, **task.env, "TFO_ATTEMPT": str(attempt),
                markers.LIFELINE_ENV: markers.lifeline(heartbeat=False)}
+        if standby:
+            env[markers.STANDBY_ENV] = "1"
         os.makedirs(task.cwd, exist_ok=True)
         orphans.adopt()
         self._proc = subprocess.Popen(
@@ -47,9 +58,19 @@ class LocalHandle:
         self._pidfd: int | None = None
         with contextlib.suppress(AttributeError, OSError):  # Linux 5.3+ (else: polled)
             self._pidfd = os.pidfd_open(self._proc.pid)
+        # A standby's output waits in the pipe until go(): nobody's attempt yet.
+        self._output: TaskOutput | None = None if standby else self._read_output()
+
+    def _read_output(self) -> TaskOutput:
         assert self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
-        self._output = TaskOutput(task.log_path, lambda: os.read(fd, 65536), f"out-{task.name}")
+        return TaskOutput(self.task.log_path, lambda: os.read(fd, 65536), f"out-{self.task.name}")
+
+    def go(self) -> None:
+        """A standby's turn: it runs as a task started now would (worker_entry.standby)."""
+        send_lifeline(self._proc, markers.GO)
+        self.warm = True
+        self._output = self._read_output()
 
     @property
     def pid(self) -> int:
@@ -67,7 +88,7 @@ class LocalHandle:
         return rc
 
     def lines(self) -> list[str]:
-        return self._output.lines()
+        return self._output.lines() if self._output is not None else []
 
     def _signal_group(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -86,24 +107,44 @@ class LocalHandle:
     def close(self, timeout: float = 1.0) -> list[str]:
         # The task is gone; whatever it started goes too: its wrapper cleaned up before it
         # exited, or, SIGKILLed, left it to us. Then the output pipe closes.
-        if self.poll() is not None and orphans.left_by(self._pgid):
-            orphans.sweep(since=self._reaped_at)
+        assert self._output is not None, "a standby that never ran is discarded, not closed"
+        self._sweep()
         rest = self._output.close(timeout)
-        if self._pidfd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._pidfd)
-            self._pidfd = None
+        self._close_pidfd()
         close_pipes(self._proc, self._output)
         # The wrapper removes the task's temp dir, except when it was SIGKILLed itself.
         shutil.rmtree(self.task.tmp_dir, ignore_errors=True)
         return rest
+
+    def discard(self) -> None:
+        """End a standby that was never used: kill it, reap it, close its pipes. The task's
+        temp dir is the running attempt's, not its own to remove."""
+        self.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(_DISCARD_SECONDS)
+        self._sweep()
+        self._close_pidfd()
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            with contextlib.suppress(OSError):
+                if pipe is not None:
+                    pipe.close()
+
+    def _sweep(self) -> None:
+        if self.poll() is not None and orphans.left_by(self._pgid):
+            orphans.sweep(since=self._reaped_at)
+
+    def _close_pidfd(self) -> None:
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = None
 
 
 class LocalBackend:
     """Tasks on this machine."""
 
     def __init__(self, hosts: Mapping[str, HostSpec]) -> None:
-        pass  # nothing to connect to
+        self._spares = Spares(lambda task, attempt: LocalHandle(task, attempt, standby=True))
 
     def allocate(self, names: list[str], avoid: set[int]) -> dict[str, int]:
         return dict(zip(names, free_ports(len(names), avoid=avoid), strict=True))
@@ -115,7 +156,13 @@ class LocalBackend:
         return []  # local tasks run in the workdir, where the code is
 
     def start(self, task: TaskPlan, attempt: int) -> LocalHandle:
-        return LocalHandle(task, attempt)
+        """The task's warm spare for this attempt, if one waits; else a new process."""
+        return self._spares.take(task, attempt) or LocalHandle(task, attempt)
+
+    def standby(self, task: TaskPlan, attempt: int) -> int | None:
+        """Start a warm spare for the task's `attempt` (spares.py); its pid, None if one
+        already waits."""
+        return self._spares.make(task, attempt)
 
     def close(self) -> None:
-        pass
+        self._spares.close()

@@ -1,0 +1,213 @@
+"""Warm spares (restart.warm_spares): a restart hands the task's standby, TensorFlow already
+imported, its attempt; `auto` turns them on only where the machine has room; no standby
+outlives the run."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from orchestrator.launch.spares import SPARE_RSS, Spares, spares_pay_off, spares_wanted
+from orchestrator.plan import make_plan
+from orchestrator.spec import cluster_schema, parse_spec
+from tests.conftest import events, wait_until, write_spec
+from tests.test_faults import Tfo, first, kill_task
+
+GIB = 2**30
+
+
+# ---- the `auto` rule ---------------------------------------------------------------------
+
+@pytest.mark.parametrize(("cpus", "available", "tasks", "on"), [
+    (2, 20 * GIB, 2, False),  # this lab's 2 cores: the spares' imports would slow the job
+    (4, 20 * GIB, 2, False),  # one core short: 2 × 2 + 1
+    (5, 20 * GIB, 2, True),
+    (5, 4 * SPARE_RSS - 1, 2, False),  # memory for the spares twice over: one byte short
+    (5, 4 * SPARE_RSS, 2, True),
+    (64, 200 * GIB, 0, False),  # no local training task: nothing to keep warm
+])
+def test_auto_turns_spares_on_only_where_the_machine_has_room(cpus, available, tasks, on):
+    assert spares_pay_off(cpus, available, tasks) is on
+
+
+def plan(tmp_path: Path, **restart):
+    spec = parse_spec({"name": "t", "job": {"entry": "a.b:c"},
+                       "tasks": {"worker": ["localhost:1", "localhost:2"]},
+                       "restart": {"policy": "on-failure", **restart}})
+    return make_plan(spec, run_id="t", run_dir=tmp_path / "run", workdir=tmp_path)
+
+
+def test_warm_spares_setting(tmp_path, monkeypatch):
+    assert spares_wanted(plan(tmp_path, warm_spares=True))
+    assert not spares_wanted(plan(tmp_path, warm_spares=False))
+    assert not spares_wanted(plan(tmp_path, warm_spares=True, max_restarts=0))
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert not spares_wanted(plan(tmp_path))  # auto, the default: 2 cores are not enough
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    assert spares_wanted(plan(tmp_path)) is (psutil.virtual_memory().available >= 4 * SPARE_RSS)
+    restart = cluster_schema()["$defs"]["RestartSpec"]["properties"]
+    assert "warm_spares" in restart  # `tfo schema`, for editors
+
+
+# ---- the bookkeeping ---------------------------------------------------------------------
+
+class FakeStandby:
+    def __init__(self, attempt: int, pid: int) -> None:
+        self.attempt, self.pid = attempt, pid
+        self.rc: int | None = None
+        self.went = self.discarded = False
+
+    def poll(self) -> int | None:
+        return self.rc
+
+    def go(self) -> None:
+        self.went = True
+
+    def discard(self) -> None:
+        self.discarded = True
+
+
+def test_one_standby_per_task_handed_over_only_to_its_attempt(tmp_path):
+    made: list[FakeStandby] = []
+
+    def start(task, attempt):
+        made.append(FakeStandby(attempt, 100 + len(made)))
+        return made[-1]
+
+    spares = Spares(start)
+    w0, w1 = plan(tmp_path).tasks
+    assert spares.make(w0, 1) == 100
+    assert spares.make(w0, 1) is None  # one waits already
+    assert spares.take(w0, 2) is None and made[0].discarded  # stale: another attempt's
+    assert spares.make(w0, 2) == 101
+    made[1].rc = 1  # it died
+    assert spares.take(w0, 2) is None and made[1].discarded
+    spares.make(w0, 3)
+    spares.make(w1, 3)
+    got = spares.take(w0, 3)
+    assert got is made[2] and got.went and not got.discarded
+    spares.close()
+    assert made[3].discarded and not made[2].discarded  # the one handed over is a task now
+
+
+# ---- real processes ----------------------------------------------------------------------
+
+SPARES = """\
+name: spares
+job:
+  entry: tests.jobs.faulty:train
+  args: {{epochs: {epochs}, epoch_sleep: {sleep}}}
+tasks:
+  worker: [localhost:auto, localhost:auto]
+restart: {{policy: on-failure, max_restarts: {max_restarts}, backoff_seconds: 0,
+           warm_spares: true}}
+timeouts: {{grace_seconds: 5}}
+"""
+
+
+def standbys(run_dir: Path) -> dict[tuple[str, int], int]:
+    return {(e["task"], e["attempt"]): e["pid"] for e in events(run_dir)
+            if e["event"] == "task_standby_started"}
+
+
+def run_with_spares(run_dir: Path, tmp_path: Path, epochs: int, sleep: float,
+                    act: Callable[[Tfo], Any]) -> Any:
+    """`tfo run` of the 2-worker job with warm spares (one restart): once worker:1's standby
+    started, `act`; then the run must succeed. What `act` returned."""
+    text = SPARES.format(epochs=epochs, sleep=sleep, max_restarts=1)
+    tfo = Tfo(write_spec(tmp_path / "c.yaml", text), run_dir)
+    try:
+        tfo.wait_event("task_standby_started", "worker:1", attempt=1, timeout=180)
+        got = act(tfo)
+        code, err = tfo.finish()
+        assert code == 0, err[-3000:]
+    finally:
+        tfo.close()
+    return got
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_sigkill_restart_is_served_by_the_warm_spare(run_dir: Path, tmp_path: Path):
+    def kill(tfo: Tfo) -> float:
+        tfo.wait_event("task_epoch", "worker:1", epoch=1, timeout=180)
+        return kill_task(tfo, "worker:1")
+
+    killed_at = run_with_spares(run_dir, tmp_path, 5, 2, kill)
+    ev = events(run_dir)
+    assert first(ev, "task_exited", "worker:1", attempt=0)["returncode"] == -signal.SIGKILL
+    spares = standbys(run_dir)
+    assert set(spares) == {("worker:0", 1), ("worker:1", 1)}  # none for attempt 2: no restart
+    for task in ("worker:0", "worker:1"):
+        started = first(ev, "task_started", task, attempt=1)
+        assert started["warm"] is True and started["pid"] == spares[(task, 1)]
+        assert started["time"] - killed_at < 5.0
+    resumed = [e["epoch"] for e in ev if e["event"] == "task_epoch" and e["attempt"] == 1]
+    assert resumed and min(resumed) >= 1, resumed  # from its checkpoint, not the start
+    assert ev[-1]["event"] == "job_finished" and ev[-1]["exit_code"] == 0
+    assert (run_dir / "model" / "saved_model" / "saved_model.pb").exists()
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(120)
+def test_closing_the_backend_kills_its_standbys_and_leaves_the_tasks_files(tmp_path):
+    """While the coordinator (here: this test) lives on, so their lifeline cannot be what
+    ends them. A standby never touches the task's temp dir: the running attempt's."""
+    from orchestrator.launch.local import LocalBackend
+
+    spec = parse_spec({"name": "t", "job": {"entry": "tests.jobs.faulty:train"},
+                       "tasks": {"worker": ["localhost:21100"]},
+                       "restart": {"policy": "on-failure", "warm_spares": True}})
+    task = make_plan(spec, run_id="spare-close", run_dir=tmp_path / "run",
+                     workdir=Path.cwd()).tasks[0]
+    Path(task.tmp_dir).mkdir(parents=True)
+    (Path(task.tmp_dir) / "the running attempt's").write_text("")
+    backend = LocalBackend({})
+    pid = backend.standby(task, 1)
+    assert pid is not None and backend.standby(task, 1) is None  # one per task
+    wrapper = psutil.Process(pid)
+    tree = wait_until(lambda: [wrapper, *wrapper.children()] if wrapper.children() else None, 30)
+    assert tree, "the standby's task never started"
+    time.sleep(1.0)  # importing TensorFlow now
+    backend.close()
+    assert all(gone(p.pid) for p in tree), [p.pid for p in tree]
+    assert (Path(task.tmp_dir) / "the running attempt's").exists()
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_a_standby_left_unused_is_gone_when_the_run_ends(run_dir: Path, tmp_path: Path):
+    run_with_spares(run_dir, tmp_path, 3, 1, lambda tfo: None)
+    spares = standbys(run_dir)
+    assert spares and not [e for e in events(run_dir) if e["event"] == "task_restarted"]
+    assert all(gone(pid) for pid in spares.values()), spares
+    # ...and nothing of the run is left at all (their tasks neither): the run_dir fixture
+
+
+def test_a_script_standby_imports_the_installed_libraries_the_script_imports(tmp_path,
+                                                                            monkeypatch):
+    from worker_entry.standby import _libraries
+
+    monkeypatch.syspath_prepend(str(tmp_path))  # as the task's workdir is: importable
+
+    (tmp_path / "mymodel.py").write_text("print('side effects')\n")
+    script = tmp_path / "train.py"
+    script.write_text("import json, mymodel\nfrom . import sibling\n"
+                      "def main():\n    import numpy as np\n"
+                      "    from sklearn.datasets import load_digits\n"
+                      "    from nosuchlibrary import x\n")
+    # The job's own module (mymodel) may expect what the script does first: left to it.
+    assert _libraries(str(script)) == ["json", "numpy", "sklearn.datasets"]

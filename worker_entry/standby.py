@@ -1,0 +1,103 @@
+"""A warm spare's task: the slow part of starting done ahead, then a wait for its turn.
+
+    standby.serve(go_fd)   # in the task (a standby's), first thing: returns once it may run
+
+Importing TensorFlow (and tf-keras, and an entry's module, which imports them; for a script
+or module job, the installed libraries it imports) is most of a task's start: seconds of a
+core. A standby does it while the attempt before its own still
+trains, then blocks on `go_fd` until its wrapper relays GO from the coordinator (the
+lifeline, worker_entry.lifeline). Nothing it does before GO may touch the task's port, its
+peers or its files: the attempt it will replace still owns them.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+import sysconfig
+import tempfile
+
+from worker_entry import markers
+
+
+def warm_up() -> None:
+    """Import what the task will import first. A failure is the real run's to report: it
+    imports the same again, and fails the same way, once it runs."""
+    job = json.loads(os.environ.get("TFO_JOB") or "{}")
+    if not isinstance(job, dict):
+        job = {}
+    names = ["tensorflow"]
+    if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+        names.append("tf_keras")
+    if isinstance(job.get("entry"), str) and not job.get("serve"):
+        names.append(job["entry"].partition(":")[0])  # the job's own module, and its imports
+    else:
+        names += _libraries(_source(job))
+    for name in names:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+
+
+def _source(job: dict) -> str | None:
+    """The file of a script or (top-level) module job: found without importing anything."""
+    with contextlib.suppress(Exception):
+        if isinstance(job.get("script"), str):
+            return os.path.abspath(os.path.expanduser(job["script"]))
+        module = job.get("module")
+        if isinstance(module, str) and "." not in module:  # a parent would be imported
+            spec = importlib.util.find_spec(module)
+            return spec.origin if spec is not None and spec.has_location else None
+    return None
+
+
+def _libraries(path: str | None) -> list[str]:
+    """The installed libraries a script imports, anywhere in it (`import x`, `from x.y
+    import z`): numpy, sklearn.datasets, ... Only those found in the interpreter's own
+    library and site-packages directories: the job's own modules may expect what the
+    script does first (its sys.argv, its sys.path), so they are left to the script."""
+    if path is None:
+        return []
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    places = {os.path.realpath(p) + os.sep for key, p in sysconfig.get_paths().items()
+              if key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return [name for name in dict.fromkeys(names) if _installed(name, places)]
+
+
+def _installed(name: str, places: set[str]) -> bool:
+    try:
+        spec = importlib.util.find_spec(name.partition(".")[0])  # top level: imports nothing
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.has_location or not spec.origin:
+        return False  # built in, or frozen: nothing to gain
+    return os.path.realpath(spec.origin).startswith(tuple(places))
+
+
+def serve(go_fd: int) -> None:
+    """Warm up, then wait for GO on `go_fd`; without it (the wrapper is gone), exit."""
+    warm_up()
+    try:
+        go = os.read(go_fd, 1)
+    except OSError:
+        go = b""
+    if go != markers.GO:
+        os._exit(0)
+    os.close(go_fd)
+    os.environ.pop(markers.STANDBY_ENV, None)  # not for the job's code, nor what it starts
+    # The task's temp dir is made at GO (the attempt before removed it when it ended): let
+    # `tempfile` look for it again, should an import have asked while it was missing.
+    tempfile.tempdir = None
