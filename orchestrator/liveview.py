@@ -30,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.console import ConsoleWriter, printable
-from orchestrator.launch import describe_exit
+from orchestrator.launch import TORN_DOWN, describe_exit
 
 if TYPE_CHECKING:
     from orchestrator.supervise import Supervisor, TaskOutcome, TaskRecord
@@ -63,6 +63,7 @@ class Row:
     steps_per_second: float | None = None
     loss: float | None = None
     exit: int | None = None
+    torn_down: bool = False  # stopped in its teardown after its peers left: a success
     last: str = ""  # the last line it printed, or (tfo status) its last event
 
 
@@ -87,13 +88,14 @@ def row_from_record(rec: TaskRecord, now: float, last: str | None = None) -> Row
         uptime=now - rec.started_at if live and rec.started_at else None,
         cpu=usage.cpu if usage else None, rss=usage.rss if usage else None,
         steps_per_second=rec.steps_per_second if live else None, exit=rec.returncode,
-        last=rec.last_line if last is None else last, **_progress(rec.progress))
+        torn_down=rec.torn_down, last=rec.last_line if last is None else last,
+        **_progress(rec.progress))
 
 
 def row_from_outcome(t: TaskOutcome) -> Row:
     """A task's row in the summary, from the run's result."""
     return Row(task=t.name, host=t.host or "-", state=t.state.value, restarts=t.restarts,
-               exit=t.returncode, **_progress(t.progress))
+               exit=t.returncode, torn_down=t.torn_down, **_progress(t.progress))
 
 
 def rows_from_events(events: Iterable[dict[str, Any]]) -> list[Row]:
@@ -120,9 +122,9 @@ def rows_from_events(events: Iterable[dict[str, Any]]) -> list[Row]:
             t.update(restarts=_int(e.get("restarts")) or 0, state="pending")
         elif kind in ("task_exited", "task_stopped"):
             rc = _int(e.get("returncode"))
-            t["exit"] = rc
+            t["exit"], t["torn_down"] = rc, e.get("teardown") is True
             t["state"] = "stopped" if kind == "task_stopped" else \
-                "succeeded" if rc == 0 else "failed"
+                "succeeded" if rc == 0 or t["torn_down"] else "failed"
         elif kind == "task_start_failed":
             t["state"] = "failed"
     return [Row(**t) for _, t in sorted(tasks.items())]
@@ -186,7 +188,8 @@ CELLS: dict[str, Any] = {
     "step": _step,
     "steps/s": lambda r: "-" if r.steps_per_second is None else f"{r.steps_per_second:.1f}",
     "loss": lambda r: "-" if r.loss is None else f"{r.loss:.4g}",
-    "exit": lambda r: "-" if r.exit is None else describe_exit(r.exit),
+    "exit": lambda r: "-" if r.exit is None else TORN_DOWN if r.torn_down
+    else describe_exit(r.exit),
     "last line": lambda r: r.last or "-",
     "last event": lambda r: r.last or "-",
 }

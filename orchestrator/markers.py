@@ -118,8 +118,14 @@ class Done(_Marker):
     event: Literal[m.DONE]
 
 
+class Exiting(_Marker):
+    """The task's Python is tearing down: its code and its atexit handlers are done."""
+
+    event: Literal[m.EXITING]
+
+
 Marker = Annotated[Up | Connecting | Ready | FirstStep | Epoch | Progress | Usage | SigTerm
-                   | Evaluated | Saved | Done,
+                   | Evaluated | Saved | Done | Exiting,
                    Field(discriminator="event")]
 _MARKER: TypeAdapter[Marker] = TypeAdapter(Marker)
 

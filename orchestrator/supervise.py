@@ -23,6 +23,13 @@ against max_restarts. "After a SIGTERM" means its wrapper reported one (a `sigte
 this attempt, to it or to a task of its restart unit: the handler saves on every worker and
 every worker exits with the code, but only the preempted one got the signal.
 
+TensorFlow's teardown is not waited out: a training task whose code is over (its last atexit
+handler said `exiting`) and that outlives a peer of its restart unit that exited 0 by
+TEARDOWN_GRACE_SECONDS is waiting, in the interpreter's teardown, for that peer (measured
+here: in about half of all 2-worker runs, by hand too, one worker exits 10 s after the
+other, its stack `Garbage-collecting`, after `Failed to send RPC to coordination service`).
+It is SIGKILLed (`task_teardown_stopped`) and counts as succeeded.
+
 Warm spares (`standby`, orchestrator/launch/spares.py): once an attempt trains (its first
 progress, or a while after ready), while a restart is still possible, the loop asks for a
 standby of the task's next attempt (`task_standby_started`); a restart that gets it says
@@ -43,7 +50,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from orchestrator import wakeup
-from orchestrator.launch import Launcher, TaskHandle, describe_exit
+from orchestrator.launch import TORN_DOWN, Launcher, TaskHandle, describe_exit
 from orchestrator.markers import (
     BadMarker,
     Evaluated,
@@ -82,6 +89,9 @@ STACKS_QUIET_SECONDS = 0.3  # a dump has ended when its task printed nothing mor
 # A task that reports no progress (a script without worker_entry.progress) is taken to be
 # training this long after its ready marker (its port listens): then its warm spare starts.
 STANDBY_AFTER_READY_SECONDS = 5.0
+# A task in its teardown (the `exiting` marker) this long after a peer of its restart unit
+# exited 0 is stopped. TensorFlow's own exit after its peers took 1.8–2.4 s here.
+TEARDOWN_GRACE_SECONDS = 3.0
 
 
 class TaskState(str, Enum):
@@ -91,6 +101,7 @@ class TaskState(str, Enum):
         PENDING ──could not start──▶ FAILED
         STARTING ──ready marker──▶ RUNNING
         STARTING/RUNNING ──exit 0──▶ SUCCEEDED
+        STARTING/RUNNING ──stopped in its teardown (code over, a peer gone)──▶ SUCCEEDED
         STARTING/RUNNING ──exit ≠ 0, signal, a server's exit──▶ FAILED
         STARTING/RUNNING ──teardown (a stalled task's too)──▶ STOPPED
         PENDING/FAILED/STOPPED/SUCCEEDED ──restart (attempt + 1)──▶ PENDING
@@ -195,6 +206,9 @@ class TaskRecord:
     done: bool = False  # its entry or script returned: exiting (TF may take its time)
     stack_lines: list[str] | None = None  # its output while its stacks are asked for
     running_at: float | None = None  # monotonic time of its ready marker, this attempt
+    exiting_at: float | None = None  # monotonic time of its `exiting` marker, this attempt
+    ended_at: float | None = None  # monotonic time its exit was collected, this attempt
+    torn_down: bool = False  # stopped by us in its teardown: its exit is a success
     standby_asked: bool = False  # a warm spare for its next attempt was asked for
 
     @property
@@ -215,6 +229,7 @@ class TaskOutcome:
     log_path: str
     host: str = ""
     progress: Progress | None = None  # the last attempt's last progress marker
+    torn_down: bool = False  # stopped in its teardown (TEARDOWN_GRACE_SECONDS): a success
 
 
 @dataclass
@@ -344,7 +359,8 @@ class Supervisor:
             restarts=self.restarts, failed_task=end.failed_task, evaluation=self.evaluation,
             stalls=self.stalls, preemptions=self.preemptions,
             tasks=[TaskOutcome(r.name, r.state, r.returncode, r.restarts, r.task.log_path,
-                               r.task.host, r.progress) for r in self.records.values()],
+                               r.task.host, r.progress, r.torn_down)
+                   for r in self.records.values()],
         )
 
     def _tick(self) -> None:
@@ -364,6 +380,8 @@ class Supervisor:
             return self._end(JobState.FAILED, f"deadline of {deadline:g} s reached; job stopped")
         self._start_due(now)
         self._poll_exits()
+        if self._ending is None:
+            self._check_teardowns(time.monotonic())
         if self._ending is None:
             self._check_startup(time.monotonic())
         if self._ending is None and (now := time.monotonic()) >= \
@@ -465,6 +483,7 @@ class Supervisor:
         rec.progress, rec.progress_at, rec.steps_per_second = None, rec.started_at, None
         rec.usage, rec.usage_at, rec.stopped_since, rec.sigterm = None, None, None, False
         rec.done, rec.running_at, rec.standby_asked = False, None, False
+        rec.exiting_at, rec.ended_at, rec.torn_down = None, None, False
         self.events.write("task_started", rec.name, pid=rec.handle.pid, attempt=rec.attempt,
                           host=rec.task.host, port=rec.task.port,
                           warm=getattr(rec.handle, "warm", False))
@@ -527,6 +546,8 @@ class Supervisor:
             if isinstance(marker, SigTerm):
                 rec.sigterm = True
             rec.done = rec.done or marker.event == markers.DONE
+            if marker.event == markers.EXITING:
+                rec.exiting_at = time.monotonic()
             if isinstance(marker, Progress):
                 self._progressed(rec, marker)
             if marker.event == markers.READY and rec.state is TaskState.STARTING:
@@ -559,15 +580,18 @@ class Supervisor:
 
     def _on_exit(self, rec: TaskRecord, rc: int) -> None:
         """Every task's exit, the sidecars' too, and while finishing."""
+        how = TORN_DOWN if rec.torn_down else describe_exit(rc)
         self.events.write("task_exited", rec.name, pid=rec.handle.pid if rec.handle else None,
-                          returncode=rc, attempt=rec.attempt, how=describe_exit(rc))
+                          returncode=rc, attempt=rec.attempt, how=how,
+                          **({"teardown": True} if rec.torn_down else {}))
         self._collect(rec, rc)
+        rec.ended_at = time.monotonic()
         if rc == markers.EXIT_PREEMPTED and self.state is not JobState.FINISHING:
             self._pump()  # a peer's `sigterm` marker may still be on its way
             if self._preempted(rec):
                 return
         # Servers never exit on their own: any exit of one is a loss.
-        lost = rc != 0 or rec.role in self.rules.servers
+        lost = (rc != 0 and not rec.torn_down) or rec.role in self.rules.servers
         self._set(rec, TaskState.FAILED if lost else TaskState.SUCCEEDED)
         if self.state is JobState.FINISHING:
             return  # training is done: nothing restarts, nothing changes the outcome
@@ -576,6 +600,21 @@ class Supervisor:
                 self.echo("tfo", f"{rec.name} finished")
             return
         self._task_lost(rec, rc, f"{rec.name} exited with {describe_exit(rc)}")
+
+    def _check_teardowns(self, now: float) -> None:
+        """Stop a task left waiting in its teardown for a peer that is gone (module doc)."""
+        for rec in self.records.values():
+            if not rec.state.live or rec.exiting_at is None or rec.torn_down \
+                    or rec.handle is None or rec.role in self.rules.servers:
+                continue
+            gone = [r.ended_at for r in self._restart_unit(rec) if r is not rec
+                    and r.state is TaskState.SUCCEEDED and r.ended_at is not None]
+            if gone and now - max(rec.exiting_at, min(gone)) >= TEARDOWN_GRACE_SECONDS:
+                rec.torn_down = True
+                self.events.write("task_teardown_stopped", rec.name, pid=rec.handle.pid,
+                                  attempt=rec.attempt,
+                                  waited=round(now - max(rec.exiting_at, min(gone)), 2))
+                rec.handle.kill()  # its code and atexit handlers are done: nothing to lose
 
     def _preempted(self, rec: TaskRecord) -> bool:
         """`rec` exited EXIT_PREEMPTED: if a SIGTERM reached it or its restart unit this

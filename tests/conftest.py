@@ -27,6 +27,10 @@ FIXED_PORTS = pytest.mark.xdist_group("fixed-ports")  # jobs on localhost:20000-
 SSH_LAB = pytest.mark.xdist_group("sshlab")  # the netns lab: lab1/lab2 on 10.200.0.0/24
 SLURM_LAB = pytest.mark.xdist_group("slurmlab")  # the Slurm lab on 10.201.0.0/24
 
+# How a training task that succeeded shows its end in the tables: its exit code 0, or, once
+# a peer exited and it only waited in TensorFlow's teardown, stopped there (supervise.py).
+ENDED = "(?:exit code 0|stopped in teardown)"
+
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

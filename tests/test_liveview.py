@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator.console import ConsoleWriter, console_echo, printable
 from orchestrator.liveview import FINAL, LIVE, Row, render, rows_from_events, table
-from tests.conftest import REPO, kill_tree, run_processes, run_tfo, tfo_cmd
+from tests.conftest import ENDED, REPO, kill_tree, run_processes, run_tfo, tfo_cmd
 
 SCRIPT = REPO / "tests" / "scripts" / "live_progress.py"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -155,7 +155,7 @@ def test_the_summary_has_a_row_per_task_and_where_tensorboard_is(pty_run: PtyRun
     text = pty_run.text
     assert re.search(r"job succeeded: all training tasks finished", text)
     for task in ("worker:0", "worker:1"):
-        assert re.search(rf"{task}\s+localhost\s+succeeded\s+exit code 0\s+0\s+3/3\s+20/20\s+"
+        assert re.search(rf"{task}\s+localhost\s+succeeded\s+{ENDED}\s+0\s+3/3\s+20/20\s+"
                          r"[\d.]", text), text[-3000:]
     board = pty_run.run_dir / "tensorboard"
     assert f"tensorboard: {board} (to view: tensorboard --logdir {board})" in text
@@ -200,7 +200,7 @@ def test_runs_status_and_logs_show_the_run(pty_run: PtyRun):
     assert f"{run_id}: succeeded: all training tasks finished" in status.stdout
     for task in ("worker:0", "worker:1"):
         assert re.search(rf"{task}\s+localhost\s+succeeded\s+0\s+3/3\s+20/20\s+[\d.]+\s+"
-                         r"task_exited\s+\d+\s+exit code 0", status.stdout), status.stdout
+                         rf"task_exited\s+\d+\s+{ENDED}", status.stdout), status.stdout
 
     logs = run_tfo("logs", "last", "worker:1", cwd=cwd, env=tfo_env(cwd), timeout=30)
     assert logs.returncode == 0, logs.output

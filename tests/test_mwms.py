@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from tests.conftest import (
+    ENDED,
     FIXED_PORTS,
     PYTHON,
     REPO,
@@ -66,7 +67,7 @@ def test_localhost_cluster_trains_and_chief_saves(run_dir: Path):
     assert "\x1b" not in res.output
     assert "job succeeded: all training tasks finished" in res.stderr
     for task in ("worker:0", "worker:1"):
-        assert re.search(rf"{task}\s+localhost\s+succeeded\s+exit code 0\s+0\s+5/5\s+22/22\s+"
+        assert re.search(rf"{task}\s+localhost\s+succeeded\s+{ENDED}\s+0\s+5/5\s+22/22\s+"
                          r"\d+\.\d+", res.stderr), res.stderr
     assert f"run directory: {run_dir} (restarts: 0)" in res.stderr
 
@@ -92,7 +93,9 @@ def test_localhost_cluster_trains_and_chief_saves(run_dir: Path):
     plan = json.loads((run_dir / "plan.json").read_text())
     assert [t["name"] for t in plan["tasks"]] == ["worker:0", "worker:1"]
     exits = {e["task"]: e for e in ev if e["event"] == "task_exited"}
-    assert {t: e["returncode"] for t, e in exits.items()} == {"worker:0": 0, "worker:1": 0}
+    # 0, or stopped in TensorFlow's teardown after its peer left (supervise.py): a success.
+    assert all(e["returncode"] == 0 or e.get("teardown") for e in exits.values()), exits
+    assert set(exits) == {"worker:0", "worker:1"}
     assert all(isinstance(e["time"], float) and e["pid"] > 0 for e in exits.values())
     assert ev[-1]["event"] == "job_finished" and ev[-1]["exit_code"] == 0
 
@@ -105,7 +108,7 @@ def test_localhost_cluster_trains_and_chief_saves(run_dir: Path):
     # status and logs read the run back.
     status = run_tfo("status", str(run_dir), timeout=30)
     assert status.returncode == 0 and "succeeded" in status.stdout
-    assert re.search(r"worker:1\s.*task_exited.*exit code 0", status.stdout)
+    assert re.search(rf"worker:1\s.*task_exited.*{ENDED}", status.stdout)
     logs = run_tfo("logs", str(run_dir), "worker:1", "-n", "3", timeout=30)
     assert logs.returncode == 0 and len(logs.stdout.splitlines()) == 3
 

@@ -614,3 +614,40 @@ def test_no_spare_without_a_restart_to_serve(tmp_path, policy, max_restarts):
     result, _, _ = supervise(tmp_path, spec(policy=policy, max_restarts=max_restarts), scripts,
                              spares)
     assert result.state is JobState.SUCCEEDED and spares == []
+
+
+# ---- TensorFlow's teardown ---------------------------------------------------------------
+
+DONE, EXITING = '@tfo {"event": "done"}', '@tfo {"event": "exiting"}'
+
+
+@pytest.mark.timeout(20)
+def test_a_task_left_in_its_teardown_by_a_gone_peer_is_stopped_and_succeeds(tmp_path,
+                                                                             monkeypatch):
+    """worker:1's code and atexit handlers are over (`exiting`), but TensorFlow's teardown
+    waits for worker:0, which has exited: stopped TEARDOWN_GRACE_SECONDS later, a success."""
+    monkeypatch.setattr("orchestrator.supervise.TEARDOWN_GRACE_SECONDS", 0.5)
+    said = {0: [(0.1, DONE), (0.2, EXITING)]}
+    scripts = {"worker:0": Script([(0, 0.4, True)], said),
+               "worker:1": Script([(None, 0, True)], said)}
+    t0 = time.monotonic()
+    result, _, events = supervise(tmp_path, spec(), scripts)
+    assert result.state is JobState.SUCCEEDED and result.restarts == 0
+    assert time.monotonic() - t0 < 5
+    assert {t.name: t.state for t in result.tasks} == {"worker:0": TaskState.SUCCEEDED,
+                                                      "worker:1": TaskState.SUCCEEDED}
+    stopped = [e for e in events if e["event"] == "task_teardown_stopped"]
+    assert [e["task"] for e in stopped] == ["worker:1"] and stopped[0]["waited"] >= 0.5
+
+
+@pytest.mark.timeout(20)
+def test_a_task_still_in_its_code_is_waited_for(tmp_path, monkeypatch):
+    """Done but not `exiting` (its atexit handlers may still run), or not done at all: the
+    job waits for its own exit, however long after its peers."""
+    monkeypatch.setattr("orchestrator.supervise.TEARDOWN_GRACE_SECONDS", 0.2)
+    scripts = {"worker:0": Script([(0, 0.1, True)], {0: [(0.05, DONE), (0.06, EXITING)]}),
+               "worker:1": Script([(0, 1.2, True)], {0: [(0.05, DONE)]})}
+    t0 = time.monotonic()
+    result, _, events = supervise(tmp_path, spec(), scripts)
+    assert result.state is JobState.SUCCEEDED and time.monotonic() - t0 >= 1.2
+    assert not [e for e in events if e["event"] == "task_teardown_stopped"]

@@ -57,6 +57,7 @@ whose main thread only ever waits in select:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import faulthandler
@@ -346,6 +347,11 @@ def _has_children() -> bool:
     return True
 
 
+def _say_exiting() -> None:
+    with contextlib.suppress(Exception):  # stdout may be closed: nothing to tell then
+        markers.emit(markers.EXITING)
+
+
 def _write(text: str) -> None:
     """A marker (or BEAT) to stdout in one write: a whole line, never split."""
     with contextlib.suppress(OSError):
@@ -441,6 +447,8 @@ def wrap() -> None:
     task_pid = os.fork()
     if task_pid == 0:
         _follow_parent(signal.SIGKILL)
+        # First registered, so it runs last: after the user's and TensorFlow's handlers.
+        atexit.register(_say_exiting)
         os.close(handler_r)
         _report_sigterm_handlers(handler_w)
         # Where a stalled task is stuck, on request (the wrapper signals): to its log.

@@ -96,6 +96,10 @@ SIGTERM = "sigterm"  # the task wrapper got SIGTERM and passed it on (`grace`: s
 EVALUATED = "evaluated"  # the evaluator evaluated a checkpoint (`epoch`, `metrics`)
 SAVED = "saved"  # the model was written (`path`, `chief`)
 DONE = "done"  # the entry returned
+# The task's last atexit handler (registered before any other): its code and every atexit
+# handler are done, and only the interpreter's teardown is left, in which TensorFlow may
+# wait for peers that are gone (the supervisor stops such a task: TEARDOWN_GRACE_SECONDS).
+EXITING = "exiting"
 
 # A task's exit code for "retrying cannot help": its entry's module or function does not
 # exist. The supervisor never restarts it, whatever the restart policy. 78 is EX_CONFIG
