@@ -88,9 +88,10 @@ def salloc_argv(slurm: SlurmSpec, nodes: int, job_name: str) -> list[str]:
         argv.append(f"--account={slurm.account}")
     if slurm.gpus_per_task:
         argv.append(f"--gpus-per-task={slurm.gpus_per_task}")
-    # The lifeline: the nodes first, then wait for our end of the pipe to close.
+    # The lifeline: the job and its nodes first (salloc's "Granted" line is on stderr, read
+    # by another thread: it may come second), then wait for our end of the pipe to close.
     return [*argv, *slurm.extra_args, "sh", "-c",
-            f'echo "{_NODES_PREFIX}$SLURM_JOB_NODELIST"; exec cat >/dev/null']
+            f'echo "{_NODES_PREFIX}$SLURM_JOB_ID $SLURM_JOB_NODELIST"; exec cat >/dev/null']
 
 
 def _die_with_parent() -> None:
@@ -179,7 +180,8 @@ class Allocation:
     def _read_out(self, stream) -> None:  # noqa: ANN001
         for line in stream:
             if line.startswith(_NODES_PREFIX) and self.nodelist is None:
-                self.nodelist = line[len(_NODES_PREFIX):].strip()
+                job_id, _, self.nodelist = line[len(_NODES_PREFIX):].strip().partition(" ")
+                self.job_id = self.job_id or job_id
                 self._got.set()
         self._got.set()
 
