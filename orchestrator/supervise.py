@@ -24,11 +24,12 @@ this attempt, to it or to a task of its restart unit: the handler saves on every
 every worker exits with the code, but only the preempted one got the signal.
 
 TensorFlow's teardown is not waited out: a training task whose code is over (its last atexit
-handler said `exiting`) and that outlives a peer of its restart unit that exited 0 by
-TEARDOWN_GRACE_SECONDS is waiting, in the interpreter's teardown, for that peer (measured
-here: in about half of all 2-worker runs, by hand too, one worker exits 10 s after the
-other, its stack `Garbage-collecting`, after `Failed to send RPC to coordination service`).
-It is SIGKILLed (`task_teardown_stopped`) and counts as succeeded.
+handler said `exiting`) is only tearing down. Once a peer of its restart unit exited 0, or
+every peer's code is over too, TEARDOWN_GRACE_SECONDS later it is waiting in the
+interpreter's teardown for peers that have nothing more to give (measured here: in about
+half of all 2-worker runs, by hand too, the workers exit 10 s after their code ended, or
+one 10 s after the other, stack `Garbage-collecting`, `Failed to send RPC to coordination
+service`). It is SIGKILLed (`task_teardown_stopped`) and counts as succeeded.
 
 Warm spares (`standby`, orchestrator/launch/spares.py): once an attempt trains (its first
 progress, or a while after ready), while a restart is still possible, the loop asks for a
@@ -90,7 +91,8 @@ STACKS_QUIET_SECONDS = 0.3  # a dump has ended when its task printed nothing mor
 # training this long after its ready marker (its port listens): then its warm spare starts.
 STANDBY_AFTER_READY_SECONDS = 5.0
 # A task in its teardown (the `exiting` marker) this long after a peer of its restart unit
-# exited 0 is stopped. TensorFlow's own exit after its peers took 1.8–2.4 s here.
+# exited 0, or after every peer said `exiting` too, is stopped. TensorFlow's own exit took
+# 1.0–2.9 s after the code ended here when it did not wait.
 TEARDOWN_GRACE_SECONDS = 3.0
 
 
@@ -607,13 +609,17 @@ class Supervisor:
             if not rec.state.live or rec.exiting_at is None or rec.torn_down \
                     or rec.handle is None or rec.role in self.rules.servers:
                 continue
-            gone = [r.ended_at for r in self._restart_unit(rec) if r is not rec
-                    and r.state is TaskState.SUCCEEDED and r.ended_at is not None]
-            if gone and now - max(rec.exiting_at, min(gone)) >= TEARDOWN_GRACE_SECONDS:
+            peers = [r for r in self._restart_unit(rec) if r is not rec]
+            gone = [r.ended_at for r in peers
+                    if r.state is TaskState.SUCCEEDED and r.ended_at is not None]
+            # A peer gone, or every peer's code over too (then they wait for each other).
+            over = [min(gone)] if gone else [r.exiting_at for r in peers] if peers and all(
+                r.exiting_at is not None and r.state.live for r in peers) else []
+            since = max(rec.exiting_at, *over) if over else None
+            if since is not None and now - since >= TEARDOWN_GRACE_SECONDS:
                 rec.torn_down = True
                 self.events.write("task_teardown_stopped", rec.name, pid=rec.handle.pid,
-                                  attempt=rec.attempt,
-                                  waited=round(now - max(rec.exiting_at, min(gone)), 2))
+                                  attempt=rec.attempt, waited=round(now - since, 2))
                 rec.handle.kill()  # its code and atexit handlers are done: nothing to lose
 
     def _preempted(self, rec: TaskRecord) -> bool:

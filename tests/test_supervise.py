@@ -651,3 +651,17 @@ def test_a_task_still_in_its_code_is_waited_for(tmp_path, monkeypatch):
     result, _, events = supervise(tmp_path, spec(), scripts)
     assert result.state is JobState.SUCCEEDED and time.monotonic() - t0 >= 1.2
     assert not [e for e in events if e["event"] == "task_teardown_stopped"]
+
+
+@pytest.mark.timeout(20)
+def test_tasks_that_all_wait_in_their_teardown_are_all_stopped(tmp_path, monkeypatch):
+    """Every worker's code is over and each waits for the others in TensorFlow's teardown
+    (measured: 10 s): all are stopped TEARDOWN_GRACE_SECONDS after the last got there."""
+    monkeypatch.setattr("orchestrator.supervise.TEARDOWN_GRACE_SECONDS", 0.5)
+    scripts = {"worker:0": Script([(None, 0, True)], {0: [(0.1, DONE), (0.2, EXITING)]}),
+               "worker:1": Script([(None, 0, True)], {0: [(0.1, DONE), (0.4, EXITING)]})}
+    t0 = time.monotonic()
+    result, _, events = supervise(tmp_path, spec(), scripts)
+    assert result.state is JobState.SUCCEEDED and time.monotonic() - t0 < 5
+    stopped = {e["task"]: e["waited"] for e in events if e["event"] == "task_teardown_stopped"}
+    assert set(stopped) == {"worker:0", "worker:1"} and min(stopped.values()) >= 0.5
