@@ -163,6 +163,9 @@ class _Wrapper:
         self.go_fd = go_fd  # a standby's, until GO: the task waits for a byte on it
         self.handler_fd: int | None = handler_fd  # the task: b"1" handler set, b"0" unset
         self.handles_sigterm = False
+        # A SIGTERM whose handler ran while the loop was reading the task's report (between
+        # its read and its verdict, which the handler's own read would miss): answered then.
+        self._reading = self._sigterm_deferred = False
         self.ready_port = _script_port()  # None once reported
         self.watch_stdin, self.quiet_limit = markers.parse_lifeline(lifeline)
         self.status: int | None = None  # the task's wait status, once reaped
@@ -181,6 +184,9 @@ class _Wrapper:
     def _on_sigterm(self, signum: int, frame: object) -> None:
         """A task with a SIGTERM handler gets it, and SIGKILL after the grace (the loop's
         deadline, counted from the first); one without, SIGKILL now."""
+        if self._reading:
+            self._sigterm_deferred = True
+            return
         self._read_handler_state()
         if not self.handles_sigterm or self.standby:
             if self.status is None and not self.standby:
@@ -197,17 +203,24 @@ class _Wrapper:
     def _read_handler_state(self) -> None:
         if self.handler_fd is None:
             return
+        self._reading = True
         try:
-            data = os.read(self.handler_fd, 4096)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if data:
-            self.handles_sigterm = data.endswith(b"1")
-        else:  # the task (and all that shares the pipe) is gone
-            os.close(self.handler_fd)
-            self.handler_fd = None
+            try:
+                data = os.read(self.handler_fd, 4096)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if data:
+                self.handles_sigterm = data.endswith(b"1")
+            else:  # the task (and all that shares the pipe) is gone
+                os.close(self.handler_fd)
+                self.handler_fd = None
+        finally:
+            self._reading = False
+            if self._sigterm_deferred:
+                self._sigterm_deferred = False
+                self._on_sigterm(signal.SIGTERM, None)
 
     @property
     def standby(self) -> bool:
