@@ -609,18 +609,27 @@ class Supervisor:
             if not rec.state.live or rec.exiting_at is None or rec.torn_down \
                     or rec.handle is None or rec.role in self.rules.servers:
                 continue
-            peers = [r for r in self._restart_unit(rec) if r is not rec]
-            gone = [r.ended_at for r in peers
-                    if r.state is TaskState.SUCCEEDED and r.ended_at is not None]
-            # A peer gone, or every peer's code over too (then they wait for each other).
-            over = [min(gone)] if gone else [r.exiting_at for r in peers] if peers and all(
-                r.exiting_at is not None and r.state.live for r in peers) else []
-            since = max(rec.exiting_at, *over) if over else None
+            since = self._teardown_since(rec)
             if since is not None and now - since >= TEARDOWN_GRACE_SECONDS:
                 rec.torn_down = True
                 self.events.write("task_teardown_stopped", rec.name, pid=rec.handle.pid,
                                   attempt=rec.attempt, waited=round(now - since, 2))
                 rec.handle.kill()  # its code and atexit handlers are done: nothing to lose
+
+    def _teardown_since(self, rec: TaskRecord) -> float | None:
+        """Since when `rec` (in its teardown) waits for nothing: the later of its `exiting`
+        and the first exit 0 of a peer, or, no peer gone, the last peer's `exiting` (then
+        they all wait for each other); None while a peer's code still runs."""
+        assert rec.exiting_at is not None
+        peers = [r for r in self._restart_unit(rec) if r is not rec]
+        gone = [r.ended_at for r in peers
+                if r.state is TaskState.SUCCEEDED and r.ended_at is not None]
+        if gone:
+            return max(rec.exiting_at, min(gone))
+        said = [r.exiting_at for r in peers if r.state.live and r.exiting_at is not None]
+        if peers and len(said) == len(peers):
+            return max(rec.exiting_at, *said)
+        return None
 
     def _preempted(self, rec: TaskRecord) -> bool:
         """`rec` exited EXIT_PREEMPTED: if a SIGTERM reached it or its restart unit this
