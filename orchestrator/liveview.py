@@ -100,15 +100,17 @@ def row_from_outcome(t: TaskOutcome) -> Row:
 
 def rows_from_events(events: Iterable[dict[str, Any]]) -> list[Row]:
     """Each task's row as a run's events.jsonl tells it: its last attempt's pid and host,
-    its last progress, its restarts, how it ended, and its last event."""
+    its last progress, its restarts, how it ended, and its last event (not a standby's: that
+    is the next attempt's, started beside this one)."""
     tasks: dict[str, dict[str, Any]] = {}
     for e in events:
         name = e.get("task")
         if not isinstance(name, str):
             continue
         t = tasks.setdefault(name, {"task": name})
-        t["last"] = e["event"]
         kind = e["event"]
+        if not kind.startswith("task_standby_"):
+            t["last"] = kind
         if kind == "task_started":
             t.update(pid=_int(e.get("pid")), host=str(e.get("host") or "-"), state="starting",
                      exit=None, **dict.fromkeys(("epoch", "epochs", "step", "step_in_epoch",

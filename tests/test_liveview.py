@@ -262,6 +262,7 @@ def test_rows_from_events_take_each_task_s_last_attempt():
         {"event": "task_started", "task": "worker:0", "pid": 11, "host": "lab1", "attempt": 1},
         {"event": "task_ready", "task": "worker:0"},
         {"event": "task_progress", "task": "worker:0", "step": "x", "loss": [1]},  # garbage
+        {"event": "task_standby_started", "task": "worker:0", "pid": 12, "attempt": 2},
     ]
     (row,) = rows_from_events(ev)
     assert row == Row(task="worker:0", host="lab1", pid=11, state="running", restarts=1,
