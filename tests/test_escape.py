@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.launch.local import LocalHandle
+from orchestrator.launch.local import LocalBackend, LocalHandle
 from orchestrator.markers import read_marker
 from orchestrator.plan import Placement, TaskPlan
 from tests.conftest import (
@@ -250,6 +250,43 @@ def test_a_sigkilled_wrapper_leaves_nothing_behind_the_handle(marker: str, tmp_p
         if handle.poll() is None:
             handle.kill()
             handle.close()
+
+
+def wrapped_task(tmp_path: Path, marker: str, action: str) -> TaskPlan:
+    return TaskPlan(name="worker:0", role=Role.WORKER, index=0,
+                    placement=Placement("local", "localhost", "localhost"), port=0, tf_config={},
+                    command=[PYTHON, "-m", "tests.jobs.escape", marker, action],
+                    env={**wrapper_env(tmp_path / "tmp")}, cwd=str(REPO),
+                    log_path=str(tmp_path / "log"), tmp_dir=str(tmp_path / "tmp"))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("then", ["the next start", "the end of the run"])
+def test_a_wrapper_sigkilled_after_it_reaped_its_task_leaves_nothing(then: str, marker: str,
+                                                                     tmp_path: Path):
+    """A double fault: the wrapper reaped its task and was SIGKILLed while it killed the
+    rest. No task is left in its group to tell; its SIGKILL is the sign, and what it left
+    is gone before the next local task starts (it must not hold the port), or when the
+    run ends."""
+    backend = LocalBackend({})
+    handles = [backend.start(wrapped_task(tmp_path, marker, "double-fault"), 0)]
+    try:
+        assert wait_until(lambda: handles[0].poll() is not None, 30)
+        assert handles[0].poll() == -signal.SIGKILL
+        handles[0].close()
+        assert len(escapees(marker)) == 2, "the escapees outlive the wrapper until then"
+        if then == "the next start":
+            # another marker: its own escapees, which its wrapper kills, are not these
+            handles.append(backend.start(wrapped_task(tmp_path, f"next-{marker}", "exit:0"), 1))
+        else:
+            backend.close()
+        assert not escapees(marker)
+    finally:
+        for handle in handles:
+            if handle.poll() is None:
+                handle.kill()
+            handle.close()
+        backend.close()
 
 
 # ---- whole runs ------------------------------------------------------------------------

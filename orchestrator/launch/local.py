@@ -130,8 +130,13 @@ class LocalHandle:
                     pipe.close()
 
     def _sweep(self) -> None:
-        if self.poll() is not None and orphans.left_by(self._pgid):
+        code = self.poll()
+        if code is None:
+            return
+        if orphans.left_by(self._pgid):
             orphans.sweep(since=self._reaped_at)
+        elif code == -signal.SIGKILL:  # perhaps a double fault: see orphans.py
+            orphans.suspect(since=self._reaped_at)
 
     def _close_pidfd(self) -> None:
         if self._pidfd is not None:
@@ -157,6 +162,7 @@ class LocalBackend:
 
     def start(self, task: TaskPlan, attempt: int) -> LocalHandle:
         """The task's warm spare for this attempt, if one waits; else a new process."""
+        orphans.sweep_suspected()
         return self._spares.take(task, attempt) or LocalHandle(task, attempt)
 
     def standby(self, task: TaskPlan, attempt: int) -> int | None:
@@ -166,3 +172,4 @@ class LocalBackend:
 
     def close(self) -> None:
         self._spares.close()
+        orphans.sweep_suspected()

@@ -14,8 +14,17 @@ So those processes are the coordinator's children and nothing needs sampling whi
 run (the old backstop read every task's process tree from /proc each second: the 64-task
 CPU hog). Whether a wrapper died uncleanly costs one waitid: its task, in its process group,
 is then our child (or zombie), where a wrapper that cleaned up had reaped it. Only then a
-sweep: one scan of /proc, which covers every wrapper reaped before it started. (A wrapper
-SIGKILLed after it reaped its task, while it killed the rest, is not noticed.)
+sweep: one scan of /proc, which covers every wrapper reaped before it started.
+
+A wrapper SIGKILLed after it reaped its task, while it killed the rest (a double fault),
+leaves no task in its group: that is told only by its exit by SIGKILL, which is also how
+every wrapper of a SIGKILLed task ends (it mirrors the task's signal). A sweep on each
+would cost a scan per exit when a teardown kills 64 tasks, so that case is `suspect`ed,
+and swept once, before the next local task starts (what is left must not hold its port)
+and when the run ends:
+
+    orphans.suspect(since=reaped_at)     # a wrapper ended by SIGKILL
+    orphans.sweep_suspected()            # before a start, and at the end
 
 Only our own are touched: a child of ours that is no wrapper we started, and that either
 carries TFO_ATTEMPT in its environment (every local task's processes inherit it) or is
@@ -41,6 +50,7 @@ _adopted = False
 _wrappers: set[int] = set()  # started, exit not collected yet
 _groups: set[int] = set()  # process groups of the wrappers we started
 _swept_at = float("-inf")  # monotonic start of the last sweep
+_suspected: float | None = None  # the earliest reap a sweep is still owed for
 
 
 def adopt() -> None:
@@ -108,3 +118,19 @@ def sweep(since: float | None = None) -> int:
         killed += len(found)
     _swept_at = start
     return killed
+
+
+def suspect(since: float | None) -> None:
+    """A wrapper reaped at `since` may have left something: sweep before the next start."""
+    global _suspected
+    at = float("-inf") if since is None else since
+    _suspected = at if _suspected is None else min(_suspected, at)
+
+
+def sweep_suspected() -> int:
+    """The sweep `suspect` owes, if any; how many were killed."""
+    global _suspected
+    if _suspected is None:
+        return 0
+    since, _suspected = _suspected, None
+    return sweep(since=since)

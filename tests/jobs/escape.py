@@ -16,7 +16,9 @@ Without TensorFlow, behind the task wrapper only (fast tests of the wrapper itse
 ACTION: `exit:N` (exit with N), `signal:N` (kill itself with signal N), `hold` (ignore
 SIGTERM like TensorFlow does, and wait), `preempt` (on SIGTERM, "save" for a moment and
 exit 42, as TensorFlow's PreemptionCheckpointHandler does), `deaf` (a SIGTERM handler that
-does nothing).
+does nothing). And `double-fault`, without the wrapper: what a wrapper SIGKILLed after it
+reaped its task, while it killed the rest, leaves. It starts the escapees and SIGKILLs
+itself, with no task left in its process group.
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ def train(ctx: TaskContext) -> None:
 def _main(marker: str, action: str) -> None:
     from worker_entry import lifeline
 
+    if action == "double-fault":
+        spawn_escapees(marker)
+        os.kill(os.getpid(), signal.SIGKILL)
     lifeline.wrap()
     what, _, arg = action.partition(":")
     spawn_escapees(marker)
