@@ -37,6 +37,7 @@ def listening(port: int) -> bool:
 def _listening_ports_netlink() -> set[int]:
     ports: set[int] = set()
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as s:
+        s.settimeout(1.0)  # the wrapper's loop must never hang here: /proc after that
         for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), 1):
             body = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN)
             s.send(_HEADER.pack(_HEADER.size + len(body), _SOCK_DIAG_BY_FAMILY,
