@@ -23,6 +23,7 @@ Console on first use. tests/test_startup.py holds this to account.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -564,7 +565,8 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         view = LiveView(console, fd) if is_live_terminal(fd) else None
         try:  # supervise
             echo = console_echo(console.write, verbose, logs, view.seen if view else None)
-            standby = backends.standby if spares_wanted(p) else None
+            kinds = spares_wanted(p)
+            standby = functools.partial(backends.standby, kinds=kinds) if kinds else None
             result = Supervisor(p, start=backends.start, echo=echo, watch=view,
                                 standby=standby).run()
         finally:

@@ -380,8 +380,9 @@ def _check_warm_spares(value: Any) -> Any:
     raise ValueError(f"expected auto, true or false, got {value!r}")
 
 
-# Warm spares (orchestrator/launch/spares.py): local tasks' next attempts started ahead, with
-# TensorFlow imported. `auto`: where the machine has the cores and memory for them.
+# Warm spares (orchestrator/launch/spares.py): tasks' next attempts started ahead on their
+# hosts, with TensorFlow imported. `auto`: local tasks, where this machine has the cores and
+# memory for them; `true`: local and SSH tasks.
 WarmSpares = Annotated[Literal["auto"] | bool, BeforeValidator(_check_warm_spares)]
 
 

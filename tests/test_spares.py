@@ -36,21 +36,31 @@ def test_auto_turns_spares_on_only_where_the_machine_has_room(cpus, available, t
     assert spares_pay_off(cpus, available, tasks) is on
 
 
-def plan(tmp_path: Path, **restart):
+def plan(tmp_path: Path, workers: tuple[str, ...] = ("localhost:1", "localhost:2"),
+         **restart):
     spec = parse_spec({"name": "t", "job": {"entry": "a.b:c"},
-                       "tasks": {"worker": ["localhost:1", "localhost:2"]},
+                       "hosts": {"me": {"address": "10.0.0.1", "backend": "local"},
+                                 "lab1": {"address": "10.0.0.2"}},
+                       "tasks": {"worker": list(workers)},
                        "restart": {"policy": "on-failure", **restart}})
     return make_plan(spec, run_id="t", run_dir=tmp_path / "run", workdir=tmp_path)
 
 
 def test_warm_spares_setting(tmp_path, monkeypatch):
-    assert spares_wanted(plan(tmp_path, warm_spares=True))
+    local, both = frozenset({"local"}), frozenset({"local", "ssh"})
+    mixed = ("me:1", "lab1:2")  # this machine under an address the lab can reach
+    assert spares_wanted(plan(tmp_path, warm_spares=True)) == local
+    assert spares_wanted(plan(tmp_path, mixed, warm_spares=True)) == both
     assert not spares_wanted(plan(tmp_path, warm_spares=False))
     assert not spares_wanted(plan(tmp_path, warm_spares=True, max_restarts=0))
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert not spares_wanted(plan(tmp_path))  # auto, the default: 2 cores are not enough
     monkeypatch.setattr("os.cpu_count", lambda: 64)
-    assert spares_wanted(plan(tmp_path)) is (psutil.virtual_memory().available >= 4 * SPARE_RSS)
+    room = psutil.virtual_memory().available >= 4 * SPARE_RSS
+    assert spares_wanted(plan(tmp_path)) == (local if room else frozenset())
+    # A lab host's room is not known here: `auto` keeps spares for local tasks only.
+    assert spares_wanted(plan(tmp_path, mixed)) == (local if room else frozenset())
+    assert not spares_wanted(plan(tmp_path, ("lab1:1", "lab1:2")))
     restart = cluster_schema()["$defs"]["RestartSpec"]["properties"]
     assert "warm_spares" in restart  # `tfo schema`, for editors
 

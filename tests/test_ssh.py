@@ -310,3 +310,49 @@ tasks:
     res = run_tfo("run", str(spec), "--run-dir", str(run_dir / "again"), timeout=240)
     assert res.returncode == 0, res.output[-4000:]
     assert "lab1: code synced (0 file(s) copied)" in res.output
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_a_restart_on_a_lab_host_is_served_by_its_warm_spare(lab, run_dir: Path,
+                                                             tmp_path: Path):
+    """warm_spares: true over SSH: each worker's standby waits on its own host, TensorFlow
+    imported; a SIGKILLed worker's restart (both workers: one restart unit) gets them."""
+    from tests.test_faults import first, kill_task
+    from tests.test_spares import gone, standbys
+
+    lab1, lab2 = lab
+    spec = write_spec(tmp_path / "lab.yaml", f"""\
+name: lab-spares
+job: {{entry: tests.jobs.faulty:train, args: {{epochs: 5, epoch_sleep: 2}}}}
+hosts:
+{host_yaml("lab1", lab1, tmp_path / "lab1")}{host_yaml("lab2", lab2, tmp_path / "lab2")}
+tasks:
+  worker: [lab1:20000, lab2:20000]
+restart: {{policy: on-failure, max_restarts: 1, backoff_seconds: 0, warm_spares: true}}
+timeouts: {{grace_seconds: 5}}
+""")
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_standby_started", "worker:1", attempt=1, timeout=180)
+        spares = standbys(run_dir)
+        assert spares[("worker:1", 1)] in netns_pids(lab2.netns)  # on the task's own host
+        tfo.wait_event("task_epoch", "worker:1", epoch=1, timeout=120)
+        killed_at = kill_task(tfo, "worker:1")
+        code, err = tfo.finish()
+        assert code == 0, err[-3000:]
+    finally:
+        stop(tfo)
+    ev = events(run_dir)
+    # sshd reports no exit status for a session whose process was killed: 255
+    assert first(ev, "task_exited", "worker:1", attempt=0)["returncode"] == 255
+    spares = standbys(run_dir)
+    assert set(spares) == {("worker:0", 1), ("worker:1", 1)}
+    for task in ("worker:0", "worker:1"):
+        started = first(ev, "task_started", task, attempt=1)
+        assert started["warm"] is True and started["pid"] == spares[(task, 1)]
+        assert started["time"] - killed_at < 5.0
+    resumed = [e["epoch"] for e in ev if e["event"] == "task_epoch" and e["attempt"] == 1]
+    assert resumed and min(resumed) >= 1, resumed  # from its checkpoint, not the start
+    assert ev[-1]["event"] == "job_finished" and ev[-1]["exit_code"] == 0
+    assert all(gone(pid) for pid in spares.values())

@@ -107,9 +107,13 @@ class Backends:
     def start(self, task: TaskPlan, attempt: int) -> TaskHandle:
         return self.get(task.placement.kind).start(task, attempt)
 
-    def standby(self, task: TaskPlan, attempt: int) -> int | None:
-        """A warm spare for the task's `attempt` where its backend keeps them (local:
-        launch/spares.py); its pid, or None (none made)."""
+    def standby(self, task: TaskPlan, attempt: int,
+                kinds: frozenset[str] | None = None) -> int | None:
+        """A warm spare for the task's `attempt` where its backend keeps them (local, SSH:
+        launch/spares.py) and its kind is among `kinds` (spares_wanted; None: any); its pid,
+        or None (none made)."""
+        if kinds is not None and task.placement.kind not in kinds:
+            return None
         make = getattr(self.get(task.placement.kind), "standby", None)
         return make(task, attempt) if make is not None else None
 

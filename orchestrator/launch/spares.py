@@ -1,18 +1,19 @@
-"""Warm spares: a local task's next attempt, started ahead, so a restart need not wait for
+"""Warm spares: a task's next attempt, started ahead, so a restart need not wait for
 TensorFlow to import (most of a restart: about 6 of 8 s on a 2-core machine).
 
     spares = Spares(start=lambda task, attempt: LocalHandle(task, attempt, standby=True))
     spares.make(task, attempt)        # a standby for (task, attempt); its pid (None: one waits)
     spares.take(task, attempt)        # that standby, told to go; None: none alive, start anew
     spares.close()                    # kill every standby left (the run ends)
-    spares_wanted(plan)               # restart.warm_spares, `auto` decided for this machine
+    spares_wanted(plan)               # the placement kinds that keep them in this run
 
 A standby is the task's own command (`python -m worker_entry`) with the task's environment
 and the attempt it will serve; its task imports TensorFlow and waits for GO
 (worker_entry.standby) without touching the task's port or files. One per task at most.
 The supervisor asks for one at an attempt's first progress (its own start-up is over, so
 the import does not slow it) while a restart is still possible; the backend hands it over
-in `start`. SSH and Slurm tasks have none: their backends have no `standby`.
+in `start`. Local and SSH tasks have them (`launch/local.py`, `launch/ssh.py`: the standby
+runs on the task's host); Slurm tasks have none: that backend has no `standby`.
 """
 
 from __future__ import annotations
@@ -90,17 +91,21 @@ def spares_pay_off(cpus: int, available: int, tasks: int, spare_rss: int = SPARE
     return tasks > 0 and cpus >= 2 * tasks + 1 and available >= 2 * tasks * spare_rss
 
 
-def spares_wanted(plan: Plan) -> bool:
-    """Does this run keep warm spares? `restart.warm_spares` true or false says so; `auto`
-    asks spares_pay_off about this machine and the plan's local training tasks. None
-    without restarts to serve."""
+def spares_wanted(plan: Plan) -> frozenset[str]:
+    """The placement kinds whose tasks keep warm spares in this run. `restart.warm_spares:
+    true`: every kind whose backend has them (local, SSH). `auto`: local tasks, where
+    spares_pay_off says this machine has room for the plan's local training tasks; a lab
+    host's cores and memory are not known here, so its tasks get spares only when asked.
+    None without restarts to serve."""
     policy = plan.policy
     if policy.max_restarts == 0 or policy.warm_spares is False:
-        return False
+        return frozenset()
+    kinds = frozenset(t.placement.kind for t in plan.tasks)
     if policy.warm_spares is True:
-        return True
+        return kinds
     tasks = sum(1 for t in plan.tasks if t.placement.kind == LOCAL
                 and t.role not in plan.rules.servers and t.role not in plan.rules.sidecars)
     import psutil  # here: `tfo plan` and `tfo --help` do without it
 
-    return spares_pay_off(os.cpu_count() or 1, psutil.virtual_memory().available, tasks)
+    room = spares_pay_off(os.cpu_count() or 1, psutil.virtual_memory().available, tasks)
+    return frozenset({LOCAL}) if room else frozenset()

@@ -4,6 +4,7 @@ interface as local ones.
     hosts = SshBackend(spec.hosts)             # one fabric Connection per host, opened lazily
     hosts.sync(plan, tasks)                    # copy the job's code, skipping unchanged files
     handle = hosts.start(task, attempt=0)      # poll(), lines(), terminate(), kill()
+    hosts.standby(task, attempt=1)             # a warm spare on the task's host (spares.py)
     hosts.close()
 
 Each task is one SSH exec channel running `exec env K=V … python -m worker_entry` in the
@@ -16,6 +17,11 @@ HEARTBEAT_SECONDS; the task's wrapper kills the task and all it started when std
 goes quiet for LIFELINE_SECONDS (a dropped connection or a cut network, even where sshd sends no
 keepalives). The wrapper in turn writes BEAT to the task's output as often, so the
 coordinator knows the task is lost when the output goes quiet that long.
+
+A standby (a warm spare, `warm_spares: true`) is the same channel with STANDBY_ENV=1: its
+task imports TensorFlow on the host and waits. The coordinator beats down its stdin as for
+any task, but reads nothing but its pid line until GO: the standby writes nothing, not even
+beats, so silence is no sign of a lost one until then.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from orchestrator.launch import BackendError
 from orchestrator.launch.output import TaskOutput
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, check_remote
+from orchestrator.launch.spares import Spares
 from orchestrator.plan import Plan, TaskPlan
 from orchestrator.rundir import RUNS
 from orchestrator.spec import HostSpec, SpecError
@@ -124,8 +131,10 @@ def _remote_path(path: str) -> str:
 class SshHandle:
     """One remote task: an SSH exec channel plus a heartbeat down its stdin."""
 
-    def __init__(self, task: TaskPlan, attempt: int, conn: fabric.Connection) -> None:
+    def __init__(self, task: TaskPlan, attempt: int, conn: fabric.Connection,
+                 standby: bool = False) -> None:
         self.task, self.attempt, self._conn = task, attempt, conn
+        self.warm = False  # a standby that was told to go
         self._remote_pid: int | None = None
         self._head: bytes | None = b""  # output before the pid line was seen; None after
         self._returncode: int | None = None
@@ -138,26 +147,78 @@ class SshHandle:
             raise SshError(f"host {task.host}: connection lost")
         self._chan = transport.open_session()
         self._chan.set_combine_stderr(True)
-        self._chan.exec_command(remote_command(task, {
-            "TFO_ATTEMPT": str(attempt), markers.LIFELINE_ENV: markers.lifeline(heartbeat=True)}))
-        self._output = TaskOutput(task.log_path, self._recv, f"ssh-{task.name}")
+        env = {"TFO_ATTEMPT": str(attempt), markers.LIFELINE_ENV: markers.lifeline(heartbeat=True)}
+        if standby:
+            env[markers.STANDBY_ENV] = "1"
+        self._chan.exec_command(remote_command(task, env))
         self._beat = threading.Thread(target=self._heartbeat, name=f"beat-{task.name}",
                                       daemon=True)
         self._beat.start()
-        until = time.monotonic() + CONNECT_TIMEOUT  # the pid line comes before anything else
-        while self._head is not None and time.monotonic() < until and not self._eof():
-            time.sleep(0.01)
+        # A standby's output waits in the channel until go(): nobody's attempt yet.
+        self._output: TaskOutput | None = None
+        if standby:
+            self._read_pid_line()
+        else:
+            self._read_output()
+            until = time.monotonic() + CONNECT_TIMEOUT  # the pid line comes before all else
+            while self._head is not None and time.monotonic() < until and not self._eof():
+                time.sleep(0.01)
+
+    def _read_output(self) -> None:
+        self._started, self._heard = time.monotonic(), None
+        self._output = TaskOutput(self.task.log_path, self._recv, f"ssh-{self.task.name}")
+
+    def _read_pid_line(self) -> None:
+        """A standby's pid line, read here: its reader starts at go()."""
+        self._chan.settimeout(CONNECT_TIMEOUT)
+        try:
+            while self._head is not None:
+                data = self._chan.recv(_PID_LINE_MAX)
+                if not data:
+                    break
+                self._early = self._take_pid(data.replace(markers.BEAT, b""))
+        except OSError:  # socket.timeout too
+            pass
+        finally:
+            self._chan.settimeout(None)
+        self._head = None
+        if self._remote_pid is None:
+            said = self._early.decode(errors="replace").strip().splitlines()
+            self._closed.set()
+            self._chan.close()
+            raise SshError(f"host {self.task.host}: the standby of {self.task.name} did not "
+                           f"start{': ' + said[0][:200] if said else ''}")
+
+    def go(self) -> None:
+        """A standby's turn: it runs as a task started now would (worker_entry.standby)."""
+        with contextlib.suppress(OSError):
+            self._chan.send(markers.GO)
+        self.warm = True
+        self._read_output()
+
+    def discard(self) -> None:
+        """End a standby that was never used. The task's temp dir on the host is the running
+        attempt's, not its own to remove."""
+        self.kill()
+        self._closed.set()
+        self._chan.close()
 
     def _eof(self) -> bool:
-        return self._chan.exit_status_ready() and self._output.done
+        return self._chan.exit_status_ready() and self._output is not None \
+            and self._output.done
 
     @property
     def pid(self) -> int | None:
         return self._remote_pid
 
+    _early = b""  # what a standby printed after its pid line, before go()
+
     def _recv(self) -> bytes:
         """The task's output for TaskOutput: without the watchdog's beats, and without the
         pid line that comes first; b"" at the end."""
+        if self._early:
+            early, self._early = self._early, b""
+            return early
         while True:
             try:
                 data = self._chan.recv(65536)
@@ -203,16 +264,19 @@ class SshHandle:
             status = self._chan.recv_exit_status()
             # -1: no status (killed by a signal, or the connection dropped).
             self._returncode = status if status >= 0 else 255
-        elif self._silent() or not self._transport_ok():
+        elif (self._output is not None and self._silent()) or not self._transport_ok():
             # The task's wrapper stops it on its side once our heartbeats stop arriving.
             self._lost = True
-            self._output.note(f"[tfo] lost the connection to {self.task.host}: nothing heard for "
-                            f"{LIFELINE_SECONDS:g} s; the task stops itself on its side")
+            if self._output is not None:
+                self._output.note(f"[tfo] lost the connection to {self.task.host}: nothing "
+                                  f"heard for {LIFELINE_SECONDS:g} s; the task stops itself on "
+                                  "its side")
             self._returncode = 255
             self._chan.close()
         return self._returncode
 
     def _silent(self) -> bool:
+        assert self._output is not None
         if self._output.waiting:  # we are not reading: the task waits for us
             return False
         now = time.monotonic()
@@ -225,7 +289,7 @@ class SshHandle:
         return transport is not None and transport.is_active()
 
     def lines(self) -> list[str]:
-        return self._output.lines()
+        return self._output.lines() if self._output is not None else []
 
     def _signal_group(self, sig: str) -> None:
         if self._lost:
@@ -247,6 +311,7 @@ class SshHandle:
                 self._chan.send(markers.STACKS)
 
     def close(self, timeout: float = 1.0) -> list[str]:
+        assert self._output is not None, "a standby that never ran is discarded, not closed"
         rest = self._output.close(timeout)
         self._closed.set()
         if not self._lost:
@@ -312,6 +377,8 @@ class SshBackend:
         self.hosts = hosts
         self._conns: dict[str, fabric.Connection] = {}
         self._lock = threading.Lock()
+        self._spares = Spares(lambda task, attempt: SshHandle(
+            task, attempt, self.connection(task.host), standby=True))
 
     def connection(self, name: str) -> fabric.Connection:
         with self._lock:
@@ -342,7 +409,14 @@ class SshBackend:
                     for name, count in zip(names, copied, strict=True)]
 
     def start(self, task: TaskPlan, attempt: int) -> SshHandle:
-        return SshHandle(task, attempt, self.connection(task.host))
+        """The task's warm spare for this attempt, if one waits; else a new channel."""
+        return self._spares.take(task, attempt) or \
+            SshHandle(task, attempt, self.connection(task.host))
+
+    def standby(self, task: TaskPlan, attempt: int) -> int | None:
+        """Start a warm spare for the task's `attempt` on its host; its pid there, None if
+        one already waits."""
+        return self._spares.make(task, attempt)
 
     def sync_code(self, host: str, packages: list[tuple[Path, Path]], workdir: str) -> int:
         """Copy each package (a directory or a module file) into the host's workdir, at its
@@ -375,6 +449,7 @@ class SshBackend:
         return copied
 
     def close(self) -> None:
+        self._spares.close()
         for conn in self._conns.values():
             with contextlib.suppress(Exception):
                 conn.close()
