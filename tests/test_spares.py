@@ -157,8 +157,15 @@ def test_sigkill_restart_is_served_by_the_warm_spare(run_dir: Path, tmp_path: Pa
         return kill_task(tfo, "worker:1")
 
     killed_at = run_with_spares(run_dir, tmp_path, 5, 2, kill)
+    assert_restart_served_by_spares(run_dir, killed_at, -signal.SIGKILL)
+    assert (run_dir / "model" / "saved_model" / "saved_model.pb").exists()
+
+
+def assert_restart_served_by_spares(run_dir: Path, killed_at: float, killed_rc: int) -> None:
+    """worker:1 was killed at `killed_at`; both workers' attempt 1 were their standbys,
+    resumed from the checkpoint, and the job succeeded."""
     ev = events(run_dir)
-    assert first(ev, "task_exited", "worker:1", attempt=0)["returncode"] == -signal.SIGKILL
+    assert first(ev, "task_exited", "worker:1", attempt=0)["returncode"] == killed_rc
     spares = standbys(run_dir)
     assert set(spares) == {("worker:0", 1), ("worker:1", 1)}  # none for attempt 2: no restart
     for task in ("worker:0", "worker:1"):
@@ -168,7 +175,6 @@ def test_sigkill_restart_is_served_by_the_warm_spare(run_dir: Path, tmp_path: Pa
     resumed = [e["epoch"] for e in ev if e["event"] == "task_epoch" and e["attempt"] == 1]
     assert resumed and min(resumed) >= 1, resumed  # from its checkpoint, not the start
     assert ev[-1]["event"] == "job_finished" and ev[-1]["exit_code"] == 0
-    assert (run_dir / "model" / "saved_model" / "saved_model.pb").exists()
 
 
 @pytest.mark.tf

@@ -318,8 +318,8 @@ def test_a_restart_on_a_lab_host_is_served_by_its_warm_spare(lab, run_dir: Path,
                                                              tmp_path: Path):
     """warm_spares: true over SSH: each worker's standby waits on its own host, TensorFlow
     imported; a SIGKILLed worker's restart (both workers: one restart unit) gets them."""
-    from tests.test_faults import first, kill_task
-    from tests.test_spares import gone, standbys
+    from tests.test_faults import kill_task
+    from tests.test_spares import assert_restart_served_by_spares, gone, standbys
 
     lab1, lab2 = lab
     spec = write_spec(tmp_path / "lab.yaml", f"""\
@@ -343,16 +343,7 @@ timeouts: {{grace_seconds: 5}}
         assert code == 0, err[-3000:]
     finally:
         stop(tfo)
-    ev = events(run_dir)
     # sshd reports no exit status for a session whose process was killed: 255
-    assert first(ev, "task_exited", "worker:1", attempt=0)["returncode"] == 255
+    assert_restart_served_by_spares(run_dir, killed_at, 255)
     spares = standbys(run_dir)
-    assert set(spares) == {("worker:0", 1), ("worker:1", 1)}
-    for task in ("worker:0", "worker:1"):
-        started = first(ev, "task_started", task, attempt=1)
-        assert started["warm"] is True and started["pid"] == spares[(task, 1)]
-        assert started["time"] - killed_at < 5.0
-    resumed = [e["epoch"] for e in ev if e["event"] == "task_epoch" and e["attempt"] == 1]
-    assert resumed and min(resumed) >= 1, resumed  # from its checkpoint, not the start
-    assert ev[-1]["event"] == "job_finished" and ev[-1]["exit_code"] == 0
     assert all(gone(pid) for pid in spares.values())
