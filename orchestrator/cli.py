@@ -457,22 +457,31 @@ def _preflight_table(rows: list[HostCheck]) -> Table:
 
     table = Table(title="preflight", title_justify="left")
     for col in ("host", "address", "ssh", "python", "tensorflow", "tf_keras", "ports", "gpus",
-                "ok"):
+                "cpus", "mem free", "ok"):
         table.add_column(col)
     for r in rows:
         table.add_row(r.host, r.address, "ok" if r.reachable else "FAILED", r.python or "-",
                       r.versions.get("tensorflow") or "-", r.versions.get("tf_keras") or "-",
                       ",".join(map(str, r.ports)), str(r.gpus) if r.gpus else "-",
+                      str(r.cpus or "-"), _gib(r.mem_available),
                       "[green]ok[/]" if not r.problems else f"[red]{len(r.problems)} problem(s)[/]")
     return table
 
 
-def _preflight(p: Plan, backends: Backends, show: bool) -> list[str]:
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def _preflight(p: Plan, backends: Backends, show: bool) -> list[HostCheck]:
     t0 = time.monotonic()
     rows = backends.check(p)
     if show:
         out.print(_preflight_table(rows))
         out.print(f"checked {len(rows)} host(s) in {time.monotonic() - t0:.2f} s")
+    return rows
+
+
+def _problems(rows: list[HostCheck]) -> list[str]:
     return [problem for r in rows for problem in r.problems]
 
 
@@ -485,7 +494,7 @@ def check(file: FileArg) -> None:
     except (SpecError, BackendError) as e:
         raise _fail(str(e)) from None
     try:
-        problems = _preflight(p, backends, show=True)
+        problems = _problems(_preflight(p, backends, show=True))
     finally:
         backends.close()
     for problem in problems:
@@ -548,8 +557,8 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
     except (SpecError, BackendError) as e:
         raise _fail(str(e)) from None
     try:
-        problems = _preflight(p, backends, show=False)  # check
-        if problems:
+        checks = _preflight(p, backends, show=False)  # check
+        if problems := _problems(checks):
             raise _fail("cannot start, nothing was started:\n  " + "\n  ".join(problems))
         make_run_dir(p)
         if isinstance(source, dict):
@@ -565,8 +574,8 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         view = LiveView(console, fd) if is_live_terminal(fd) else None
         try:  # supervise
             echo = console_echo(console.write, verbose, logs, view.seen if view else None)
-            kinds = spares_wanted(p)
-            standby = functools.partial(backends.standby, kinds=kinds) if kinds else None
+            wanted = spares_wanted(p, checks)
+            standby = functools.partial(backends.standby, wanted=wanted) if wanted else None
             result = Supervisor(p, start=backends.start, echo=echo, watch=view,
                                 standby=standby).run()
         finally:

@@ -381,8 +381,7 @@ def _check_warm_spares(value: Any) -> Any:
 
 
 # Warm spares (orchestrator/launch/spares.py): tasks' next attempts started ahead on their
-# hosts, with TensorFlow imported. `auto`: local tasks, where this machine has the cores and
-# memory for them; `true`: local and SSH tasks.
+# hosts, with TensorFlow imported. `auto`: on each host with the cores and memory for them.
 WarmSpares = Annotated[Literal["auto"] | bool, BeforeValidator(_check_warm_spares)]
 
 

@@ -46,21 +46,28 @@ def plan(tmp_path: Path, workers: tuple[str, ...] = ("localhost:1", "localhost:2
     return make_plan(spec, run_id="t", run_dir=tmp_path / "run", workdir=tmp_path)
 
 
-def test_warm_spares_setting(tmp_path, monkeypatch):
-    local, both = frozenset({"local"}), frozenset({"local", "ssh"})
-    mixed = ("me:1", "lab1:2")  # this machine under an address the lab can reach
-    assert spares_wanted(plan(tmp_path, warm_spares=True)) == local
-    assert spares_wanted(plan(tmp_path, mixed, warm_spares=True)) == both
-    assert not spares_wanted(plan(tmp_path, warm_spares=False))
-    assert not spares_wanted(plan(tmp_path, warm_spares=True, max_restarts=0))
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert not spares_wanted(plan(tmp_path))  # auto, the default: 2 cores are not enough
-    monkeypatch.setattr("os.cpu_count", lambda: 64)
-    room = psutil.virtual_memory().available >= 4 * SPARE_RSS
-    assert spares_wanted(plan(tmp_path)) == (local if room else frozenset())
-    # A lab host's room is not known here: `auto` keeps spares for local tasks only.
-    assert spares_wanted(plan(tmp_path, mixed)) == (local if room else frozenset())
-    assert not spares_wanted(plan(tmp_path, ("lab1:1", "lab1:2")))
+def test_warm_spares_setting(tmp_path):
+    from orchestrator.launch.preflight import HostCheck
+
+    def checks(local_cpus: int, lab_cpus: int | None, free: int = 20 * GIB) -> list[HostCheck]:
+        return [HostCheck("localhost", "127.0.0.1", cpus=local_cpus, mem_available=free),
+                HostCheck("lab1", "10.0.0.2", cpus=lab_cpus, mem_available=free)]
+
+    both = frozenset({"worker:0", "worker:1"})
+    mixed = ("me:1", "lab1:2")  # this machine under an address the lab can reach, and lab1
+    assert spares_wanted(plan(tmp_path, warm_spares=True), []) == both  # asked: no checks
+    assert spares_wanted(plan(tmp_path, mixed, warm_spares=True), []) == both
+    assert not spares_wanted(plan(tmp_path, warm_spares=False), checks(64, 64))
+    assert not spares_wanted(plan(tmp_path, warm_spares=True, max_restarts=0), checks(64, 64))
+    # auto, the default: each host by its own cores and memory (2 × its tasks + 1 cores)
+    assert not spares_wanted(plan(tmp_path), checks(2, 64))  # 2 cores are not enough for 2
+    assert spares_wanted(plan(tmp_path), checks(5, None)) == both
+    assert not spares_wanted(plan(tmp_path), checks(5, None, free=4 * SPARE_RSS - 1))
+    assert spares_wanted(plan(tmp_path, mixed), checks(3, 2)) == {"worker:0"}
+    assert spares_wanted(plan(tmp_path, mixed), checks(2, 3)) == {"worker:1"}
+    assert spares_wanted(plan(tmp_path, mixed), checks(64, None)) == {"worker:0"}  # lab1: ?
+    assert not spares_wanted(plan(tmp_path, ("lab1:1", "lab1:2")), checks(64, 4))
+    assert spares_wanted(plan(tmp_path, ("lab1:1", "lab1:2")), checks(2, 5)) == both
     restart = cluster_schema()["$defs"]["RestartSpec"]["properties"]
     assert "warm_spares" in restart  # `tfo schema`, for editors
 

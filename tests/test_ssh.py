@@ -4,6 +4,7 @@ namespaces (10.200.0.11 and .12) each with its own sshd on port 22. No mocks."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -198,6 +199,9 @@ tasks:
                 if line.startswith("│")}
         assert set(rows) == {"good", "badkey", "nopython", "ghost", "busy"}
         assert "ok" in rows["good"] and "2.21" in rows["good"]
+        # Its cores and free memory, as the host says (`warm_spares: auto` asks them).
+        cells = [c.strip() for c in rows["good"].split("│")]
+        assert cells[9] == str(os.cpu_count()) and cells[10].endswith(" GiB"), cells
         assert "problem" in rows["badkey"] and "problem" in rows["ghost"]
         assert "host badkey (127.0.0.1): authentication failed" in res.stderr
         assert "host nopython: python '/nonexistent/python3' not found" in res.stderr

@@ -108,11 +108,11 @@ class Backends:
         return self.get(task.placement.kind).start(task, attempt)
 
     def standby(self, task: TaskPlan, attempt: int,
-                kinds: frozenset[str] | None = None) -> int | None:
+                wanted: frozenset[str] | None = None) -> int | None:
         """A warm spare for the task's `attempt` where its backend keeps them (local, SSH:
-        launch/spares.py) and its kind is among `kinds` (spares_wanted; None: any); its pid,
-        or None (none made)."""
-        if kinds is not None and task.placement.kind not in kinds:
+        launch/spares.py) and the task is `wanted` (spares_wanted: names; None: any); its
+        pid, or None (none made)."""
+        if wanted is not None and task.name not in wanted:
             return None
         make = getattr(self.get(task.placement.kind), "standby", None)
         return make(task, attempt) if make is not None else None

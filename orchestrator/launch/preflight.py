@@ -4,13 +4,15 @@
     [p for row in rows for p in row.problems]
 
 Per host: reachable, authenticated, python found, tensorflow and tf_keras versions (the same
-everywhere), the task ports free, the workdir writable. Nothing here imports TensorFlow:
-versions come from package metadata. The backends call these; this module knows no backend.
+everywhere), the task ports free, the workdir writable; and its cores and available memory
+(`warm_spares: auto` asks them). Nothing here imports TensorFlow: versions come from package
+metadata. The backends call these; this module knows no backend.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -30,6 +32,14 @@ TF_PACKAGES = ("tensorflow", "tf_keras")
 _PROBE = """
 import json, os, socket, sys, tempfile
 from importlib import metadata
+def mem_available():  # bytes; what psutil.virtual_memory().available says on Linux
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
 def ver(name):
     try:
         return metadata.version(name)
@@ -53,8 +63,10 @@ try:
 except OSError as e:
     writable = f"{e.strerror}: {workdir}"
 print(json.dumps({"python": sys.version.split()[0], "tensorflow": ver("tensorflow"),
-                  "tf_keras": ver("tf_keras"), "busy": busy, "workdir_error": writable}))
+                  "tf_keras": ver("tf_keras"), "busy": busy, "workdir_error": writable,
+                  "cpus": os.cpu_count(), "mem_available": mem_available()}))
 """
+
 
 
 @dataclass
@@ -66,11 +78,16 @@ class HostCheck:
     versions: dict[str, str | None] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)
     gpus: GpuReport | None = None  # what nvidia-smi -L reports there
+    cpus: int | None = None
+    mem_available: int | None = None  # bytes
     problems: list[str] = field(default_factory=list)
 
 
 def check_local(tasks: list[TaskPlan]) -> HostCheck:
-    row = HostCheck(LOCALHOST, "127.0.0.1", reachable=True, python=sys.version.split()[0])
+    import psutil  # `tfo check` and `tfo run` only: `tfo plan` goes without
+
+    row = HostCheck(LOCALHOST, "127.0.0.1", reachable=True, python=sys.version.split()[0],
+                    cpus=os.cpu_count(), mem_available=psutil.virtual_memory().available)
     row.ports = [t.port for t in tasks]
     row.gpus = local_gpus()
     for name in TF_PACKAGES:
@@ -113,6 +130,7 @@ def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan],
         row.problems.append(f"host {name}: {h.python} failed: {res.stderr.strip()[-300:]}")
         return row
     row.python = probe["python"]
+    row.cpus, row.mem_available = probe.get("cpus"), probe.get("mem_available")
     row.gpus = remote_gpus(conn)
     for pkg in TF_PACKAGES:
         row.versions[pkg] = probe[pkg]

@@ -5,7 +5,7 @@ TensorFlow to import (most of a restart: about 6 of 8 s on a 2-core machine).
     spares.make(task, attempt)        # a standby for (task, attempt); its pid (None: one waits)
     spares.take(task, attempt)        # that standby, told to go; None: none alive, start anew
     spares.close()                    # kill every standby left (the run ends)
-    spares_wanted(plan)               # the placement kinds that keep them in this run
+    spares_wanted(plan, checks)       # the tasks that keep one in this run (preflight's rows)
 
 A standby is the task's own command (`python -m worker_entry`) with the task's environment
 and the attempt it will serve; its task imports TensorFlow and waits for GO
@@ -18,13 +18,14 @@ runs on the task's host); Slurm tasks have none: that backend has no `standby`.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from orchestrator.plan import LOCAL
+from orchestrator.spec import LOCALHOST
 
 if TYPE_CHECKING:
+    from orchestrator.launch.preflight import HostCheck
     from orchestrator.plan import Plan, TaskPlan
 
 # What a warm standby holds: TensorFlow 2.21 and tf-keras imported, on CPU (measured 650 MiB).
@@ -91,21 +92,27 @@ def spares_pay_off(cpus: int, available: int, tasks: int, spare_rss: int = SPARE
     return tasks > 0 and cpus >= 2 * tasks + 1 and available >= 2 * tasks * spare_rss
 
 
-def spares_wanted(plan: Plan) -> frozenset[str]:
-    """The placement kinds whose tasks keep warm spares in this run. `restart.warm_spares:
-    true`: every kind whose backend has them (local, SSH). `auto`: local tasks, where
-    spares_pay_off says this machine has room for the plan's local training tasks; a lab
-    host's cores and memory are not known here, so its tasks get spares only when asked.
-    None without restarts to serve."""
+def spares_wanted(plan: Plan, checks: Iterable[HostCheck]) -> frozenset[str]:
+    """The tasks that keep a warm spare in this run, by name (never a server: it serves,
+    nothing to resume). `restart.warm_spares: true`: all of them (the backend makes them
+    where it can: local and SSH). `auto`: those of each host where spares_pay_off says the
+    host has room for its training tasks' standbys, from preflight's `checks` (its cores
+    and available memory; local tasks share this machine's row). None without restarts."""
     policy = plan.policy
     if policy.max_restarts == 0 or policy.warm_spares is False:
         return frozenset()
-    kinds = frozenset(t.placement.kind for t in plan.tasks)
+    tasks = [t for t in plan.tasks if t.role not in plan.rules.servers]
     if policy.warm_spares is True:
-        return kinds
-    tasks = sum(1 for t in plan.tasks if t.placement.kind == LOCAL
-                and t.role not in plan.rules.servers and t.role not in plan.rules.sidecars)
-    import psutil  # here: `tfo plan` and `tfo --help` do without it
-
-    room = spares_pay_off(os.cpu_count() or 1, psutil.virtual_memory().available, tasks)
-    return frozenset({LOCAL}) if room else frozenset()
+        return frozenset(t.name for t in tasks)
+    rows = {LOCAL if c.host == LOCALHOST else c.host: c for c in checks}
+    by_host: dict[str, list[TaskPlan]] = {}
+    for t in tasks:
+        by_host.setdefault(LOCAL if t.placement.kind == LOCAL else t.host, []).append(t)
+    wanted = set()
+    for host, on_host in by_host.items():
+        row = rows.get(host)
+        training = sum(1 for t in on_host if t.role not in plan.rules.sidecars)
+        if row is not None and row.cpus and row.mem_available is not None \
+                and spares_pay_off(row.cpus, row.mem_available, training):
+            wanted.update(t.name for t in on_host)
+    return frozenset(wanted)
