@@ -316,6 +316,41 @@ tasks:
     assert "lab1: code synced (0 file(s) copied)" in res.output
 
 
+def spares_spec(lab, tmp_path: Path, epochs: int, epoch_sleep: float) -> Path:
+    lab1, lab2 = lab
+    return write_spec(tmp_path / "lab.yaml", f"""\
+name: lab-spares
+job: {{entry: tests.jobs.faulty:train, args: {{epochs: {epochs}, epoch_sleep: {epoch_sleep}}}}}
+hosts:
+{host_yaml("lab1", lab1, tmp_path / "lab1")}{host_yaml("lab2", lab2, tmp_path / "lab2")}
+tasks:
+  worker: [lab1:20000, lab2:20000]
+restart: {{policy: on-failure, max_restarts: 1, backoff_seconds: 0, warm_spares: true}}
+timeouts: {{grace_seconds: 5}}
+""")
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_sigkill_coordinator_leaves_no_standby_on_the_hosts(lab, run_dir: Path,
+                                                            tmp_path: Path):
+    """A standby's lifeline is its channel, as a task's: the coordinator gone, it goes."""
+    tfo = Tfo(spares_spec(lab, tmp_path, 5, 30), run_dir)
+    try:
+        tfo.wait_event("task_standby_started", "worker:1", attempt=1, timeout=180)
+        from tests.test_spares import gone, standbys
+
+        run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+        standby = standbys(run_dir)[("worker:1", 1)]
+        assert standby in {p.pid for p in run_processes(run_id)}
+        tfo.proc.kill()
+        assert wait_until(lambda: not run_processes(run_id), 15), \
+            f"still running 15 s after: {run_processes(run_id)}"
+        assert gone(standby)
+    finally:
+        stop(tfo)
+
+
 @pytest.mark.tf
 @pytest.mark.timeout(300)
 def test_a_restart_on_a_lab_host_is_served_by_its_warm_spare(lab, run_dir: Path,
@@ -325,17 +360,8 @@ def test_a_restart_on_a_lab_host_is_served_by_its_warm_spare(lab, run_dir: Path,
     from tests.test_faults import kill_task
     from tests.test_spares import assert_restart_served_by_spares, gone, standbys
 
-    lab1, lab2 = lab
-    spec = write_spec(tmp_path / "lab.yaml", f"""\
-name: lab-spares
-job: {{entry: tests.jobs.faulty:train, args: {{epochs: 5, epoch_sleep: 2}}}}
-hosts:
-{host_yaml("lab1", lab1, tmp_path / "lab1")}{host_yaml("lab2", lab2, tmp_path / "lab2")}
-tasks:
-  worker: [lab1:20000, lab2:20000]
-restart: {{policy: on-failure, max_restarts: 1, backoff_seconds: 0, warm_spares: true}}
-timeouts: {{grace_seconds: 5}}
-""")
+    lab2 = lab[1]
+    spec = spares_spec(lab, tmp_path, 5, 2)
     tfo = Tfo(spec, run_dir)
     try:
         tfo.wait_event("task_standby_started", "worker:1", attempt=1, timeout=180)
