@@ -41,16 +41,18 @@ job:
 backend:
   slurm: {{partition: {partition}, time: "10"{slurm}}}
 tasks: {{{tasks}}}
-restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0.5}}
+restart: {{policy: on-failure, max_restarts: {max_restarts}, backoff_seconds: 0.5{restart}}}
 timeouts: {{startup_seconds: 120, grace_seconds: 5}}
 """
 
 
 def job(name: str = "slurm", strategy: str = "multi_worker_mirrored", epochs: int = 2,
         sleep: float = 0, orphan: str = "", partition: str = slurmlab.PARTITION,
-        tasks: str = "worker: 2", slurm: str = "") -> str:
+        tasks: str = "worker: 2", slurm: str = "", max_restarts: int = 2,
+        restart: str = "") -> str:
     return JOB.format(name=name, strategy=strategy, epochs=epochs, sleep=sleep, orphan=orphan,
-                      partition=partition, tasks=tasks, slurm=slurm)
+                      partition=partition, tasks=tasks, slurm=slurm, max_restarts=max_restarts,
+                      restart=restart)
 
 
 # ------------------------------------------------------------------ pure logic, no Slurm
@@ -222,6 +224,34 @@ def test_mwms_one_worker_per_node_and_a_killed_step_restarts_in_the_allocation(
     assert exited["returncode"] == -9, exited
     assert f"slurm job {job_id}:" in err and err.count("slurm job ") == 1  # one allocation
     assert first(ev, "job_finished")["state"] == "succeeded"
+    _no_job_within(lab, job_id, 10)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_a_killed_step_restarts_on_the_warm_spares_steps(lab: slurmlab.SlurmLab, run_dir: Path,
+                                                          tmp_path: Path):
+    """warm_spares: true under Slurm: each worker's standby is a step of its own on its
+    node, TensorFlow imported; worker:1's step killed, the restart gets both standbys."""
+    from tests.test_spares import assert_restart_served_by_spares, standbys
+
+    spec = write_spec(tmp_path / "spares.yaml", job(
+        epochs=5, sleep=2, max_restarts=1, restart=", warm_spares: true"))
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_standby_started", "worker:1", attempt=1, timeout=180)
+        job_id = lab.jobs()[0].split()[0]
+        assert _step_of(lab, job_id, "worker:1", 1), lab.run("squeue", "-s").stdout
+        tfo.wait_event("task_epoch", "worker:1", epoch=1, timeout=120)
+        killed_at = time.time()
+        assert lab.run("scancel", "--signal=KILL", _step_of(lab, job_id, "worker:1", 0)
+                       ).returncode == 0
+        rc, err = tfo.finish(timeout=200)
+    finally:
+        tfo.close()
+    assert rc == 0, err[-4000:]
+    assert_restart_served_by_spares(run_dir, killed_at, -signal.SIGKILL)
+    assert not set(standbys(run_dir).values()) & set(lab.clients())  # no srun of theirs left
     _no_job_within(lab, job_id, 10)
 
 

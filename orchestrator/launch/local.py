@@ -30,12 +30,10 @@ from orchestrator.launch import orphans
 from orchestrator.launch.output import TaskOutput, close_pipes, send_lifeline
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, check_local
-from orchestrator.launch.spares import Spares
+from orchestrator.launch.spares import DISCARD_SECONDS, Spares
 from orchestrator.plan import Plan, TaskPlan
 from orchestrator.spec import HostSpec
 from worker_entry import markers
-
-_DISCARD_SECONDS = 2.0  # a SIGKILLed standby is gone in milliseconds; never wait longer
 
 
 class LocalHandle:
@@ -121,7 +119,7 @@ class LocalHandle:
         temp dir is the running attempt's, not its own to remove."""
         self.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(_DISCARD_SECONDS)
+            self._proc.wait(DISCARD_SECONDS)
         self._sweep()
         self._close_pidfd()
         for pipe in (self._proc.stdin, self._proc.stdout):

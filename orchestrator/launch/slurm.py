@@ -5,6 +5,7 @@ per task, so a task can be stopped and restarted alone inside the allocation.
     nodes = slurm.place(spec, dry_run=False, say=print)   # salloc; task name → node
     ports = slurm.allocate(names, avoid=set())             # free ports, asked on the nodes
     handle = slurm.start(task, attempt=0)                  # srun --jobid J -N1 -n1 -w NODE …
+    slurm.standby(task, attempt=1)                         # a warm spare: a step of its own
     slurm.close()                                          # scancel J: nothing stays queued
 
 The allocation is `salloc … sh -c 'echo @tfo-nodes …; exec cat'`, a child of tfo in its own
@@ -21,6 +22,11 @@ where the cluster has it, reaches processes that setsid away; the wrapper reaps 
 srun exits with the task's code, or 128+N when a signal N ended it: poll() reports -N then.
 Nodes run the task in tfo's working directory with tfo's python: a Slurm cluster's nodes
 share its file system.
+
+A standby (a warm spare, `warm_spares: true`; launch/spares.py) is a step of its own on the
+task's node, `--overlap` like every CPU step, with STANDBY_ENV=1: its task imports
+TensorFlow and waits for GO down srun's stdin. A task with GPUs gets none: its standby's
+step would wait for the GPUs the running attempt holds.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from collections.abc import Callable, Mapping
 from orchestrator.launch import BackendError
 from orchestrator.launch.output import TaskOutput, close_pipes, send_lifeline
 from orchestrator.launch.preflight import HostCheck
+from orchestrator.launch.spares import DISCARD_SECONDS, Spares
 from orchestrator.plan import Plan, TaskPlan, task_name
 from orchestrator.spec import SLURM, ClusterSpec, HostSpec, SlurmSpec, SpecError
 from worker_entry import markers
@@ -240,12 +247,16 @@ print("@tfo-ports " + json.dumps([os.environ.get("SLURMD_NODENAME", socket.getho
 class SlurmHandle:
     """One task: `srun` for its step, here; its output and its exit are the task's."""
 
-    def __init__(self, task: TaskPlan, attempt: int, job_id: str, gpus: int) -> None:
+    def __init__(self, task: TaskPlan, attempt: int, job_id: str, gpus: int,
+                 standby: bool = False) -> None:
         self.task, self.attempt, self._job = task, attempt, job_id
+        self.warm = False  # a standby that was told to go
         self.step_name = f"tfo.{task.name}.{attempt}"
         self._step: str | None = None
         env = {**os.environ, **task.env, "TFO_ATTEMPT": str(attempt),
                markers.LIFELINE_ENV: markers.lifeline(heartbeat=False)}
+        if standby:
+            env[markers.STANDBY_ENV] = "1"
         # slurmstepd makes TMPDIR before the wrapper runs, and falls back to /tmp (where the
         # wrapper would not clean up) when it cannot.
         os.makedirs(task.tmp_dir, exist_ok=True)
@@ -259,10 +270,32 @@ class SlurmHandle:
         self._proc = subprocess.Popen(
             argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True, bufsize=0)
+        self._returncode: int | None = None
+        # A standby's output waits in the pipe until go(): nobody's attempt yet.
+        self._output: TaskOutput | None = None if standby else self._read_output()
+
+    def _read_output(self) -> TaskOutput:
         assert self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
-        self._output = TaskOutput(task.log_path, lambda: os.read(fd, 65536), f"srun-{task.name}")
-        self._returncode: int | None = None
+        return TaskOutput(self.task.log_path, lambda: os.read(fd, 65536),
+                          f"srun-{self.task.name}")
+
+    def go(self) -> None:
+        """A standby's turn: srun passes GO on to its wrapper (worker_entry.standby)."""
+        send_lifeline(self._proc, markers.GO)
+        self.warm = True
+        self._output = self._read_output()
+
+    def discard(self) -> None:
+        """End a standby that was never used: cancel its step, wait for srun, close its
+        pipes. The task's temp dir is the running attempt's, not its own to remove."""
+        self.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(DISCARD_SECONDS)
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            with contextlib.suppress(OSError):
+                if pipe is not None:
+                    pipe.close()
 
     @property
     def pid(self) -> int:
@@ -280,7 +313,7 @@ class SlurmHandle:
         return self._returncode
 
     def lines(self) -> list[str]:
-        return self._output.lines()
+        return self._output.lines() if self._output is not None else []
 
     def _step_id(self) -> str | None:
         """The step's id, looked up by its name once it is needed."""
@@ -317,6 +350,7 @@ class SlurmHandle:
                 self._proc.send_signal(signal.SIGTERM)  # srun: cancel the step, then exit
 
     def close(self, timeout: float = 1.0) -> list[str]:
+        assert self._output is not None, "a standby that never ran is discarded, not closed"
         rest = self._output.close(timeout)
         close_pipes(self._proc, self._output)
         return rest
@@ -329,6 +363,8 @@ class SlurmBackend:
         self._spec: ClusterSpec | None = None
         self._alloc: Allocation | None = None
         self._nodes: dict[str, str] = {}
+        self._spares = Spares(lambda task, attempt: SlurmHandle(
+            task, attempt, self._job_for(task), 0, standby=True))
 
     @property
     def job_id(self) -> str | None:
@@ -422,12 +458,25 @@ class SlurmBackend:
     def sync(self, plan: Plan, tasks: list[TaskPlan]) -> list[str]:
         return []  # the nodes share tfo's file system
 
-    def start(self, task: TaskPlan, attempt: int) -> SlurmHandle:
+    def _job_for(self, task: TaskPlan) -> str:
         if self._alloc is None or self._alloc.job_id is None:
             raise SlurmError(f"{task.name}: no Slurm allocation to start it in")
-        return SlurmHandle(task, attempt, self._alloc.job_id, self._slurm().gpus_per_task)
+        return self._alloc.job_id
+
+    def start(self, task: TaskPlan, attempt: int) -> SlurmHandle:
+        """The task's warm spare for this attempt, if one waits; else a new step."""
+        return self._spares.take(task, attempt) or \
+            SlurmHandle(task, attempt, self._job_for(task), self._slurm().gpus_per_task)
+
+    def standby(self, task: TaskPlan, attempt: int) -> int | None:
+        """A warm spare's step for the task's `attempt`; its srun's pid, None if one already
+        waits, or for a task with GPUs (its step would wait for the running attempt's)."""
+        if self._slurm().gpus_per_task:
+            return None
+        return self._spares.make(task, attempt)
 
     def close(self) -> None:
+        self._spares.close()
         if self._alloc is not None:
             self._alloc.release()
             self._alloc = None

@@ -12,8 +12,8 @@ and the attempt it will serve; its task imports TensorFlow and waits for GO
 (worker_entry.standby) without touching the task's port or files. One per task at most.
 The supervisor asks for one at an attempt's first progress (its own start-up is over, so
 the import does not slow it) while a restart is still possible; the backend hands it over
-in `start`. Local and SSH tasks have them (`launch/local.py`, `launch/ssh.py`: the standby
-runs on the task's host); Slurm tasks have none: that backend has no `standby`.
+in `start`. Every backend has them (`launch/local.py`, `ssh.py`, `slurm.py`): the standby
+runs on the task's host, under Slurm as a step of its own (not for a task with GPUs).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 # What a warm standby holds: TensorFlow 2.21 and tf-keras imported, on CPU (measured 650 MiB).
 SPARE_RSS = 650 * 2**20
+DISCARD_SECONDS = 2.0  # a killed standby is gone in milliseconds (srun: a scancel); no longer
 
 
 class Standby(Protocol):
@@ -95,7 +96,7 @@ def spares_pay_off(cpus: int, available: int, tasks: int, spare_rss: int = SPARE
 def spares_wanted(plan: Plan, checks: Iterable[HostCheck]) -> frozenset[str]:
     """The tasks that keep a warm spare in this run, by name (never a server: it serves,
     nothing to resume). `restart.warm_spares: true`: all of them (the backend makes them
-    where it can: local and SSH). `auto`: those of each host where spares_pay_off says the
+    where it can). `auto`: those of each host where spares_pay_off says the
     host has room for its training tasks' standbys, from preflight's `checks` (its cores
     and available memory; local tasks share this machine's row). None without restarts."""
     policy = plan.policy
