@@ -121,3 +121,36 @@ def test_the_loop_sleeps_until_the_kernel_says_a_task_exited(tmp_path: Path):
                       and e["task"] == h.task.name)
         # Woken by the fd, not by IDLE_SECONDS (0.25 s); room for a loaded machine.
         assert exited - h.exited_at < 0.1, "the exit was noticed late"
+
+
+@pytest.mark.timeout(60)
+def test_a_wrapper_waiting_for_its_script_s_port_costs_next_to_nothing(tmp_path: Path):
+    """The wrapper polls a script task's port five times a second until it listens. Read
+    from /proc/net/tcp that took 0.04 of a core here (a read walks every TCP hash bucket),
+    taken from the task's TensorFlow import; over sock_diag it is next to nothing."""
+    from orchestrator.launch.local import LocalHandle
+    from orchestrator.launch.ports import free_ports
+    from orchestrator.plan import make_plan
+    from orchestrator.rundir import RunDir
+    from orchestrator.spec import parse_spec
+
+    (tmp_path / "slow.py").write_text("import time\ntime.sleep(60)\n")  # never listens
+    port = free_ports(1)[0]
+    plan = make_plan(parse_spec({"name": "w", "job": {"script": "slow.py"},
+                                 "tasks": {"worker": [f"localhost:{port}"]}}),
+                     run_id="w", run_dir=tmp_path / "run", workdir=tmp_path)
+    RunDir(plan.run_dir).create(plan.to_json())
+    handle = LocalHandle(plan.tasks[0], 0)
+    try:
+        wrapper = psutil.Process(handle.pid)
+        assert wait_until(lambda: wrapper.children(), 10), "the task never started"
+        time.sleep(1.0)  # the wrapper's own start is over
+        c0, t0 = cpu_seconds(wrapper), time.monotonic()
+        time.sleep(3)
+        per_second = (cpu_seconds(wrapper) - c0) / (time.monotonic() - t0)
+        print(f"a waiting wrapper: {per_second:.4f} of a core")
+        assert per_second < 0.02, f"the waiting wrapper used {per_second:.3f} of a core"
+    finally:
+        handle.kill()
+        wait_until(lambda: handle.poll() is not None, 10)
+        handle.close()
