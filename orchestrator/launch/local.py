@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 
 from orchestrator.launch import orphans
-from orchestrator.launch.output import TaskOutput, close_pipes, send_lifeline
+from orchestrator.launch.output import TaskOutput, close_pipes, pipe_output, send_lifeline
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, check_local
 from orchestrator.launch.spares import DISCARD_SECONDS, Spares
@@ -60,9 +60,7 @@ class LocalHandle:
         self._output: TaskOutput | None = None if standby else self._read_output()
 
     def _read_output(self) -> TaskOutput:
-        assert self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        return TaskOutput(self.task.log_path, lambda: os.read(fd, 65536), f"out-{self.task.name}")
+        return pipe_output(self._proc, self.task.log_path, f"out-{self.task.name}")
 
     def go(self) -> None:
         """A standby's turn: it runs as a task started now would (worker_entry.standby)."""
@@ -122,10 +120,7 @@ class LocalHandle:
             self._proc.wait(DISCARD_SECONDS)
         self._sweep()
         self._close_pidfd()
-        for pipe in (self._proc.stdin, self._proc.stdout):
-            with contextlib.suppress(OSError):
-                if pipe is not None:
-                    pipe.close()
+        close_pipes(self._proc, None)
 
     def _sweep(self) -> None:
         code = self.poll()

@@ -20,6 +20,7 @@ become lines of their own; in the log, after the line they interrupted.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import threading
 import time
@@ -235,6 +236,13 @@ class TaskOutput:
 
 # Local and Slurm tasks are child processes of ours (the task's wrapper, or srun before it):
 # their lifeline is the child's stdin and their output its stdout.
+def pipe_output(proc: subprocess.Popen, log_path: str, name: str) -> TaskOutput:
+    """The reader of a child task's stdout (a standby's from its GO on)."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    return TaskOutput(log_path, lambda: os.read(fd, 65536), name)
+
+
 def send_lifeline(proc: subprocess.Popen, data: bytes) -> None:
     """Bytes down a child task's lifeline (e.g. markers.STACKS; srun passes them on to the
     wrapper); nothing when the task is gone or the pipe is closed."""
@@ -243,13 +251,14 @@ def send_lifeline(proc: subprocess.Popen, data: bytes) -> None:
             proc.stdin.write(data)
 
 
-def close_pipes(proc: subprocess.Popen, output: TaskOutput) -> None:
+def close_pipes(proc: subprocess.Popen, output: TaskOutput | None) -> None:
     """After the task exited and `output.close`: its lifeline, and its output pipe once the
     reader is done. A reader still in read() (something still has the pipe open) keeps the
-    pipe: closing it under the reader could hand its number to a file opened meanwhile."""
+    pipe: closing it under the reader could hand its number to a file opened meanwhile.
+    No reader (a standby discarded before GO): both close at once."""
     with contextlib.suppress(OSError):
         if proc.stdin is not None:
             proc.stdin.close()
-    if output.done and proc.stdout is not None:
+    if (output is None or output.done) and proc.stdout is not None:
         with contextlib.suppress(OSError):
             proc.stdout.close()

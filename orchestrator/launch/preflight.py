@@ -68,7 +68,6 @@ print(json.dumps({"python": sys.version.split()[0], "tensorflow": ver("tensorflo
 """
 
 
-
 @dataclass
 class HostCheck:
     host: str

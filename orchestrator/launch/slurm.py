@@ -44,7 +44,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 from orchestrator.launch import BackendError
-from orchestrator.launch.output import TaskOutput, close_pipes, send_lifeline
+from orchestrator.launch.output import TaskOutput, close_pipes, pipe_output, send_lifeline
 from orchestrator.launch.preflight import HostCheck
 from orchestrator.launch.spares import DISCARD_SECONDS, Spares
 from orchestrator.plan import Plan, TaskPlan, task_name
@@ -275,10 +275,7 @@ class SlurmHandle:
         self._output: TaskOutput | None = None if standby else self._read_output()
 
     def _read_output(self) -> TaskOutput:
-        assert self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        return TaskOutput(self.task.log_path, lambda: os.read(fd, 65536),
-                          f"srun-{self.task.name}")
+        return pipe_output(self._proc, self.task.log_path, f"srun-{self.task.name}")
 
     def go(self) -> None:
         """A standby's turn: srun passes GO on to its wrapper (worker_entry.standby)."""
@@ -292,10 +289,7 @@ class SlurmHandle:
         self.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(DISCARD_SECONDS)
-        for pipe in (self._proc.stdin, self._proc.stdout):
-            with contextlib.suppress(OSError):
-                if pipe is not None:
-                    pipe.close()
+        close_pipes(self._proc, None)
 
     @property
     def pid(self) -> int:
