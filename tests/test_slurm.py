@@ -241,7 +241,9 @@ def test_a_killed_step_restarts_on_the_warm_spares_steps(lab: slurmlab.SlurmLab,
     try:
         tfo.wait_event("task_standby_started", "worker:1", attempt=1, timeout=180)
         job_id = lab.jobs()[0].split()[0]
-        assert _step_of(lab, job_id, "worker:1", 1), lab.run("squeue", "-s").stdout
+        # Its srun is started; the controller lists the step a moment later.
+        assert wait_until(lambda: _step_of(lab, job_id, "worker:1", 1), 30), \
+            lab.run("squeue", "-s").stdout
         tfo.wait_event("task_epoch", "worker:1", epoch=1, timeout=120)
         killed_at = time.time()
         assert lab.run("scancel", "--signal=KILL", _step_of(lab, job_id, "worker:1", 0)
