@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from orchestrator.console import printable
 from orchestrator.launch import BackendError
 from orchestrator.launch.gpus import GpuReport, local_gpus, remote_gpus
 from orchestrator.launch.ports import port_problem
@@ -120,8 +121,11 @@ def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan],
         row.problems.append(f"host {name}: probe failed: {e}")
         return row
     if res.exited == 127 or "No such file" in res.stderr or "not found" in res.stderr:
+        # What the host said (exit and last line): a "not found" can be something else.
+        said = res.stderr.strip().splitlines()[-1:] or [""]
         row.problems.append(f"host {name}: python {h.python!r} not found; set hosts.{name}.python "
-                            f"to an interpreter that has tensorflow")
+                            f"to an interpreter that has tensorflow (exit {res.exited}: "
+                            f"{printable(said[0][:200])})")
         return row
     try:
         probe = json.loads(res.stdout.strip().splitlines()[-1])
