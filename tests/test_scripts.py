@@ -58,7 +58,9 @@ def saved_models(root: Path) -> list[Path]:
 
 
 def reload_accuracy(path: Path) -> float:
-    """The saved Keras model scored on the digits, in a fresh process as a user would."""
+    """The saved Keras model scored on the digits, in a fresh process as a user would.
+    The tests train 3 epochs of 60 steps for it: the scripts' default 20 scored 0.80-0.88,
+    once 0.7997 in CI; 60 scores 0.92-0.94, so the > 0.8 check has room."""
     import subprocess
     import sys
 
@@ -80,7 +82,8 @@ def reload_accuracy(path: Path) -> float:
 def test_keras_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
     before = autograph_files()
     model = run_dir / "model" / "keras-model"
-    cluster = spec(tmp_path, "mwms_keras.py", ["--epochs", "3", "--model_path", str(model),
+    cluster = spec(tmp_path, "mwms_keras.py", ["--epochs", "3", "--steps_per_epoch", "60",
+                                               "--model_path", str(model),
                                                "--backup_dir", str(tmp_path / "backup")])
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
     assert res.returncode == 0, res.output[-4000:]
@@ -129,7 +132,8 @@ def test_killed_worker_resumes_from_the_scripts_own_backup(tmp_path: Path, run_d
 def test_custom_training_loop_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
     model = run_dir / "model" / "ctl-model"
     ckpt = tmp_path / "ckpt"
-    cluster = spec(tmp_path, "mwms_ctl.py", ["--epochs", "3", "--model_path", str(model),
+    cluster = spec(tmp_path, "mwms_ctl.py", ["--epochs", "3", "--steps_per_epoch", "60",
+                                             "--model_path", str(model),
                                              "--checkpoint_dir", str(ckpt / "ckpt")])
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
     assert res.returncode == 0, res.output[-4000:]
@@ -148,7 +152,8 @@ def test_parameter_server_tutorial_coordinator_runs_unmodified(tmp_path: Path, r
     model = run_dir / "model" / "ps-model"
     tasks = "  chief: [localhost:auto]\n  worker: [localhost:auto, localhost:auto]\n" \
             "  ps: [localhost:auto]"
-    cluster = spec(tmp_path, "ps_coordinator.py", ["--epochs", "3", "--model_path", str(model)],
+    cluster = spec(tmp_path, "ps_coordinator.py", ["--epochs", "3", "--steps_per_epoch", "60",
+                                                    "--model_path", str(model)],
                    tasks=tasks, strategy="parameter_server")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
     assert res.returncode == 0, res.output[-4000:]
