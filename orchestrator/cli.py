@@ -92,7 +92,10 @@ def _console(stderr: bool) -> Console:
 
     tty = (sys.stderr if stderr else sys.stdout).isatty()
     # Piped output (CI, `| less`, tests) gets wide tables instead of rich's 80 columns.
-    return _Console(stderr=stderr, highlight=False, width=None if tty else 160)
+    # No markup or emoji codes: what we print holds paths, users' arguments and hosts' replies
+    # (a `[/x]` in one was a MarkupError traceback). Our own styles go through `_labeled`.
+    return _Console(stderr=stderr, highlight=False, markup=False, emoji=False,
+                    width=None if tty else 160)
 
 
 class _LazyConsole:
@@ -124,8 +127,16 @@ RunDirOpt = Annotated[Path | None, typer.Option(
     "--run-dir", help="where the run's plan, events and logs go [default: runs/<run-id>]")]
 
 
+def _labeled(label: str, style: str, text: str) -> Any:
+    """`label` in `style`, then `text` as it is, line by line through `printable`: a path, a
+    host's reply or a task's words are never read as rich markup or terminal escapes."""
+    from rich.text import Text
+
+    return Text.assemble((label, style), " ", "\n".join(map(printable, text.split("\n"))))
+
+
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    err.print(_labeled("error:", "bold red", message), soft_wrap=True)
     return typer.Exit(EXIT_BAD_SPEC)
 
 
@@ -171,9 +182,9 @@ def check_local_tasks(spec: ClusterSpec) -> None:
                         "spread them over hosts:")
     cpus = os.cpu_count() or 1
     if count > cpus:
-        err.print(f"[yellow]warning:[/] {count} tasks on localhost but {cpus} CPU(s): each "
-                  "TensorFlow task wants about a core and 0.5 GB; expect a slow start",
-                  soft_wrap=True)
+        err.print(_labeled("warning:", "yellow", f"{count} tasks on localhost but {cpus} "
+                           "CPU(s): each TensorFlow task wants about a core and 0.5 GB; expect "
+                           "a slow start"), soft_wrap=True)
 
 
 def check_run_dir(run_dir: Path) -> None:
@@ -257,15 +268,14 @@ def prepare(file: Path | dict, run_dir: Path | None, dry_run: bool = False,
 
 
 def _say(line: str) -> None:
-    from rich.markup import escape
-
-    err.print(f"[bold]tfo[/]: {escape(line)}", soft_wrap=True)
+    err.print(_labeled("tfo:", "bold", line), soft_wrap=True)
 
 
 def _warn_gpu_notes(reports: dict[str, GpuReport]) -> None:
     for name, report in reports.items():
         if report.note:
-            err.print(f"[yellow]warning:[/] {name}: gpus auto: {report}", soft_wrap=True)
+            err.print(_labeled("warning:", "yellow", f"{name}: gpus auto: {report}"),
+                      soft_wrap=True)
 
 
 class _CommandAfterDashes(TyperCommand):
@@ -437,23 +447,23 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
                       json.dumps(t.tf_config["task"]), " ".join(t.command))
     out.print(table)
     for note in auto_notes(p.spec, auto_gpus(p.spec, None)):  # local_gpus is cached
-        out.print(note, markup=False)
+        out.print(note)
     out.print(f"cluster: {json.dumps(p.cluster)}")
     # The command column is the task wrapper; this is what it runs.
     args = p.spec.job.args if isinstance(p.spec.job.args, list) else []
-    out.print(f"job: {' '.join([p.job, *map(shlex.quote, args)])}", markup=False)
+    out.print(f"job: {' '.join([p.job, *map(shlex.quote, args)])}")
     if run_dir is None:
         out.print(f"run directory: {p.run_dir} (a new id for each run; --run-dir picks one)")
     else:
         out.print(f"run directory: {p.run_dir}")
     if isinstance(source, dict):
-        out.print("cluster file (`tfo run` writes it into the run directory as cluster.yaml):",
-                  markup=False)
-        out.print(cluster_yaml(source, _made_by()), markup=False, end="", soft_wrap=True)
+        out.print("cluster file (`tfo run` writes it into the run directory as cluster.yaml):")
+        out.print(cluster_yaml(source, _made_by()), end="", soft_wrap=True)
 
 
 def _preflight_table(rows: list[HostCheck]) -> Table:
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="preflight", title_justify="left")
     for col in ("host", "address", "ssh", "python", "tensorflow", "tf_keras", "ports", "gpus",
@@ -464,7 +474,8 @@ def _preflight_table(rows: list[HostCheck]) -> Table:
                       r.versions.get("tensorflow") or "-", r.versions.get("tf_keras") or "-",
                       ",".join(map(str, r.ports)), str(r.gpus) if r.gpus else "-",
                       str(r.cpus or "-"), _gib(r.mem_available),
-                      "[green]ok[/]" if not r.problems else f"[red]{len(r.problems)} problem(s)[/]")
+                      Text("ok", "green") if not r.problems
+                      else Text(f"{len(r.problems)} problem(s)", "red"))
     return table
 
 
@@ -498,7 +509,7 @@ def check(file: FileArg) -> None:
     finally:
         backends.close()
     for problem in problems:
-        err.print(f"[red]problem:[/] {problem}", soft_wrap=True)
+        err.print(_labeled("problem:", "red", problem), soft_wrap=True)
     raise typer.Exit(1 if problems else 0)
 
 
@@ -564,8 +575,8 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         if isinstance(source, dict):
             _write_cluster_file(p, source)
         for line in backends.sync(p):  # sync
-            err.print(f"[bold]tfo[/]: {line}", soft_wrap=True)
-        err.print(f"[bold]tfo[/]: run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
+            _say(line)
+        _say(f"run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
         from orchestrator.launch.spares import spares_wanted
         from orchestrator.liveview import LiveView, is_live_terminal
 
@@ -588,7 +599,7 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         raise _fail(str(e)) from None
     except OSError as e:  # e.g. the run directory's disk filled up once the run was going
         where = f"{e.filename}: " if e.filename else ""
-        err.print(f"[bold red]error:[/] {where}{e.strerror or e}", soft_wrap=True)
+        err.print(_labeled("error:", "bold red", f"{where}{e.strerror or e}"), soft_wrap=True)
         raise typer.Exit(1) from None
     finally:
         backends.close()
@@ -625,8 +636,7 @@ def _write_cluster_file(p: Plan, spec: dict) -> None:
         raise SpecError(f"run directory {p.run_dir}: cannot write {path}: "
                         f"{e.strerror or e}") from None
     shown = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
-    err.print(f"[bold]tfo[/]: cluster file {shown}; to repeat: tfo run {shlex.quote(shown)}",
-              soft_wrap=True)
+    _say(f"cluster file {shown}; to repeat: tfo run {shlex.quote(shown)}")
 
 
 def print_summary(result: RunResult) -> None:
@@ -639,24 +649,24 @@ def print_summary(result: RunResult) -> None:
         # No exit code: it never started (its start failed), so it cannot be "still running".
         how = describe_exit(failed.returncode) if failed.returncode is not None \
             else "could not start"
-        err.print(f"[bold red]{failed.name} failed: {how}[/]; "
-                  f"last lines of {failed.log_path}:", soft_wrap=True)
+        err.print(_labeled(f"{failed.name} failed: {how};", "bold red",
+                           f"last lines of {failed.log_path}:"), soft_wrap=True)
         for line in _last_lines(failed.name, failed.log_path, 20):
-            err.print(f"  {line}", markup=False, soft_wrap=True)
+            err.print(f"  {line}", soft_wrap=True)
     for stall in result.stalls:  # restarted or not: where a hang was is worth seeing
-        err.print(f"[bold red]stalled:[/] {stall.task} {stall.reason}", highlight=False)
+        err.print(_labeled("stalled:", "bold red", f"{stall.task} {stall.reason}"))
         for frame in stall.where:
-            err.print(f"  in {printable(frame)}", markup=False, highlight=False, soft_wrap=True)
+            err.print(f"  in {printable(frame)}", highlight=False, soft_wrap=True)
     if result.evaluation:
         metrics = ", ".join(f"{k}={v:.4f}" for k, v in (result.evaluation["metrics"] or {}).items())
         err.print(f"evaluator: epoch {result.evaluation['epoch']}: {metrics}")
     board = RunDir(result.run_dir).tensorboard
     if Path(board).is_dir():
         err.print(f"tensorboard: {board} (to view: tensorboard --logdir {shlex.quote(board)})",
-                  markup=False, soft_wrap=True)
+                  soft_wrap=True)
     preempted = f", preemptions: {result.preemptions}" if result.preemptions else ""
     err.print(f"run directory: {result.run_dir} (restarts: {result.restarts}{preempted})",
-              markup=False, soft_wrap=True)
+              soft_wrap=True)
 
 
 def _last_lines(task: str, log_path: str, n: int) -> list[str]:
@@ -698,7 +708,7 @@ def status(run_ref: RunArg = None) -> None:
                "not finish cleanly")
     out.print(table(rows_from_events(events), STATUS, title=f"{rd.name}: {job}"))
     if skipped:
-        err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)", markup=False)
+        err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)")
 
 
 @app.command()
@@ -726,7 +736,7 @@ def runs() -> None:
         what = "directory that is not a readable run" if broken == 1 else \
             "directories that are not readable runs"
         err.print(f"skipped {broken} {what} under {RUNS}/ (no plan.json, or no events.jsonl "
-                  "that starts with run_started)", markup=False, soft_wrap=True)
+                  "that starts with run_started)", soft_wrap=True)
 
 
 _TASK_NAME = re.compile(r"^[a-z_]+:\d+$")
@@ -804,7 +814,6 @@ def export_tfjob(
     spec per role, the restart section as restartPolicy and backoffLimit. What does not carry
     over is a warning on stderr (README: Kubernetes)."""
     import yaml
-    from rich.markup import escape
 
     from orchestrator.export import tfjob
 
@@ -814,7 +823,7 @@ def export_tfjob(
     except SpecError as e:
         raise _fail(str(e)) from None
     for warning in exported.warnings:
-        err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+        err.print(_labeled("warning:", "yellow", warning), soft_wrap=True)
     text = (f"# made by: {_made_by()}\n# run it: kubectl apply -f THIS_FILE (the Kubeflow training "
             "operator must be installed)\n"
             + yaml.safe_dump(exported.manifest, sort_keys=False, width=100))
@@ -825,7 +834,7 @@ def export_tfjob(
         output.write_text(text)
     except OSError as e:
         raise _fail(f"--output {output}: cannot write: {e.strerror or e}") from None
-    err.print(f"tfo: wrote {output}; run it with kubectl apply -f {output}", markup=False)
+    err.print(f"tfo: wrote {output}; run it with kubectl apply -f {output}")
 
 
 def main() -> None:

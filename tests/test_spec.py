@@ -268,6 +268,30 @@ def test_missing_file_and_json(tmp_path):
     assert res.returncode == 2 and "not valid JSON" in res.output
 
 
+@pytest.mark.timeout(60)
+def test_paths_and_arguments_are_shown_as_they_are(tmp_path):
+    """Square brackets and colons in a path or an argument are not rich markup or emoji codes:
+    `[/x]` in a path was a MarkupError traceback, `[bold]d` hid itself and bolded the rest."""
+    missing = tmp_path / "[/x].yaml"
+    res = run_tfo("plan", str(missing), timeout=20)
+    assert res.returncode == 2 and "Traceback" not in res.output, res.output
+    assert f"error: {missing}: no such cluster file" in res.stderr
+    (tmp_path / "a[").mkdir()
+    bad = write_spec(tmp_path / "a[" / "x].yaml", "name: t\nstrategy: nope\n")
+    res = run_tfo("plan", str(bad), timeout=20)
+    assert res.returncode == 2 and "Traceback" not in res.output, res.output
+    assert f"error: {tmp_path}/a[/x].yaml: invalid cluster file\nstrategy:" in res.stderr
+    where = tmp_path / "[bold]d"
+    where.mkdir()
+    good = write_spec(where / "c.yaml", SCRIPT % (
+        f"script: {REPO / 'tests/scripts/show_env.py'}, args: ['[b]x[/b]', ':smile:']"))
+    run_dir = where / "[red]run:smile:"
+    res = run_tfo("plan", str(good), "--run-dir", str(run_dir), timeout=20)
+    assert res.returncode == 0, res.output
+    assert f"run directory: {run_dir}" in res.stdout
+    assert "'[b]x[/b]' :smile:" in res.stdout, res.stdout
+
+
 def test_good_spec_defaults():
     spec = parse_spec({"name": "t", "job": {"entry": "a.b:c"},
                        "tasks": {"worker": ["localhost:1", "localhost"], "chief": "localhost:3"}})
