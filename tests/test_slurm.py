@@ -106,7 +106,7 @@ def test_on_slurm_turns_a_cluster_file_into_counts_and_a_request():
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
+def slurm_lab(tmp_path_factory: pytest.TempPathFactory):
     """The Slurm lab for this module; SLURM_CONF points tfo and the tests at it. A machine
     that cannot run it (not root, no namespaces, no apt) skips loudly; in CI (CI set) that
     fails. Packages installed and the lab still not up: a failure, never a skip."""
@@ -125,6 +125,23 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
         yield lab
         assert lab.jobs() == [], "a test left a Slurm job behind"
         assert lab.clients() == [], "a test left salloc or srun running"
+
+
+@pytest.fixture
+def lab(slurm_lab: slurmlab.SlurmLab):
+    """The module's lab, left as the test found it: a job or a salloc/srun the test left (a
+    failed test's cleanup SIGKILLs salloc with tfo, and a SIGKILLed salloc never gives its
+    allocation back) is cancelled and killed, and the test fails in teardown for it, so one
+    failure does not fail the module's later tests with "nodes busy"."""
+    yield slurm_lab
+    jobs, clients = slurm_lab.jobs(), slurm_lab.clients()
+    for line in jobs:
+        slurm_lab.run("scancel", line.split()[0])
+    for pid in clients:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not slurm_lab.jobs(), 30), slurm_lab.jobs()
+    assert (jobs, clients) == ([], []), "the test left a Slurm job or client behind"
 
 
 def _cannot(reason: str) -> None:
