@@ -13,8 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
-from orchestrator.launch.slurm import assign_nodes, fit_problems, salloc_argv
+from orchestrator.launch.slurm import (
+    SlurmBackend,
+    allocation_room,
+    assign_nodes,
+    count_ids,
+    fit_problems,
+    salloc_argv,
+)
 from orchestrator.quick import FlagError, SlurmFlags, on_slurm
 from orchestrator.spec import SlurmSpec, parse_spec
 from tests import slurmlab
@@ -100,6 +108,26 @@ def test_on_slurm_turns_a_cluster_file_into_counts_and_a_request():
         on_slurm(data, SlurmFlags(partition="gpu"))
     with pytest.raises(FlagError, match="--on k8s: the one scheduler"):
         on_slurm(data, SlurmFlags(on="k8s"))
+
+
+# What `scontrol show job -d` printed for a 2-node job in the lab (Slurm 22.05), trimmed.
+SHOW_JOB = """\
+JobId=1 JobName=probe
+   NodeList=node[1-2]
+   NumNodes=2 NumCPUs=2 NumTasks=2 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   JOB_GRES=(null)
+     Nodes=node[1-2] CPU_IDs=0 Mem=0 GRES=
+     Nodes=node3 CPU_IDs=0-3,6 Mem=4096 GRES=gpu:1
+   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
+"""
+
+
+def test_a_jobs_share_of_each_node_from_scontrol():
+    assert [count_ids(ids) for ids in ("0", "0-3,6", "1,3", "")] == [1, 5, 2, 0]
+    expand = {"node[1-2]": ["node1", "node2"], "node3": ["node3"]}.__getitem__
+    assert allocation_room(SHOW_JOB, expand) == {"node1": (1, 0), "node2": (1, 0),
+                                                 "node3": (5, 4096)}
+    assert allocation_room("JobId=1 JobName=probe\n", expand) == {}
 
 
 # ------------------------------------------------------------------- against real Slurm
@@ -341,6 +369,34 @@ def test_a_queued_job_shows_why_and_ctrl_c_or_sigkill_withdraws_it(
             proc.wait()
         lab.run("scancel", blocker_id)
     assert wait_until(lambda: lab.jobs() == [], 10), lab.jobs()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("extra", "cpus"), [("", 1), (", extra_args: [--cpus-per-task=3]", 3)],
+                         ids=["one-cpu-a-task", "three"])
+def test_a_granted_jobs_preflight_has_its_share_of_each_node(
+        lab: slurmlab.SlurmLab, tmp_path: Path, extra: str, cpus: int):
+    """What `warm_spares: auto` weighs under Slurm: the CPUs the job got on each node (not
+    the node's 4), and memory (the lab allots none: the node's free memory)."""
+    from orchestrator.launch.spares import spares_wanted
+    from orchestrator.plan import make_plan
+
+    spec = parse_spec(yaml.safe_load(job(slurm=extra)))
+    backend = SlurmBackend({})
+    try:
+        nodes = backend.place(spec, dry_run=False, say=lambda line: None)
+        p = make_plan(spec, run_id="t", run_dir=tmp_path / "run", workdir=tmp_path,
+                      nodes=nodes, ports={name: 20000 for name in nodes})
+        rows = {r.host: r for r in backend.check(p.tasks)}
+    finally:
+        backend.close()
+    assert sorted(nodes.values()) == ["node1", "node2"]
+    for node in ("node1", "node2"):
+        assert rows[node].cpus == cpus, rows[node]
+        assert rows[node].mem_available > 2 * 2**30, rows[node]  # this machine's free memory
+    assert rows[f"slurm:{slurmlab.PARTITION}"].problems == []
+    # One worker a node: 3 CPUs are a core for it, one for its standby's import, one spare.
+    assert spares_wanted(p, rows.values()) == ({"worker:0", "worker:1"} if cpus == 3 else set())
 
 
 @pytest.mark.timeout(60)

@@ -68,6 +68,16 @@ def test_warm_spares_setting(tmp_path):
     assert spares_wanted(plan(tmp_path, mixed), checks(64, None)) == {"worker:0"}  # lab1: ?
     assert not spares_wanted(plan(tmp_path, ("lab1:1", "lab1:2")), checks(64, 4))
     assert spares_wanted(plan(tmp_path, ("lab1:1", "lab1:2")), checks(2, 5)) == both
+    # Slurm: each node by the job's share of it (SlurmBackend's row per node)
+    spec = parse_spec({"name": "t", "job": {"entry": "a.b:c"}, "tasks": {"worker": 3},
+                       "backend": {"slurm": {"tasks_per_node": 2}}})
+    on_nodes = make_plan(spec, run_id="t", run_dir=tmp_path / "run", workdir=tmp_path,
+                         nodes={"worker:0": "n1", "worker:1": "n2", "worker:2": "n1"},
+                         ports={"worker:0": 1, "worker:1": 1, "worker:2": 2})
+    assert spares_wanted(on_nodes, [HostCheck("n1", "", cpus=4, mem_available=20 * GIB),
+                                     HostCheck("n2", "", cpus=4, mem_available=20 * GIB)]) \
+        == {"worker:1"}  # n1: 2 tasks want 5 CPUs
+    assert not spares_wanted(on_nodes, [HostCheck("slurm:lab", "", cpus=64)])  # no node rows
     restart = cluster_schema()["$defs"]["RestartSpec"]["properties"]
     assert "warm_spares" in restart  # `tfo schema`, for editors
 

@@ -232,6 +232,33 @@ def hostnames(nodelist: str) -> list[str]:
     return cp.stdout.split()
 
 
+def count_ids(ids: str) -> int:
+    """How many CPUs `scontrol show job -d`'s CPU_IDs names: `0-1,4` is 3."""
+    total = 0
+    for part in filter(None, ids.split(",")):
+        first, _, last = part.partition("-")
+        total += int(last or first) - int(first) + 1
+    return total
+
+
+_ALLOC_LINE = re.compile(r"^\s*Nodes=(\S+) CPU_IDs=(\S+) Mem=(\d+)", re.M)
+
+
+def allocation_room(detail: str, expand: Callable[[str], list[str]]) -> dict[str, tuple[int, int]]:
+    """Each node's share of a job from `scontrol show job -d`: (CPUs, memory in MiB, 0 when
+    the cluster does not allot memory). A node list line covers several nodes; `expand`
+    names them (hostnames)."""
+    return {node: (count_ids(ids), int(mem)) for nodes, ids, mem in _ALLOC_LINE.findall(detail)
+            for node in expand(nodes)}
+
+
+def free_memory(nodes: list[str]) -> dict[str, int]:
+    """Each node's free memory in MiB as its slurmd last reported it (sinfo %e; N/A left out)."""
+    cp = run_slurm("sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %e")
+    return {node: int(free) for node, _, free in
+            (line.partition(" ") for line in cp.stdout.splitlines()) if free.strip().isdigit()}
+
+
 # Runs once on each node (one step, a task per node): that many free ports, held together
 # so they differ, and the node's name.
 _PORT_PROBE = """
@@ -447,7 +474,24 @@ class SlurmBackend:
                        f"node(s), {slurm.tasks_per_node} task(s) each")
         row.python = sys.version.split()[0]
         row.problems += fit_problems(slurm, count, part)
-        return [row]
+        return [row, *self._node_rows()]
+
+    def _node_rows(self) -> list[HostCheck]:
+        """Once the job is granted, a row for each of its nodes with the job's share of it:
+        the CPUs allotted (a step runs in the job's cgroup where the cluster confines them,
+        so a standby competes with its own task, not with the node's idle cores) and memory
+        (the job's, else the node's free memory): what `warm_spares: auto` weighs."""
+        if self.job_id is None or not self._nodes:
+            return []
+        cp = run_slurm("scontrol", "show", "job", "-d", self.job_id)
+        room = allocation_room(cp.stdout, hostnames) if cp.returncode == 0 else {}
+        free = free_memory(sorted(room)) if room else {}
+        rows = []
+        for node, (cpus, mem) in sorted(room.items()):
+            mib = mem or free.get(node)
+            rows.append(HostCheck(node, f"slurm job {self.job_id}", reachable=True, cpus=cpus,
+                                  mem_available=None if mib is None else mib * 2**20))
+        return rows
 
     def sync(self, plan: Plan, tasks: list[TaskPlan]) -> list[str]:
         return []  # the nodes share tfo's file system

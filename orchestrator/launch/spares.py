@@ -98,7 +98,8 @@ def spares_wanted(plan: Plan, checks: Iterable[HostCheck]) -> frozenset[str]:
     nothing to resume). `restart.warm_spares: true`: all of them (the backend makes them
     where it can). `auto`: those of each host where spares_pay_off says the
     host has room for its training tasks' standbys, from preflight's `checks` (its cores
-    and available memory; local tasks share this machine's row). None without restarts."""
+    and available memory; local tasks share this machine's row; a Slurm node's row is the
+    job's share of it). None without restarts."""
     policy = plan.policy
     if policy.max_restarts == 0 or policy.warm_spares is False:
         return frozenset()
