@@ -20,6 +20,7 @@ from orchestrator.launch.slurm import (
     allocation_room,
     assign_nodes,
     count_ids,
+    cpus_per_task,
     fit_problems,
     salloc_argv,
 )
@@ -128,6 +129,8 @@ def test_a_jobs_share_of_each_node_from_scontrol():
     assert allocation_room(SHOW_JOB, expand) == {"node1": (1, 0), "node2": (1, 0),
                                                  "node3": (5, 4096)}
     assert allocation_room("JobId=1 JobName=probe\n", expand) == {}
+    assert cpus_per_task(SHOW_JOB) == 1
+    assert cpus_per_task(SHOW_JOB.replace("CPUs/Task=1", "CPUs/Task=3")) == 3
 
 
 # ------------------------------------------------------------------- against real Slurm
@@ -397,6 +400,24 @@ def test_a_granted_jobs_preflight_has_its_share_of_each_node(
     assert rows[f"slurm:{slurmlab.PARTITION}"].problems == []
     # One worker a node: 3 CPUs are a core for it, one for its standby's import, one spare.
     assert spares_wanted(p, rows.values()) == ({"worker:0", "worker:1"} if cpus == 3 else set())
+
+
+@pytest.mark.timeout(90)
+def test_each_task_gets_the_cpus_per_task_the_job_asked(lab: slurmlab.SlurmLab, run_dir: Path,
+                                                         tmp_path: Path):
+    """`extra_args: [--cpus-per-task=3]`: each task's step has 3 CPUs, as srun (22.05 on)
+    would not give it from the job alone."""
+    from tests.test_scripts import shown
+
+    spec = write_spec(tmp_path / "cpus.yaml", job(
+        slurm=", extra_args: [--cpus-per-task=3]").replace(
+        "  entry: tests.jobs.faulty:train\n  args: {epochs: 2, epoch_sleep: 0, orphan_task: \"\"}",
+        "  script: tests/scripts/show_env.py"))
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=80)
+    assert res.returncode == 0, res.output[-4000:]
+    assert [shown(run_dir, f"worker:{i}")["env"]["SLURM_CPUS_PER_TASK"] for i in (0, 1)] \
+        == ["3", "3"]
+    _no_job_within(lab, _job_id(res.stderr), 10)
 
 
 @pytest.mark.timeout(60)

@@ -21,7 +21,9 @@ hold, to the task's wrapper. A step is signalled with `scancel --signal` (proctr
 where the cluster has it, reaches processes that setsid away; the wrapper reaps them too).
 srun exits with the task's code, or 128+N when a signal N ended it: poll() reports -N then.
 Nodes run the task in tfo's working directory with tfo's python: a Slurm cluster's nodes
-share its file system.
+share its file system. Each step asks the job's CPUs per task again (`--cpus-per-task`,
+from `scontrol show job`): srun has not taken it from the job since Slurm 22.05, and a
+task asked 8 CPUs for would otherwise run on 1 where the cluster confines steps.
 
 A standby (a warm spare, `warm_spares: true`; launch/spares.py) is a step of its own on the
 task's node, `--overlap` like every CPU step, with STANDBY_ENV=1: its task imports
@@ -241,6 +243,12 @@ def count_ids(ids: str) -> int:
     return total
 
 
+def cpus_per_task(shown: str) -> int:
+    """The job's CPUs per task from `scontrol show job` (`CPUs/Task=3`; 1 if not said)."""
+    found = re.search(r"\bCPUs/Task=(\d+)", shown)
+    return int(found.group(1)) if found else 1
+
+
 _ALLOC_LINE = re.compile(r"^\s*Nodes=(\S+) CPU_IDs=(\S+) Mem=(\d+)", re.M)
 
 
@@ -274,7 +282,7 @@ print("@tfo-ports " + json.dumps([os.environ.get("SLURMD_NODENAME", socket.getho
 class SlurmHandle:
     """One task: `srun` for its step, here; its output and its exit are the task's."""
 
-    def __init__(self, task: TaskPlan, attempt: int, job_id: str, gpus: int,
+    def __init__(self, task: TaskPlan, attempt: int, job_id: str, gpus: int, cpus: int = 1,
                  standby: bool = False) -> None:
         self.task, self.attempt, self._job = task, attempt, job_id
         self.warm = False  # a standby that was told to go
@@ -288,6 +296,8 @@ class SlurmHandle:
         # wrapper would not clean up) when it cannot.
         os.makedirs(task.tmp_dir, exist_ok=True)
         share = [f"--gpus-per-task={gpus}"] if gpus else ["--overlap"]
+        if cpus > 1:  # srun (22.05 on) does not take the job's --cpus-per-task: say it again
+            share.append(f"--cpus-per-task={cpus}")
         if gpus:
             env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm sets the step's own
         argv = ["srun", f"--jobid={job_id}", "--nodes=1", "--ntasks=1",
@@ -384,8 +394,9 @@ class SlurmBackend:
         self._spec: ClusterSpec | None = None
         self._alloc: Allocation | None = None
         self._nodes: dict[str, str] = {}
+        self._cpus = 1  # the job's CPUs per task, which each step asks again
         self._spares = Spares(lambda task, attempt: SlurmHandle(
-            task, attempt, self._job_for(task), 0, standby=True))
+            task, attempt, self._job_for(task), 0, self._cpus, standby=True))
 
     @property
     def job_id(self) -> str | None:
@@ -428,6 +439,8 @@ class SlurmBackend:
         say(f"slurm job {alloc.job_id}: {len(nodes)} node(s) {alloc.nodelist}"
             f"{' in partition ' + part['PartitionName'] if 'PartitionName' in part else ''}")
         self._nodes = assign_nodes(names, nodes)
+        shown_job = run_slurm("scontrol", "show", "job", alloc.job_id)
+        self._cpus = cpus_per_task(shown_job.stdout)
         return self._nodes
 
     def allocate(self, names: list[str], avoid: set[int]) -> dict[str, int]:
@@ -504,7 +517,8 @@ class SlurmBackend:
     def start(self, task: TaskPlan, attempt: int) -> SlurmHandle:
         """The task's warm spare for this attempt, if one waits; else a new step."""
         return self._spares.take(task, attempt) or \
-            SlurmHandle(task, attempt, self._job_for(task), self._slurm().gpus_per_task)
+            SlurmHandle(task, attempt, self._job_for(task), self._slurm().gpus_per_task,
+                        self._cpus)
 
     def standby(self, task: TaskPlan, attempt: int) -> int | None:
         """A warm spare's step for the task's `attempt`; its srun's pid, None if one already
