@@ -81,7 +81,7 @@ app = typer.Typer(**HELP,
 
 
 def _console(stderr: bool) -> Console:
-    from rich.console import Console
+    from rich.console import Console, ConsoleDimensions
 
     class _Console(Console):
         def on_broken_pipe(self) -> None:
@@ -89,6 +89,18 @@ def _console(stderr: bool) -> Console:
             code stand (rich's default exits 1)."""
             self.quiet = True
             point_at_devnull(self.file.fileno())
+
+        @property
+        def size(self) -> ConsoleDimensions:
+            """The terminal this console writes to, as the live view measures it: rich asks
+            stdin's first, and takes 80 columns when that one reports 0 (seen once on a
+            200-column pty: the summary cut to 80 under a live view drawn at 200)."""
+            if self._width is None:
+                with contextlib.suppress(OSError, ValueError):
+                    width, height = os.get_terminal_size(self.file.fileno())
+                    if width > 0 and height > 0:
+                        return ConsoleDimensions(width, height)
+            return super().size
 
     tty = (sys.stderr if stderr else sys.stdout).isatty()
     # Piped output (CI, `| less`, tests) gets wide tables instead of rich's 80 columns.

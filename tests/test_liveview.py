@@ -53,15 +53,20 @@ def tfo_env(cwd: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(cwd), **extra}
 
 
-def run_in_pty(args: list[str], cwd: Path, timeout: float) -> tuple[str, int]:
+def run_in_pty(args: list[str], cwd: Path, timeout: float,
+               unsized_stdin: bool = False) -> tuple[str, int]:
     """`tfo ARGS` on a terminal of COLUMNS x LINES; all it wrote, and its exit code. Killed
-    (its whole tree) and failed past `timeout`."""
+    (its whole tree) and failed past `timeout`. `unsized_stdin`: stdin is another terminal,
+    one that reports 0 x 0 (a pty nobody sized)."""
     leader, follower = os.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", LINES, COLUMNS, 0, 0))
-    proc = subprocess.Popen(tfo_cmd(*args), cwd=cwd, stdin=follower, stdout=follower,
-                            stderr=follower, start_new_session=True,
+    other = os.openpty() if unsized_stdin else None
+    proc = subprocess.Popen(tfo_cmd(*args), cwd=cwd, stdin=other[1] if other else follower,
+                            stdout=follower, stderr=follower, start_new_session=True,
                             env=tfo_env(cwd, TERM="xterm-256color"))
     os.close(follower)
+    if other:
+        os.close(other[1])  # its leader stays open: a closed one reads as no terminal
     chunks: list[bytes] = []
     until = time.monotonic() + timeout
     try:
@@ -85,6 +90,8 @@ def run_in_pty(args: list[str], cwd: Path, timeout: float) -> tuple[str, int]:
             kill_tree(proc.pid)
             proc.wait()
         os.close(leader)
+        if other:
+            os.close(other[0])
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +166,18 @@ def test_the_summary_has_a_row_per_task_and_where_tensorboard_is(pty_run: PtyRun
                          r"[\d.]", text), text[-3000:]
     board = pty_run.run_dir / "tensorboard"
     assert f"tensorboard: {board} (to view: tensorboard --logdir {board})" in text
+
+
+@pytest.mark.timeout(60)
+def test_tables_fit_the_terminal_written_to_not_stdins(tmp_path: Path):
+    """rich measures stdin's terminal first and takes 80 columns where it reports 0: the
+    plan's table was cut to 80 on a 200-column terminal."""
+    text, rc = run_in_pty(["plan", str(REPO / "clusters" / "localhost.yaml")], tmp_path, 30,
+                          unsized_stdin=True)
+    assert rc == 0, text
+    widest = max(len(ANSI.sub("", line).rstrip()) for line in text.splitlines())
+    assert 80 < widest <= COLUMNS, text
+    assert "…" not in text  # nothing cut
 
 
 @pytest.mark.tf
