@@ -93,9 +93,9 @@ def _console(stderr: bool) -> Console:
         @property
         def size(self) -> ConsoleDimensions:
             """The terminal this console writes to, as the live view measures it: rich asks
-            stdin's first, and takes 80 columns when that one reports 0 (seen once on a
-            200-column pty: the summary cut to 80 under a live view drawn at 200)."""
-            if self._width is None:
+            stdin's first, and takes 80 columns when that one reports 0 (a pty nobody
+            sized). COLUMNS, where set, still wins, as rich has it."""
+            if self._width is None and "COLUMNS" not in os.environ:
                 with contextlib.suppress(OSError, ValueError):
                     width, height = os.get_terminal_size(self.file.fileno())
                     if width > 0 and height > 0:

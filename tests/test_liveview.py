@@ -50,7 +50,10 @@ def user_dir(root: Path) -> Path:
 
 
 def tfo_env(cwd: Path, **extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(cwd), **extra}
+    """The test's environment without COLUMNS and LINES: pytest-xdist's workers have
+    COLUMNS=80, which rich takes over the terminal's own size (the summary cut to 80)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    return {**env, "PYTHONPATH": str(cwd), **extra}
 
 
 def run_in_pty(args: list[str], cwd: Path, timeout: float,
