@@ -244,7 +244,7 @@ def count_ids(ids: str) -> int:
 
 
 def cpus_per_task(shown: str) -> int:
-    """The job's CPUs per task from `scontrol show job` (`CPUs/Task=3`; 1 if not said)."""
+    """The job's CPUs per task from `scontrol show job [-d]` (`CPUs/Task=3`; 1 if not said)."""
     found = re.search(r"\bCPUs/Task=(\d+)", shown)
     return int(found.group(1)) if found else 1
 
@@ -395,6 +395,7 @@ class SlurmBackend:
         self._alloc: Allocation | None = None
         self._nodes: dict[str, str] = {}
         self._cpus = 1  # the job's CPUs per task, which each step asks again
+        self._detail = ""  # `scontrol show job -d` of the granted job: its share of each node
         self._spares = Spares(lambda task, attempt: SlurmHandle(
             task, attempt, self._job_for(task), 0, self._cpus, standby=True))
 
@@ -439,8 +440,9 @@ class SlurmBackend:
         say(f"slurm job {alloc.job_id}: {len(nodes)} node(s) {alloc.nodelist}"
             f"{' in partition ' + part['PartitionName'] if 'PartitionName' in part else ''}")
         self._nodes = assign_nodes(names, nodes)
-        shown_job = run_slurm("scontrol", "show", "job", alloc.job_id)
-        self._cpus = cpus_per_task(shown_job.stdout)
+        shown = run_slurm("scontrol", "show", "job", "-d", alloc.job_id)
+        self._detail = shown.stdout if shown.returncode == 0 else ""
+        self._cpus = cpus_per_task(self._detail)
         return self._nodes
 
     def allocate(self, names: list[str], avoid: set[int]) -> dict[str, int]:
@@ -494,10 +496,7 @@ class SlurmBackend:
         the CPUs allotted (a step runs in the job's cgroup where the cluster confines them,
         so a standby competes with its own task, not with the node's idle cores) and memory
         (the job's, else the node's free memory): what `warm_spares: auto` weighs."""
-        if self.job_id is None or not self._nodes:
-            return []
-        cp = run_slurm("scontrol", "show", "job", "-d", self.job_id)
-        room = allocation_room(cp.stdout, hostnames) if cp.returncode == 0 else {}
+        room = allocation_room(self._detail, hostnames) if self._detail else {}
         free = free_memory(sorted(room)) if room else {}
         rows = []
         for node, (cpus, mem) in sorted(room.items()):
