@@ -103,13 +103,24 @@ def test_restart_policy_rules(policy, rc, restart):
     assert restart_allowed(policy, rc) is restart
 
 
+def latest_backup(run_dir: Path, worker: int) -> str | None:
+    """The checkpoint a worker's last backup names (`ckpt-2`), from its `checkpoint` file."""
+    index = run_dir / "backup" / f"worker-{worker}" / "chief" / "checkpoint"
+    found = re.search(r'^model_checkpoint_path: "([^"]+)"', index.read_text(), re.M) \
+        if index.exists() else None
+    return found.group(1) if found else None
+
+
 @pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_sigkill_worker_restarts_group_and_resumes(run_dir: Path, tmp_path: Path):
     tfo = Tfo(write_spec(tmp_path / "c.yaml", mwms()), run_dir)
     try:
         tfo.wait_event("task_epoch", "worker:1", epoch=1)
-        time.sleep(1.0)  # inside epoch 2 of 5 (after its training steps, in the pause)
+        # Inside epoch 2 of 5, in its pause: both workers backed it up (ckpt-2). A fixed
+        # sleep once landed between the two writes, and the workers rightly started over.
+        assert wait_until(lambda: all(latest_backup(run_dir, w) == "ckpt-2" for w in (0, 1)),
+                          60), [latest_backup(run_dir, w) for w in (0, 1)]
         killed_at = kill_task(tfo, "worker:1")
         code, err = tfo.finish()
         assert code == 0, err[-3000:]
