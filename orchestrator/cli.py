@@ -588,7 +588,6 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
             _write_cluster_file(p, source)
         for line in backends.sync(p):  # sync
             _say(line)
-        _say(f"run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
         from orchestrator.launch.spares import spares_wanted
         from orchestrator.liveview import LiveView, is_live_terminal
 
@@ -599,8 +598,11 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
             echo = console_echo(console.write, verbose, logs, view.seen if view else None)
             wanted = spares_wanted(p, checks)
             standby = functools.partial(backends.standby, wanted=wanted) if wanted else None
+            # Said once the tasks are started: rich loads then (liveview too defers it).
+            said = functools.partial(_say, f"run {p.run_id}: {len(p.tasks)} tasks, logs in "
+                                           f"{p.run_dir}/logs")
             result = Supervisor(p, start=backends.start, echo=echo, watch=view,
-                                standby=standby).run()
+                                standby=standby).run(started=said)
         finally:
             if view is not None:
                 view.close()  # the summary's table takes its place

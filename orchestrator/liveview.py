@@ -24,15 +24,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
 from orchestrator.console import ConsoleWriter, printable
 from orchestrator.launch import TORN_DOWN, describe_exit
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from orchestrator.supervise import Supervisor, TaskOutcome, TaskRecord
 
 DUMB_TERMS = ("dumb", "unknown")
@@ -232,6 +229,10 @@ def table(rows: list[Row], columns: tuple[str, ...], title: str = "",
           width: int | None = None) -> Table:
     """Every cell is Text: a task name, host or line is never read as rich markup. Given the
     width, a last column of lines is cut to what the other columns leave (one line a row)."""
+    from rich import box  # here, not at the top: `tfo run` starts its tasks before rich loads
+    from rich.table import Table
+    from rich.text import Text
+
     t = Table(title=Text(printable(title)) if title else None, title_justify="left",
               box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     cells, widths = _cells(rows, columns)
@@ -251,6 +252,8 @@ def table(rows: list[Row], columns: tuple[str, ...], title: str = "",
 
 def render(renderable: Any, width: int, color: bool = False) -> str:
     """A table as text: with colors for a terminal, or plain."""
+    from rich.console import Console
+
     buf = io.StringIO()
     Console(file=buf, width=width, force_terminal=color, color_system="standard" if color
             else None, highlight=False, emoji=False, soft_wrap=False).print(renderable)

@@ -57,3 +57,41 @@ def test_plan_imports_no_ssh(cluster):
     assert "orchestrator" in names and "pydantic" in names
     assert sorted(names & set(SSH)) == []
     assert not names & {"tensorflow", "tf_keras", "keras"}
+
+
+# Runs `tfo run` in-process and notes, when its first task starts, which packages are loaded.
+_AT_FIRST_START = """
+import json, subprocess, sys
+from orchestrator import cli
+seen = []
+real = subprocess.Popen.__init__
+def popen(self, args, *a, **kw):
+    if not seen and "worker_entry" in args:
+        seen.append(sorted({m.split(".")[0] for m in sys.modules}))
+    real(self, args, *a, **kw)
+subprocess.Popen.__init__ = popen
+sys.argv = ["tfo", "run", sys.argv[1], "--run-dir", sys.argv[2]]
+try:
+    cli.main()
+except SystemExit as e:
+    print(json.dumps({"code": e.code, "loaded": seen[0] if seen else None}))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_run_starts_its_tasks_before_loading_rich_or_ssh(tmp_path):
+    """Every import before the first task starts delays the job (a hand launch starts at
+    once): rich (the live view, the run's line) and SSH come after, or never."""
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps({
+        "name": "early", "job": {"script": str(REPO / "bench" / "job.py"),
+                                 "args": ["--fake", "--epochs", "1", "--steps_per_epoch", "1"]},
+        "tasks": {"worker": ["localhost:auto", "localhost:auto"]}}))
+    res = subprocess.run([sys.executable, "-c", _AT_FIRST_START, str(cluster),
+                          str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True,
+                         timeout=50)
+    got = json.loads(res.stdout.splitlines()[-1])
+    assert got["code"] == 0, res.stdout + res.stderr
+    assert "typer" in got["loaded"] and "pydantic" in got["loaded"]  # what the run needs
+    assert sorted(set(got["loaded"]) & {"rich", *SSH, "tensorflow"}) == []
+    assert "tfo: run early-" in res.stderr  # the run's line, said once the tasks started

@@ -134,6 +134,22 @@ def test_mwms_success(tmp_path):
 
 
 @pytest.mark.timeout(20)
+def test_started_is_called_once_every_task_was_started(tmp_path):
+    """`tfo run` says the run's line and loads rich there: after its tasks' start-up began."""
+    plan = planned(tmp_path, spec())
+    started, seen = [], []
+
+    def start(task: TaskPlan, attempt: int) -> FakeHandle:
+        started.append(task.name)
+        return FakeHandle(task, attempt, Script())
+
+    sup = Supervisor(plan, start=start, echo=lambda task, line: None)
+    result = sup.run(started=lambda: seen.append(sorted(started)))
+    assert result.state is JobState.SUCCEEDED
+    assert seen == [["worker:0", "worker:1"]]
+
+
+@pytest.mark.timeout(20)
 def test_mwms_loss_restarts_the_whole_group(tmp_path):
     scripts = {"worker:0": Script([(None, 0, True), (0, 0.1, True)]),
                "worker:1": Script([(-9, 0.1, True), (0, 0.1, True)])}
