@@ -8,11 +8,13 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import PYTHON, REPO
 
 FIGURES = {"wall_ratio", "first_step_ratio", "throughput_ratio", "coord_cpu_2", "coord_cpu_64",
            "kill_detected", "kill_stopped", "resume", "resume_cold", "help", "plan",
-           "plan_json_time", "plan_json_linear", "plan_json_mb"}
+           "plan_json_time", "plan_json_linear", "plan_json_mb", "tasks_started", "plan_floor"}
 
 
 def test_quick_bench_measures_every_figure(tmp_path: Path) -> None:
@@ -28,3 +30,16 @@ def test_quick_bench_measures_every_figure(tmp_path: Path) -> None:
     assert (tmp_path / "results.png").stat().st_size > 10_000
     table = done.stdout
     assert "tfo --help" in table and ("met" in table or "MISSED" in table)
+
+
+def test_cpu_in_a_window_is_read_between_the_samples() -> None:
+    """tfo's own CPU while training: the sampled totals, interpolated at the window's ends."""
+    from bench.run import CpuSampler, training_window
+
+    sampler = CpuSampler()
+    sampler.stop()
+    sampler.samples = [(10.0, 1.0, 10.0), (11.0, 1.5, 12.0), (12.0, 2.0, 16.0)]
+    assert sampler.between(10.5, 11.5) == pytest.approx((0.5, 3.0))
+    assert sampler.between(11.0, 12.0) == pytest.approx((0.5, 4.0))
+    tls = [{"epoch": [10.4, 11.0, 11.6]}, {"epoch": [10.5, 11.1, 11.5]}]
+    assert training_window(tls) == (10.5, 11.5)
