@@ -237,7 +237,42 @@ def test_a_lost_backup_makes_the_group_start_over_together(run_dir: Path, tmp_pa
     assert ev[-1]["restarts"] == 1
     assert min(e["epoch"] for e in ev if e["event"] == "task_epoch" and e["attempt"] == 1) == 0
     for i in (0, 1):
-        assert "backups disagree" in (run_dir / "logs" / f"worker-{i}.log").read_text()
+        assert "no backup every worker has" in (run_dir / "logs" / f"worker-{i}.log").read_text()
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_a_worker_one_backup_behind_makes_the_group_resume_from_the_one_before(
+        run_dir: Path, tmp_path: Path):
+    """worker:1 lacks the newest backup the others have (killed between the workers' writes
+    of it): the group resumes from the backup before, which every worker keeps, not from
+    epoch 0."""
+    spec = write_spec(tmp_path / "c.yaml", mwms(sleep=0).replace(
+        "epochs: 5", "epochs: 5, fail_task: 'worker:1', fail_epoch: 2, exit_code: 3").replace(
+        "backoff_seconds: 0.5", "backoff_seconds: 4"))
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_restarted", "worker:1")
+        backup = run_dir / "backup" / "worker-1" / "chief"
+        kept = re.findall(r'^all_model_checkpoint_paths: "([^"]+)"',
+                          (backup / "checkpoint").read_text(), re.M)
+        assert len(kept) == 2, kept  # epochs 1 and 2: two backups kept, not one
+        for path in backup.glob(f"{kept[-1]}.*"):  # as if killed before writing epoch 2's
+            path.unlink()
+        (backup / "checkpoint").write_text(f'model_checkpoint_path: "{kept[0]}"\n'
+                                           f'all_model_checkpoint_paths: "{kept[0]}"\n')
+        code, err = tfo.finish()
+        assert code == 0, err[-3000:]
+    finally:
+        tfo.close()
+    ev = events(run_dir)
+    assert ev[-1]["restarts"] == 1
+    for task in ("worker:0", "worker:1"):  # epochs 0 and 1 were not trained again
+        resumed = [e["epoch"] for e in ev if e["event"] == "task_epoch" and e["task"] == task
+                   and e["attempt"] == 1]
+        assert resumed and min(resumed) == 2, (task, resumed)
+    logs = [(run_dir / "logs" / f"worker-{i}.log").read_text() for i in (0, 1)]
+    assert not any("starts over" in log for log in logs)
 
 
 @pytest.mark.tf
