@@ -598,11 +598,14 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
             echo = console_echo(console.write, verbose, logs, view.seen if view else None)
             wanted = spares_wanted(p, checks)
             standby = functools.partial(backends.standby, wanted=wanted) if wanted else None
-            # Said once the tasks are started: rich loads then (liveview too defers it).
-            said = functools.partial(_say, f"run {p.run_id}: {len(p.tasks)} tasks, logs in "
-                                           f"{p.run_dir}/logs")
+            def started() -> None:
+                """Said once the tasks are started: rich loads then (liveview defers it
+                too). A closed stderr does not stop the run; events.jsonl has it all."""
+                with contextlib.suppress(OSError):
+                    _say(f"run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
+
             result = Supervisor(p, start=backends.start, echo=echo, watch=view,
-                                standby=standby).run(started=said)
+                                standby=standby).run(started=started)
         finally:
             if view is not None:
                 view.close()  # the summary's table takes its place
@@ -851,7 +854,22 @@ def export_tfjob(
     err.print(f"tfo: wrote {output}; run it with kubectl apply -f {output}")
 
 
+def _reopen_closed_std_streams() -> None:
+    """A standard stream whose fd was closed when tfo started (`tfo run … 2>&-`, a daemon's
+    child) is None in Python, and printing to it was a traceback (once a run had started:
+    a failed job). It goes to /dev/null instead: those lines are dropped, events.jsonl and
+    the task logs have it all."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is None:
+            null = os.open(os.devnull, os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 (for good)
+
+
 def main() -> None:
+    _reopen_closed_std_streams()
     # Line-buffered even into a pipe, so `[worker:1]` lines arrive as they happen.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)

@@ -215,16 +215,21 @@ def test_sigkill_of_the_coordinator_leaves_no_task(run_dir: Path, tmp_path: Path
         tfo.close()
 
 
+def fails_then_waits(tmp_path: Path, epochs: int, fail_epoch: int) -> Path:
+    """worker:1 exits 3 after `fail_epoch` on its first attempt; the restart waits 4 s, the
+    time a test has to change the backups between the attempts."""
+    return write_spec(tmp_path / "c.yaml", mwms(sleep=0).replace(
+        "epochs: 5", f"epochs: {epochs}, fail_task: 'worker:1', fail_epoch: {fail_epoch}, "
+        "exit_code: 3").replace("backoff_seconds: 0.5", "backoff_seconds: 4"))
+
+
 @pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_a_lost_backup_makes_the_group_start_over_together(run_dir: Path, tmp_path: Path):
     """worker:1's backup vanishes between attempts (a host's disk wiped): stock tf-keras
     would restore epoch 2 on worker:0 only and fail every restart on mismatched
     collectives; the workers notice before restoring and start over together."""
-    spec = write_spec(tmp_path / "c.yaml", mwms(sleep=0).replace(
-        "epochs: 5", "epochs: 4, fail_task: 'worker:1', fail_epoch: 1, exit_code: 3").replace(
-        "backoff_seconds: 0.5", "backoff_seconds: 4"))
-    tfo = Tfo(spec, run_dir)
+    tfo = Tfo(fails_then_waits(tmp_path, epochs=4, fail_epoch=1), run_dir)
     try:
         tfo.wait_event("task_restarted", "worker:1")
         assert (run_dir / "backup" / "worker-0" / "chief" / "checkpoint").exists()
@@ -247,10 +252,7 @@ def test_a_worker_one_backup_behind_makes_the_group_resume_from_the_one_before(
     """worker:1 lacks the newest backup the others have (killed between the workers' writes
     of it): the group resumes from the backup before, which every worker keeps, not from
     epoch 0."""
-    spec = write_spec(tmp_path / "c.yaml", mwms(sleep=0).replace(
-        "epochs: 5", "epochs: 5, fail_task: 'worker:1', fail_epoch: 2, exit_code: 3").replace(
-        "backoff_seconds: 0.5", "backoff_seconds: 4"))
-    tfo = Tfo(spec, run_dir)
+    tfo = Tfo(fails_then_waits(tmp_path, epochs=5, fail_epoch=2), run_dir)
     try:
         tfo.wait_event("task_restarted", "worker:1")
         backup = run_dir / "backup" / "worker-1" / "chief"

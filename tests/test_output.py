@@ -270,6 +270,23 @@ def test_stdout_closed_by_the_reader_does_not_fail_the_job(run_dir: Path, tmp_pa
     assert _noisy_lines(run_dir) == LINES
 
 
+@pytest.mark.timeout(60)
+def test_a_run_started_with_stdout_and_stderr_closed_succeeds(run_dir: Path, tmp_path: Path):
+    """`tfo run … >&- 2>&-` (a daemon's child): what tfo would print is dropped; the job
+    runs and exits 0 (it was a traceback, and a failed job once tasks had started)."""
+    spec = write_spec(tmp_path / "c.yaml", f"""\
+name: closed
+job: {{script: {REPO / "bench" / "job.py"}, args: [--fake, --epochs, "2"]}}
+tasks: {{worker: ["localhost:auto", "localhost:auto"]}}
+""")
+    cmd = " ".join(tfo_cmd("run", str(spec), "--run-dir", str(run_dir)))
+    res = subprocess.run(["bash", "-c", f"exec {cmd} >&- 2>&-"], cwd=REPO, timeout=50)
+    assert res.returncode == 0
+    finished = [e for e in events(run_dir) if e["event"] == "job_finished"]
+    assert finished and finished[0]["state"] == "succeeded"
+    assert "BENCH done" in (run_dir / "logs" / "worker-1.log").read_text()
+
+
 @pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_lines_that_only_look_like_markers_are_ordinary_output(run_dir: Path, tmp_path: Path):
