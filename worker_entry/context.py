@@ -183,7 +183,8 @@ class _TaskBackup(tf.keras.callbacks.BackupAndRestore):
         strategy = self.model.distribute_strategy
         backup = os.path.join(self.backup_dir, "chief")  # tf-keras's name for the one it keeps
         mine = _backups(backup)
-        held = tf.constant([[*mine[-self.KEEP:], *[-1] * self.KEEP][:self.KEEP]], tf.int64)
+        # float32, as the collectives have GPU kernels for it; save numbers stay exact to 2**24
+        held = tf.constant([[*mine[-self.KEEP:], *[-1] * self.KEEP][:self.KEEP]], tf.float32)
 
         @tf.function  # eager collectives work but warn about their overhead
         def all_gather(x: Any) -> Any:
