@@ -598,6 +598,7 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
             echo = console_echo(console.write, verbose, logs, view.seen if view else None)
             wanted = spares_wanted(p, checks)
             standby = functools.partial(backends.standby, wanted=wanted) if wanted else None
+
             def started() -> None:
                 """Said once the tasks are started: rich loads then (liveview defers it
                 too). A closed stderr does not stop the run; events.jsonl has it all."""

@@ -178,7 +178,7 @@ class _TaskBackup(tf.keras.callbacks.BackupAndRestore):
         """Every worker must resume from the same backup, or the restore's collectives
         mismatch and every restart fails the same way. Before restoring, the workers gather
         which backups each holds (one all-gather) and all resume from the newest one every
-        worker has, setting newer ones aside; with none in common (a host's backups were
+        worker has, deleting newer ones; with none in common (a host's backups were
         lost), all discard theirs and start over."""
         strategy = self.model.distribute_strategy
         backup = os.path.join(self.backup_dir, "chief")  # tf-keras's name for the one it keeps
