@@ -300,7 +300,8 @@ def task_logs(run_dir: Path) -> dict[str, str]:
 
 # ---- paired: tfo against the hand launch ------------------------------------------------
 
-def run_tfo_job(s: Setting, tmp: Path, i: int) -> tuple[float, float, list[dict], float]:
+def run_tfo_job(s: Setting, tmp: Path, i: int) -> tuple[float, float, list[dict], float,
+                CpuSampler]:
     rd = tmp / f"pair-tfo-{i}"
     path = spec(tmp / f"pair-{i}.json", "bench-pair", job_args(s), 2)
     cpu0, t0 = children_cpu(), time.time()
@@ -319,7 +320,8 @@ def run_tfo_job(s: Setting, tmp: Path, i: int) -> tuple[float, float, list[dict]
     return t0, wall, [timeline(text) for text in task_logs(rd).values()], cpu, sampler
 
 
-def run_by_hand(s: Setting, tmp: Path, i: int) -> tuple[float, float, list[dict], float]:
+def run_by_hand(s: Setting, tmp: Path, i: int) -> tuple[float, float, list[dict], float,
+                CpuSampler]:
     from orchestrator.launch.ports import free_ports
 
     ports = free_ports(2, avoid=set())

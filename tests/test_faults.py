@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -215,12 +216,25 @@ def test_sigkill_of_the_coordinator_leaves_no_task(run_dir: Path, tmp_path: Path
         tfo.close()
 
 
-def fails_then_waits(tmp_path: Path, epochs: int, fail_epoch: int) -> Path:
-    """worker:1 exits 3 after `fail_epoch` on its first attempt; the restart waits 4 s, the
-    time a test has to change the backups between the attempts."""
-    return write_spec(tmp_path / "c.yaml", mwms(sleep=0).replace(
+def restart_changing_backups(run_dir: Path, tmp_path: Path, epochs: int, fail_epoch: int,
+                             change: Callable[[], None]) -> list[dict]:
+    """worker:1 exits 3 after `fail_epoch` on its first attempt; during the restart's 4 s
+    backoff `change()` acts on the backups. The job must then succeed with one restart; its
+    events are returned."""
+    spec = write_spec(tmp_path / "c.yaml", mwms(sleep=0).replace(
         "epochs: 5", f"epochs: {epochs}, fail_task: 'worker:1', fail_epoch: {fail_epoch}, "
         "exit_code: 3").replace("backoff_seconds: 0.5", "backoff_seconds: 4"))
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_restarted", "worker:1")
+        change()
+        code, err = tfo.finish()
+        assert code == 0, err[-3000:]
+    finally:
+        tfo.close()
+    ev = events(run_dir)
+    assert ev[-1]["restarts"] == 1
+    return ev
 
 
 @pytest.mark.tf
@@ -229,17 +243,11 @@ def test_a_lost_backup_makes_the_group_start_over_together(run_dir: Path, tmp_pa
     """worker:1's backup vanishes between attempts (a host's disk wiped): stock tf-keras
     would restore epoch 2 on worker:0 only and fail every restart on mismatched
     collectives; the workers notice before restoring and start over together."""
-    tfo = Tfo(fails_then_waits(tmp_path, epochs=4, fail_epoch=1), run_dir)
-    try:
-        tfo.wait_event("task_restarted", "worker:1")
+    def lose_worker_1s_backups() -> None:
         assert (run_dir / "backup" / "worker-0" / "chief" / "checkpoint").exists()
         shutil.rmtree(run_dir / "backup" / "worker-1")
-        code, err = tfo.finish()
-        assert code == 0, err[-3000:]
-    finally:
-        tfo.close()
-    ev = events(run_dir)
-    assert ev[-1]["restarts"] == 1
+
+    ev = restart_changing_backups(run_dir, tmp_path, 4, 1, lose_worker_1s_backups)
     assert min(e["epoch"] for e in ev if e["event"] == "task_epoch" and e["attempt"] == 1) == 0
     for i in (0, 1):
         assert "no backup every worker has" in (run_dir / "logs" / f"worker-{i}.log").read_text()
@@ -252,9 +260,7 @@ def test_a_worker_one_backup_behind_makes_the_group_resume_from_the_one_before(
     """worker:1 lacks the newest backup the others have (killed between the workers' writes
     of it): the group resumes from the backup before, which every worker keeps, not from
     epoch 0."""
-    tfo = Tfo(fails_then_waits(tmp_path, epochs=5, fail_epoch=2), run_dir)
-    try:
-        tfo.wait_event("task_restarted", "worker:1")
+    def lose_worker_1s_newest_backup() -> None:
         backup = run_dir / "backup" / "worker-1" / "chief"
         kept = re.findall(r'^all_model_checkpoint_paths: "([^"]+)"',
                           (backup / "checkpoint").read_text(), re.M)
@@ -263,12 +269,8 @@ def test_a_worker_one_backup_behind_makes_the_group_resume_from_the_one_before(
             path.unlink()
         (backup / "checkpoint").write_text(f'model_checkpoint_path: "{kept[0]}"\n'
                                            f'all_model_checkpoint_paths: "{kept[0]}"\n')
-        code, err = tfo.finish()
-        assert code == 0, err[-3000:]
-    finally:
-        tfo.close()
-    ev = events(run_dir)
-    assert ev[-1]["restarts"] == 1
+
+    ev = restart_changing_backups(run_dir, tmp_path, 5, 2, lose_worker_1s_newest_backup)
     for task in ("worker:0", "worker:1"):  # epochs 0 and 1 were not trained again
         resumed = [e["epoch"] for e in ev if e["event"] == "task_epoch" and e["task"] == task
                    and e["attempt"] == 1]
