@@ -57,6 +57,7 @@ from orchestrator.rundir import (
     read_lines,
     run_over,
 )
+from orchestrator.startup import settled, starting
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -579,6 +580,7 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         p, backends = prepare(source, run_dir)  # spec → place → allocate → plan
     except (SpecError, BackendError) as e:
         raise _fail(str(e)) from None
+    settled()  # before anything is started: the tasks get the user's environment
     try:
         checks = _preflight(p, backends, show=False)  # check
         if problems := _problems(checks):
@@ -801,6 +803,8 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
 
     try:
         show(lines, whole=not follow)
+        if follow:
+            settled()
         while follow:
             over = run_over(rd)  # before reading: the lines written before the end are read
             show(0, whole=over)
@@ -876,7 +880,8 @@ def main() -> None:
         sys.stdout.reconfigure(line_buffering=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     try:
-        app()
+        with starting():
+            app()
     except KeyboardInterrupt:  # Ctrl-C before the supervisor took over: nothing started yet
         err.print("interrupted")
         sys.exit(130)

@@ -4,11 +4,14 @@ commands that use them (orchestrator/cli.py's docstring has the rule)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from orchestrator.startup import NO_PLUGINS
 from tests.conftest import REPO
 
 # What `import orchestrator.cli` must not pull in, and what each costs (CPU, this machine):
@@ -59,29 +62,29 @@ def test_plan_imports_no_ssh(cluster):
     assert not names & {"tensorflow", "tf_keras", "keras"}
 
 
-# Runs `tfo run` in-process and notes, when its first task starts, which packages are loaded.
+# Runs `tfo run` in-process and notes, when its first task starts, which packages are loaded,
+# whether garbage is collected, and the task's PYDANTIC_DISABLE_PLUGINS.
 _AT_FIRST_START = """
-import json, subprocess, sys
+import gc, json, os, subprocess, sys
 from orchestrator import cli
-seen = []
+seen = {}
 real = subprocess.Popen.__init__
 def popen(self, args, *a, **kw):
     if not seen and "worker_entry" in args:
-        seen.append(sorted({m.split(".")[0] for m in sys.modules}))
+        seen.update(loaded=sorted({m.split(".")[0] for m in sys.modules}), gc=gc.isenabled(),
+                    plugins=kw.get("env", os.environ).get("PYDANTIC_DISABLE_PLUGINS"))
     real(self, args, *a, **kw)
 subprocess.Popen.__init__ = popen
 sys.argv = ["tfo", "run", sys.argv[1], "--run-dir", sys.argv[2]]
 try:
     cli.main()
 except SystemExit as e:
-    print(json.dumps({"code": e.code, "loaded": seen[0] if seen else None}))
+    print(json.dumps({"code": e.code, **seen}))
 """
 
 
-@pytest.mark.timeout(60)
-def test_run_starts_its_tasks_before_loading_rich_or_ssh(tmp_path):
-    """Every import before the first task starts delays the job (a hand launch starts at
-    once): rich (the live view, the run's line) and SSH come after, or never."""
+def first_start(tmp_path: Path, env: dict[str, str] | None = None) -> tuple[dict, str]:
+    """`tfo run` of a 2-worker job that ends at once: what _AT_FIRST_START saw, and stderr."""
     cluster = tmp_path / "c.json"
     cluster.write_text(json.dumps({
         "name": "early", "job": {"script": str(REPO / "bench" / "job.py"),
@@ -89,9 +92,61 @@ def test_run_starts_its_tasks_before_loading_rich_or_ssh(tmp_path):
         "tasks": {"worker": ["localhost:auto", "localhost:auto"]}}))
     res = subprocess.run([sys.executable, "-c", _AT_FIRST_START, str(cluster),
                           str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True,
-                         timeout=50)
+                         timeout=50, env=env)
     got = json.loads(res.stdout.splitlines()[-1])
     assert got["code"] == 0, res.stdout + res.stderr
+    return got, res.stderr
+
+
+@pytest.mark.timeout(60)
+def test_run_starts_its_tasks_before_loading_rich_or_ssh(tmp_path):
+    """Every import before the first task starts delays the job (a hand launch starts at
+    once): rich (the live view, the run's line) and SSH come after, or never."""
+    got, stderr = first_start(tmp_path)
     assert "typer" in got["loaded"] and "pydantic" in got["loaded"]  # what the run needs
     assert sorted(set(got["loaded"]) & {"rich", *SSH, "tensorflow"}) == []
-    assert "tfo: run early-" in res.stderr  # the run's line, said once the tasks started
+    assert "tfo: run early-" in stderr  # the run's line, said once the tasks started
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("users", [None, "logfire"])
+def test_tasks_start_with_the_users_environment_and_garbage_collection_on(tmp_path, users):
+    """tfo starts with the collector off and pydantic's plugin scan off (orchestrator/
+    startup.py); by the first task's start both are as they were: the supervisor's loop
+    collects, and the task sees the user's PYDANTIC_DISABLE_PLUGINS, or none."""
+    env = {k: v for k, v in os.environ.items() if k != NO_PLUGINS}
+    if users is not None:
+        env[NO_PLUGINS] = users
+    got, _ = first_start(tmp_path, env)
+    assert got["gc"] is True
+    assert got["plugins"] == users
+
+
+_STARTING = """
+import gc, json, os
+from orchestrator.startup import NO_PLUGINS, settled, starting
+seen = []
+with starting():
+    seen.append((gc.isenabled(), os.environ.get(NO_PLUGINS)))
+    settled()
+    seen.append((gc.isenabled(), os.environ.get(NO_PLUGINS)))
+    settled()  # again: nothing more to restore
+    seen.append((gc.isenabled(), os.environ.get(NO_PLUGINS)))
+seen.append((gc.isenabled(), os.environ.get(NO_PLUGINS), gc.get_freeze_count() > 1000))
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("users", [None, "", "logfire"])
+def test_starting_then_settled_gives_the_user_back_their_setting(users):
+    """While a command starts: no collection, no plugin scan. Settled: the user's value
+    (unset, empty or theirs) back, collection on, and what was made frozen."""
+    env = {k: v for k, v in os.environ.items() if k != NO_PLUGINS}
+    if users is not None:
+        env[NO_PLUGINS] = users
+    res = subprocess.run([sys.executable, "-c", _STARTING], cwd=REPO, capture_output=True,
+                         text=True, timeout=30, env=env)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == [[False, "1"], [True, users], [True, users],
+                                      [True, users, True]]
