@@ -609,9 +609,13 @@ def explain_misses() -> None:
             f"s of the target to tfo's own modules, its spec's pydantic models and the plan, "
             f"which take {plan - floor:.2g} s")
     if f["first_step_ratio"].met is False and f["tasks_started"].samples:
+        started = f["tasks_started"].median
+        hand = DETAIL.get("hand first_step")
+        share = (f", {started / statistics.median(hand):.1%} of the hand launch's start → "
+                 f"first step ({statistics.median(hand):.3g} s)") if hand else ""
         f["first_step_ratio"].note = (
-            f"tfo's tasks started {f['tasks_started'].median:.3g} s after `tfo run` did "
-            f"(median), a hand launch's at once; the pairs spread "
+            f"tfo's tasks started {started:.3g} s after `tfo run` did (median), a hand "
+            f"launch's at once{share}; the pairs spread "
             f"{min(f['first_step_ratio'].samples):.3g}–{max(f['first_step_ratio'].samples):.3g}")
     for key in ("throughput_ratio", "wall_ratio"):
         if f[key].met is False and f["tfo_cpu_share"].samples:

@@ -43,3 +43,22 @@ def test_cpu_in_a_window_is_read_between_the_samples() -> None:
     assert sampler.between(11.0, 12.0) == pytest.approx((0.5, 4.0))
     tls = [{"epoch": [10.4, 11.0, 11.6]}, {"epoch": [10.5, 11.1, 11.5]}]
     assert training_window(tls) == (10.5, 11.5)
+
+
+def test_a_missed_target_says_its_measured_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The notes under the table: how much of `tfo plan` its dependencies take, and what
+    share of the hand launch's start → first step tfo's own start is."""
+    from bench import run
+
+    monkeypatch.setattr(run, "DETAIL", {"hand first_step": [6.0, 8.0, 7.0]})
+    for key, samples in {"plan": [0.45, 0.5, 0.4], "plan_floor": [0.26, 0.28, 0.27],
+                         "first_step_ratio": [1.02, 1.12, 1.07],
+                         "tasks_started": [0.35, 0.42]}.items():
+        monkeypatch.setattr(run.FIGURES[key], "samples", samples)
+        monkeypatch.setattr(run.FIGURES[key], "note", "")  # undone after the test, as samples
+    run.explain_misses()
+    assert "takes 0.27 s" in run.FIGURES["plan"].note
+    assert "leaves 0.03 s" in run.FIGURES["plan"].note and "take 0.18 s" in run.FIGURES["plan"].note
+    note = run.FIGURES["first_step_ratio"].note
+    assert "started 0.385 s" in note and "5.5% of the hand launch's" in note and "(7 s)" in note
+    assert "1.02–1.12" in note
