@@ -119,9 +119,11 @@ class Done(_Marker):
 
 
 class Exiting(_Marker):
-    """The task's Python is tearing down: its code and its atexit handlers are done."""
+    """The task's Python is tearing down: its code and its atexit handlers are done. `code`:
+    the exit status its code ended with (None: not known)."""
 
     event: Literal[m.EXITING]
+    code: int | None = Field(default=None, ge=0, le=255)
 
 
 Marker = Annotated[Up | Connecting | Ready | FirstStep | Epoch | Progress | Usage | SigTerm

@@ -29,7 +29,10 @@ every peer's code is over too, TEARDOWN_GRACE_SECONDS later it is waiting in the
 interpreter's teardown for peers that have nothing more to give (measured here: in about
 half of all 2-worker runs, by hand too, the workers exit 10 s after their code ended, or
 one 10 s after the other, stack `Garbage-collecting`, `Failed to send RPC to coordination
-service`). It is SIGKILLed (`task_teardown_stopped`) and counts as succeeded.
+service`). It is SIGKILLed (`task_teardown_stopped`), and its exit is the status its code
+ended with, which the `exiting` marker says: 0 (or not said) a success, 42 after a SIGTERM
+a preemption (every worker saved and exits 42, and may then hang the same way), anything
+else a failure.
 
 Warm spares (`standby`, orchestrator/launch/spares.py): once an attempt trains (its first
 progress, or a while after ready), while a restart is still possible, the loop asks for a
@@ -55,6 +58,7 @@ from orchestrator.launch import TORN_DOWN, Launcher, TaskHandle, describe_exit
 from orchestrator.markers import (
     BadMarker,
     Evaluated,
+    Exiting,
     Progress,
     SigTerm,
     Usage,
@@ -209,8 +213,9 @@ class TaskRecord:
     stack_lines: list[str] | None = None  # its output while its stacks are asked for
     running_at: float | None = None  # monotonic time of its ready marker, this attempt
     exiting_at: float | None = None  # monotonic time of its `exiting` marker, this attempt
+    exiting_code: int | None = None  # the exit status that marker said its code ended with
     ended_at: float | None = None  # monotonic time its exit was collected, this attempt
-    torn_down: bool = False  # stopped by us in its teardown: its exit is a success
+    torn_down: bool = False  # stopped by us in its teardown: its exit is its exiting_code
     standby_asked: bool = False  # a warm spare for its next attempt was asked for
 
     @property
@@ -493,6 +498,7 @@ class Supervisor:
         rec.usage, rec.usage_at, rec.stopped_since, rec.sigterm = None, None, None, False
         rec.done, rec.running_at, rec.standby_asked = False, None, False
         rec.exiting_at, rec.ended_at, rec.torn_down = None, None, False
+        rec.exiting_code = None
         self.events.write("task_started", rec.name, pid=rec.handle.pid, attempt=rec.attempt,
                           host=rec.task.host, port=rec.task.port,
                           warm=getattr(rec.handle, "warm", False))
@@ -555,8 +561,8 @@ class Supervisor:
             if isinstance(marker, SigTerm):
                 rec.sigterm = True
             rec.done = rec.done or marker.event == markers.DONE
-            if marker.event == markers.EXITING:
-                rec.exiting_at = time.monotonic()
+            if isinstance(marker, Exiting):
+                rec.exiting_at, rec.exiting_code = time.monotonic(), marker.code
             if isinstance(marker, Progress):
                 self._progressed(rec, marker)
             if marker.event == markers.READY and rec.state is TaskState.STARTING:
@@ -590,9 +596,15 @@ class Supervisor:
     def _on_exit(self, rec: TaskRecord, rc: int) -> None:
         """Every task's exit, the sidecars' too, and while finishing."""
         how = TORN_DOWN if rec.torn_down else describe_exit(rc)
+        stopped = rec.torn_down
+        if stopped and rec.exiting_code:
+            # Stopped in its teardown, but its code had ended with an exit status of its own
+            # (42: preempted, saved; 1: an error): that is how it exited, not a success.
+            rc, rec.torn_down = rec.exiting_code, False
+            how = f"{describe_exit(rc)} ({TORN_DOWN})"
         self.events.write("task_exited", rec.name, pid=rec.handle.pid if rec.handle else None,
                           returncode=rc, attempt=rec.attempt, how=how,
-                          **({"teardown": True} if rec.torn_down else {}))
+                          **({"teardown": True} if stopped else {}))
         self._collect(rec, rc)
         rec.ended_at = time.monotonic()
         if rc == markers.EXIT_PREEMPTED and self.state is not JobState.FINISHING:

@@ -505,3 +505,26 @@ def test_nothing_a_task_started_outlives_it_on_a_lab_host(
     for host in ("lab1", "lab2"):
         assert f"tempdir={tmp_path / host / 'runs' / run_id / 'tmp'}" in res.stdout
         assert not (tmp_path / host / "runs" / run_id / "tmp").exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("code", "status"), [
+    ("pass", 0), ("sys.exit(3)", 3), ("raise ValueError('no')", 1), ("sys.exit('bye')", 1),
+    ("sys.exit(300)", 44)])
+def test_a_tasks_exiting_marker_says_the_status_its_code_ended_with(code: str, status: int,
+                                                                     tmp_path: Path):
+    """The last thing a task says (`exiting`, its last atexit handler) carries the status
+    Python will exit with: if TensorFlow's teardown then hangs and tfo stops the task, that
+    status stands as its exit (orchestrator/supervise.py)."""
+    script = tmp_path / "ends.py"
+    script.write_text(f"import sys\n{code}\n")
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps({"name": "ends", "job": {"script": str(script)},
+                                   "tasks": {"worker": ["localhost:auto"]},
+                                   "restart": {"policy": "never"}}))
+    res = run_tfo("run", str(cluster), "--run-dir", str(tmp_path / "run"), timeout=50)
+    assert res.returncode == (0 if status == 0 else 1), res.output
+    exiting = [e for e in events(tmp_path / "run") if e["event"] == "task_exiting"]
+    assert [e.get("code") for e in exiting] == [status]
+    exited = [e for e in events(tmp_path / "run") if e["event"] == "task_exited"]
+    assert [e["returncode"] for e in exited] == [status]

@@ -681,3 +681,40 @@ def test_tasks_that_all_wait_in_their_teardown_are_all_stopped(tmp_path, monkeyp
     assert result.state is JobState.SUCCEEDED and time.monotonic() - t0 < 5
     stopped = {e["task"]: e["waited"] for e in events if e["event"] == "task_teardown_stopped"}
     assert set(stopped) == {"worker:0", "worker:1"} and min(stopped.values()) >= 0.5
+
+
+def exiting(code: int) -> str:
+    return '@tfo ' + json.dumps({"event": "exiting", "code": code})
+
+
+@pytest.mark.timeout(20)
+def test_a_preempted_group_left_in_its_teardown_is_still_a_preemption(tmp_path, monkeypatch):
+    """Every worker saved and its code exited 42, then TensorFlow's teardown hung: stopped,
+    they exited 42 (their `exiting` said so), and the group restarts uncounted. It was a
+    success before: the job ended mid-training."""
+    monkeypatch.setattr("orchestrator.supervise.TEARDOWN_GRACE_SECONDS", 0.3)
+    said = [(0.2, exiting(42))]
+    scripts = {"worker:0": Script([(None, 0, True), (0, 0.2, True)], {0: said}),
+               "worker:1": Script([(None, 0, True), (0, 0.2, True)],
+                                  {0: [(0.1, SIGTERM), *said]})}
+    result, started, events = supervise(tmp_path, spec(policy="exit-code", max_restarts=0),
+                                        scripts)
+    assert result.state is JobState.SUCCEEDED and result.preemptions == 1
+    assert ("worker:0", 1) in started and ("worker:1", 1) in started
+    exits = [e for e in events if e["event"] == "task_exited" and e["attempt"] == 0]
+    assert {e["returncode"] for e in exits} == {42}
+    assert all(e["teardown"] and e["how"] == "exit code 42 (stopped in teardown)"
+               for e in exits)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("code, state", [(0, JobState.SUCCEEDED), (3, JobState.FAILED)])
+def test_a_task_stopped_in_its_teardown_exits_as_its_code_said(tmp_path, monkeypatch, code,
+                                                                state):
+    monkeypatch.setattr("orchestrator.supervise.TEARDOWN_GRACE_SECONDS", 0.3)
+    scripts = {"worker:0": Script([(0, 0.3, True)], {0: [(0.1, DONE), (0.2, EXITING)]}),
+               "worker:1": Script([(None, 0, True)], {0: [(0.2, exiting(code))]})}
+    result, _, events = supervise(tmp_path, spec(policy="never"), scripts)
+    assert result.state is state
+    exited = [e for e in events if e["event"] == "task_exited" and e["task"] == "worker:1"]
+    assert [e["returncode"] for e in exited] == [code if code else -9]

@@ -12,4 +12,15 @@ lifeline.wrap()  # the wrapper stays in there for good; the task, a child, goes 
 
 from worker_entry.runner import main  # noqa: E402
 
-sys.exit(main())
+# The task's exit code, told in its `exiting` marker (lifeline.exiting_with): TensorFlow's
+# teardown may hang after it, and the coordinator then stops the task without seeing it.
+try:
+    code = main()
+except SystemExit as e:
+    lifeline.exiting_with(e.code)
+    raise
+except BaseException:
+    lifeline.exiting_with(1)  # an uncaught exception: Python exits 1
+    raise
+lifeline.exiting_with(code)
+sys.exit(code)

@@ -344,9 +344,22 @@ def _has_children() -> bool:
     return True
 
 
+_exit_code: int | None = None  # the task's own, once its main code is over (exiting_with)
+
+
+def exiting_with(code: object) -> None:
+    """In the task, as its main code ends: the exit status its SystemExit code makes (None:
+    0; an int: its low byte; anything else: 1), said in the `exiting` marker."""
+    global _exit_code
+    _exit_code = 0 if code is None else code & 0xFF if isinstance(code, int) else 1
+
+
 def _say_exiting() -> None:
     with contextlib.suppress(Exception):  # stdout may be closed: nothing to tell then
-        markers.emit(markers.EXITING)
+        if _exit_code is None:  # e.g. a KeyboardInterrupt, or code that never got there
+            markers.emit(markers.EXITING)
+        else:
+            markers.emit(markers.EXITING, code=_exit_code)
 
 
 def _write(text: str) -> None:

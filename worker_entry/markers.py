@@ -99,6 +99,7 @@ DONE = "done"  # the entry returned
 # The task's last atexit handler (registered before any other): its code and every atexit
 # handler are done, and only the interpreter's teardown is left, in which TensorFlow may
 # wait for peers that are gone (the supervisor stops such a task: TEARDOWN_GRACE_SECONDS).
+# `code`: the exit status its code ended with, which stands as its exit if it is stopped.
 EXITING = "exiting"
 
 # A task's exit code for "retrying cannot help": its entry's module or function does not
