@@ -85,7 +85,7 @@ def row_from_record(rec: TaskRecord, now: float, last: str | None = None) -> Row
         uptime=now - rec.started_at if live and rec.started_at else None,
         cpu=usage.cpu if usage else None, rss=usage.rss if usage else None,
         steps_per_second=rec.steps_per_second if live else None, exit=rec.returncode,
-        torn_down=rec.torn_down, last=rec.last_line if last is None else last,
+        torn_down=rec.torn_down_ok, last=rec.last_line if last is None else last,
         **_progress(rec.progress))
 
 

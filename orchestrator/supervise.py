@@ -215,12 +215,18 @@ class TaskRecord:
     exiting_at: float | None = None  # monotonic time of its `exiting` marker, this attempt
     exiting_code: int | None = None  # the exit status that marker said its code ended with
     ended_at: float | None = None  # monotonic time its exit was collected, this attempt
-    torn_down: bool = False  # stopped by us in its teardown: its exit is its exiting_code
+    torn_down: bool = False  # stopped by us in its teardown (its exit: its exiting_code)
     standby_asked: bool = False  # a warm spare for its next attempt was asked for
 
     @property
     def name(self) -> str:
         return self.task.name
+
+    @property
+    def torn_down_ok(self) -> bool:
+        """Stopped in its teardown and its code ended well (0, or it did not say): a success,
+        `teardown: true` in task_exited. With another code, that code is its exit."""
+        return self.torn_down and not self.exiting_code
 
     @property
     def role(self) -> Role:
@@ -373,7 +379,7 @@ class Supervisor:
             restarts=self.restarts, failed_task=end.failed_task, evaluation=self.evaluation,
             stalls=self.stalls, preemptions=self.preemptions,
             tasks=[TaskOutcome(r.name, r.state, r.returncode, r.restarts, r.task.log_path,
-                               r.task.host, r.progress, r.torn_down)
+                               r.task.host, r.progress, r.torn_down_ok)
                    for r in self.records.values()],
         )
 
@@ -595,16 +601,18 @@ class Supervisor:
 
     def _on_exit(self, rec: TaskRecord, rc: int) -> None:
         """Every task's exit, the sidecars' too, and while finishing."""
-        how = TORN_DOWN if rec.torn_down else describe_exit(rc)
-        stopped = rec.torn_down
-        if stopped and rec.exiting_code:
+        if rec.torn_down_ok:
+            how = TORN_DOWN
+        elif rec.torn_down:
             # Stopped in its teardown, but its code had ended with an exit status of its own
             # (42: preempted, saved; 1: an error): that is how it exited, not a success.
-            rc, rec.torn_down = rec.exiting_code, False
+            rc = rec.exiting_code or rc
             how = f"{describe_exit(rc)} ({TORN_DOWN})"
+        else:
+            how = describe_exit(rc)
         self.events.write("task_exited", rec.name, pid=rec.handle.pid if rec.handle else None,
                           returncode=rc, attempt=rec.attempt, how=how,
-                          **({"teardown": True} if stopped else {}))
+                          **({"teardown": True} if rec.torn_down_ok else {}))
         self._collect(rec, rc)
         rec.ended_at = time.monotonic()
         if rc == markers.EXIT_PREEMPTED and self.state is not JobState.FINISHING:
@@ -612,7 +620,7 @@ class Supervisor:
             if self._preempted(rec):
                 return
         # Servers never exit on their own: any exit of one is a loss.
-        lost = (rc != 0 and not rec.torn_down) or rec.role in self.rules.servers
+        lost = (rc != 0 and not rec.torn_down_ok) or rec.role in self.rules.servers
         self._set(rec, TaskState.FAILED if lost else TaskState.SUCCEEDED)
         if self.state is JobState.FINISHING:
             return  # training is done: nothing restarts, nothing changes the outcome

@@ -524,7 +524,8 @@ def test_a_tasks_exiting_marker_says_the_status_its_code_ended_with(code: str, s
                                    "restart": {"policy": "never"}}))
     res = run_tfo("run", str(cluster), "--run-dir", str(tmp_path / "run"), timeout=50)
     assert res.returncode == (0 if status == 0 else 1), res.output
-    exiting = [e for e in events(tmp_path / "run") if e["event"] == "task_exiting"]
+    ev = events(tmp_path / "run")
+    exiting = [e for e in ev if e["event"] == "task_exiting"]
     assert [e.get("code") for e in exiting] == [status]
-    exited = [e for e in events(tmp_path / "run") if e["event"] == "task_exited"]
+    exited = [e for e in ev if e["event"] == "task_exited"]
     assert [e["returncode"] for e in exited] == [status]

@@ -108,16 +108,19 @@ def test_run_starts_its_tasks_before_loading_rich_or_ssh(tmp_path):
     assert "tfo: run early-" in stderr  # the run's line, said once the tasks started
 
 
+def users_env(users: str | None) -> dict[str, str]:
+    """This environment with the user's PYDANTIC_DISABLE_PLUGINS: unset (None), or `users`."""
+    env = {k: v for k, v in os.environ.items() if k != NO_PLUGINS}
+    return env if users is None else {**env, NO_PLUGINS: users}
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("users", [None, "logfire"])
 def test_tasks_start_with_the_users_environment_and_garbage_collection_on(tmp_path, users):
     """tfo starts with the collector off and pydantic's plugin scan off (orchestrator/
     startup.py); by the first task's start both are as they were: the supervisor's loop
     collects, and the task sees the user's PYDANTIC_DISABLE_PLUGINS, or none."""
-    env = {k: v for k, v in os.environ.items() if k != NO_PLUGINS}
-    if users is not None:
-        env[NO_PLUGINS] = users
-    got, _ = first_start(tmp_path, env)
+    got, _ = first_start(tmp_path, users_env(users))
     assert got["gc"] is True
     assert got["plugins"] == users
 
@@ -142,11 +145,8 @@ print(json.dumps(seen))
 def test_starting_then_settled_gives_the_user_back_their_setting(users):
     """While a command starts: no collection, no plugin scan. Settled: the user's value
     (unset, empty or theirs) back, collection on, and what was made frozen."""
-    env = {k: v for k, v in os.environ.items() if k != NO_PLUGINS}
-    if users is not None:
-        env[NO_PLUGINS] = users
     res = subprocess.run([sys.executable, "-c", _STARTING], cwd=REPO, capture_output=True,
-                         text=True, timeout=30, env=env)
+                         text=True, timeout=30, env=users_env(users))
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == [[False, "1"], [True, users], [True, users],
                                       [True, users, True]]

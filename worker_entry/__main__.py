@@ -19,8 +19,8 @@ try:
 except SystemExit as e:
     lifeline.exiting_with(e.code)
     raise
-except BaseException:
-    lifeline.exiting_with(1)  # an uncaught exception: Python exits 1
+except Exception:
+    lifeline.exiting_with(1)  # an uncaught exception: Python exits 1 (Ctrl-C: by SIGINT)
     raise
 lifeline.exiting_with(code)
 sys.exit(code)
