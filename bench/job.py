@@ -3,6 +3,8 @@
 
 It prints its own timeline, the same way under both, for bench/run.py to read:
 
+    BENCH tf_imported <unix time>     TensorFlow (and the script's other imports) loaded
+    BENCH strategy_built <unix time>  MultiWorkerMirroredStrategy() returned
     BENCH first_step <unix time>      the first training step finished
     BENCH epoch <n> <unix time>       epoch n (0-based) ended
     BENCH fit_returned <unix time>    model.fit() returned
@@ -90,7 +92,9 @@ def real(args: argparse.Namespace) -> None:
     import tensorflow as tf
     from sklearn.datasets import load_digits
 
+    say("tf_imported")
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    say("strategy_built")
     workers = strategy.num_replicas_in_sync
     x, y = load_digits(return_X_y=True)
     data = tf.data.Dataset.from_tensor_slices(((x / 16.0).astype(np.float32),

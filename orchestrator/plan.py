@@ -271,7 +271,7 @@ def make_plan(
         env = {
             # What a task's own code can rely on (the README's table); TFO_ATTEMPT comes from
             # the backend. TF_USE_LEGACY_KERAS=1 is the task's default unless the spec or the
-            # environment tfo (or a lab host) runs in sets it (worker_entry/__main__.py).
+            # environment tfo (or a lab host) runs in sets it (worker_entry/defaults.py).
             "TFO_IS_CHIEF": "1" if is_chief(role, index, cluster) else "0",
             "TFO_MODEL_DIR": model_dir,
             "TFO_BACKUP_DIR": backup_dir,

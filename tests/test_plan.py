@@ -38,7 +38,7 @@ def test_tf_config_per_task():
         assert t.tf_config == {"cluster": cluster, "task": {"type": t.role, "index": t.index}}
         assert json.loads(t.env["TF_CONFIG"]) == t.tf_config
         assert t.env["TFO_TASK"] == t.name
-        # The task's default (worker_entry/__main__.py), so that the spec or the user's
+        # The task's default (worker_entry/defaults.py), so that the spec or the user's
         # environment can say otherwise.
         assert "TF_USE_LEGACY_KERAS" not in t.env
         assert t.env["TFO_IS_CHIEF"] == ("1" if t.name == "chief:0" else "0")

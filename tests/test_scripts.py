@@ -200,17 +200,38 @@ def test_a_script_sees_argv_path_and_the_promised_environment(kind, tmp_path, ru
 
 
 @pytest.mark.timeout(60)
-def test_tf_use_legacy_keras_defaults_to_1_and_the_spec_wins(tmp_path, run_dir):
-    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+def test_the_task_defaults_and_the_spec_wins(tmp_path, run_dir):
+    """tf-keras and gRPC's 0.1 s first reconnect by default; the spec's TF_USE_LEGACY_KERAS
+    wins, and its gRPC options (keepalives) are kept, the reconnect added."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_USE_LEGACY_KERAS", "TF_GRPC_DEFAULT_OPTIONS")}
     cluster = spec(tmp_path, "show_env.py", [], tasks="  worker: [localhost:auto]")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50, env=env)
     assert res.returncode == 0, res.output[-4000:]
-    assert shown(run_dir, "worker:0")["env"]["TF_USE_LEGACY_KERAS"] == "1"
+    shown_env = shown(run_dir, "worker:0")["env"]
+    assert shown_env["TF_USE_LEGACY_KERAS"] == "1"
+    assert shown_env["TF_GRPC_DEFAULT_OPTIONS"] == "grpc.initial_reconnect_backoff_ms=100"
     cluster = spec(tmp_path, "show_env.py", [], tasks="  worker: [localhost:auto]",
-                   extra="env: {TF_USE_LEGACY_KERAS: '0'}\n")
+                   extra="env: {TF_USE_LEGACY_KERAS: '0', "
+                         "TF_GRPC_DEFAULT_OPTIONS: grpc.keepalive_time_ms=60000}\n")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir / "2"), timeout=50, env=env)
     assert res.returncode == 0, res.output[-4000:]
-    assert shown(run_dir / "2", "worker:0")["env"]["TF_USE_LEGACY_KERAS"] == "0"
+    shown_env = shown(run_dir / "2", "worker:0")["env"]
+    assert shown_env["TF_USE_LEGACY_KERAS"] == "0"
+    assert shown_env["TF_GRPC_DEFAULT_OPTIONS"] == \
+        "grpc.keepalive_time_ms=60000,grpc.initial_reconnect_backoff_ms=100"
+
+
+@pytest.mark.parametrize(("given", "options"), [
+    ("", "grpc.initial_reconnect_backoff_ms=100"),
+    ("grpc.keepalive_time_ms=1", "grpc.keepalive_time_ms=1,grpc.initial_reconnect_backoff_ms=100"),
+    ("a=1,", "a=1,grpc.initial_reconnect_backoff_ms=100"),  # no empty option: TF logs one
+    ("grpc.initial_reconnect_backoff_ms=2000", "grpc.initial_reconnect_backoff_ms=2000"),
+    ("a=1,grpc.initial_reconnect_backoff_ms=500", "a=1,grpc.initial_reconnect_backoff_ms=500"),
+])
+def test_grpc_options_keep_the_users_and_add_the_fast_reconnect(given: str, options: str):
+    from worker_entry.defaults import with_fast_reconnect
+    assert with_fast_reconnect(given) == options
 
 
 @pytest.mark.timeout(60)

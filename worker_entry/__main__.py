@@ -1,10 +1,9 @@
 import os
 import sys
 
-# Before anything imports TensorFlow: Keras 3 in TF 2.21 breaks multi-worker fit and has no
-# parameter-server support (keras-team/keras#20585, #18624); tf-keras works. Unless the
-# spec's env or the environment tfo runs in says otherwise.
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+from worker_entry import defaults
+
+defaults.apply(os.environ)  # before anything imports TensorFlow: tf-keras, gRPC's backoff
 
 from worker_entry import lifeline  # noqa: E402
 
