@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -360,7 +361,12 @@ def test_a_queued_job_shows_why_and_ctrl_c_or_sigkill_withdraws_it(
                           lab.run("squeue", "-h", "-j", queued, "-o", "%T").stdout, 10)
         assert wait_until(lambda: "waits in the queue" in proc_err(), 10)
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # what tfo said and what Slurm holds, not a bare timeout
+            waiting_on = [c.cmdline() for c in psutil.Process(proc.pid).children(recursive=True)]
+            pytest.fail(f"tfo still running 30 s after {sig.name}, its children {waiting_on}; "
+                        f"it said:\n{proc_err()}\nqueue: {lab.jobs()}")
         err = seen[0] + err
         assert f"slurm job {queued} waits in the queue: PENDING (Resources)" in err, err
         assert proc.returncode == (130 if sig is signal.SIGINT else -9), err
