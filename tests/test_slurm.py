@@ -173,7 +173,9 @@ def lab(slurm_lab: slurmlab.SlurmLab):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     assert wait_until(lambda: not slurm_lab.jobs(), 30), slurm_lab.jobs()
-    assert (jobs, clients) == ([], []), "the test left a Slurm job or client behind"
+    # COMPLETING: cancelled (by tfo), its nodes still cleaning up; it goes on its own.
+    left = [line for line in jobs if line.split()[1] != "COMPLETING"]
+    assert (left, clients) == ([], []), "the test left a Slurm job or client behind"
 
 
 def _cannot(reason: str) -> None:
@@ -269,8 +271,12 @@ def test_mwms_one_worker_per_node_and_a_killed_step_restarts_in_the_allocation(
     ev = events(run_dir)
     training = max(e["time"] for e in ev if e["event"] == "task_first_step" and e["attempt"] == 0)
     print(f"\nslurm: tfo run → both workers training: {training - t0:.1f} s")
-    exited = first(ev, "task_exited", "worker:1", attempt=0)
-    assert exited["returncode"] == -9, exited
+    # srun tells of a killed step about a second late: worker:0, its peer gone, may exit 1
+    # first, and tfo then finds worker:1 dead as it stops it. Either way: the SIGKILL.
+    pid = first(ev, "task_started", "worker:1", attempt=0)["pid"]
+    ended = next(e for e in ev if e["event"] in ("task_exited", "task_stopped")
+                 and e["pid"] == pid)
+    assert ended["returncode"] == -9, ended
     assert f"slurm job {job_id}:" in err and err.count("slurm job ") == 1  # one allocation
     assert first(ev, "job_finished")["state"] == "succeeded"
     _no_job_within(lab, job_id, 10)
