@@ -498,7 +498,7 @@ def _gib(n: int | None) -> str:
 
 def _preflight(p: Plan, backends: Backends, show: bool) -> list[HostCheck]:
     t0 = time.monotonic()
-    rows = backends.check(p)
+    rows = backends.check(p, versions=show)  # the table shows them
     if show:
         out.print(_preflight_table(rows))
         out.print(f"checked {len(rows)} host(s) in {time.monotonic() - t0:.2f} s")

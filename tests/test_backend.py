@@ -4,6 +4,7 @@ registry; `tfo run` does the rest (allocate, plan, check, sync, supervise)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import typer
 
 from orchestrator import cli
 from orchestrator.launch.backends import BACKENDS
+from orchestrator.launch.preflight import HostCheck
 from tests import fake_backend
 from tests.conftest import REPO, events, write_spec
 
@@ -58,3 +60,54 @@ def test_an_unknown_backend_is_a_spec_error(tmp_path: Path):
     res = run_tfo("plan", str(spec), timeout=30)
     assert res.returncode == 2, res.output
     assert "hosts.sim.backend: slurm picks its own hosts; write backend: {slurm:" in res.stderr
+
+
+# Lab hosts and this machine: the evaluator is the one role a lab job may keep here.
+MIXED = SPEC.replace("worker: [sim:auto, sim:auto]", "worker: [sim:auto]\n  evaluator: [localhost]")
+
+
+@pytest.mark.timeout(30)
+def test_this_machines_tensorflow_version_is_looked_up_where_compared_or_shown(
+        tmp_path: Path, monkeypatch):
+    """importlib.metadata costs `tfo run` 0.01-0.02 s before its first task starts: a
+    localhost job has no other host to compare versions with, and only `tfo check` shows
+    them. Whether TensorFlow is installed is checked either way."""
+    from importlib import metadata
+
+    monkeypatch.setitem(BACKENDS, "fake", fake_backend.FakeBackend)
+    monkeypatch.chdir(REPO)
+    installed = {name: metadata.version(name) for name in ("tensorflow", "tf_keras")}
+
+    def rows(text: str, **kw: bool) -> dict[str, object]:
+        plan, backends = cli.prepare(write_spec(tmp_path / "c.yaml", text), None, dry_run=True)
+        try:
+            return {r.host: r for r in backends.check(plan, **kw)}
+        finally:
+            backends.close()
+
+    alone = SPEC.replace("sim:auto, sim:auto", "localhost:auto, localhost:auto")
+    assert rows(alone)["localhost"].versions == {}
+    assert rows(alone)["localhost"].problems == []
+    assert rows(alone, versions=True)["localhost"].versions == installed  # tfo check's table
+
+    # Beside a host with another TensorFlow, this machine's is looked up and compared.
+    def older(self, tasks):  # noqa: ANN001, ANN202
+        return [HostCheck(t.host, t.address, reachable=True, ports=[t.port],
+                          versions={"tensorflow": "2.0.0", "tf_keras": installed["tf_keras"]})
+                for t in tasks]
+
+    monkeypatch.setattr(fake_backend.FakeBackend, "check", older)
+    mixed = rows(MIXED)
+    assert mixed["localhost"].versions == installed
+    assert any(f"tensorflow {installed['tensorflow']} differs" in p
+               for p in mixed["localhost"].problems), mixed["localhost"].problems
+    assert any("tensorflow 2.0.0 differs" in p for p in mixed["sim"].problems)
+
+    # Not installed: said without package metadata.
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tf_keras" else real(name, *a))
+    assert rows(alone)["localhost"].problems == [
+        f"localhost: tf_keras is not installed for {sys.executable}"]

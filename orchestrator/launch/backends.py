@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from orchestrator.launch import Backend, TaskHandle
 from orchestrator.launch.gpus import GpuReport, auto_gpus, gpu_problem
 from orchestrator.launch.local import LocalBackend
-from orchestrator.launch.preflight import HostCheck, same_versions
+from orchestrator.launch.preflight import HostCheck, local_versions, same_versions
 from orchestrator.launch.slurm import Say, SlurmBackend
 from orchestrator.launch.ssh import SshBackend
 from orchestrator.plan import Plan, TaskPlan, placement, task_name
-from orchestrator.spec import SLURM, ClusterSpec, HostSpec, SpecError
+from orchestrator.spec import LOCALHOST, SLURM, ClusterSpec, HostSpec, SpecError
 
 BACKENDS: dict[str, type[Backend]] = {
     "local": LocalBackend,
@@ -80,14 +80,23 @@ class Backends:
             ports.update(got)
         return ports
 
-    def check(self, plan: Plan) -> list[HostCheck]:
-        """Every kind's preflight at once; then the same TensorFlow everywhere."""
+    def check(self, plan: Plan, versions: bool = False) -> list[HostCheck]:
+        """Every kind's preflight at once; then the same TensorFlow everywhere. This
+        machine's versions are looked up where there are others to compare them with, or
+        `versions` asks (the table of `tfo check`)."""
         kinds = self._by_kind(plan)
-        from concurrent.futures import ThreadPoolExecutor  # only for hosts to check
+        if len(kinds) == 1:  # one kind (localhost alone, say): no thread pool to start
+            rows = [row for k in kinds for row in self.get(k).check(kinds[k])]
+        else:
+            from concurrent.futures import ThreadPoolExecutor  # only for hosts to check
 
-        with ThreadPoolExecutor(max_workers=max(1, len(kinds))) as pool:
-            found = pool.map(lambda k: self.get(k).check(kinds[k]), kinds)
-            rows = [row for part in found for row in part]
+            with ThreadPoolExecutor(max_workers=len(kinds)) as pool:
+                found = pool.map(lambda k: self.get(k).check(kinds[k]), kinds)
+                rows = [row for part in found for row in part]
+        if versions or len(rows) > 1:
+            for r in rows:
+                if r.host == LOCALHOST and not r.versions:
+                    local_versions(r)
         for r in rows:
             if r.gpus and (problem := gpu_problem(plan.spec, r.host, r.gpus)):
                 r.problems.append(problem)
