@@ -30,7 +30,8 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
   and size per task at 1,000 against 250 (linear: within 10 %).
 - MWMS strategy built (informational): TensorFlow imported → the strategy built, the
   slower worker of each run; a max near 1 s is gRPC's default reconnect backoff.
-- fit() tail (informational, item of issue 13): last epoch's end → fit() returned.
+- fit() tail (informational, item of issue 13): last epoch's end → fit() returned; and where
+  that wait went since: both workers' code over (`BENCH done`) → the run over, per arm.
 """
 
 from __future__ import annotations
@@ -136,6 +137,11 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     Figure("plan_json_mb", "tfo plan --json, 1,000 tasks: size", "MB", None, before="51"),
     Figure("fit_tail_tfo", "last epoch → fit() returned, tfo (worst worker)", "s", None),
     Figure("fit_tail_hand", "last epoch → fit() returned, hand (worst worker)", "s", None),
+    # Python's last garbage collection in a TensorFlow process (3 s here), and a tf.data
+    # iterator's destructor waiting for its autotune thread (README, When tasks die): tfo
+    # stops a task there 3 s after its peers' code is over (supervise.py); a hand launch waits.
+    Figure("exit_tail_tfo", "both workers' code over → run over, tfo", "s", None),
+    Figure("exit_tail_hand", "both workers' code over → run over, hand", "s", None),
 ]}
 CURVE: dict[int, list[float]] = {}  # light tasks → coordinator CPU per wall second
 DETAIL: dict[str, list[float]] = {}  # breakdowns and absolute values, informational
@@ -392,6 +398,8 @@ def bench_paired(s: Setting, tmp: Path) -> None:
                            own / (end - start))
                     add("tfo_cpu_share", own / tasks)
             FIGURES[f"fit_tail_{who}"].samples.append(round(tail, 4))
+            code_over = max(tl["done"][0] for tl in tls)
+            FIGURES[f"exit_tail_{who}"].samples.append(round(t0 + wall - code_over, 4))
         (tw, tf_, ts, tc), (hw, hf, hs, hc) = got["tfo"], got["hand"]
         add("wall_ratio", tw / hw)
         add("first_step_ratio", tf_ / hf)
