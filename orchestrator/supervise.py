@@ -31,10 +31,10 @@ half of all 2-worker runs, by hand too, the workers exit 10 s after their code e
 one 10 s after the other, stack `Garbage-collecting`, `Failed to send RPC to coordination
 service`; under gdb, Python's last collection takes 3 s to free TensorFlow's objects, and
 freeing a tf.data iterator waits for its autotune thread, Model::OptimizeLoop, to wake
-from a sleep that doubles up to 60 s). It is SIGKILLed (`task_teardown_stopped`), and its exit is the status its code
-ended with, which the `exiting` marker says: 0 (or not said) a success, 42 after a SIGTERM
-a preemption (every worker saved and exits 42, and may then hang the same way), anything
-else a failure.
+from a sleep that doubles up to 60 s). It is SIGKILLed (`task_teardown_stopped`), and its
+exit is the status its code ended with, which the `exiting` marker says: 0 (or not said) a
+success, 42 after a SIGTERM a preemption (every worker saved and exits 42, and may then
+hang the same way), anything else a failure.
 
 Warm spares (`standby`, orchestrator/launch/spares.py): once an attempt trains (its first
 progress, or a while after ready), while a restart is still possible, the loop asks for a

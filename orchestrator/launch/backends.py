@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from orchestrator.launch import Backend, TaskHandle
 from orchestrator.launch.gpus import GpuReport, auto_gpus, gpu_problem
 from orchestrator.launch.local import LocalBackend
-from orchestrator.launch.preflight import HostCheck, local_versions, same_versions
+from orchestrator.launch.preflight import HostCheck, same_versions
 from orchestrator.launch.slurm import Say, SlurmBackend
 from orchestrator.launch.ssh import SshBackend
 from orchestrator.plan import Plan, TaskPlan, placement, task_name
-from orchestrator.spec import LOCALHOST, SLURM, ClusterSpec, HostSpec, SpecError
+from orchestrator.spec import SLURM, ClusterSpec, HostSpec, SpecError
 
 BACKENDS: dict[str, type[Backend]] = {
     "local": LocalBackend,
@@ -93,14 +93,10 @@ class Backends:
             with ThreadPoolExecutor(max_workers=len(kinds)) as pool:
                 found = pool.map(lambda k: self.get(k).check(kinds[k]), kinds)
                 rows = [row for part in found for row in part]
-        if versions or len(rows) > 1:
-            for r in rows:
-                if r.host == LOCALHOST and not r.versions:
-                    local_versions(r)
         for r in rows:
             if r.gpus and (problem := gpu_problem(plan.spec, r.host, r.gpus)):
                 r.problems.append(problem)
-        return same_versions(rows)
+        return same_versions(rows, shown=versions)
 
     def gpus(self, spec: ClusterSpec, ask_hosts: bool) -> dict[str, GpuReport]:
         """What nvidia-smi -L reports on each host whose gpus are `auto`: this machine

@@ -1,7 +1,6 @@
 """Before anything starts: can every host run its tasks? (`tfo check`, and `tfo run` first.)
 
     rows = backends.check(plan)       # each backend's HostChecks, then same_versions(rows)
-    local_versions(row)               # this machine's versions, where compared or shown
     [p for row in rows for p in row.problems]
 
 Per host: reachable, authenticated, python found, tensorflow and tf_keras installed and their
@@ -160,8 +159,13 @@ def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan],
     return row
 
 
-def same_versions(rows: list[HostCheck]) -> list[HostCheck]:
-    """The same TensorFlow everywhere: mixed versions break collectives and checkpoints."""
+def same_versions(rows: list[HostCheck], shown: bool = False) -> list[HostCheck]:
+    """The same TensorFlow everywhere: mixed versions break collectives and checkpoints.
+    This machine's are looked up here, where there are others to compare, or to be shown."""
+    if shown or len(rows) > 1:
+        for r in rows:
+            if r.host == LOCALHOST and not r.versions:
+                local_versions(r)
     for pkg in TF_PACKAGES:
         seen = {r.versions.get(pkg) for r in rows if r.versions.get(pkg)}
         if len(seen) > 1:
