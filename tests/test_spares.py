@@ -178,11 +178,16 @@ def test_sigkill_restart_is_served_by_the_warm_spare(run_dir: Path, tmp_path: Pa
     assert (run_dir / "model" / "saved_model" / "saved_model.pb").exists()
 
 
-def assert_restart_served_by_spares(run_dir: Path, killed_at: float, killed_rc: int) -> None:
-    """worker:1 was killed at `killed_at`; both workers' attempt 1 were their standbys,
-    resumed from the checkpoint, and the job succeeded."""
+def assert_restart_served_by_spares(run_dir: Path, killed_at: float, killed_rc: int,
+                                    ended_by: tuple[str, ...] = ("task_exited",)) -> None:
+    """worker:1 was killed at `killed_at` (its attempt 0 ended by one of `ended_by`, with
+    `killed_rc`); both workers' attempt 1 were their standbys, resumed from the checkpoint,
+    and the job succeeded."""
     ev = events(run_dir)
-    assert first(ev, "task_exited", "worker:1", attempt=0)["returncode"] == killed_rc
+    pid = first(ev, "task_started", "worker:1", attempt=0)["pid"]
+    ended = next((e for e in ev if e["event"] in ended_by and e["pid"] == pid), None)
+    assert ended is not None and ended["returncode"] == killed_rc, \
+        [e for e in ev if e.get("pid") == pid]
     spares = standbys(run_dir)
     assert set(spares) == {("worker:0", 1), ("worker:1", 1)}  # none for attempt 2: no restart
     for task in ("worker:0", "worker:1"):
