@@ -61,6 +61,14 @@ def first(evs: list[dict], event: str, task: str | None = None, **match) -> dict
     return None
 
 
+def attempt_end(evs: list[dict], task: str, attempt: int,
+                ended_by: tuple[str, ...] = ("task_exited",)) -> dict | None:
+    """How `task`'s `attempt` ended: the first of `ended_by` for its pid (a task_stopped
+    names no attempt, so the pid of the attempt's task_started finds it)."""
+    pid = first(evs, "task_started", task, attempt=attempt)["pid"]
+    return next((e for e in evs if e["event"] in ended_by and e["pid"] == pid), None)
+
+
 class Tfo:
     """`tfo run` in the background, for tests that act on it while it runs."""
 

@@ -38,7 +38,7 @@ from tests.conftest import (
     wait_until,
     write_spec,
 )
-from tests.test_faults import Tfo, first
+from tests.test_faults import Tfo, attempt_end, first
 
 pytestmark = [SLURM_LAB]  # see tests/conftest.py
 
@@ -273,10 +273,8 @@ def test_mwms_one_worker_per_node_and_a_killed_step_restarts_in_the_allocation(
     print(f"\nslurm: tfo run → both workers training: {training - t0:.1f} s")
     # srun tells of a killed step about a second late: worker:0, its peer gone, may exit 1
     # first, and tfo then finds worker:1 dead as it stops it. Either way: the SIGKILL.
-    pid = first(ev, "task_started", "worker:1", attempt=0)["pid"]
-    ended = next(e for e in ev if e["event"] in ("task_exited", "task_stopped")
-                 and e["pid"] == pid)
-    assert ended["returncode"] == -9, ended
+    ended = attempt_end(ev, "worker:1", 0, ("task_exited", "task_stopped"))
+    assert ended is not None and ended["returncode"] == -9, ended
     assert f"slurm job {job_id}:" in err and err.count("slurm job ") == 1  # one allocation
     assert first(ev, "job_finished")["state"] == "succeeded"
     _no_job_within(lab, job_id, 10)

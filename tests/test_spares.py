@@ -17,7 +17,7 @@ from orchestrator.launch.spares import SPARE_RSS, Spares, spares_pay_off, spares
 from orchestrator.plan import make_plan
 from orchestrator.spec import cluster_schema, parse_spec
 from tests.conftest import events, wait_until, write_spec
-from tests.test_faults import Tfo, first, kill_task
+from tests.test_faults import Tfo, attempt_end, first, kill_task
 
 GIB = 2**30
 
@@ -184,10 +184,8 @@ def assert_restart_served_by_spares(run_dir: Path, killed_at: float, killed_rc: 
     `killed_rc`); both workers' attempt 1 were their standbys, resumed from the checkpoint,
     and the job succeeded."""
     ev = events(run_dir)
-    pid = first(ev, "task_started", "worker:1", attempt=0)["pid"]
-    ended = next((e for e in ev if e["event"] in ended_by and e["pid"] == pid), None)
-    assert ended is not None and ended["returncode"] == killed_rc, \
-        [e for e in ev if e.get("pid") == pid]
+    ended = attempt_end(ev, "worker:1", 0, ended_by)
+    assert ended is not None and ended["returncode"] == killed_rc, ended
     spares = standbys(run_dir)
     assert set(spares) == {("worker:0", 1), ("worker:1", 1)}  # none for attempt 2: no restart
     for task in ("worker:0", "worker:1"):

@@ -85,14 +85,18 @@ class Backends:
         machine's versions are looked up where there are others to compare them with, or
         `versions` asks (the table of `tfo check`)."""
         kinds = self._by_kind(plan)
+
+        def check(kind: str) -> list[HostCheck]:
+            return self.get(kind).check(kinds[kind])
+
         if len(kinds) == 1:  # one kind (localhost alone, say): no thread pool to start
-            rows = [row for k in kinds for row in self.get(k).check(kinds[k])]
+            found = list(map(check, kinds))
         else:
             from concurrent.futures import ThreadPoolExecutor  # only for hosts to check
 
             with ThreadPoolExecutor(max_workers=len(kinds)) as pool:
-                found = pool.map(lambda k: self.get(k).check(kinds[k]), kinds)
-                rows = [row for part in found for row in part]
+                found = list(pool.map(check, kinds))
+        rows = [row for part in found for row in part]
         for r in rows:
             if r.gpus and (problem := gpu_problem(plan.spec, r.host, r.gpus)):
                 r.problems.append(problem)
