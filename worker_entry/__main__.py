@@ -1,9 +1,10 @@
 import os
 import sys
 
-from worker_entry import defaults
+from worker_entry import defaults, tfimport
 
 defaults.apply(os.environ)  # before anything imports TensorFlow: tf-keras, gRPC's backoff
+tfimport.install()  # TensorFlow's import, whoever makes it (a standby first), without the gc
 
 from worker_entry import lifeline  # noqa: E402
 
