@@ -3,6 +3,7 @@
 
 It prints its own timeline, the same way under both, for bench/run.py to read:
 
+    BENCH importing <unix time>       about to import numpy, TensorFlow, scikit-learn
     BENCH tf_imported <unix time>     TensorFlow (and the script's other imports) loaded
     BENCH strategy_built <unix time>  MultiWorkerMirroredStrategy() returned
     BENCH first_step <unix time>      the first training step finished
@@ -88,6 +89,7 @@ def pin() -> None:
 
 
 def real(args: argparse.Namespace) -> None:
+    say("importing")
     import numpy as np
     import tensorflow as tf
     from sklearn.datasets import load_digits

@@ -28,6 +28,8 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
   Once both workers took their first step again, the run is stopped (exit 143).
 - `tfo --help`, `tfo plan`: wall time; `tfo plan --json` of 1,000 tasks: time and size,
   and size per task at 1,000 against 250 (linear: within 10 %).
+- TensorFlow's import (informational): the job's imports (numpy, TensorFlow, scikit-learn)
+  in each arm, the slower worker of each run.
 - MWMS strategy built (informational): TensorFlow imported → the strategy built, the
   slower worker of each run; a max near 1 s is gRPC's default reconnect backoff.
 - fit() tail (informational, item of issue 13): last epoch's end → fit() returned; and where
@@ -117,6 +119,8 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     Figure("throughput_ratio", "throughput, tfo ÷ hand", "×", 0.99, "ge", before="0.983"),
     Figure("cpu_ratio", "CPU of the whole run, tfo ÷ hand", "×", None, before="1.04"),
     Figure("tasks_started", "tfo run → both tasks started", "s", None, before="0.49"),
+    Figure("imports_tfo", "TensorFlow's import, tfo (slower worker)", "s", None),
+    Figure("imports_hand", "TensorFlow's import, hand (slower worker)", "s", None),
     Figure("strategy_tfo", "MWMS strategy built, tfo (slower worker)", "s", None),
     Figure("strategy_hand", "MWMS strategy built, hand (slower worker)", "s", None),
     Figure("tfo_cpu_share", "tfo's own CPU while training ÷ its tasks'", "×", None),
@@ -390,6 +394,10 @@ def bench_paired(s: Setting, tmp: Path) -> None:
             if all("strategy_built" in tl for tl in tls):  # (not the quick setting's fakes)
                 FIGURES[f"strategy_{who}"].samples.append(round(max(
                     tl["strategy_built"][0] - tl["tf_imported"][0] for tl in tls), 4))
+                # tfo's tasks import TensorFlow with the collector paused (worker_entry/
+                # tfimport.py); a hand launch's, as Python does by default.
+                FIGURES[f"imports_{who}"].samples.append(round(max(
+                    tl["tf_imported"][0] - tl["importing"][0] for tl in tls), 4))
             got[who] = (wall, first, speed, cpu)
             for name, v in (("wall", wall), ("first_step", first), ("steps_per_s", speed),
                             ("cpu_s", cpu)):
