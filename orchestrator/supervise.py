@@ -646,19 +646,22 @@ class Supervisor:
                 rec.handle.kill()  # its code and atexit handlers are done: nothing to lose
 
     def _teardown_since(self, rec: TaskRecord) -> float | None:
-        """Since when `rec` (in its teardown) waits for nothing: the later of its `exiting`
-        and the first exit 0 of a peer, or, no peer gone, the last peer's `exiting` (then
-        they all wait for each other); None while a peer's code still runs."""
+        """Since when `rec` (in its teardown) waits for nothing: from its `exiting` on, the
+        first exit 0 of a peer, or the time every peer's code was over (its `exiting`, or its
+        exit 0 where it said none), whichever came first; None while neither holds.
+
+        A peer that exits while the others wait (its own teardown ended first) does not
+        restart the wait: they have waited for each other since the last `exiting`."""
         assert rec.exiting_at is not None
         peers = [r for r in self._restart_unit(rec) if r is not rec]
-        gone = [r.ended_at for r in peers
+        gone = [(r.exiting_at, r.ended_at) for r in peers
                 if r.state is TaskState.SUCCEEDED and r.ended_at is not None]
-        if gone:
-            return max(rec.exiting_at, min(gone))
-        said = [r.exiting_at for r in peers if r.state.live and r.exiting_at is not None]
-        if peers and len(said) == len(peers):
-            return max(rec.exiting_at, *said)
-        return None
+        over = [said if said is not None else ended for said, ended in gone]
+        over += [r.exiting_at for r in peers if r.state.live and r.exiting_at is not None]
+        since = [min(ended for _, ended in gone)] if gone else []
+        if peers and len(over) == len(peers):
+            since.append(max(over))
+        return max(rec.exiting_at, min(since)) if since else None
 
     def _preempted(self, rec: TaskRecord) -> bool:
         """`rec` exited EXIT_PREEMPTED: if a SIGTERM reached it or its restart unit this

@@ -683,6 +683,22 @@ def test_tasks_that_all_wait_in_their_teardown_are_all_stopped(tmp_path, monkeyp
     assert set(stopped) == {"worker:0", "worker:1"} and min(stopped.values()) >= 0.5
 
 
+@pytest.mark.timeout(20)
+def test_a_peer_that_exits_while_both_wait_does_not_restart_the_wait(tmp_path, monkeypatch):
+    """Both workers' code is over at 0.2 s; worker:0's teardown ends at 0.6 s, worker:1's
+    never: worker:1 is stopped TEARDOWN_GRACE_SECONDS after both were over, not after
+    worker:0's exit (measured in the bench: run over 6.1 s after the code, not 3.0 s)."""
+    monkeypatch.setattr("orchestrator.supervise.TEARDOWN_GRACE_SECONDS", 0.5)
+    said = {0: [(0.1, DONE), (0.2, EXITING)]}
+    scripts = {"worker:0": Script([(0, 0.6, True)], said),
+               "worker:1": Script([(None, 0, True)], said)}
+    result, _, events = supervise(tmp_path, spec(), scripts)
+    assert result.state is JobState.SUCCEEDED
+    at = {(e["event"], e["task"]): e["time"] for e in events if e.get("task") == "worker:1"}
+    waited = at[("task_teardown_stopped", "worker:1")] - at[("task_exiting", "worker:1")]
+    assert 0.5 <= waited < 0.75  # not 0.9: 0.4 s of worker:0's teardown, then 0.5 again
+
+
 def exiting(code: int) -> str:
     return '@tfo ' + json.dumps({"event": "exiting", "code": code})
 
