@@ -76,6 +76,24 @@ def run_tfo(*args: str, timeout: float = 240, cwd: Path = REPO,
     return TfoResult(proc.returncode, out, err, time.time())
 
 
+def run_task(job: dict, workdir: Path, path: tuple[str, ...] = (),
+             timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """One real task process (`python -m worker_entry`) run to its end, with the environment
+    tfo's plan gives it and no coordinator (no lifeline). Its PYTHONPATH: `path`, then
+    `workdir`, then the repo."""
+    from orchestrator.plan import make_plan
+    from orchestrator.spec import parse_spec
+
+    spec = parse_spec({"name": "t", "job": job, "tasks": {"worker": ["localhost:1"]}})
+    task = make_plan(spec, run_id="r", run_dir=workdir / "run", workdir=workdir).tasks[0]
+    env = {**os.environ, **task.env,
+           "PYTHONPATH": os.pathsep.join([*path, str(workdir), str(REPO)])}
+    env.pop("TFO_LIFELINE", None)
+    # The task's wrapper forks it; the task dies with the wrapper (its parent-death signal).
+    return subprocess.run(task.command, cwd=workdir, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def kill_tree(pid: int) -> None:
     try:
         procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]

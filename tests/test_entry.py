@@ -3,16 +3,12 @@ importing anything, and a task that meets one anyway exits EXIT_PERMANENT (never
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from orchestrator.entry import EntryError, check_entry
-from orchestrator.plan import make_plan
-from orchestrator.spec import parse_spec
-from tests.conftest import REPO, run_tfo, write_spec
+from tests.conftest import REPO, run_task, run_tfo, write_spec
 from worker_entry.markers import EXIT_PERMANENT
 
 SPEC = """\
@@ -78,25 +74,14 @@ def test_plan_check_and_run_refuse_a_missing_entry(entry, needle, tmp_path: Path
     assert not (tmp_path / "run").exists()
 
 
-def _run_task(entry: str, workdir: Path) -> subprocess.CompletedProcess[str]:
-    """A real task process (`python -m worker_entry`) with the env the plan gives it."""
-    spec = parse_spec({"name": "t", "job": {"entry": entry},
-                       "tasks": {"worker": ["localhost:1"]}})
-    task = make_plan(spec, run_id="r", run_dir=workdir / "run", workdir=workdir).tasks[0]
-    env = {**os.environ, **task.env, "PYTHONPATH": f"{workdir}{os.pathsep}{REPO}"}
-    env.pop("TFO_LIFELINE", None)
-    return subprocess.run(task.command, cwd=workdir, env=env, capture_output=True, text=True,
-                          timeout=60)
-
-
 @pytest.mark.timeout(120)
 def test_a_task_whose_entry_is_missing_exits_permanent(tmp_path: Path):
-    res = _run_task("worker_entry.examples.digitz:train", tmp_path)
+    res = run_task({"entry": "worker_entry.examples.digitz:train"}, tmp_path, timeout=60)
     assert res.returncode == EXIT_PERMANENT, res.stderr[-2000:]
     assert ("entry worker_entry.examples.digitz:train: no module named "
             "'worker_entry.examples.digitz' (exit code 78: permanent, not restarted)") in res.stderr
     assert "Traceback" not in res.stderr
-    res = _run_task("worker_entry.examples.digits:trian", tmp_path)
+    res = run_task({"entry": "worker_entry.examples.digits:trian"}, tmp_path, timeout=60)
     assert res.returncode == EXIT_PERMANENT, res.stderr[-2000:]
     assert "module 'worker_entry.examples.digits' has no function 'trian'" in res.stderr
 
@@ -104,7 +89,7 @@ def test_a_task_whose_entry_is_missing_exits_permanent(tmp_path: Path):
 @pytest.mark.timeout(120)
 def test_a_missing_dependency_of_the_entry_is_an_ordinary_failure(tmp_path: Path):
     (tmp_path / "userjob.py").write_text("import no_such_dependency_tfo\n\ndef train(ctx): pass\n")
-    res = _run_task("userjob:train", tmp_path)
+    res = run_task({"entry": "userjob:train"}, tmp_path, timeout=60)
     assert res.returncode == 1, res.stderr[-2000:]
     assert "No module named 'no_such_dependency_tfo'" in res.stderr
 

@@ -6,15 +6,11 @@ what its import saw, and once with the real one."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import make_plan
-from orchestrator.spec import parse_spec
-from tests.conftest import REPO
+from tests.conftest import run_task
 
 # Stands in for TensorFlow: its import makes objects (and cyclic garbage, as a real import
 # does), and records whether the collector ran meanwhile and what the script had set.
@@ -60,18 +56,12 @@ if "--gc-off" in sys.argv:
 def run_script_task(tmp_path: Path, *args: str, fake: bool = True) -> dict:
     """One real task process running SCRIPT, as tfo's plan starts it; what it printed."""
     (tmp_path / "train.py").write_text(SCRIPT)
-    spec = parse_spec({"name": "t", "job": {"script": "train.py", "args": [*args]},
-                       "tasks": {"worker": ["localhost:1"]}})
-    task = make_plan(spec, run_id="r", run_dir=tmp_path / "run", workdir=tmp_path).tasks[0]
-    path = [str(REPO)]
+    path: tuple[str, ...] = ()
     if fake:
         (tmp_path / "fake" / "tensorflow").mkdir(parents=True)
         (tmp_path / "fake" / "tensorflow" / "__init__.py").write_text(FAKE_TF)
-        path.insert(0, str(tmp_path / "fake"))
-    env = {**os.environ, **task.env, "PYTHONPATH": os.pathsep.join(path)}
-    env.pop("TFO_LIFELINE", None)
-    res = subprocess.run(task.command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=90)
+        path = (str(tmp_path / "fake"),)
+    res = run_task({"script": "train.py", "args": list(args)}, tmp_path, path)
     assert res.returncode == 0, res.stderr[-3000:]
     seen = json.loads(res.stdout.split("SEEN ", 1)[1].splitlines()[0])
     return {**seen, "finalized": res.stderr.count("FINALIZED")}
