@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, events, run_tfo, wait_until, write_spec
+from tests.conftest import REPO, events, run_task, run_tfo, wait_until, write_spec
 from tests.test_faults import Tfo, first, kill_task
 
 SCRIPTS = REPO / "tests" / "scripts"
@@ -256,6 +256,39 @@ def test_a_script_missing_at_run_time_is_permanent(job, tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         run_script({**job, "args": []})
     assert exit_.value.code == markers.EXIT_PERMANENT
+
+
+# A script as people write them: a log file opened at the top and never closed, functions
+# (which hold the script's globals in a reference cycle), annotations.
+UNCLOSED = """\
+import json, sys
+log = open(sys.argv[1], "w")
+log.write("epoch 1 done\\n")
+
+
+def step(x: int) -> int:
+    return x + 1
+
+
+print("ANNOTATIONS " + json.dumps({k: str(v) for k, v in step.__annotations__.items()}))
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["script", "module"])
+def test_a_script_exits_as_under_python_its_unclosed_file_flushed(kind, tmp_path):
+    """What `python train.py` does at exit, the task does: the script's globals are cleared
+    in order, so its file keeps the buffered line (left to the collector, as runpy left
+    them, it lost it), and the script is compiled as its own (tfo's `from __future__
+    import annotations` does not turn its annotations into strings)."""
+    (tmp_path / "usertrain.py").write_text(UNCLOSED)
+    out = tmp_path / "log.txt"
+    job = {"script": "usertrain.py"} if kind == "script" else {"module": "usertrain"}
+    res = run_task({**job, "args": [str(out)]}, tmp_path, timeout=50)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert out.read_text() == "epoch 1 done\n"
+    shown = json.loads(res.stdout.split("ANNOTATIONS ", 1)[1].splitlines()[0])
+    assert shown == {"x": "<class 'int'>", "return": "<class 'int'>"}
 
 
 @pytest.mark.timeout(60)
