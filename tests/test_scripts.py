@@ -246,7 +246,8 @@ def test_a_script_that_raises_fails_its_task_with_the_traceback_shown(tmp_path, 
 
 
 @pytest.mark.parametrize("job", [{"script": "no/such/train.py"}, {"module": "no_such_pkg.x"},
-                                 {"module": "worker_entry.no_such_module"}])
+                                 {"module": "worker_entry.no_such_module"},
+                                 {"module": "sys"}])  # built in: no code to run
 def test_a_script_missing_at_run_time_is_permanent(job, tmp_path, monkeypatch):
     from worker_entry import markers
     from worker_entry.runner import run_script

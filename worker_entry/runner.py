@@ -67,6 +67,8 @@ def run_script(job: dict[str, Any]) -> None:
     if found is None or found.loader is None or found.origin is None:
         _permanent(f"module {job['module']}: no module named {module!r}")
     code = found.loader.get_code(found.name)  # type: ignore[attr-defined]
+    if code is None:  # built in, say: `python -m` has nothing to run either
+        _permanent(f"module {job['module']}: no code to run in {module!r}")
     sys.argv = [found.origin, *args]  # as `python -m`: the module's file in argv[0]
     exec(code, _main_module(found.origin, found))
 
