@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import importlib.util
 import sys
 from collections.abc import Callable
 from importlib.machinery import ModuleSpec
@@ -36,9 +37,10 @@ NAMES = ("tensorflow", "tf_keras")
 
 
 class _PausedImport:
-    """A meta-path finder that finds nothing itself: for a name in NAMES it asks the finders
-    after it, and wraps the found loader's exec_module (that one loader instance: the module
-    keeps its own loader, of its own class)."""
+    """A meta-path finder that finds nothing itself: for a name in NAMES it asks the import
+    system (the other finders: it answers None for a name once asked), and wraps the found
+    loader's exec_module (that one loader instance: the module keeps its own loader, of its
+    own class)."""
 
     def __init__(self, names: set[str]) -> None:
         self.left = names
@@ -47,17 +49,10 @@ class _PausedImport:
         if name not in self.left:
             return None
         self.left.discard(name)
-        after = sys.meta_path[sys.meta_path.index(self) + 1:]
         if not self.left:
             sys.meta_path.remove(self)
-        for finder in after:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+        spec = importlib.util.find_spec(name)  # the other finders' answer
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader.exec_module = _paused(spec.loader.exec_module)  # type: ignore[method-assign]
         return spec
 
