@@ -241,19 +241,25 @@ class CpuSampler:
         """tfo's own processes use milliseconds over a training window: schedstat's
         nanoseconds (cpu_times' 10 ms ticks read 0 in 3 of 7 pairs); the tasks' seconds
         are read in ticks, cheaply (a TensorFlow task has a hundred threads)."""
-        p = self._procs.setdefault(pid, psutil.Process(pid))
+        p = self._proc(pid)
         if precise:
             return cpu_seconds(p)
         t = p.cpu_times()
         return t.user + t.system
+
+    def _proc(self, pid: int) -> psutil.Process:
+        """One psutil.Process per pid, made once: making one reads its /proc stat (14 µs
+        here), which `setdefault` did again at every sample of every process."""
+        if pid not in self._procs:
+            self._procs[pid] = psutil.Process(pid)
+        return self._procs[pid]
 
     def _find_tree(self) -> tuple[list[int], list[int]]:
         """The coordinator's children (the wrappers) and theirs (the tasks); kept once all
         expected tasks are there (a paired run restarts nothing)."""
         assert self._coordinator is not None
         wrappers = [w.pid for w in self._procs[self._coordinator].children()]
-        tasks = [t.pid for w in wrappers for t in self._procs.setdefault(
-            w, psutil.Process(w)).children()]
+        tasks = [t.pid for w in wrappers for t in self._proc(w).children()]
         if self._expect and len(tasks) >= self._expect:
             self._tree = (wrappers, tasks)
         return wrappers, tasks
