@@ -61,10 +61,10 @@ def test_the_keras_tutorial_script_shows_its_epochs_steps_and_loss(tmp_path: Pat
         assert (last["step"], last["epoch"], last["step_in_epoch"], last["steps"]) == \
             (40, 1, 20, 20)
         assert isinstance(last["loss"], float) and "source" not in last  # Keras told it
-    assert row(res.output, "worker:0")[-3:] == ["2/2", "20/20", f"{last['loss']:.3g}"]
+    assert row(res.output, "worker:0")[-3:] == ["2/2", "20/20", f"{last['loss']:.4g}"]
     status = run_tfo("status", str(run_dir), timeout=30)
     assert status.returncode == 0, status.output
-    assert row(status.stdout, "worker:1")[4:7] == ["2/2", "20/20", f"{last['loss']:.3g}"]
+    assert row(status.stdout, "worker:1")[4:7] == ["2/2", "20/20", f"{last['loss']:.4g}"]
     board = run_dir / "tensorboard"
     assert [p.name for p in board.iterdir()] == ["train"]
     found = scalars(board / "train")
