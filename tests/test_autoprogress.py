@@ -158,6 +158,24 @@ def test_the_parameter_server_coordinators_loop_counts_its_closures(tmp_path: Pa
 
 
 @pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_a_sidecar_evaluators_evaluations_are_its_steps(tmp_path: Path, run_dir: Path):
+    """The script's evaluator task (tf.keras.utils.SidecarEvaluator) beside two workers:
+    each evaluation it completed is a step; the workers' fits report as ever."""
+    cluster = spec(tmp_path, "mwms_sidecar.py", [
+        "--epochs", "3", "--steps_per_epoch", "20", "--checkpoint_dir", str(tmp_path / "ckpt")],
+        tasks=TWO_WORKERS + "\n  evaluator: [localhost:auto]")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    evaluated = progress(ev, "evaluator:0")
+    assert evaluated and {e["source"] for e in evaluated} == {"evaluate"}
+    assert 1 <= evaluated[-1]["step"] <= 3  # it skips to the newest checkpoint it finds
+    assert [e["returncode"] for e in told(ev, "task_exited", "evaluator:0")] == [0]  # done
+    assert [e["epoch"] for e in told(ev, "task_epoch", "worker:1")] == [0, 1, 2]
+
+
+@pytest.mark.tf
 @pytest.mark.timeout(300)
 def test_a_warm_spare_that_imported_tensorflow_early_still_reports(tmp_path: Path,
                                                                    run_dir: Path):

@@ -21,10 +21,13 @@ Nothing is imported here: the hooks wait for the script's own imports (tfimport.
   run on the workers, outside any call of ours, so each closure that completes (the queue's
   `mark_finished`, TensorFlow's private API: where it is missing, nothing is counted) is a
   step.
+- An evaluator task running the script (SidecarEvaluator, an evaluate loop): each `evaluate`
+  that completed is a step. Not its metrics nor its epoch: which checkpoint it evaluated is
+  the loop's own business.
 
-Markers counted by the last two say so (`source`: "tf.function" or "coordinator"), so the
-coordinator can tell a step a script told from a step inferred. A script that reports for
-itself (`progress.report`) turns the counting off from its first report on.
+Markers counted by the last three say so (`source`: "tf.function", "coordinator",
+"evaluate"), so the coordinator can tell a step a script told from a step inferred. A script
+that reports for itself (`progress.report`) turns the counting off from its first report on.
 
 `TFO_AUTO_PROGRESS=0` in the task's environment (the spec's `env`) turns all of it off.
 """
@@ -34,6 +37,7 @@ from __future__ import annotations
 import atexit
 import functools
 import inspect
+import json
 import os
 import sys
 import threading
@@ -83,14 +87,14 @@ class _State:
         self.first_told = False
         self.reporters: dict[str, progress.Reporter] = {}
         self.keras_callback: Any = None
-        self.told = 0  # the last step a marker told
+        self.told: dict[str, int] = {}  # per source, the last step a marker told
+        self.evaluations = 0  # a script's evaluator: evaluate calls completed
 
     def tell_the_last(self) -> None:
         """At exit: the last steps, which the markers' rate may have held back."""
-        if self.first_told and self.best > self.told:
-            for source, reporter in self.reporters.items():
-                if reporter.step == self.best:
-                    _emit_with(markers.PROGRESS, source=source, step=self.best)
+        for source, reporter in self.reporters.items():
+            if reporter.step > self.told.get(source, 0):
+                _emit_with(markers.PROGRESS, source=source, step=reporter.step)
 
     def counting(self) -> bool:
         return not (self.in_keras or self.fitted or progress.reported_by_script())
@@ -104,17 +108,21 @@ class _State:
             return
         if not self.first_told:
             self.first_told = True
-            atexit.register(self.tell_the_last)
             markers.emit(markers.FIRST_STEP, batch=None, approximate=True, source=source)
-        reporter = self.reporters.get(source)
-        if reporter is None:
-            reporter = self.reporters[source] = progress.Reporter(
+        self.reporter(source).report(step=count)
+
+    def reporter(self, source: str) -> progress.Reporter:
+        """The markers of one source, at most one a second."""
+        if not self.reporters:
+            atexit.register(self.tell_the_last)
+        if source not in self.reporters:
+            self.reporters[source] = progress.Reporter(
                 emit=functools.partial(_emit_with, source=source))
-        reporter.report(step=count)
+        return self.reporters[source]
 
 
 def _emit_with(event: str, source: str, **fields: Any) -> None:
-    _state.told = fields.get("step", _state.told)
+    _state.told[source] = fields["step"]
     markers.emit(event, **fields, source=source)
 
 
@@ -132,15 +140,33 @@ def _wrap_keras(module: ModuleType) -> None:
 
 
 def _keras_loop(method: Callable[..., Any]) -> Callable[..., Any]:
+    evaluations = method.__name__ == "evaluate" and _script_evaluator()
+
     @functools.wraps(method)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         _state.in_keras += 1
         try:
-            return method(self, *args, **kwargs)
+            result = method(self, *args, **kwargs)
         finally:
             _state.in_keras -= 1
+        if evaluations and not _state.in_keras:  # not fit's validation
+            _state.evaluations += 1
+            _state.reporter("evaluate").report(step=_state.evaluations)
+        return result
     run._tfo_wrapped = True  # type: ignore[attr-defined]
     return run
+
+
+def _script_evaluator() -> bool:
+    """An evaluator task running the user's script (SidecarEvaluator, an evaluate loop): its
+    evaluations are its steps. An entry's evaluator (TaskContext.follow_checkpoints) reports
+    its own `evaluated` markers."""
+    try:
+        task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
+        job = json.loads(os.environ.get("TFO_JOB") or "{}")
+    except (ValueError, AttributeError):
+        return False
+    return task.get("type") == "evaluator" and isinstance(job, dict) and "entry" not in job
 
 
 def _with_callback(fit: Callable[..., Any]) -> Callable[..., Any]:
