@@ -209,6 +209,20 @@ def test_a_warm_spare_that_imported_tensorflow_early_still_reports(tmp_path: Pat
         assert [e["attempt"] for e in told(ev, "task_first_step", task)] == [0, 1]
 
 
+@pytest.mark.timeout(60)
+def test_a_script_that_imports_no_tensorflow_gets_none_imported(tmp_path: Path):
+    """The hooks wait for the script's own imports: a task whose script imports neither
+    TensorFlow nor Keras never loads them (a real task process)."""
+    from tests.conftest import run_task
+
+    (tmp_path / "plain.py").write_text(
+        "import sys\nprint('LOADED', sorted(m for m in ('tensorflow', 'tf_keras', 'keras')"
+        " if m in sys.modules))\n")
+    res = run_task({"script": "plain.py", "args": []}, tmp_path, timeout=50)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "LOADED []" in res.stdout
+
+
 # ---- the rules, without TensorFlow --------------------------------------------------------
 
 class FakeFunction:
