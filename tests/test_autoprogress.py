@@ -72,6 +72,34 @@ def test_the_keras_tutorial_script_shows_its_epochs_steps_and_loss(tmp_path: Pat
 
 
 @pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_the_live_table_shows_the_unmodified_tutorial_training(tmp_path: Path):
+    """On a terminal, the live table's rows of the multi-worker Keras tutorial, unmodified:
+    its epoch of N, step of M and loss while it trains."""
+    from tests.test_liveview import ANSI, run_in_pty, user_dir
+
+    cwd = user_dir(tmp_path / "user")
+    script = Path(__file__).parent / "scripts" / "mwms_keras.py"
+    (cwd / "live.yaml").write_text(f"""\
+name: live
+job:
+  script: {script}
+  args: [--epochs, "3", --steps_per_epoch, "300", --model_path, {tmp_path / "model"},
+         --backup_dir, {tmp_path / "backup"}]
+tasks:
+  worker: [localhost:auto, localhost:auto]
+timeouts: {{startup_seconds: 120, grace_seconds: 5}}
+""")
+    raw, code = run_in_pty(["run", "live.yaml"], cwd, timeout=200)
+    text = ANSI.sub("", raw)
+    assert code == 0, text[-4000:]
+    rows = re.findall(r"worker:1\s+localhost\s+\d+\s+running\s+0\s+\d+s\s+\S+\s+\S+\s+"
+                      r"(\d)/3\s+(\d+)/300\s+[\d.]+\s+([\d.e+-]+)\s", text)
+    assert rows, text[-4000:]
+    assert all(float(loss) > 0 for _, _, loss in rows)
+
+
+@pytest.mark.tf
 @pytest.mark.timeout(120)
 def test_a_script_that_adds_the_callback_itself_reports_once(tmp_path: Path, run_dir: Path):
     cluster = spec(tmp_path, "with_progress.py", [], tasks=ONE_WORKER)
