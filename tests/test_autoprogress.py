@@ -386,3 +386,19 @@ def test_source_is_an_optional_field_of_the_markers():
     assert old.record() == {"step": 3}
     assert new.record() == {"step": 3, "source": "tf.function"}
     assert json.loads(json.dumps(new.record()))["source"] == "tf.function"
+
+
+def test_the_last_count_is_told_at_exit_unless_a_fit_took_over(counted: list[dict]):
+    from worker_entry import autoprogress
+
+    step = FakeFunction()
+    for _ in range(5):
+        step()
+    told = [m["step"] for m in counted if m["event"] == "progress"]
+    assert told == [2]  # the markers' rate held 3, 4 and 5 back
+    autoprogress._state.tell_the_last()
+    assert counted[-1] == {"event": "progress", "step": 5, "source": "tf.function"}
+    autoprogress._state.reporters["tf.function"].step = 7  # counted since, not yet told
+    autoprogress._state.fitted = True  # and then Keras's callback told the steps
+    autoprogress._state.tell_the_last()
+    assert counted[-1]["step"] == 5

@@ -91,7 +91,10 @@ class _State:
         self.evaluations = 0  # a script's evaluator: evaluate calls completed
 
     def tell_the_last(self) -> None:
-        """At exit: the last steps, which the markers' rate may have held back."""
+        """At exit: the last steps, which the markers' rate may have held back (unless a
+        fit or the script took over since: theirs are the last word)."""
+        if self.fitted or progress.reported_by_script():
+            return
         for source, reporter in self.reporters.items():
             if reporter.step > self.told.get(source, 0):
                 _emit_with(markers.PROGRESS, source=source, step=reporter.step)
