@@ -63,6 +63,9 @@ class FirstStep(_Marker):
     event: Literal[m.FIRST_STEP]
     batch: int | None = None
     approximate: bool = False
+    # Where a step inferred by tfo came from (worker_entry/autoprogress.py: "tf.function",
+    # "coordinator"); unset when Keras's callback or the script told it.
+    source: str | None = None
 
 
 class Epoch(_Marker):
@@ -81,6 +84,7 @@ class Progress(_Marker):
     step_in_epoch: int | None = Field(default=None, ge=0)  # 1-based: steps done this epoch
     steps: int | None = Field(default=None, ge=0)  # steps per epoch, when known
     loss: float | None = None
+    source: str | None = None  # as FirstStep's
 
 
 class Usage(_Marker):

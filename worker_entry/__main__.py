@@ -1,10 +1,11 @@
 import os
 import sys
 
-from worker_entry import defaults, tfimport
+from worker_entry import autoprogress, defaults, tfimport
 
 defaults.apply(os.environ)  # before anything imports TensorFlow: tf-keras, gRPC's backoff
 tfimport.install()  # TensorFlow's import, whoever makes it (a standby first), without the gc
+autoprogress.install()  # Keras's fit and tf.function loops report, once the job imports them
 
 from worker_entry import lifeline  # noqa: E402
 

@@ -37,8 +37,9 @@ class Reporter:
 
     def report(self, *, epoch: int | None = None, epochs: int | None = None,
                step_in_epoch: int | None = None, steps: int | None = None,
-               loss: float | None = None) -> None:
-        self.step += 1
+               loss: float | None = None, step: int | None = None) -> None:
+        """One more step done (`step`: the count so far, where the caller counts)."""
+        self.step = self.step + 1 if step is None else step
         now = self._clock()
         last_of_epoch = steps is not None and step_in_epoch == steps
         if now - self._last < EVERY_SECONDS and not last_of_epoch:
@@ -55,13 +56,22 @@ class Reporter:
 
 
 _reporter = Reporter()
+_by_script = False
+
+
+def reported_by_script() -> bool:
+    """Has the script reported for itself? Then tfo's own counting of its loop stands down
+    (worker_entry/autoprogress.py)."""
+    return _by_script
 
 
 def report(*, epoch: int | None = None, epochs: int | None = None,
            step_in_epoch: int | None = None, steps: int | None = None,
            loss: float | None = None) -> None:
     """One training step ended: tell tfo (throttled). A no-op outside tfo."""
+    global _by_script
     if os.environ.get("TFO_TASK"):
+        _by_script = True
         _reporter.report(epoch=epoch, epochs=epochs, step_in_epoch=step_in_epoch, steps=steps,
                          loss=loss)
 

@@ -36,25 +36,45 @@ from types import ModuleType
 NAMES = ("tensorflow", "tf_keras")
 
 
-class _PausedImport:
-    """A meta-path finder that finds nothing itself: for a name in NAMES it asks the import
-    system (the other finders: it answers None for a name once asked), and wraps the found
-    loader's exec_module (that one loader instance: the module keeps its own loader, of its
-    own class)."""
+class _Watched:
+    """A meta-path finder that finds nothing itself: for a watched name it asks the import
+    system (the other finders: it answers None for a name while asking for it) and wraps the
+    found loader's exec_module (that one loader instance: the module keeps its own loader,
+    of its own class): run with the collector paused (`paused`), then the `after` hooks.
+    A name stays watched until its module has run, so a mere look-up (TensorFlow's own
+    `find_spec("keras")`) disarms nothing; once none is left, the finder goes."""
 
-    def __init__(self, names: set[str]) -> None:
-        self.left = names
+    def __init__(self) -> None:
+        self.paused: set[str] = set()
+        self.after: dict[str, list[Callable[[ModuleType], None]]] = {}
+        self._asking: set[str] = set()
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> ModuleSpec | None:
-        if name not in self.left:
+        if name in self._asking or (name not in self.paused and name not in self.after):
             return None
-        self.left.discard(name)
-        if not self.left:
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)  # the other finders' answer
+        self._asking.add(name)
+        try:
+            spec = importlib.util.find_spec(name)  # the other finders' answer
+        finally:
+            self._asking.discard(name)
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader.exec_module = _paused(spec.loader.exec_module)  # type: ignore[method-assign]
+            run = spec.loader.exec_module
+            if name in self.paused:
+                run = _paused(run)
+            spec.loader.exec_module = self._done(name, run)  # type: ignore[method-assign]
         return spec
+
+    def _done(self, name: str, exec_module: Callable[[ModuleType], None]
+              ) -> Callable[[ModuleType], None]:
+        def run(module: ModuleType) -> None:
+            self.paused.discard(name)
+            hooks = self.after.pop(name, [])
+            if not self.paused and not self.after and self in sys.meta_path:
+                sys.meta_path.remove(self)
+            exec_module(module)
+            for hook in hooks:
+                hook(module)
+        return run
 
 
 def _paused(exec_module: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
@@ -72,7 +92,26 @@ def _paused(exec_module: Callable[[ModuleType], None]) -> Callable[[ModuleType],
     return run
 
 
+_watched = _Watched()
+
+
 def install() -> None:
     """First on sys.meta_path, for what of NAMES is not imported yet."""
-    if left := {name for name in NAMES if name not in sys.modules}:
-        sys.meta_path.insert(0, _PausedImport(left))
+    _watched.paused |= {name for name in NAMES if name not in sys.modules}
+    _arm()
+
+
+def after_import(name: str, hook: Callable[[ModuleType], None]) -> None:
+    """`hook(module)` once the top-level module `name` has been imported (at once if it is
+    already): how the task's automatic progress (worker_entry/autoprogress.py) finds Keras
+    and TensorFlow without importing either."""
+    if name in sys.modules:
+        hook(sys.modules[name])
+        return
+    _watched.after.setdefault(name, []).append(hook)
+    _arm()
+
+
+def _arm() -> None:
+    if (_watched.paused or _watched.after) and _watched not in sys.meta_path:
+        sys.meta_path.insert(0, _watched)

@@ -1,0 +1,295 @@
+"""What tfo sees of a script that reports nothing itself (worker_entry/autoprogress.py):
+Keras's fit and a tf.function loop report their steps; real TensorFlow processes running
+the tutorials' scripts unmodified (tests/scripts/), and the counting rules on their own."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import events, run_tfo
+from tests.test_scripts import TWO_WORKERS, spec
+
+ONE_WORKER = "  worker: [localhost:auto]"
+
+
+def progress(ev: list[dict], task: str) -> list[dict]:
+    return [e for e in ev if e["event"] == "task_progress" and e["task"] == task]
+
+
+def told(ev: list[dict], event: str, task: str) -> list[dict]:
+    return [e for e in ev if e["event"] == event and e["task"] == task]
+
+
+def row(table: str, task: str) -> list[str]:
+    """A task's row of a printed table, cell by cell."""
+    line = next(line for line in table.splitlines() if line.startswith(task + " "))
+    return re.split(r"\s{2,}", line.strip())
+
+
+def scalars(board: Path) -> dict[str, list[int]]:
+    """The steps of each scalar TensorBoard finds under `board`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    summaries = EventAccumulator(str(board), size_guidance={"tensors": 0}).Reload()
+    return {tag: [e.step for e in summaries.Tensors(tag)] for tag in summaries.Tags()["tensors"]}
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_the_keras_tutorial_script_shows_its_epochs_steps_and_loss(tmp_path: Path, run_dir: Path):
+    """TensorFlow's multi-worker Keras tutorial, unmodified: in events, the summary and `tfo
+    status`, as an entry's; TensorBoard scalars from the chief alone."""
+    cluster = spec(tmp_path, "mwms_keras.py", [
+        "--epochs", "2", "--steps_per_epoch", "20", "--model_path", str(tmp_path / "model"),
+        "--backup_dir", str(tmp_path / "backup")])
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    for task in ("worker:0", "worker:1"):
+        assert [e["epoch"] for e in told(ev, "task_epoch", task)] == [0, 1]
+        assert [e["batch"] for e in told(ev, "task_first_step", task)] == [0]
+        steps = progress(ev, task)
+        assert [e["step"] for e in steps] == sorted({e["step"] for e in steps})  # once each
+        last = steps[-1]
+        assert (last["step"], last["epoch"], last["step_in_epoch"], last["steps"]) == \
+            (40, 1, 20, 20)
+        assert isinstance(last["loss"], float) and "source" not in last  # Keras told it
+    assert row(res.output, "worker:0")[-3:] == ["2/2", "20/20", f"{last['loss']:.3g}"]
+    status = run_tfo("status", str(run_dir), timeout=30)
+    assert status.returncode == 0, status.output
+    assert row(status.stdout, "worker:1")[4:7] == ["2/2", "20/20", f"{last['loss']:.3g}"]
+    board = run_dir / "tensorboard"
+    assert [p.name for p in board.iterdir()] == ["train"]
+    found = scalars(board / "train")
+    assert found["epoch_loss"] == [0, 1] and found["batch_loss"][-1] == 40, found
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(120)
+def test_a_script_that_adds_the_callback_itself_reports_once(tmp_path: Path, run_dir: Path):
+    cluster = spec(tmp_path, "with_progress.py", [], tasks=ONE_WORKER)
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=100)
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    assert [e["epoch"] for e in told(ev, "task_epoch", "worker:0")] == [0, 1]
+    assert len(told(ev, "task_first_step", "worker:0")) == 1
+    steps = [e["step"] for e in progress(ev, "worker:0")]
+    assert steps == sorted(set(steps)) and steps[-1] == 8
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(120)
+def test_tfo_auto_progress_0_turns_it_off(tmp_path: Path, run_dir: Path):
+    cluster = spec(tmp_path, "mwms_keras.py", [
+        "--epochs", "2", "--steps_per_epoch", "5", "--model_path", str(tmp_path / "model"),
+        "--backup_dir", str(tmp_path / "backup")], tasks=ONE_WORKER,
+        extra='env: {TFO_AUTO_PROGRESS: "0"}\n')
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=100)
+    assert res.returncode == 0, res.output[-4000:]
+    assert "Epoch 2/2" in (run_dir / "logs" / "worker-0.log").read_text()  # it did train
+    kinds = {e["event"] for e in events(run_dir)}
+    assert not kinds & {"task_progress", "task_epoch", "task_first_step"}, kinds
+    assert not (run_dir / "tensorboard").exists()
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_the_custom_loop_tutorial_scripts_steps_are_counted(tmp_path: Path, run_dir: Path):
+    """TensorFlow's multi-worker custom-loop tutorial, unmodified: each worker's steps are
+    its completed calls of `train_step`, the last one told at exit."""
+    cluster = spec(tmp_path, "mwms_ctl.py", [
+        "--epochs", "2", "--steps_per_epoch", "20", "--model_path", str(tmp_path / "model"),
+        "--checkpoint_dir", str(tmp_path / "ckpt" / "ckpt")], tasks=TWO_WORKERS)
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    for task in ("worker:0", "worker:1"):
+        first = told(ev, "task_first_step", task)
+        assert len(first) == 1 and first[0]["source"] == "tf.function"
+        steps = progress(ev, task)
+        assert {e["source"] for e in steps} == {"tf.function"}
+        assert [e["step"] for e in steps] == sorted({e["step"] for e in steps})
+        assert steps[-1]["step"] == 40 and "loss" not in steps[-1]
+    assert row(res.output, "worker:0")[-2] == "40"
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("script", "epochs", "steps"), [
+    ("mirrored_keras.py", [0, 1, 2], 3 * 29),  # 1797 digits in batches of 64: 29 a epoch
+    ("mirrored_ctl.py", [], 3 * 29),
+])
+def test_a_one_process_mirrored_script_shows_its_training(script, epochs, steps, tmp_path,
+                                                         run_dir):
+    """The one-process tutorials (MirroredStrategy: no TF_CONFIG needed, no port)."""
+    args = ["--epochs", "3"]
+    if script == "mirrored_keras.py":
+        args += ["--checkpoint_dir", str(tmp_path / "ckpt")]
+    cluster = spec(tmp_path, script, args, tasks=ONE_WORKER)
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    assert [e["epoch"] for e in told(ev, "task_epoch", "worker:0")] == epochs
+    assert len(told(ev, "task_first_step", "worker:0")) == 1
+    assert progress(ev, "worker:0")[-1]["step"] == steps
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_the_parameter_server_coordinators_loop_counts_its_closures(tmp_path: Path,
+                                                                   run_dir: Path):
+    tasks = "  chief: [localhost:auto]\n  worker: [localhost:auto, localhost:auto]\n" \
+            "  ps: [localhost:auto]"
+    cluster = spec(tmp_path, "ps_coordinator.py", [
+        "--epochs", "2", "--steps_per_epoch", "20", "--model_path", str(tmp_path / "model")],
+        tasks=tasks, strategy="parameter_server")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 0, res.output[-4000:]
+    steps = progress(events(run_dir), "chief:0")
+    assert {e["source"] for e in steps} == {"coordinator"}
+    assert steps[-1]["step"] == 40  # every scheduled step, once it completed
+
+
+# ---- the rules, without TensorFlow --------------------------------------------------------
+
+class FakeFunction:
+    """Stands in for tf.function's Function: calls itself, or another, or fails."""
+
+    def __init__(self, inner: FakeFunction | None = None, fail: bool = False) -> None:
+        self.inner, self.fail = inner, fail
+
+    def __call__(self) -> int:
+        if self.fail:
+            raise ValueError("end of the data")
+        if self.inner is not None:
+            self.inner()  # a call while this one runs (or traces): not a step
+        return 1
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """FakeFunction counted as autoprogress counts Function; the markers it would emit."""
+    from worker_entry import autoprogress, markers, progress
+
+    out: list[dict] = []
+    monkeypatch.setattr(markers, "emit", lambda event, **f: out.append({"event": event, **f}))
+    monkeypatch.setattr(autoprogress, "_state", autoprogress._State())
+    monkeypatch.setattr(autoprogress.atexit, "register", lambda f: None)
+    monkeypatch.setattr(progress, "_by_script", False)
+    monkeypatch.setattr(FakeFunction, "__call__", autoprogress._counted(FakeFunction.__call__))
+    return out
+
+
+def test_the_most_called_function_is_the_step_from_its_second_call(counted: list[dict]):
+    setup, inner = FakeFunction(), FakeFunction()
+    step = FakeFunction(inner=inner)
+    setup()
+    assert counted == []  # once: set-up, not a loop
+    for _ in range(3):
+        step()
+    setup()
+    assert counted[0] == {"event": "first_step", "batch": None, "approximate": True,
+                          "source": "tf.function"}
+    assert counted[1] == {"event": "progress", "step": 2, "source": "tf.function"}
+    assert inner.__dict__.get("_tfo_calls") is None  # nested: never counted
+    from worker_entry import autoprogress
+
+    assert autoprogress._state.best == 3
+
+
+def test_a_call_that_raises_is_no_step(counted: list[dict]):
+    from worker_entry import autoprogress
+
+    failing = FakeFunction(fail=True)
+    for _ in range(3):
+        with pytest.raises(ValueError):
+            failing()
+    assert counted == [] and autoprogress._state.best == 0
+
+
+def test_counting_stands_down_for_keras_and_for_a_script_that_reports(counted: list[dict]):
+    from worker_entry import autoprogress, progress
+
+    step = FakeFunction()
+    autoprogress._state.in_keras = 1  # fit's own train_function: its callback tells
+    step(), step()
+    autoprogress._state.in_keras = 0
+    progress._by_script = True
+    step(), step()
+    assert counted == []
+
+
+def test_a_call_in_another_thread_does_not_hide_this_threads_steps(counted: list[dict]):
+    """The depth that marks a nested call is per thread: a call running in one thread (a
+    tf.py_function's, a coordinator's) leaves another thread's calls counted."""
+    from worker_entry import autoprogress
+
+    entered, release = threading.Event(), threading.Event()
+
+    class Blocking(FakeFunction):
+        def __call__(self) -> int:
+            entered.set()
+            release.wait(10)
+            return 1
+
+    blocking = Blocking()
+    blocking.__class__.__call__ = autoprogress._counted(Blocking.__call__)
+    other = threading.Thread(target=blocking)
+    other.start()
+    try:
+        assert entered.wait(10)
+        step = FakeFunction()
+        step(), step()
+    finally:
+        release.set()
+        other.join()
+    assert autoprogress._state.best == 2 and counted[1]["step"] == 2
+
+
+# ---- the import hook ------------------------------------------------------------------
+
+def test_a_hook_runs_after_the_import_and_a_look_up_does_not_disarm_it(tmp_path, monkeypatch):
+    import importlib
+    import importlib.util
+
+    from worker_entry import tfimport
+
+    (tmp_path / "fakelib.py").write_text("READY = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fakelib", raising=False)
+    seen: list[bool] = []
+    tfimport.after_import("fakelib", lambda m: seen.append(m.READY))
+    try:
+        assert importlib.util.find_spec("fakelib") is not None and seen == []  # a look-up
+        module = importlib.import_module("fakelib")
+        assert seen == [True] and isinstance(module, ModuleType)
+        tfimport.after_import("fakelib", lambda m: seen.append(False))  # imported: at once
+        assert seen == [True, False]
+    finally:
+        tfimport._watched.after.pop("fakelib", None)
+        sys.modules.pop("fakelib", None)
+
+
+def test_auto_progress_is_on_unless_the_env_says_0():
+    from worker_entry.autoprogress import enabled
+
+    assert enabled({}) and enabled({"TFO_AUTO_PROGRESS": "1"})
+    assert not any(enabled({"TFO_AUTO_PROGRESS": v}) for v in ("0", "false", "off", " 0"))
+
+
+def test_source_is_an_optional_field_of_the_markers():
+    from orchestrator.markers import read_marker
+    from worker_entry import markers
+
+    old = read_marker(markers.line(markers.PROGRESS, step=3).rstrip("\n"))
+    new = read_marker(markers.line(markers.PROGRESS, step=3, source="tf.function").rstrip("\n"))
+    assert old.record() == {"step": 3}
+    assert new.record() == {"step": 3, "source": "tf.function"}
+    assert json.loads(json.dumps(new.record()))["source"] == "tf.function"

@@ -1,0 +1,250 @@
+"""Progress from a script that reports none: tfo sees its training without a line of its code.
+
+    autoprogress.install()   # in the task, before any of its code runs (worker_entry/__main__)
+
+Nothing is imported here: the hooks wait for the script's own imports (tfimport.after_import).
+
+- Keras (tf-keras, and Keras 3 where a script uses it): once imported, `Model.fit` adds tfo's
+  progress callback (worker_entry.context `Progress`; `_EpochProgress` under
+  ParameterServer, whose fit refuses batch-level callbacks) after the script's own, unless
+  one is there already (`progress.callback()`, an entry's `ctx.callbacks()`). One callback
+  serves every fit of the task, so its steps keep counting and its first step is told once.
+- A custom training loop: once TensorFlow is imported, every completed top-level call of a
+  `tf.function` is counted per function (not calls made while one traces or runs, nor
+  inside Keras's fit, evaluate or predict, which report for themselves). The most-called
+  function's count is the task's step, reported once some function has completed twice
+  (a function called once is set-up, not a loop), with the first step then
+  (`approximate`: told a step late). No epoch, no loss: those only the script knows. Once
+  a Keras fit ran, its callback alone tells the steps (saving the model afterwards calls
+  tf.functions too).
+- A ParameterServer coordinator's own loop (`ClusterCoordinator.schedule`): its closures
+  run on the workers, outside any call of ours, so each closure that completes (the queue's
+  `mark_finished`, TensorFlow's private API: where it is missing, nothing is counted) is a
+  step.
+
+Markers counted by the last two say so (`source`: "tf.function" or "coordinator"), so the
+coordinator can tell a step a script told from a step inferred. A script that reports for
+itself (`progress.report`) turns the counting off from its first report on.
+
+`TFO_AUTO_PROGRESS=0` in the task's environment (the spec's `env`) turns all of it off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import inspect
+import os
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from worker_entry import markers, progress, tfimport
+
+ENV = "TFO_AUTO_PROGRESS"
+# Keras's own loops: their tf.function calls are Keras's steps, which its callback reports.
+_KERAS_LOOPS = ("fit", "evaluate", "predict")
+
+
+def enabled(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    return environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def install() -> None:
+    if not enabled():
+        return
+    tfimport.after_import("tensorflow", _guarded(_count_functions))
+    for name in ("tf_keras", "keras"):
+        tfimport.after_import(name, _guarded(_wrap_keras))
+
+
+def _guarded(hook: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+    """A hook that fails (another TensorFlow, another Keras) costs the progress, never the
+    script's import."""
+    def run(module: ModuleType) -> None:
+        try:
+            hook(module)
+        except Exception as e:  # noqa: BLE001
+            print(f"[tfo] no automatic progress from {module.__name__}: {e!r}", file=sys.stderr,
+                  flush=True)
+    return run
+
+
+class _State:
+    """The task's one counter of steps inferred, and whether Keras's loops run now."""
+
+    def __init__(self) -> None:
+        self.in_keras = 0  # fit/evaluate/predict calls under way, any thread
+        self.fitted = False  # a Keras fit ran: its callback tells the steps from then on
+        self.local = threading.local()  # .depth: a tf.function call of ours under way
+        self.best = 0  # the most-called function's completed calls
+        self.first_told = False
+        self.reporters: dict[str, progress.Reporter] = {}
+        self.keras_callback: Any = None
+        self.told = 0  # the last step a marker told
+
+    def tell_the_last(self) -> None:
+        """At exit: the last steps, which the markers' rate may have held back."""
+        if self.first_told and self.best > self.told:
+            for source, reporter in self.reporters.items():
+                if reporter.step == self.best:
+                    _emit_with(markers.PROGRESS, source=source, step=self.best)
+
+    def counting(self) -> bool:
+        return not (self.in_keras or self.fitted or progress.reported_by_script())
+
+    def completed(self, count: int, source: str) -> None:
+        """A counted call completed, the `count`th of its kind: a step if it is the most."""
+        if count <= self.best:
+            return
+        self.best = count
+        if count < 2:
+            return
+        if not self.first_told:
+            self.first_told = True
+            atexit.register(self.tell_the_last)
+            markers.emit(markers.FIRST_STEP, batch=None, approximate=True, source=source)
+        reporter = self.reporters.get(source)
+        if reporter is None:
+            reporter = self.reporters[source] = progress.Reporter(
+                emit=functools.partial(_emit_with, source=source))
+        reporter.report(step=count)
+
+
+def _emit_with(event: str, source: str, **fields: Any) -> None:
+    _state.told = fields.get("step", _state.told)
+    markers.emit(event, **fields, source=source)
+
+
+_state = _State()
+
+
+# --- Keras ------------------------------------------------------------------------------
+
+def _wrap_keras(module: ModuleType) -> None:
+    model = module.Model
+    for name in _KERAS_LOOPS:
+        method = getattr(model, name, None)
+        if method is not None and not getattr(method, "_tfo_wrapped", False):
+            setattr(model, name, _with_callback(method) if name == "fit" else _keras_loop(method))
+
+
+def _keras_loop(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _state.in_keras += 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _state.in_keras -= 1
+    run._tfo_wrapped = True  # type: ignore[attr-defined]
+    return run
+
+
+def _with_callback(fit: Callable[..., Any]) -> Callable[..., Any]:
+    """`fit`, with tfo's callback last among the script's."""
+    at = list(inspect.signature(fit).parameters).index("callbacks") - 1  # after self
+
+    loop = _keras_loop(fit)
+
+    @functools.wraps(fit)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) > at:
+            args = (*args[:at], _joined(self, args[at]), *args[at + 1:])
+        else:
+            kwargs["callbacks"] = _joined(self, kwargs.get("callbacks"))
+        return loop(self, *args, **kwargs)
+    run._tfo_wrapped = True  # type: ignore[attr-defined]
+    return run
+
+
+def _joined(model: Any, callbacks: Any) -> Any:
+    from worker_entry.context import _EpochProgress  # TensorFlow is in by now
+
+    _state.fitted = True  # saving the model after calls tf.functions: they are no steps
+    if callbacks is None:
+        callbacks = []
+    held = getattr(callbacks, "callbacks", callbacks)  # a CallbackList, or a list
+    try:
+        held = list(held)
+    except TypeError:
+        return callbacks  # something Keras will refuse anyway: left to it
+    if any(isinstance(cb, _EpochProgress) for cb in held):
+        return callbacks  # the script's own progress.callback(), an entry's ctx.callbacks()
+    ours = _callback(_parameter_server(model))
+    if hasattr(callbacks, "append") and not isinstance(callbacks, list):
+        callbacks.append(ours)  # a CallbackList the script made
+        return callbacks
+    return [*held, ours]
+
+
+def _parameter_server(model: Any) -> bool:
+    strategy = getattr(model, "distribute_strategy", None)
+    return type(strategy).__name__.startswith("ParameterServerStrategy")
+
+
+def _callback(ps: bool) -> Any:
+    """One callback per kind for every fit of the task: its steps go on counting and its
+    first step is told once."""
+    from worker_entry.context import Progress, _EpochProgress
+
+    key = "ps" if ps else "steps"
+    if _state.keras_callback is None or _state.keras_callback[0] != key:
+        _state.keras_callback = (key, _EpochProgress() if ps else Progress())
+    return _state.keras_callback[1]
+
+
+# --- tf.function and the ParameterServer coordinator ------------------------------------
+
+def _count_functions(tf: ModuleType) -> None:
+    try:
+        from tensorflow.python.eager.polymorphic_function.polymorphic_function import Function
+    except ImportError:
+        from tensorflow.python.eager.def_function import Function  # older TensorFlow
+    if not getattr(Function.__call__, "_tfo_wrapped", False):
+        Function.__call__ = _counted(Function.__call__)
+    try:
+        from tensorflow.python.distribute.coordinator.cluster_coordinator import (
+            _CoordinatedClosureQueue as Queue,
+        )
+    except ImportError:
+        return
+    if hasattr(Queue, "mark_finished") and not getattr(Queue.mark_finished, "_tfo_wrapped",
+                                                       False):
+        Queue.mark_finished = _closures_counted(Queue.mark_finished)
+
+
+def _counted(call: Callable[..., Any]) -> Callable[..., Any]:
+    local = _state.local
+
+    @functools.wraps(call)
+    def run(function: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(local, "depth", 0) or not _state.counting():
+            return call(function, *args, **kwargs)
+        local.depth = 1
+        try:
+            result = call(function, *args, **kwargs)
+        finally:
+            local.depth = 0
+        calls = function.__dict__
+        count = calls["_tfo_calls"] = calls.get("_tfo_calls", 0) + 1
+        _state.completed(count, "tf.function")
+        return result
+    run._tfo_wrapped = True  # type: ignore[attr-defined]
+    return run
+
+
+def _closures_counted(mark_finished: Callable[..., Any]) -> Callable[..., Any]:
+    done = [0]
+
+    @functools.wraps(mark_finished)
+    def run(queue: Any) -> Any:
+        result = mark_finished(queue)
+        if _state.counting():
+            done[0] += 1
+            _state.completed(done[0], "coordinator")
+        return result
+    run._tfo_wrapped = True  # type: ignore[attr-defined]
+    return run
