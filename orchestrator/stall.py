@@ -145,12 +145,18 @@ class Watched:
     busy_at: float  # its last sign of work: a line, or CPU at or above IDLE_CPU; else start
     stopped_since: float | None = None  # when its usage first said stopped; None: running
     usage_at: float | None = None  # when its last usage marker came; None: none yet
+    cpu: float | None = None  # its last usage marker's CPU (% of a core); None: none yet
     up: bool = True  # ready (running); one still starting is the startup limit's
     server: bool = False  # never stalled itself; its work keeps the group from being idle
 
     @property
     def step(self) -> int | None:
         return self.pace.step
+
+    def idle(self, now: float, limit: float) -> bool:
+        """No sign of work for `limit` s, and its last usage (if any) says idle: a limit
+        shorter than the wrapper's measuring interval must not call a busy task idle."""
+        return (self.cpu is None or self.cpu < IDLE_CPU) and now - self.busy_at >= limit
 
     @property
     def quiet_since(self) -> float:
@@ -176,10 +182,6 @@ class Stall:
         return f"{self.task} {self.reason}{stuck}"
 
 
-def _idle(w: Watched, now: float, rule: StallRule) -> bool:
-    return now - w.busy_at >= rule.limit(w.pace)
-
-
 def _over(w: Watched, now: float, rule: StallRule) -> bool:
     limit = rule.limit(w.pace)
     if rule.judges_steps(w.pace) and w.pace.moved_at is not None \
@@ -197,7 +199,7 @@ def find_stalls(watched: list[Watched], now: float, rule: StallRule) -> list[Sta
     and every task stuck along with it, the likely cause first."""
     training = [w for w in watched if not w.server]
     over = [w for w in training if _over(w, now, rule)]
-    idle = bool(training) and all(w.up and _idle(w, now, rule) for w in watched)
+    idle = bool(training) and all(w.up and w.idle(now, rule.limit(w.pace)) for w in watched)
     if not over and not idle:
         return []
     horizon = min(rule.limit(w.pace) for w in (over or training))
@@ -228,7 +230,7 @@ def startup_over(starting: list[Watched], now: float, limit: float) -> bool:
     """A task not up `limit` seconds after its start, and idle (STARTUP_IDLE_SECONDS): the
     attempt never came up. One that works (a script loading its data before its first step)
     is given its time; the stall rules watch it once it is up."""
-    return any(now - w.pace.started_at > limit and now - w.busy_at >= STARTUP_IDLE_SECONDS
+    return any(now - w.pace.started_at > limit and w.idle(now, STARTUP_IDLE_SECONDS)
                for w in starting)
 
 

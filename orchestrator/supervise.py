@@ -760,7 +760,8 @@ class Supervisor:
 
     def _watched(self, rec: TaskRecord) -> Watched:
         return Watched(rec.name, rec.pace, rec.busy_at, rec.stopped_since, rec.usage_at,
-                       up=rec.state is TaskState.RUNNING, server=rec.role in self.rules.servers)
+                       rec.usage.cpu if rec.usage else None, up=rec.state is TaskState.RUNNING,
+                       server=rec.role in self.rules.servers)
 
     def _check_startup(self, now: float) -> None:
         """A task not up by the startup limit fails the attempt, unless it is working

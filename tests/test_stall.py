@@ -146,6 +146,9 @@ def test_steps_that_do_not_move_change_nothing():
     ("every task idle", [at("worker:0", busy_at=0.0), at("worker:1", busy_at=1.0)],
      ["worker:0", "worker:1"]),
     ("one works", [at("worker:0", busy_at=0.0), at("worker:1", busy_at=60.0)], []),
+    # Usage comes every 2 s: a limit shorter than that must not find a busy task idle.
+    ("its last usage was busy", [at("worker:0", busy_at=0.0, cpu=50.0)], []),
+    ("its last usage was idle", [at("worker:0", busy_at=0.0, cpu=0.5)], ["worker:0"]),
     # A task still starting is the startup limit's: its peers wait for it, idle.
     ("one not up", [at("worker:0", busy_at=0.0), at("worker:1", busy_at=0.0, up=False)], []),
     # PS: the chief waits while the servers work; a server is never named itself.
