@@ -455,6 +455,24 @@ def test_a_stopped_task_without_progress_is_a_stall(tmp_path):
 
 
 @pytest.mark.timeout(20)
+def test_a_ps_chief_waiting_for_busy_servers_is_no_stall(tmp_path):
+    """PS: the chief idles while the workers (servers) compute; only all of them idle is a
+    hang, and then the chief is named, never a server."""
+    def job(servers_cpu: float) -> dict[str, Script]:
+        servers = {n: Script([(None, 0, True)], {0: working(1.5, cpu=servers_cpu)})
+                   for n in ("worker:0", "worker:1", "ps:0")}
+        return {"chief:0": Script([(0, 1.5, True)], {0: working(1.5, cpu=0)}), **servers}
+
+    s = stall_spec(None, strategy="parameter_server", max_restarts=0, **PS)
+    s["timeouts"].update(stall_seconds="auto", stall_min_seconds=0.5)
+    result, _, events = supervise(tmp_path / "busy", s, job(servers_cpu=80))
+    assert result.state is JobState.SUCCEEDED, result.reason
+    assert not [e for e in events if e["event"] == "task_stalled"]
+    result, _, _ = supervise(tmp_path / "idle", s, job(servers_cpu=0))
+    assert result.state is JobState.FAILED and [st.task for st in result.stalls] == ["chief:0"]
+
+
+@pytest.mark.timeout(20)
 def test_auto_waits_a_multiple_of_the_longest_step(tmp_path):
     """25 steps 0.1 s apart, then none: auto's limit is 10 x 0.1 s (its floor 0.5 s is
     lower), counted from the last step."""
