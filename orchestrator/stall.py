@@ -20,8 +20,9 @@ the task's limit:
   still `multiple` times the longest wait between two steps it has seen, never less than
   `floor`. The wait for the first step (tracing, compilation, the input's start) is not a
   step's; nor is the first end of an epoch (validation, checkpoints) until it is over: then
-  it is part of the longest wait. Before that, and for a task that reports no steps, only
-  the other two signals count, with the same limit (the floor until a step was seen).
+  it is part of the longest wait; nor what follows a fit's last step (evaluate, save).
+  Before that, and for a task that reports no steps, only the other two signals count,
+  with the same limit (the floor until a step was seen).
 - Idle: no line printed and its CPU under IDLE_CPU (the wrapper's usage, every 2 s). A hung
   collective or input pipeline idles every task of a MultiWorkerMirrored job at once
   (measured: `cpu: 0.0`); one idle task alone may just be waiting for its peers' work, so
@@ -85,6 +86,7 @@ class Pace:
     first_epoch: int | None = None
     epoch: int | None = None
     epoch_end: bool = False  # the last move was its epoch's last step
+    fit_over: bool = False  # ... of its last epoch: what follows (evaluate, save) is no step
 
     @property
     def epoch_over(self) -> bool:
@@ -94,16 +96,19 @@ class Pace:
 
 
 def paced(pace: Pace, now: float, step: int, epoch: int | None = None,
-          step_in_epoch: int | None = None, steps: int | None = None) -> Pace:
+          step_in_epoch: int | None = None, steps: int | None = None,
+          epochs: int | None = None) -> Pace:
     """`pace` after a progress marker at `now`. A step that did not move changes nothing."""
     end = steps is not None and step_in_epoch == steps
+    over = end and epoch is not None and epochs is not None and epoch + 1 >= epochs
     if pace.step is None or pace.moved_at is None:
         return replace(pace, step=step, moved_at=now, first=step, first_epoch=epoch,
-                       epoch=epoch, epoch_end=end)
+                       epoch=epoch, epoch_end=end, fit_over=over)
     if step <= pace.step:
         return pace
     return replace(pace, step=step, moved_at=now, longest=max(pace.longest, now - pace.moved_at),
-                   epoch=epoch if epoch is not None else pace.epoch, epoch_end=end)
+                   epoch=epoch if epoch is not None else pace.epoch, epoch_end=end,
+                   fit_over=over)
 
 
 @dataclass(frozen=True)
@@ -126,8 +131,8 @@ class StallRule:
             return False
         if self.seconds is not None:
             return True
-        if pace.epoch_end and not pace.epoch_over:
-            return False  # its first epoch's end: validation, checkpoints are not steps
+        if pace.fit_over or (pace.epoch_end and not pace.epoch_over):
+            return False  # its first epoch's end, or its fit's: validation, saving, evaluate
         return pace.epoch_over or pace.step - pace.first >= self.warmup_steps
 
     def describe(self, limit: float) -> str:

@@ -623,7 +623,7 @@ class Supervisor:
                 and now > moved_at:
             rec.steps_per_second = (marker.step - before.step) / (now - moved_at)
         rec.pace = paced(rec.pace, now, marker.step, marker.epoch, marker.step_in_epoch,
-                         marker.steps)
+                         marker.steps, marker.epochs)
         rec.progress = marker
 
     # ---- exits and restarts -----------------------------------------------------------

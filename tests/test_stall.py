@@ -77,10 +77,11 @@ def test_without_steps_a_stopped_task_or_an_idle_group_is_a_stall():
 
 
 def timeline(marks: list[tuple[float, int, int | None, int | None, int | None]]) -> Pace:
-    """A task's pace after progress markers (time, step, epoch, step_in_epoch, steps)."""
+    """A task's pace after progress markers (time, step, epoch, step_in_epoch, steps), of a
+    fit of 2 epochs where epochs are known."""
     pace = Pace(0.0)
     for t, step, epoch, in_epoch, steps in marks:
-        pace = paced(pace, t, step, epoch, in_epoch, steps)
+        pace = paced(pace, t, step, epoch, in_epoch, steps, None if steps is None else 2)
     return pace
 
 
@@ -98,6 +99,7 @@ SLOW = every(30.0, 20.0, range(1, 26))
 # An epoch of 30 steps, a marker a second, then 100 s of validation before epoch 1.
 EPOCH_END = every(10.0, 1.0, range(1, 31), per_epoch=30)
 AFTER_VALIDATION = EPOCH_END + every(139.0, 1.0, range(31, 36), per_epoch=30)
+FIT_OVER = AFTER_VALIDATION + every(144.0, 1.0, range(36, 61), per_epoch=30)
 AUTO = StallRule()
 
 
@@ -117,6 +119,9 @@ AUTO = StallRule()
     # ... and once over, its 100 s are the longest wait: the limit is 1000 s.
     ("after the first epoch", AFTER_VALIDATION, True, 143.0 + 999.0, False, 1000.0),
     ("after the first epoch, over", AFTER_VALIDATION, True, 143.0 + 1000.0, True, 1000.0),
+    # Its fit's last step (2 epochs of 30): evaluating or saving after it is no step.
+    ("after its fit, busy", FIT_OVER, True, 168.0 + 5000.0, False, 1000.0),
+    ("after its fit, idle", FIT_OVER, False, 168.0 + 1000.0, True, 1000.0),
 ])
 def test_auto_adapts_to_the_steps(case, marks, busy, now, stalled, limit):
     pace = timeline(marks)
