@@ -34,6 +34,9 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
   slower worker of each run; a max near 1 s is gRPC's default reconnect backoff.
 - fit() tail (informational, item of issue 13): last epoch's end → fit() returned; and where
   that wait went since: both workers' code over (`BENCH done`) → the run over, per arm.
+- progress (issue 29): the same job under tfo with the automatic progress (the default) and
+  without (TFO_AUTO_PROGRESS=0), alternated: throughput on ÷ off; and bench/progress_cost.py:
+  the callback's hook alone, a tiny fit's step and a tf.function call, with it − without.
 """
 
 from __future__ import annotations
@@ -146,6 +149,12 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     # stops a task there 3 s after its peers' code is over (supervise.py); a hand launch waits.
     Figure("exit_tail_tfo", "both workers' code over → run over, tfo", "s", None),
     Figure("exit_tail_hand", "both workers' code over → run over, hand", "s", None),
+    # Issue 29: tfo's callback joins every fit by itself (worker_entry/autoprogress.py).
+    Figure("progress_ratio", "throughput, automatic progress on ÷ off (tfo)", "×", 0.99,
+           "ge"),
+    Figure("progress_hook_us", "… its callback's per-step hook alone", "µs", None),
+    Figure("progress_fit_us", "… a tiny fit's step, with it − without", "µs", None),
+    Figure("progress_call_us", "… a tf.function call, counted − not", "µs", None),
 ]}
 CURVE: dict[int, list[float]] = {}  # light tasks → coordinator CPU per wall second
 DETAIL: dict[str, list[float]] = {}  # breakdowns and absolute values, informational
@@ -327,7 +336,8 @@ def job_args(s: Setting, **over: float) -> list[str]:
 
 
 def spec(path: Path, name: str, args: list[str], workers: int, restart: str = "never",
-         max_restarts: int = 0, warm_spares: bool | str = "auto") -> Path:
+         max_restarts: int = 0, warm_spares: bool | str = "auto",
+         env: dict[str, str] | None = None) -> Path:
     path.write_text(json.dumps({
         "name": name, "strategy": "multi_worker_mirrored",
         "job": {"script": JOB, "args": args},
@@ -335,6 +345,7 @@ def spec(path: Path, name: str, args: list[str], workers: int, restart: str = "n
         "restart": {"policy": restart, "max_restarts": max_restarts, "backoff_seconds": 0,
                     "warm_spares": warm_spares},
         "timeouts": {"startup_seconds": 300, "grace_seconds": 5},
+        **({"env": env} if env else {}),
     }))
     return path
 
@@ -443,6 +454,46 @@ def bench_paired(s: Setting, tmp: Path) -> None:
         add("first_step_ratio", tf_ / hf)
         add("throughput_ratio", ts / hs)
         add("cpu_ratio", tc / hc)
+
+
+# ---- the automatic progress: with it against without --------------------------------------
+
+def bench_progress(s: Setting, tmp: Path) -> None:
+    """tfo runs of the bench's job with the automatic progress (the default: tfo's callback
+    joins its fit) and without (TFO_AUTO_PROGRESS=0), alternating after a warm-up of each;
+    throughput with ÷ without per pair. Then bench/progress_cost.py's figures in one process
+    (the full setting only: it imports TensorFlow)."""
+    print(f"progress: {s.pairs} × (automatic progress on, off)", flush=True)
+
+    def arm(i: int, auto: bool) -> float:
+        rd = tmp / f"progress-{'on' if auto else 'off'}-{i}"
+        path = spec(tmp / f"progress-{i}-{auto}.json", "bench-progress", job_args(s), 2,
+                    env=None if auto else {"TFO_AUTO_PROGRESS": "0"})
+        if wait(tfo("run", str(path), "--run-dir", str(rd)), 600, "tfo run") != 0:
+            raise RuntimeError(f"tfo run failed; see {rd}")
+        speed = statistics.mean(throughput(timeline(text), s.steps_per_epoch)
+                                for text in task_logs(rd).values())
+        if i >= 0:
+            detail(f"progress {'on' if auto else 'off'} steps_per_s", speed)
+        return speed
+
+    arm(-1, True), arm(-1, False)
+    for i in range(s.pairs):
+        got = {auto: arm(i, auto) for auto in ((True, False) if i % 2 == 0 else (False, True))}
+        add("progress_ratio", got[True] / got[False])
+    if s.fake:
+        return
+    done = subprocess.run([PY, "bench/progress_cost.py", "--pairs", str(s.pairs)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    for line in done.stdout.splitlines():
+        name, *values = line.split()[1:] if line.startswith("COST ") else [None]
+        if name == "hook_us":
+            add("progress_hook_us", float(values[0]))
+        elif name in ("fit_us_per_step", "call_us"):
+            key = "progress_fit_us" if name == "fit_us_per_step" else "progress_call_us"
+            add(key, float(values[3]))  # the fastest runs' difference: steadier when busy
+            detail(f"{key}, the pairs' median difference",
+                   float(values[2]))
 
 
 # ---- light tasks: coordinator CPU, SIGKILL → detected / stopped --------------------------
@@ -741,7 +792,8 @@ def plot(path: Path) -> str | None:
 
 
 SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
-    "cli": bench_cli, "light": bench_light, "paired": bench_paired, "resume": bench_resume}
+    "cli": bench_cli, "light": bench_light, "paired": bench_paired, "resume": bench_resume,
+    "progress": bench_progress}
 
 
 def main(argv: list[str] | None = None) -> int:

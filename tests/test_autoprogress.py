@@ -61,10 +61,10 @@ def test_the_keras_tutorial_script_shows_its_epochs_steps_and_loss(tmp_path: Pat
         assert (last["step"], last["epoch"], last["step_in_epoch"], last["steps"]) == \
             (40, 1, 20, 20)
         assert isinstance(last["loss"], float) and "source" not in last  # Keras told it
-    assert row(res.output, "worker:0")[-3:] == ["2/2", "20/20", f"{last['loss']:.3g}"]
+    assert row(res.output, "worker:0")[-3:] == ["2/2", "20/20", f"{last['loss']:.4g}"]
     status = run_tfo("status", str(run_dir), timeout=30)
     assert status.returncode == 0, status.output
-    assert row(status.stdout, "worker:1")[4:7] == ["2/2", "20/20", f"{last['loss']:.3g}"]
+    assert row(status.stdout, "worker:1")[4:7] == ["2/2", "20/20", f"{last['loss']:.4g}"]
     board = run_dir / "tensorboard"
     assert [p.name for p in board.iterdir()] == ["train"]
     found = scalars(board / "train")
@@ -155,6 +155,40 @@ def test_the_parameter_server_coordinators_loop_counts_its_closures(tmp_path: Pa
     steps = progress(events(run_dir), "chief:0")
     assert {e["source"] for e in steps} == {"coordinator"}
     assert steps[-1]["step"] == 40  # every scheduled step, once it completed
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_a_warm_spare_that_imported_tensorflow_early_still_reports(tmp_path: Path,
+                                                                   run_dir: Path):
+    """A standby imports TensorFlow and tf-keras before its attempt: the hooks were
+    installed before, so the attempt it serves reports its fit as a fresh task would."""
+    from tests.test_faults import Tfo, kill_task
+    from tests.test_spares import standbys
+
+    cluster = spec(tmp_path, "mwms_keras.py", [
+        "--epochs", "6", "--steps_per_epoch", "150", "--model_path", str(tmp_path / "model"),
+        "--backup_dir", str(tmp_path / "backup")], policy="on-failure",
+        extra="")
+    cluster.write_text(cluster.read_text().replace(
+        "backoff_seconds: 0.5}", "backoff_seconds: 0, warm_spares: true}"))
+    tfo = Tfo(cluster, run_dir)
+    try:
+        tfo.wait_event("task_standby_started", "worker:1", attempt=1, timeout=180)
+        tfo.wait_event("task_epoch", "worker:1", epoch=1, timeout=180)
+        kill_task(tfo, "worker:1")
+        code, err = tfo.finish(timeout=240)
+    finally:
+        tfo.close()
+    assert code == 0, err[-3000:]
+    ev = events(run_dir)
+    spares = standbys(run_dir)
+    for task in ("worker:0", "worker:1"):
+        started = [e for e in told(ev, "task_started", task) if e["attempt"] == 1]
+        assert started and started[0]["warm"] is True and started[0]["pid"] == spares[(task, 1)]
+        again = [e for e in progress(ev, task) if e["attempt"] == 1]
+        assert again and again[-1]["epoch"] == 5 and "loss" in again[-1], again[-1:]
+        assert [e["attempt"] for e in told(ev, "task_first_step", task)] == [0, 1]
 
 
 # ---- the rules, without TensorFlow --------------------------------------------------------

@@ -15,7 +15,7 @@ from tests.conftest import PYTHON, REPO
 FIGURES = {"wall_ratio", "first_step_ratio", "throughput_ratio", "coord_cpu_2", "coord_cpu_64",
            "kill_detected", "kill_stopped", "resume", "resume_cold", "help", "plan",
            "plan_json_time", "plan_json_linear", "plan_json_mb", "tasks_started", "plan_floor",
-           "exit_tail_tfo", "exit_tail_hand"}
+           "exit_tail_tfo", "exit_tail_hand", "progress_ratio"}
 
 
 def test_quick_bench_measures_every_figure(tmp_path: Path) -> None:

@@ -32,3 +32,15 @@ def test_progress_marker_round_trip_and_bad_ones() -> None:
                 '{"event": "progress", "step": 1, "loss": "low"}'):
         with pytest.raises(BadMarker):
             read_marker(markers.PREFIX + bad)
+
+
+def test_a_loss_given_as_a_function_is_read_only_when_a_marker_goes_out() -> None:
+    """Keras's callback hands the step's tensor: reading it waits for the step, so only the
+    markers' steps (at most one a second) read it."""
+    now, out, read = [0.0], [], []
+    r = Reporter(clock=lambda: now[0], emit=lambda event, **f: out.append(f))
+    for i in range(5):
+        now[0] = i * 0.4
+        r.report(loss=lambda i=i: read.append(i) or 0.25)
+    assert read == [0, 3] and [f["step"] for f in out] == [1, 4]
+    assert out[0]["loss"] == 0.25

@@ -280,6 +280,11 @@ class Progress(_EpochProgress):
     worker_entry.progress) with its epoch and loss; the chief writes that loss to TensorBoard
     too, at the optimizer's step."""
 
+    # Keras then hands it the step's tensors as they are: the loss is read (the step waited
+    # for) only when a marker goes out, at most once a second. A fit whose other callbacks
+    # want no numbers per step (verbose 0 or 2) keeps running ahead of its steps' results.
+    _supports_tf_logs = True
+
     def __init__(self) -> None:
         super().__init__()
         self._epoch = 0
@@ -299,7 +304,7 @@ class Progress(_EpochProgress):
         loss = (logs or {}).get("loss")
         self._reporter.report(epoch=self._epoch, epochs=self.params.get("epochs"),
                               step_in_epoch=batch + 1, steps=self.params.get("steps"),
-                              loss=None if loss is None else float(loss))
+                              loss=None if loss is None else lambda: float(loss))
 
     def _emit(self, event: str, **fields: Any) -> None:
         markers.emit(event, **fields)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from worker_entry import markers
@@ -37,8 +38,11 @@ class Reporter:
 
     def report(self, *, epoch: int | None = None, epochs: int | None = None,
                step_in_epoch: int | None = None, steps: int | None = None,
-               loss: float | None = None, step: int | None = None) -> None:
-        """One more step done (`step`: the count so far, where the caller counts)."""
+               loss: float | Callable[[], float] | None = None,
+               step: int | None = None) -> None:
+        """One more step done (`step`: the count so far, where the caller counts). `loss`
+        may be a function, called only when a marker goes out (reading a tensor waits for
+        its step)."""
         self.step = self.step + 1 if step is None else step
         now = self._clock()
         last_of_epoch = steps is not None and step_in_epoch == steps
@@ -50,6 +54,8 @@ class Reporter:
                            ("step_in_epoch", step_in_epoch), ("steps", steps)):
             if value is not None:
                 fields[key] = int(value)
+        if callable(loss):
+            loss = loss()
         if loss is not None and math.isfinite(float(loss)):
             fields["loss"] = round(float(loss), 6)
         self._emit(markers.PROGRESS, **fields)

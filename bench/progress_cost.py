@@ -1,0 +1,102 @@
+"""What the automatic progress (worker_entry/autoprogress.py) costs a task, in one process:
+
+- fit: the time per step of a tiny model's fit (Dense 4 → 1, batches of 16, verbose 0, no
+  other callback: the case where tfo's callback is the only one with per-step hooks), with
+  tfo's callback (`Progress`, as the hook adds it) against without;
+- tf.function: the time per call of a trivial tf.function, counted (the hook's wrapper of
+  `Function.__call__`) against not.
+
+The arms alternate (A B, B A, ...) after a warm-up of each; each prints the arms' medians,
+the median of the pairs' differences and the difference of the arms' fastest runs (the
+steadier figure on a busy machine):
+
+    python bench/progress_cost.py [--steps 2000] [--calls 20000] [--pairs 7]
+    COST hook_us <the callback's per-step hook alone, fastest of the runs>
+    COST fit_us_per_step <without> <with> <difference> <difference of the fastest>
+    COST call_us <without> <with> <difference> <difference of the fastest>
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--pairs", type=int, default=7)
+    args = parser.parse_args()
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    os.environ["TFO_TASK"] = "worker:0"  # the callback's markers go out, as in a task
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.python.eager.polymorphic_function.polymorphic_function import Function
+
+    from worker_entry import autoprogress
+    from worker_entry.context import Progress
+
+    out, sys.stdout = sys.stdout, open(os.devnull, "w")  # noqa: SIM115 (the markers)
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    model.compile(loss="mse", optimizer="sgd")
+    rng = np.random.default_rng(7)
+    data = tf.data.Dataset.from_tensor_slices((rng.random((64, 4), "f"), rng.random(64, "f")))
+    data = data.batch(16).repeat()
+
+    def fit(ours: bool) -> float:
+        start = time.perf_counter()
+        model.fit(data, epochs=1, steps_per_epoch=args.steps, verbose=0,
+                  callbacks=[Progress()] if ours else [])
+        return (time.perf_counter() - start) / args.steps * 1e6
+
+    plain = Function.__call__
+    counted = autoprogress._counted(plain)
+    function, x = tf.function(lambda v: v + 1), tf.constant(1.0)
+
+    def call(ours: bool) -> float:
+        Function.__call__ = counted if ours else plain
+        start = time.perf_counter()
+        for _ in range(args.calls):
+            function(x)
+        took = (time.perf_counter() - start) / args.calls * 1e6
+        Function.__call__ = plain
+        return took
+
+    hook = Progress()
+    hook.set_model(model)
+    hook.set_params({"epochs": 1, "steps": args.steps})
+    logs = {"loss": tf.constant(0.5)}
+
+    def hook_alone() -> float:
+        """Its own share of a step: the callback's per-step hook alone (no step)."""
+        start = time.perf_counter()
+        for batch in range(args.calls):
+            hook.on_train_batch_end(batch, logs)
+        return (time.perf_counter() - start) / args.calls * 1e6
+
+    hook_alone()
+    print(f"COST hook_us {min(hook_alone() for _ in range(args.pairs)):.3f}", file=out,
+          flush=True)
+    for name, measure in (("fit_us_per_step", fit), ("call_us", call)):
+        measure(False), measure(True)  # warm-ups: tracing, the first calls
+        without, with_, diffs = [], [], []
+        for i in range(args.pairs):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            got = {ours: measure(ours) for ours in order}
+            without.append(got[False])
+            with_.append(got[True])
+            diffs.append(got[True] - got[False])
+        print(f"COST {name} {statistics.median(without):.3f} {statistics.median(with_):.3f} "
+              f"{statistics.median(diffs):.3f} {min(with_) - min(without):.3f}", file=out,
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
