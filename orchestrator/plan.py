@@ -198,7 +198,7 @@ def make_policy(spec: ClusterSpec) -> Policy:
         startup_seconds=t.startup_seconds, deadline_seconds=t.deadline_seconds,
         grace_seconds=t.grace_seconds, evaluator_seconds=t.evaluator_seconds,
         evaluator_required=spec.evaluator_required, stall_seconds=t.stall_seconds or None,
-        stall_all=bool(t.stall_seconds) and "stall_seconds" in t.model_fields_set,
+        stall_min_seconds=t.stall_min_seconds,
         warm_spares=spec.restart.warm_spares)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from orchestrator.stall import FLOOR_SECONDS
 from worker_entry.markers import EXIT_PERMANENT, Role
 
 
@@ -48,11 +49,11 @@ class Policy:
     grace_seconds: float  # from SIGTERM to SIGKILL
     evaluator_seconds: float  # how long sidecars are waited for once the job is done
     evaluator_required: bool  # a sidecar that is lost for good fails the job
-    # Training tasks whose step has not moved (or that are stopped) this long have stalled;
-    # None: never. `stall_all`: the spec set it, so tasks that report no progress are
-    # checked too (for being stopped: they have no step to watch).
-    stall_seconds: float | None = None
-    stall_all: bool = False
+    # Training tasks whose steps stopped moving (or that are stopped, or whose group idles)
+    # this long have stalled (orchestrator.stall): seconds; "auto", which adapts to the
+    # job's steps and is never below `stall_min_seconds`; None: never.
+    stall_seconds: float | str | None = None
+    stall_min_seconds: float = FLOOR_SECONDS
     warm_spares: bool | str = "auto"  # restart.warm_spares: True, False or "auto"
 
     def to_json(self) -> dict[str, Any]:
@@ -60,5 +61,6 @@ class Policy:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Policy:
+        data = {k: v for k, v in data.items() if k != "stall_all"}  # an older plan.json's
         return cls(**{**data, "restart": {Role(r): RestartPolicy(p)
                                           for r, p in data["restart"].items()}})

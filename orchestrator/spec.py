@@ -11,6 +11,7 @@ the CLI prints it and exits 2 before anything starts.
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 import re
 import string
@@ -34,6 +35,7 @@ from pydantic import (
 from orchestrator.errors import SpecError
 from orchestrator.policy import RestartPolicy
 from orchestrator.specfile import SpecFileError, read_data
+from orchestrator.stall import FLOOR_SECONDS
 from orchestrator.strategy import CLUSTER_ROLES, RULES, START_ORDER
 from worker_entry.markers import Role, Strategy
 
@@ -410,10 +412,24 @@ class RestartSpec(_Model):
         return self.policy
 
 
-# A training step that has not moved for this long is a hang. Five minutes: far above any
-# sane step, and above the few minutes a checkpoint or an epoch's validation may hold the
-# steps still; far below TensorFlow's own collective timeouts, which may never fire.
-STALL_SECONDS = 300.0
+def _check_stall_seconds(value: Any) -> Any:
+    """One message for what a union of three would say three times."""
+    if value == "auto" or value is None:
+        return value
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ValueError(f"expected auto, a number of seconds, or null (off), got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"Input should be a finite number (got {value!r})")
+    if value < 0:
+        raise ValueError(f"Input should be greater than or equal to 0 (got {value!r})")
+    return float(value)
+
+
+# A training task whose steps stopped moving (or that has been stopped, state T, or whose
+# whole group idles) this long fails its attempt (orchestrator.stall). `auto`: the limit
+# adapts to the job's steps, never below stall_min_seconds. null or 0: off.
+StallSeconds = Annotated[Annotated[float, Strict(), Field(ge=0)] | Literal["auto"] | None,
+                         BeforeValidator(_check_stall_seconds)]
 
 
 class TimeoutSpec(_Model):
@@ -421,10 +437,16 @@ class TimeoutSpec(_Model):
     deadline_seconds: Seconds | None = Field(default=None, gt=0)
     grace_seconds: Seconds = Field(default=10.0, ge=0)
     evaluator_seconds: Seconds = Field(default=60.0, ge=0)
-    # A training task whose step has not moved (or that has been stopped, state T) this long
-    # fails its attempt. Unset: STALL_SECONDS, for tasks that report progress only. Set: for
-    # every training task (one that reports no progress: while stopped). null or 0: off.
-    stall_seconds: Seconds | None = Field(default=STALL_SECONDS, ge=0)
+    stall_seconds: StallSeconds = "auto"
+    stall_min_seconds: Seconds = Field(default=FLOOR_SECONDS, gt=0)  # auto's floor
+
+    @model_validator(mode="after")
+    def _min_for_auto(self) -> TimeoutSpec:
+        if "stall_min_seconds" in self.model_fields_set and self.stall_seconds != "auto":
+            raise _field_error("timeouts.stall_min_seconds", (
+                f"is the floor of stall_seconds: auto, and stall_seconds is "
+                f"{self.stall_seconds!r}; remove one of them"))
+        return self
 
 
 class HostSpec(_Model):
@@ -642,7 +664,7 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 
 
 # The fields our model-level checks name at the start of their message.
-_MODEL_FIELDS = ("tasks", "job", "env.", "hosts.", "backend.")
+_MODEL_FIELDS = ("tasks", "job", "env.", "hosts.", "backend.", "timeouts.")
 
 
 def format_validation_error(err: ValidationError) -> str:

@@ -13,9 +13,12 @@ written to events.jsonl. What to do is the plan's: its policy (restarts, timeout
 strategy's rules (which roles serve first, which are servers, what restarts with what, what
 counts as done).
 
-Hangs are failures: a training task whose step has not moved for `stall_seconds` (or that
-has been stopped that long) fails its attempt like an exit would (orchestrator.stall); its
-Python stacks are asked for first, and the summary says where it was stuck.
+Hangs are failures: a training task whose steps stopped moving for its limit (or that has
+been stopped that long, or whose whole group idles that long) fails its attempt like an exit
+would (orchestrator.stall: `stall_seconds` fixed, or `auto`, which adapts to the job's
+steps); its Python stacks are asked for first, and the summary says where it was stuck.
+A task is ready at its ready marker, or at its first step (a one-process script opens no
+port); one not ready by `startup_seconds` fails the attempt only while it idles.
 
 Preemption is not a failure: a task that exits EXIT_PREEMPTED (TensorFlow's
 PreemptionCheckpointHandler, having saved) after a SIGTERM is restarted without counting
@@ -61,6 +64,7 @@ from orchestrator.markers import (
     BadMarker,
     Evaluated,
     Exiting,
+    FirstStep,
     Progress,
     SigTerm,
     Usage,
@@ -70,7 +74,21 @@ from orchestrator.markers import (
 from orchestrator.plan import Plan, TaskPlan
 from orchestrator.policy import RestartPolicy, restart_allowed
 from orchestrator.rundir import RunDir, coordinator_identity
-from orchestrator.stall import Frame, Stall, Watched, blame_order, find_stalls, main_thread, where
+from orchestrator.stall import (
+    IDLE_CPU,
+    Frame,
+    Pace,
+    Stall,
+    StallRule,
+    Watched,
+    blame_order,
+    find_stalls,
+    paced,
+    startup_over,
+    stuck_thread,
+    threads,
+    where,
+)
 from orchestrator.strategy import RestartUnit
 from worker_entry import markers
 from worker_entry.markers import Role
@@ -83,7 +101,7 @@ IDLE_SECONDS = 0.25  # the longest the loop sleeps with nothing happening
 # 64 tasks alone arrive 32 times a second (a round for each cost 0.04 of a core).
 OUTPUT_SECONDS = 0.1
 # Stalls are looked for at most this often (each look builds a Watched per task); they are
-# found within stall_seconds + 1 s.
+# found within their limit + 1 s.
 STALL_CHECK_SECONDS = 0.25
 WATCH_SECONDS = 1.0  # how often the loop hands itself to a watcher (the live view)
 # A closed terminal or a dropped SSH session to the user's machine sends SIGHUP: a teardown
@@ -107,7 +125,7 @@ class TaskState(str, Enum):
 
         PENDING ──start──▶ STARTING
         PENDING ──could not start──▶ FAILED
-        STARTING ──ready marker──▶ RUNNING
+        STARTING ──ready marker, or its first step──▶ RUNNING
         STARTING/RUNNING ──exit 0──▶ SUCCEEDED
         STARTING/RUNNING ──stopped in its teardown (code over, a peer gone)──▶ SUCCEEDED
         STARTING/RUNNING ──exit ≠ 0, signal, a server's exit──▶ FAILED
@@ -204,7 +222,8 @@ class TaskRecord:
     returncode: int | None = None
     log: IO[str] | None = None
     progress: Progress | None = None  # the attempt's last progress marker
-    progress_at: float = 0.0  # monotonic time `progress.step` last moved (stall detection)
+    pace: Pace = field(default_factory=lambda: Pace(0.0))  # how its steps moved (stalls)
+    busy_at: float = 0.0  # monotonic time of its last sign of work: a line, or CPU in use
     steps_per_second: float | None = None  # between the last two progress markers
     last_line: str = ""  # the last ordinary line the task printed (the live view)
     usage: Usage | None = None  # the wrapper's last measure of the task's processes
@@ -502,7 +521,8 @@ class Supervisor:
             return
         self._set(rec, TaskState.STARTING)
         rec.started_at, rec.last_marker, rec.returncode = time.monotonic(), "", None
-        rec.progress, rec.progress_at, rec.steps_per_second = None, rec.started_at, None
+        rec.progress, rec.steps_per_second = None, None
+        rec.pace, rec.busy_at = Pace(rec.started_at), rec.started_at
         rec.usage, rec.usage_at, rec.stopped_since, rec.sigterm = None, None, None, False
         rec.done, rec.running_at, rec.standby_asked = False, None, False
         rec.exiting_at, rec.ended_at, rec.torn_down = None, None, False
@@ -556,6 +576,8 @@ class Supervisor:
             except BadMarker as e:
                 self.events.write("task_bad_marker", rec.name, **own, error=str(e))
                 marker = None
+            if not isinstance(marker, Usage):
+                rec.busy_at = time.monotonic()  # a line: a sign of work (stalls, startup)
             if marker is None:
                 rec.last_line = line
                 if rec.stack_lines is not None:
@@ -579,20 +601,29 @@ class Supervisor:
             elif isinstance(marker, Evaluated):
                 self.evaluation = {"epoch": marker.epoch, "metrics": marker.metrics}
             self.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})
+            if isinstance(marker, Progress | FirstStep) and rec.state is TaskState.STARTING:
+                # It trains, so it is up: a one-process script (MirroredStrategy, the
+                # default strategy) opens no port for its wrapper to see.
+                self._set(rec, TaskState.RUNNING)
+                rec.running_at = time.monotonic()
+                self.events.write("task_ready", rec.name, **own, what="training", by="step")
 
     def _measured(self, rec: TaskRecord, marker: Usage) -> None:
         rec.usage, rec.usage_at = marker, time.monotonic()
+        if marker.cpu >= IDLE_CPU:
+            rec.busy_at = rec.usage_at
         if not marker.stopped:
             rec.stopped_since = None
         elif rec.stopped_since is None:
             rec.stopped_since = rec.usage_at
 
     def _progressed(self, rec: TaskRecord, marker: Progress) -> None:
-        now, before = time.monotonic(), rec.progress
-        if before is None or marker.step > before.step:
-            if before is not None and now > rec.progress_at:
-                rec.steps_per_second = (marker.step - before.step) / (now - rec.progress_at)
-            rec.progress_at = now
+        now, before, moved_at = time.monotonic(), rec.progress, rec.pace.moved_at
+        if before is not None and marker.step > before.step and moved_at is not None \
+                and now > moved_at:
+            rec.steps_per_second = (marker.step - before.step) / (now - moved_at)
+        rec.pace = paced(rec.pace, now, marker.step, marker.epoch, marker.step_in_epoch,
+                         marker.steps, marker.epochs)
         rec.progress = marker
 
     # ---- exits and restarts -----------------------------------------------------------
@@ -727,10 +758,17 @@ class Supervisor:
             self.events.write("task_restarted", r.name, attempt=r.attempt + 1,
                               restarts=r.restarts, reason=why, backoff=backoff, counted=counted)
 
+    def _watched(self, rec: TaskRecord) -> Watched:
+        return Watched(rec.name, rec.pace, rec.busy_at, rec.stopped_since, rec.usage_at,
+                       rec.usage.cpu if rec.usage else None, up=rec.state is TaskState.RUNNING,
+                       server=rec.role in self.rules.servers)
+
     def _check_startup(self, now: float) -> None:
+        """A task not up by the startup limit fails the attempt, unless it is working
+        (orchestrator.stall.startup_over)."""
         limit = self.policy.startup_seconds
         starting = [r for r in self.records.values() if r.state is TaskState.STARTING]
-        if not any(now - r.started_at > limit for r in starting):
+        if not startup_over([self._watched(r) for r in starting], now, limit):
             return
         # Every task not up yet is named: one that hangs keeps its peers waiting too.
         names = ", ".join(f"{r.name} (last: {r.last_marker or 'no output from tfo yet'})"
@@ -744,37 +782,43 @@ class Supervisor:
     def _check_stalls(self, now: float) -> None:
         """A stalled training task fails its attempt (orchestrator.stall); its stacks, and
         those of every task stuck with it that can answer, are asked for first."""
-        limit = self.policy.stall_seconds
-        if limit is None:
+        rule = self._stall_rule()
+        if rule is None:
             return
-        watched = [Watched(r.name, r.progress.step if r.progress else None, r.progress_at,
-                           r.stopped_since, r.usage_at)
-                   for r in self.records.values()
+        watched = [self._watched(r) for r in self.records.values()
                    if r.state.live and r.handle is not None and not r.done
-                   and r.role not in self.rules.servers and r.role not in self.rules.sidecars]
-        stalls = find_stalls(watched, now, limit, self.policy.stall_all)
+                   and r.role not in self.rules.sidecars]
+        stalls = find_stalls(watched, now, rule)
         if not stalls:
             return
         for s in stalls:
             r = self.records[s.task]
             self.events.write("task_stalled", s.task, attempt=r.attempt,
                               pid=r.handle.pid if r.handle else None, reason=s.reason,
-                              stopped=s.stopped, stall_seconds=limit)
+                              stopped=s.stopped, stall_seconds=s.limit)
         stacks = self._ask_stacks(stalls)
         for s in stalls:
-            s.where = where(stacks.get(s.task, []))
+            s.where = where(stuck_thread(stacks.get(s.task, [])))
             if s.where:
                 r = self.records[s.task]
                 self.events.write("task_stacks", s.task, attempt=r.attempt,
                                   pid=r.handle.pid if r.handle else None, where=s.where)
         stalls = blame_order(stalls, stacks)
         self.stalls += stalls
-        why = f"stalled ({limit:g} s): " + "; ".join(s.describe() for s in stalls)
+        why = f"stalled ({stalls[0].limit}): " + "; ".join(s.describe() for s in stalls)
         self._task_lost(self.records[stalls[0].task], None, why)
 
-    def _ask_stacks(self, stalls: list[Stall]) -> dict[str, list[Frame]]:
+    def _stall_rule(self) -> StallRule | None:
+        seconds = self.policy.stall_seconds
+        if seconds is None:
+            return None
+        if seconds == "auto":
+            return StallRule(floor=self.policy.stall_min_seconds)
+        return StallRule(seconds=float(seconds))
+
+    def _ask_stacks(self, stalls: list[Stall]) -> dict[str, list[list[Frame]]]:
         """Ask each stalled task that can answer (not stopped) for its stacks; wait until
-        their dumps are in (or STACKS_WAIT_SECONDS). Each one's main thread, by task."""
+        their dumps are in (or STACKS_WAIT_SECONDS). Each one's threads, by task."""
         asked = [self.records[s.task] for s in stalls if not s.stopped]
         for r in asked:
             r.stack_lines = []
@@ -790,9 +834,9 @@ class Supervisor:
             if count != seen:
                 seen, quiet_since = count, time.monotonic()
             elif time.monotonic() - quiet_since >= STACKS_QUIET_SECONDS and all(
-                    main_thread(r.stack_lines or []) for r in asked):
+                    threads(r.stack_lines or []) for r in asked):
                 break
-        stacks = {r.name: main_thread(r.stack_lines or []) for r in asked}
+        stacks = {r.name: threads(r.stack_lines or []) for r in asked}
         for r in asked:
             r.stack_lines = None
         return stacks

@@ -176,3 +176,50 @@ timeouts: {{startup_seconds: 120, grace_seconds: 2, stall_seconds: {STALL_SECOND
     assert "stalled: worker:1 no progress for" in res.stderr
     log = (run_dir / "logs" / "worker-1.log").read_text()
     assert '@tfo {"event": "usage"' in log
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(400)
+def test_a_worker_blocked_in_its_input_pipeline_is_caught_under_default_settings(
+        run_dir: Path, tmp_path: Path):
+    """TensorFlow's multi-worker tutorial, unmodified but for its input, which blocks for
+    good on worker 1 after 150 batches; no stall setting (auto: its floor, a minute, for
+    these fast steps). Both workers stop in the same step, both idle; worker 1 is named
+    first, by the thread of its input pipeline, and the group is restarted. Costs about
+    90 s: the minute of the default."""
+    script = Path(__file__).parent / "scripts" / "blocked_input.py"
+    cluster = write_spec(tmp_path / "cluster.yaml", f"""\
+name: blocked
+job:
+  script: tests/scripts/blocked_input.py
+  args: {json.dumps(["--block_worker", "1", "--block_after", "150", "--epochs", "2",
+                     "--steps_per_epoch", "200", "--model_path", str(tmp_path / "model"),
+                     "--backup_dir", str(tmp_path / "backup")])}
+tasks:
+  worker: [localhost:auto, localhost:auto]
+restart: {{policy: on-failure, max_restarts: 1, backoff_seconds: 0.5}}
+""")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=380)
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    stalled = [e for e in ev if e["event"] == "task_stalled"]
+    assert {e["task"] for e in stalled} == {"worker:0", "worker:1"}, stalled
+    assert all(e["attempt"] == 0 and e["stall_seconds"] == "auto: 60 s" for e in stalled)
+    log = (run_dir / "logs" / "worker-1.log").read_text()
+    blocked_at = float(re.search(r"input blocked at ([\d.]+)", log)[1])
+    verdict = stalled[0]["time"] - blocked_at
+    cpu = [json.loads(m)["cpu"] for m in re.findall(r'@tfo (\{"event": "usage".*\})', log)]
+    print(f"blocked input: stall verdict {verdict:.1f} s after the block; worker:1's CPU "
+          f"while blocked: {cpu[-25:]}")
+    assert 55 <= verdict <= 90, verdict  # a minute after its last progress marker
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1)
+                if "time.sleep(3600)" in text)
+    stacks = first(ev, "task_stacks", "worker:1")
+    assert stacks and stacks["where"][0] == f"read_batch ({script}:{line})", stacks
+    summary = res.stderr[res.stderr.index("job succeeded"):]
+    assert re.search(r"stalled: worker:1 no progress for \d+ s \(step \d+\)\n"
+                     rf"  in read_batch \({re.escape(str(script))}:{line}\)", summary), summary
+    assert summary.index("stalled: worker:1") < summary.index("stalled: worker:0")
+    assert first(ev, "task_restarted", "worker:0", attempt=1, counted=True)
+    assert [e["epoch"] for e in ev if e["event"] == "task_epoch" and e["task"] == "worker:1"
+            and e["attempt"] == 1] == [0, 1]

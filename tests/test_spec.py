@@ -116,7 +116,14 @@ HOSTILE = [
     ("stall timeout true", GOOD + "timeouts: {stall_seconds: true}\n",
      ["timeouts.stall_seconds"]),
     ("stall timeout words", GOOD + "timeouts: {stall_seconds: five minutes}\n",
-     ["timeouts.stall_seconds"]),
+     ["timeouts.stall_seconds", "expected auto, a number of seconds, or null"]),
+    ("stall timeout Auto", GOOD + "timeouts: {stall_seconds: Auto}\n",
+     ["timeouts.stall_seconds", "expected auto", "'Auto'"]),
+    ("stall floor with a fixed limit", GOOD + "timeouts: {stall_seconds: 30, "
+     "stall_min_seconds: 5}\n", ["timeouts.stall_min_seconds", "floor of stall_seconds: auto",
+                                 "30.0"]),
+    ("stall floor 0", GOOD + "timeouts: {stall_min_seconds: 0}\n",
+     ["timeouts.stall_min_seconds", "greater than 0"]),
     ("infinite connect timeout", GOOD.replace("localhost", "lab")
      + "hosts: {lab: {address: 10.0.0.2, connect_timeout_seconds: .inf}}\n",
      ["hosts.lab.connect_timeout_seconds", "finite"]),
@@ -212,7 +219,7 @@ def test_bad_spec_is_rejected_with_the_field_named(case, text, needles, tmp_path
                                   "PS job with two chiefs", *[c for c, _, _ in HOSTILE],
                                   "nccl without GPUs", "GPU count instead of ids",
                                   "addresses under slurm", "slurm time not a time",
-                                  "warm spares not a choice"])
+                                  "warm spares not a choice", "stall timeout words"])
 def test_cli_exits_2_without_traceback(case, tmp_path):
     text, needles = next((t, n) for c, t, n in BAD if c == case)
     spec = write_spec(tmp_path / "c.yaml", text)
@@ -301,17 +308,18 @@ def test_good_spec_defaults():
     assert spec.restart.for_role("worker") is RestartPolicy.NEVER
 
 
-@pytest.mark.parametrize("timeouts, seconds, every_task", [
-    ({}, 300.0, False),  # the default: only tasks that report progress are watched
-    ({"stall_seconds": 30}, 30.0, True),  # set: every training task is
-    ({"stall_seconds": None}, None, False),
-    ({"stall_seconds": 0}, None, False),
+@pytest.mark.parametrize("timeouts, seconds, floor", [
+    ({}, "auto", 60.0),  # the default: adapts to the job's steps, at least a minute
+    ({"stall_seconds": "auto", "stall_min_seconds": 5}, "auto", 5.0),
+    ({"stall_seconds": 30}, 30.0, 60.0),
+    ({"stall_seconds": None}, None, 60.0),
+    ({"stall_seconds": 0}, None, 60.0),
 ])
-def test_stall_seconds_default_set_and_off(timeouts, seconds, every_task):
+def test_stall_seconds_default_set_and_off(timeouts, seconds, floor):
     spec = parse_spec({"name": "t", "job": {"entry": "a.b:c"}, "timeouts": timeouts,
                        "tasks": {"worker": ["localhost:1", "localhost:2"]}})
     policy = make_policy(spec)
-    assert (policy.stall_seconds, policy.stall_all) == (seconds, every_task)
+    assert (policy.stall_seconds, policy.stall_min_seconds) == (seconds, floor)
 
 
 def test_shipped_cluster_files_load():
@@ -433,7 +441,7 @@ def test_a_duplicate_key_in_json(tmp_path: Path):
 
 
 SCHEMA_BAD = ["unknown top-level key", "unknown job key", "unknown role", "port not a number",
-              "warm spares not a choice"]
+              "warm spares not a choice", "stall timeout words"]
 
 
 @pytest.mark.timeout(60)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -215,6 +216,26 @@ def test_evaluator_failure_never_fails_the_job(tmp_path):
 
 
 @pytest.mark.timeout(20)
+def test_a_task_is_up_at_its_first_step(tmp_path):
+    """A one-process script (MirroredStrategy, the default strategy) opens no port: its first
+    step says it runs, and the startup limit (1 s) is over for it."""
+    scripts = {"worker:0": Script([(0, 2.0, False)], {0: steps(1.9, every=0.3)})}
+    result, _, events = supervise(tmp_path, spec(worker=["localhost:1"]), scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    ready = [e for e in events if e["event"] == "task_ready"]
+    assert [(e["task"], e["by"]) for e in ready] == [("worker:0", "step")]
+
+
+@pytest.mark.timeout(20)
+def test_a_task_not_up_is_not_failed_by_the_startup_limit_while_it_works(tmp_path):
+    """No step and no port: the 1 s limit fails it only once it idles (STARTUP_IDLE_SECONDS)."""
+    scripts = {"worker:0": Script([(0, 3.0, False)], {0: working(3.0)})}
+    result, _, events = supervise(tmp_path, spec(worker=["localhost:1"]), scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    assert not [e for e in events if e["event"] in ("task_startup_timeout", "task_ready")]
+
+
+@pytest.mark.timeout(20)
 def test_startup_timeout_names_every_task_not_up(tmp_path):
     scripts = {"worker:1": Script([(None, 0, False)]), "worker:0": Script([(None, 0, True)])}
     result, _, _ = supervise(tmp_path, spec(policy="never"), scripts)
@@ -333,9 +354,14 @@ def progress(step: int) -> str:
     return f'@tfo {{"event": "progress", "step": {step}}}'
 
 
-def usage(stopped: bool) -> str:
-    return ('@tfo {"event": "usage", "cpu": 0, "rss": 1, "processes": 1, "stopped": '
+def usage(stopped: bool, cpu: float = 0) -> str:
+    return (f'@tfo {{"event": "usage", "cpu": {cpu}, "rss": 1, "processes": 1, "stopped": '
             f'{"true" if stopped else "false"}}}')
+
+
+def working(until: float, cpu: float = 50, every: float = 0.2) -> list[tuple[float, str]]:
+    """Usage markers of a task at `cpu` % until `until` (its wrapper's, every `every` s)."""
+    return [(i * every, usage(False, cpu)) for i in range(1, int(until / every) + 1)]
 
 
 def steps(until: float, every: float = 0.1) -> list[tuple[float, str]]:
@@ -400,23 +426,66 @@ def test_the_stopped_worker_is_named_not_its_blocked_peer(tmp_path):
 
 
 @pytest.mark.timeout(20)
-@pytest.mark.parametrize("stall_seconds", [None, 0.5])
-def test_a_task_that_reports_no_progress_is_not_stall_checked(tmp_path, stall_seconds):
-    """Default: only tasks that report progress are watched. Set: one without progress is
-    checked for being stopped only; it has no step that could stop moving."""
-    scripts = {n: Script([(0, 1.5, True)]) for n in ("worker:0", "worker:1")}
-    result, _, events = supervise(tmp_path, stall_spec(stall_seconds), scripts)
+@pytest.mark.parametrize("stall", [{"stall_seconds": 0.5},
+                                   {"stall_seconds": "auto", "stall_min_seconds": 0.5}])
+def test_a_task_that_reports_no_progress_is_judged_by_its_work(tmp_path, stall):
+    """No step to watch: a group that works (CPU in use) trains; one that idles is hung."""
+    busy = {n: Script([(0, 1.5, True)], {0: working(1.5)}) for n in ("worker:0", "worker:1")}
+    s = stall_spec(**{"max_restarts": 0})
+    s["timeouts"].update(stall)
+    result, _, events = supervise(tmp_path / "busy", s, busy)
     assert result.state is JobState.SUCCEEDED and result.restarts == 0
     assert not [e for e in events if e["event"] == "task_stalled"]
+    idle = {n: Script([(0, 1.5, True)], {0: working(1.5, cpu=0.5)})
+            for n in ("worker:0", "worker:1")}
+    result, _, events = supervise(tmp_path / "idle", s, idle)
+    assert result.state is JobState.FAILED, result.reason
+    assert [s.task for s in result.stalls] == ["worker:0", "worker:1"]
+    assert re.search(r"worker:0 idle for \d s \(no step seen\): no output, CPU under 2 %",
+                     result.reason), result.reason
 
 
 @pytest.mark.timeout(20)
-def test_a_stopped_task_without_progress_is_a_stall_when_the_spec_sets_it(tmp_path):
-    scripts = {"worker:0": Script([(None, 0, True)]),
+def test_a_stopped_task_without_progress_is_a_stall(tmp_path):
+    scripts = {"worker:0": Script([(None, 0, True)], {0: working(3)}),
                "worker:1": Script([(None, 0, True)], {0: [(0.2, usage(True))]})}
     result, _, _ = supervise(tmp_path, stall_spec(0.5, max_restarts=0), scripts)
     assert result.state is JobState.FAILED and result.failed_task == "worker:1"
     assert [s.task for s in result.stalls] == ["worker:1"]
+
+
+@pytest.mark.timeout(20)
+def test_a_ps_chief_waiting_for_busy_servers_is_no_stall(tmp_path):
+    """PS: the chief idles while the workers (servers) compute; only all of them idle is a
+    hang, and then the chief is named, never a server."""
+    def job(servers_cpu: float) -> dict[str, Script]:
+        servers = {n: Script([(None, 0, True)], {0: working(1.5, cpu=servers_cpu)})
+                   for n in ("worker:0", "worker:1", "ps:0")}
+        return {"chief:0": Script([(0, 1.5, True)], {0: working(1.5, cpu=0)}), **servers}
+
+    s = stall_spec(None, strategy="parameter_server", max_restarts=0, **PS)
+    s["timeouts"].update(stall_seconds="auto", stall_min_seconds=0.5)
+    result, _, events = supervise(tmp_path / "busy", s, job(servers_cpu=80))
+    assert result.state is JobState.SUCCEEDED, result.reason
+    assert not [e for e in events if e["event"] == "task_stalled"]
+    result, _, _ = supervise(tmp_path / "idle", s, job(servers_cpu=0))
+    assert result.state is JobState.FAILED and [st.task for st in result.stalls] == ["chief:0"]
+
+
+@pytest.mark.timeout(20)
+def test_auto_waits_a_multiple_of_the_longest_step(tmp_path):
+    """25 steps 0.1 s apart, then none: auto's limit is 10 x 0.1 s (its floor 0.5 s is
+    lower), counted from the last step."""
+    scripts = {n: Script([(None, 0, True)], {0: steps(2.5)}) for n in ("worker:0", "worker:1")}
+    s = stall_spec(None, max_restarts=0)
+    s["timeouts"].update(stall_seconds="auto", stall_min_seconds=0.5)
+    result, _, events = supervise(tmp_path, s, scripts)
+    assert result.state is JobState.FAILED
+    assert result.reason.startswith("stalled (auto: 1 s): worker:0 no progress for 1 s (step 25)")
+    last = max(e["time"] for e in events if e["event"] == "task_progress")
+    stalled = next(e for e in events if e["event"] == "task_stalled")
+    assert stalled["stall_seconds"] == "auto: 1 s"
+    assert 1.0 <= stalled["time"] - last < 1.5
 
 
 @pytest.mark.timeout(20)
