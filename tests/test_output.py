@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -17,11 +18,11 @@ from typing import Any
 import psutil
 import pytest
 
-from orchestrator.console import ConsoleWriter
+from orchestrator.console import ConsoleWriter, printable
 from orchestrator.launch.output import LINE_CAP, TaskOutput
 from orchestrator.markers import BadMarker, Evaluated, Up, Usage, read_marker
 from tests import sshlab
-from tests.conftest import REPO, events, kill_tree, tfo_cmd, write_spec
+from tests.conftest import REPO, events, kill_tree, run_tfo, tfo_cmd, write_spec
 from tests.jobs.noisy import BAD_MARKERS
 from tests.test_ssh import host_yaml
 from worker_entry import markers
@@ -423,3 +424,53 @@ def test_logs_hide_markers_and_take_a_task_name_alone(tmp_path, monkeypatch):
         in " ".join(shown)
     code, shown = logs(str(tmp_path / "nowhere"))
     assert code == 2 and "no task logs there" in " ".join(shown)
+
+
+@pytest.mark.parametrize(("raw", "shown"), [
+    ("plain", "plain"),
+    ("abc\rX", "Xbc"),  # \r: back to the start, the rest of the line stays
+    ("abc\b\bZ", "aZc"),
+    ("\b\bstart", "start"),  # nothing to back over
+    ("done\r", "done"),
+    ("a\tb\rX", "X\tb"),
+    ("1/5 [=>......] - loss: 0.9" + "\b" * 26 + "\r" + "5/5 [========] - loss: 0.1",
+     "5/5 [========] - loss: 0.1"),  # tf-keras's Progbar
+    ("x\r\x1b[2K", "\\x1b[2K"),  # what is left is escaped
+    ("\x1b[31m\b\b", "\\x1b[31m"),  # an escape cannot be backed into a live sequence
+])
+def test_carriage_returns_and_backspaces_apply_before_escaping(raw, shown):
+    assert printable(raw) == shown
+
+
+def test_a_progress_bar_over_the_cap_is_held_as_last_drawn(tmp_path):
+    log = tmp_path / "t.log"
+    draws = [b"\r%5d/9999 [" % i + b"=" * (i % 30) + b">" + b"." * (29 - i % 30) + b"]"
+             + b"\b" * 46 for i in range(1, 10000)]
+    parts = [b"".join(draws[i:i + 500]) for i in range(0, len(draws), 500)] + [b"\n"]
+    lines = _collect(TaskOutput(str(log), _chunks(*parts), "t"))
+    assert [printable(line) for line in lines] == [
+        " 9999/9999 [" + "=" * 9 + ">" + "." * 20 + "]"]
+    assert log.read_bytes() == b"".join(parts)  # the log keeps the bytes
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(150)
+def test_keras_progress_bars_show_as_a_terminal_leaves_them(tmp_path: Path, run_dir: Path):
+    cluster = write_spec(tmp_path / "cluster.yaml", PROGBAR_SPEC)
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=130)
+    assert res.returncode == 0, res.output[-3000:]
+    assert "\\x08" not in res.stdout and "\\r" not in res.stdout, res.stdout[-3000:]
+    bars = re.findall(r"^\[worker:0\] 5/5 \[=+\] - .*loss: [\d.]+$", res.stdout, re.M)
+    assert len(bars) == 12, res.stdout[-3000:]
+    assert b"\x08" in (run_dir / "logs" / "worker-0.log").read_bytes()  # the log: as printed
+
+
+PROGBAR_SPEC = """\
+name: progbar
+strategy: multi_worker_mirrored
+job: {script: tests/scripts/progbar_fit.py}
+tasks:
+  worker: [localhost:auto]
+restart: {policy: never}
+timeouts: {startup_seconds: 120}
+"""

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from orchestrator import wakeup
+from orchestrator.console import overstrike
 from worker_entry.markers import START
 
 _START = START.encode()
@@ -39,6 +40,10 @@ QUEUE_CHARS = 4 * 1024 * 1024  # lines waiting for the supervisor, in characters
 
 def cut_note(more: int) -> str:
     return f" [… {more} bytes more in the log]"
+
+
+def _redraws(line: bytearray, part: bytes) -> bool:
+    return any(c in part or c in line for c in (b"\r", b"\b"))
 
 
 class _LineQueue:
@@ -222,6 +227,14 @@ class TaskOutput:
 
     def _take(self, part: bytes) -> None:
         room = LINE_CAP - len(self._line)
+        if len(part) > room and not self._more and _redraws(self._line, part):
+            # A progress bar redrawn with \r and \b all epoch long: what the line shows at
+            # the end is its last drawing, not the first 64 KiB of them. Held as drawn so far.
+            drawn = overstrike((self._line + part).decode(errors="surrogateescape"))
+            raw = drawn.encode(errors="surrogateescape")
+            self._line = bytearray(raw[:LINE_CAP])
+            self._more += max(0, len(raw) - LINE_CAP)
+            return
         self._line += part[:room]
         self._more += max(0, len(part) - room)
 
