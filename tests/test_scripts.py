@@ -346,3 +346,14 @@ def test_a_script_job_survives_plan_json():
     plan = make_plan(spec, run_id="r", run_dir="/r", workdir="/w")
     again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
     assert again.spec == spec and again.job == "script train.py"
+
+
+@pytest.mark.parametrize("how", ["streams", "fds"])
+@pytest.mark.timeout(60)
+def test_a_script_that_closes_its_stdout_and_stderr_still_succeeds(how, tmp_path, run_dir):
+    """What a task does with its own descriptors cannot fail it: the markers have their own."""
+    cluster = spec(tmp_path, "close_output.py", ["--how", how], tasks="  worker: [localhost:auto]")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
+    assert res.returncode == 0, res.output[-3000:]
+    assert first(events(run_dir), "task_exited", "worker:0", returncode=0)
+    assert "closing my output" in (run_dir / "logs" / "worker-0.log").read_text()

@@ -464,6 +464,10 @@ def wrap() -> None:
         # Where a stalled task is stuck, on request (the wrapper signals): to its log.
         with contextlib.suppress(ValueError, OSError, RuntimeError, AttributeError):
             faulthandler.register(getattr(signal, markers.STACKS_SIGNAL), all_threads=True)
+        # Markers on a descriptor of their own: what the task does to its stdout cannot
+        # take them (os.dup: not inherited by what the task starts).
+        with contextlib.suppress(OSError):
+            markers.use_channel(os.dup(sys.stdout.fileno()))
         if lifeline:  # the heartbeat is the wrapper's to read
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, sys.stdin.fileno())

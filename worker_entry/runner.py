@@ -170,5 +170,4 @@ def main() -> int:
     markers.emit(markers.READY, what="evaluating" if role == Role.EVALUATOR else "training")
     entry(ctx)
     markers.emit(markers.DONE)
-    sys.stdout.flush()
     return 0
