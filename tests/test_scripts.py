@@ -357,3 +357,25 @@ def test_a_script_that_closes_its_stdout_and_stderr_still_succeeds(how, tmp_path
     assert res.returncode == 0, res.output[-3000:]
     assert first(events(run_dir), "task_exited", "worker:0", returncode=0)
     assert "closing my output" in (run_dir / "logs" / "worker-0.log").read_text()
+
+
+@pytest.mark.timeout(60)
+def test_an_exit_42_by_itself_reads_as_such_not_as_the_stop_after_it(tmp_path, run_dir):
+    cluster = spec(tmp_path, "exit_42.py", [])
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
+    assert res.returncode == 1, res.output[-3000:]
+    stopped = first(events(run_dir), "task_stopped", "worker:1")
+    assert stopped["returncode"] == 42, stopped
+    assert stopped["how"].startswith("exit code 42 (by itself: 42 is a preemption only after a "
+                                     "SIGTERM, and none reached worker:0, worker:1), then "
+                                     "stopped in its teardown"), stopped
+    assert re.search(r"worker:1\s+localhost\s+stopped\s+exit code 42\s", res.output), res.output
+
+
+@pytest.mark.timeout(60)
+def test_an_exit_42_that_fails_the_job_says_why_it_is_no_preemption(tmp_path, run_dir):
+    cluster = spec(tmp_path, "exit_42.py", ["--now"], tasks="  worker: [localhost:auto]")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
+    assert res.returncode == 1, res.output[-3000:]
+    assert "worker:0 exited with exit code 42 (by itself: 42 is a preemption only after a " \
+           "SIGTERM, and none reached worker:0)" in " ".join(res.output.split()), res.output
