@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.launch import loopback
-from tests.conftest import wait_until, write_spec
+from tests.conftest import run_tfo, wait_until, write_spec
 from tests.test_faults import Tfo
 
 # The network namespace this test makes: its own prefix and subnet, beside the SSH and Slurm
@@ -131,3 +131,16 @@ def test_a_local_job_is_not_reachable_from_another_machine_but_reaches_out(tmp_p
                 tfo.close()
             www.kill()
             www.wait()
+
+
+def test_where_no_shim_builds_tfo_says_so_once_at_the_start(tmp_path, run_dir):
+    spec = write_spec(tmp_path / "cluster.yaml", SPEC.replace(
+        "reach_out.py", "close_output.py").format(args='["--how", "streams"]'))
+    env = {**os.environ, "CC": str(tmp_path / "no-cc"), "XDG_CACHE_HOME": str(tmp_path / "c")}
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir), env=env, timeout=60)
+    assert res.returncode == 0, res.output[-2000:]
+    said = [line for line in res.stderr.splitlines() if "listen on every interface" in line]
+    port = json.loads((run_dir / "plan.json").read_text())["tasks"][0]["port"]
+    assert len(said) == 1 and said[0].startswith(
+        f"tfo: warning: this job's TensorFlow servers (port {port}) listen on every "
+        "interface"), res.stderr

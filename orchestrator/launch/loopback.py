@@ -118,7 +118,7 @@ def build_shim(cache: Path | None = None) -> Path:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") \
         or shutil.which("clang")
     if not cc:
-        raise ShimError("no C compiler (cc) to build it")
+        raise ShimError("no C compiler found: cc, gcc, clang")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -153,12 +153,16 @@ def with_preload(env: dict[str, str], shim: Path) -> dict[str, str]:
 
 
 def unconfined_warning(why: str, ports: Iterable[int]) -> str:
-    listed = ", ".join(map(str, sorted(ports)))
-    return (f"[tfo] warning: this job's TensorFlow servers (ports {listed}) listen on every "
+    return (f"warning: this job's TensorFlow servers ({_ports(ports)}) listen on every "
             f"interface, reachable from other machines, and run whatever a client sends: tfo "
             f"could not build its loopback shim ({why}). Install a C compiler (e.g. `apt "
             f"install gcc`) so tfo keeps them to this machine, or run only where the "
             f"network is trusted or a firewall closes these ports.")
+
+
+def _ports(ports: Iterable[int]) -> str:
+    listed = sorted(ports)
+    return f"port{'s' if len(listed) > 1 else ''} {', '.join(map(str, listed))}"
 
 
 def cluster_addresses(task: TaskPlan) -> list[str]:
@@ -178,9 +182,7 @@ def listen_note(tasks: list[TaskPlan]) -> str:
 
 def lab_note(hosts: dict[str, list[int]]) -> str:
     """For `tfo check`: where the servers of a job with tasks on other machines listen."""
-    where = "; ".join(f"{host}: port{'s' if len(ports) > 1 else ''} "
-                      f"{', '.join(map(str, sorted(ports)))}"
-                      for host, ports in sorted(hosts.items()))
+    where = "; ".join(f"{host}: {_ports(ports)}" for host, ports in sorted(hosts.items()))
     return (f"TensorFlow's servers listen on every interface of their host ({where}): they "
             f"have no authentication and run whatever a client sends, so the network "
             f"between these hosts must be trusted.")
