@@ -521,6 +521,9 @@ def check(file: FileArg) -> None:
         problems = _problems(_preflight(p, backends, show=True))
     finally:
         backends.close()
+    from orchestrator.launch.loopback import listen_note
+
+    out.print(listen_note(p.tasks), soft_wrap=True)
     for problem in problems:
         err.print(_labeled("problem:", "red", problem), soft_wrap=True)
     raise typer.Exit(1 if problems else 0)

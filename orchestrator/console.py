@@ -36,10 +36,35 @@ FOOTER_BATCH_SECONDS = 0.1
 
 def printable(text: str) -> str:
     """`text` with every control character but tab written out (`\\x1b[31m`): nothing a task
-    prints may move the cursor, recolor or retitle the terminal, or set its clipboard."""
+    prints may move the cursor, recolor or retitle the terminal, or set its clipboard.
+    Carriage returns and backspaces are applied first, as a terminal would (`overstrike`)."""
     if text.isprintable():
         return text
+    text = overstrike(text)
     return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in text)
+
+
+def overstrike(text: str) -> str:
+    """The line as a terminal leaves it: `\\r` back to its start, `\\b` back one column,
+    later characters written over earlier ones. tf-keras's Progbar redraws its bar so (runs
+    of `\\b`, then `\\r`) even into a pipe; escaped, each epoch was a wall of `\\x08`."""
+    if "\r" not in text and "\b" not in text:
+        return text
+    cells: list[str] = []
+    col = 0
+    # Split on the two, keeping them: the text between is written at `col` in one slice.
+    for part in _OVERSTRIKE.split(text):
+        if part == "\r":
+            col = 0
+        elif part == "\b":
+            col = max(0, col - 1)
+        elif part:
+            cells[col:col + len(part)] = part
+            col += len(part)
+    return "".join(cells)
+
+
+_OVERSTRIKE = re.compile(r"([\r\b])")
 
 
 class ConsoleWriter:

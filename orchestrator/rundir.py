@@ -42,6 +42,9 @@ CRASH_LOG = "supervisor-error.log"
 LAST = "last"
 
 
+SHOWN_MATCHES = 10  # runs an ambiguous prefix lists (5,000 of them made a 140 KB message)
+
+
 class RunDirError(Exception):
     """No such run, or more than one matches; the message says which and what to give."""
 
@@ -155,8 +158,11 @@ class RunDir:
         if not found:
             raise RunDirError(f"no run {ref!r} under {root}/; give a run directory, a run id, "
                               f"a prefix of one, or {LAST}")
-        raise RunDirError(f"{ref!r} names {len(found)} runs under {root}/: "
-                          f"{', '.join(p.name for p in found)}; give more of the id")
+        names = [p.name for p in found]
+        more = len(names) - SHOWN_MATCHES
+        listed = ", ".join(names[:SHOWN_MATCHES]) + (f" and {more} more" if more > 0 else "")
+        raise RunDirError(f"{ref!r} names {len(found)} runs under {root}/: {listed}; give "
+                          f"more of the id")
 
 
 class Outcome(str, Enum):

@@ -661,7 +661,16 @@ class Supervisor:
             if rec.role not in self.rules.sidecars:
                 self.echo("tfo", f"{rec.name} finished")
             return
-        self._task_lost(rec, rc, f"{rec.name} exited with {describe_exit(rc)}")
+        self._task_lost(rec, rc, f"{rec.name} exited with {describe_exit(rc)}"
+                        f"{self._not_preempted(rec, rc)}")
+
+    def _not_preempted(self, rec: TaskRecord, rc: int | None) -> str:
+        """Why an exit 42 (EXIT_PREEMPTED) was not taken as a preemption, if it was not."""
+        unit = self._restart_unit(rec)
+        if rc != markers.EXIT_PREEMPTED or any(r.sigterm for r in unit):
+            return ""
+        return (f" (by itself: {markers.EXIT_PREEMPTED} is a preemption only after a SIGTERM, "
+                f"and none reached {', '.join(r.name for r in unit)})")
 
     def _check_teardowns(self, now: float) -> None:
         """Stop a task left waiting in its teardown for a peer that is gone (module doc)."""
@@ -865,6 +874,8 @@ class Supervisor:
         live = [r for r in recs if r.state.live and r.handle is not None]
         if not live:
             return
+        # A task whose code ended 42 before this SIGTERM: why that was no preemption.
+        notes = {r.name: self._not_preempted(r, r.exiting_code) for r in live}
         for r in live:
             self.events.write("task_stopping", r.name, pid=r.handle.pid, reason=why)
             r.handle.terminate()
@@ -885,8 +896,15 @@ class Supervisor:
                 _wait_exit(r.handle, 5.0)
             self._collect(r, r.handle.poll())
             self._set(r, TaskState.STOPPED)
+            how = describe_exit(r.returncode)
+            if r.exiting_code is not None and r.returncode is not None:
+                # Its code had ended with a status of its own (the `exiting` marker) and it
+                # waited in its teardown: that status is how it ended, as in _on_exit.
+                how = (f"{describe_exit(r.exiting_code)}{notes[r.name]}, then stopped in its "
+                       f"teardown ({how})")
+                r.returncode = r.exiting_code
             self.events.write("task_stopped", r.name, pid=r.handle.pid,
-                              returncode=r.returncode, how=describe_exit(r.returncode))
+                              returncode=r.returncode, how=how)
 
 
 def _wait_exit(handle: TaskHandle, timeout: float) -> None:

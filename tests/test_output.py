@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -17,11 +18,11 @@ from typing import Any
 import psutil
 import pytest
 
-from orchestrator.console import ConsoleWriter
+from orchestrator.console import ConsoleWriter, printable
 from orchestrator.launch.output import LINE_CAP, TaskOutput
 from orchestrator.markers import BadMarker, Evaluated, Up, Usage, read_marker
 from tests import sshlab
-from tests.conftest import REPO, events, kill_tree, tfo_cmd, write_spec
+from tests.conftest import REPO, events, kill_tree, run_tfo, tfo_cmd, write_spec
 from tests.jobs.noisy import BAD_MARKERS
 from tests.test_ssh import host_yaml
 from worker_entry import markers
@@ -104,29 +105,30 @@ def test_a_marker_amid_a_line_is_taken_out_and_the_line_goes_on_whole(tmp_path):
 
 
 def test_a_full_queue_makes_the_reader_wait_not_grow(tmp_path):
-    """A task printing faster than the supervisor takes its lines waits on the pipe."""
+    """A task printing faster than the supervisor takes its lines waits on the pipe (long
+    lines, fewer than FLOOD_LINES a second: every one of them is passed on)."""
     from orchestrator.launch import output
 
-    line = b"z" * 1000 + b"\n"
+    line = b"z" * 60_000 + b"\n"
     sent = 0
 
     def read() -> bytes:
         nonlocal sent
         sent += 1
-        return line * 100 if sent <= 1000 else b""  # 100 MB in all
+        return line * 10 if sent <= 50 else b""  # 500 lines, 30 MB in all
 
     out = TaskOutput(str(tmp_path / "t.log"), read, "t")
     time.sleep(0.5)
     assert out.waiting and not out.done
     first = out.lines()
-    assert sum(map(len, first)) <= output.QUEUE_CHARS + 1000
+    assert sum(map(len, first)) <= output.QUEUE_CHARS + len(line)
     got = len(first)
     while not out.done:
         got += len(out.lines())
         time.sleep(0.001)
     got += len(out.close())
-    assert got == 100_000
-    assert (tmp_path / "t.log").stat().st_size == 100_000 * len(line)
+    assert got == 500
+    assert (tmp_path / "t.log").stat().st_size == 500 * len(line)
 
 
 # ---- the console: never waits ---------------------------------------------------------------
@@ -423,3 +425,96 @@ def test_logs_hide_markers_and_take_a_task_name_alone(tmp_path, monkeypatch):
         in " ".join(shown)
     code, shown = logs(str(tmp_path / "nowhere"))
     assert code == 2 and "no task logs there" in " ".join(shown)
+
+
+@pytest.mark.parametrize(("raw", "shown"), [
+    ("plain", "plain"),
+    ("abc\rX", "Xbc"),  # \r: back to the start, the rest of the line stays
+    ("abc\b\bZ", "aZc"),
+    ("\b\bstart", "start"),  # nothing to back over
+    ("done\r", "done"),
+    ("a\tb\rX", "X\tb"),
+    ("1/5 [=>......] - loss: 0.9" + "\b" * 26 + "\r" + "5/5 [========] - loss: 0.1",
+     "5/5 [========] - loss: 0.1"),  # tf-keras's Progbar
+    ("x\r\x1b[2K", "\\x1b[2K"),  # what is left is escaped
+    ("\x1b[31m\b\b", "\\x1b[31m"),  # an escape cannot be backed into a live sequence
+])
+def test_carriage_returns_and_backspaces_apply_before_escaping(raw, shown):
+    assert printable(raw) == shown
+
+
+def test_a_progress_bar_over_the_cap_is_held_as_last_drawn(tmp_path):
+    log = tmp_path / "t.log"
+    draws = [b"\r%5d/9999 [" % i + b"=" * (i % 30) + b">" + b"." * (29 - i % 30) + b"]"
+             + b"\b" * 46 for i in range(1, 10000)]
+    parts = [b"".join(draws[i:i + 500]) for i in range(0, len(draws), 500)] + [b"\n"]
+    lines = _collect(TaskOutput(str(log), _chunks(*parts), "t"))
+    assert [printable(line) for line in lines] == [
+        " 9999/9999 [" + "=" * 9 + ">" + "." * 20 + "]"]
+    assert log.read_bytes() == b"".join(parts)  # the log keeps the bytes
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(150)
+def test_keras_progress_bars_show_as_a_terminal_leaves_them(tmp_path: Path, run_dir: Path):
+    cluster = write_spec(tmp_path / "cluster.yaml", PROGBAR_SPEC)
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=130)
+    assert res.returncode == 0, res.output[-3000:]
+    assert "\\x08" not in res.stdout and "\\r" not in res.stdout, res.stdout[-3000:]
+    bars = re.findall(r"^\[worker:0\] 5/5 \[=+\] - .*loss: [\d.]+$", res.stdout, re.M)
+    assert len(bars) == 12, res.stdout[-3000:]
+    assert b"\x08" in (run_dir / "logs" / "worker-0.log").read_bytes()  # the log: as printed
+
+
+PROGBAR_SPEC = """\
+name: progbar
+strategy: multi_worker_mirrored
+job: {script: tests/scripts/progbar_fit.py}
+tasks:
+  worker: [localhost:auto]
+restart: {policy: never}
+timeouts: {startup_seconds: 120}
+"""
+
+
+FLOOD_SPEC = """\
+name: flood
+strategy: multi_worker_mirrored
+job: {script: tests/scripts/flood.py, args: [--lines, "2000000"]}
+tasks:
+  worker: [localhost:auto]
+restart: {policy: never}
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_flooding_task_costs_the_coordinator_little_and_the_log_keeps_every_line(
+        tmp_path: Path, run_dir: Path):
+    """2,000,000 lines in a burst: the console shows at most FLOOD_LINES a second and says
+    how many it did not; the log has every one. Before: 5.9 s of the coordinator's CPU
+    (a full core while it lasted), every line through the supervisor; after: 0.5 s."""
+    from orchestrator.launch.output import FLOOD_LINES
+
+    cluster = write_spec(tmp_path / "cluster.yaml", FLOOD_SPEC)
+    proc = subprocess.Popen(tfo_cmd("run", str(cluster), "--run-dir", str(run_dir)),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    coordinator, cpu = psutil.Process(proc.pid), 0.0
+    reader = threading.Thread(target=lambda: setattr(proc, "got", proc.communicate(timeout=100)))
+    reader.start()
+    started = time.monotonic()
+    while reader.is_alive():
+        with contextlib.suppress(psutil.Error):
+            times = coordinator.cpu_times()
+            cpu = times.user + times.system
+        reader.join(0.05)
+    wall = time.monotonic() - started
+    out = proc.got[0].decode()
+    assert proc.returncode == 0, proc.got[1].decode()[-2000:]
+    shown = len(re.findall(r"^\[worker:0\] flood(?: x+|ed 2000000 lines)$", out, re.M))
+    hidden = sum(map(int, re.findall(r"^\[worker:0\] \[tfo\] (\d+) lines not shown", out, re.M)))
+    assert shown + hidden == 2_000_001, (shown, hidden, out[-2000:])  # and its last line
+    assert shown <= FLOOD_LINES * (wall + 1)
+    assert cpu < 2.5, f"the coordinator spent {cpu:.2f} s of CPU in {wall:.1f} s"
+    with open(run_dir / "logs" / "worker-0.log", "rb") as log:
+        assert sum(line.startswith(b"flood x") for line in log) == 2_000_000

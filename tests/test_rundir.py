@@ -107,3 +107,15 @@ def test_rerun_last_starts_the_same_tasks_in_a_new_run_directory(tmp_path: Path)
     finally:
         for rd in made:
             shutil.rmtree(rd, ignore_errors=True)
+
+
+def test_an_ambiguous_prefix_lists_a_few_runs_and_counts_the_rest(tmp_path: Path):
+    root = tmp_path / "runs"
+    for i in range(5000):
+        (root / f"job-{i:05d}").mkdir(parents=True)
+    with pytest.raises(RunDirError) as err:
+        RunDir.find("job-", root)
+    message = str(err.value)
+    assert message.startswith(f"'job-' names 5000 runs under {root}/: job-00000, job-00001, ")
+    assert message.endswith("job-00009 and 4990 more; give more of the id")
+    assert len(message) < 400

@@ -7,8 +7,10 @@ import glob
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import REPO, events, run_task, run_tfo, wait_until, write_spec
@@ -346,3 +348,92 @@ def test_a_script_job_survives_plan_json():
     plan = make_plan(spec, run_id="r", run_dir="/r", workdir="/w")
     again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
     assert again.spec == spec and again.job == "script train.py"
+
+
+@pytest.mark.parametrize("how", ["streams", "fds"])
+@pytest.mark.timeout(60)
+def test_a_script_that_closes_its_stdout_and_stderr_still_succeeds(how, tmp_path, run_dir):
+    """What a task does with its own descriptors cannot fail it: the markers have their own."""
+    cluster = spec(tmp_path, "close_output.py", ["--how", how], tasks="  worker: [localhost:auto]")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
+    assert res.returncode == 0, res.output[-3000:]
+    assert first(events(run_dir), "task_exited", "worker:0", returncode=0)
+    assert "closing my output" in (run_dir / "logs" / "worker-0.log").read_text()
+
+
+@pytest.mark.timeout(60)
+def test_an_exit_42_by_itself_reads_as_such_not_as_the_stop_after_it(tmp_path, run_dir):
+    cluster = spec(tmp_path, "exit_42.py", [])
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
+    assert res.returncode == 1, res.output[-3000:]
+    stopped = first(events(run_dir), "task_stopped", "worker:1")
+    assert stopped["returncode"] == 42, stopped
+    assert stopped["how"].startswith("exit code 42 (by itself: 42 is a preemption only after a "
+                                     "SIGTERM, and none reached worker:0, worker:1), then "
+                                     "stopped in its teardown"), stopped
+    assert re.search(r"worker:1\s+localhost\s+stopped\s+exit code 42\s", res.output), res.output
+
+
+@pytest.mark.timeout(60)
+def test_an_exit_42_that_fails_the_job_says_why_it_is_no_preemption(tmp_path, run_dir):
+    cluster = spec(tmp_path, "exit_42.py", ["--now"], tasks="  worker: [localhost:auto]")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
+    assert res.returncode == 1, res.output[-3000:]
+    assert "worker:0 exited with exit code 42 (by itself: 42 is a preemption only after a " \
+           "SIGTERM, and none reached worker:0)" in " ".join(res.output.split()), res.output
+
+
+@pytest.mark.timeout(60)
+def test_a_scripts_traceback_starts_at_the_users_file(tmp_path, run_dir):
+    cluster = spec(tmp_path, "show_env.py", ["--fail"], tasks="  worker: [localhost:auto]")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
+    assert res.returncode == 1, res.output[-3000:]
+    log = (run_dir / "logs" / "worker-0.log").read_text()
+    trace = [line for line in log[log.index("Traceback (most recent call last):"):].splitlines()
+             if not line.startswith("@tfo ")]
+    assert trace[1].startswith(f'  File "{SCRIPTS / "show_env.py"}", line '), log
+    assert trace[1].endswith(", in <module>") and "runpy" not in log and "runner.py" not in log
+    assert trace[-1] == "ValueError: the learning rate is negative"
+
+
+@pytest.mark.parametrize(("env", "shown"), [
+    ({"TFO_TASK": "worker:1", "TFO_JOB": '{"script": "train.py"}'}, "tfo worker:1 train.py"),
+    ({"TFO_TASK": "worker:0", "TFO_JOB": '{"module": "pkg.train"}'}, "tfo worker:0 -m pkg.train"),
+    ({"TFO_TASK": "chief:0", "TFO_JOB": '{"entry": "pkg.mod:train"}'},
+     "tfo chief:0 pkg.mod:train"),
+    ({"TFO_TASK": "ps:0", "TFO_JOB": '{"entry": "pkg.mod:train", "serve": true}'},
+     "tfo ps:0 server"),
+    ({"TF_CONFIG": '{"task": {"type": "worker", "index": 3}}', "TFO_JOB": "{bad"},
+     "tfo worker:3"),  # a TFJob's pod: no TFO_TASK yet
+])
+def test_a_task_is_named_for_its_task_and_code(env, shown):
+    from worker_entry.title import describe
+    assert describe(env) == shown
+    assert describe(env, "wrapper") == f"{shown} [wrapper]"
+
+
+def test_without_setproctitle_the_title_is_left_alone(monkeypatch):
+    from worker_entry import title
+    monkeypatch.setitem(__import__("sys").modules, "setproctitle", None)  # not installed
+    assert title.set_title("tfo worker:0 x.py") is False
+
+
+@pytest.mark.timeout(60)
+def test_ps_shows_the_task_and_its_script(tmp_path, run_dir):
+    cluster = spec(tmp_path, "show_env.py", ["--sleep", "60"], tasks="  worker: [localhost:auto]")
+    tfo = Tfo(cluster, run_dir)
+    try:
+        wrapper = psutil.Process(tfo.wait_event("task_started", "worker:0", timeout=30)["pid"])
+        assert wait_until(lambda: len(wrapper.children()) == 1, 10)
+
+        def args(p: psutil.Process) -> str:
+            return subprocess.run(["ps", "-o", "args=", "-p", str(p.pid)], capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+
+        script = "tests/scripts/show_env.py"
+        assert wait_until(lambda: args(wrapper.children()[0]) == f"tfo worker:0 {script}", 10), \
+            args(wrapper.children()[0])
+        assert args(wrapper) == f"tfo worker:0 {script} [wrapper]"
+        assert "TFO_ATTEMPT" in wrapper.children()[0].environ()  # orphans.py still finds it
+    finally:
+        tfo.close()

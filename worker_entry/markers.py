@@ -8,7 +8,9 @@ model in orchestrator.markers and records it as an event. This side stays free o
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from enum import Enum
 from typing import Any
@@ -118,6 +120,30 @@ def line(event: str, **fields: Any) -> str:
     return START + PREFIX + json.dumps({"event": event, **fields}, default=str) + "\n"
 
 
+# The task's own descriptor for markers (`use_channel`): a copy of its stdout taken before
+# the user's code runs, so a script that closes its stdout and stderr (or points them
+# elsewhere) cannot take the markers with them, nor fail on our DONE.
+_channel: int | None = None
+
+
+def use_channel(fd: int | None) -> None:
+    global _channel
+    _channel = fd
+
+
 def emit(event: str, **fields: Any) -> None:
-    print(line(event, **fields), end="", flush=True)
-    sys.stdout.flush()
+    """One marker, after whatever the task's stdout holds (so its lines come first); never
+    raises: what the task did to its own streams is not the marker's to fail on."""
+    text = line(event, **fields)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    if _channel is not None:
+        data = text.encode()
+        try:
+            while data:
+                data = data[os.write(_channel, data):]
+            return
+        except OSError:  # the task closed our copy too (a daemon's closerange): stdout, then
+            pass
+    with contextlib.suppress(Exception):
+        print(text, end="", flush=True)

@@ -118,7 +118,35 @@ def task_env(role: str, index: int, cluster: dict[str, list[str]]) -> dict[str, 
             "TFO_IS_CHIEF": "1" if markers.is_chief(role, index, cluster) else "0"}
 
 
+_OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _ours(filename: str) -> bool:
+    """A frame of tfo's task side or of runpy (`python -m worker_entry`)."""
+    return filename.startswith(_OURS) or filename == "<frozen runpy>" \
+        or os.path.basename(filename) == "runpy.py"
+
+
+def user_traceback(exc_type: type[BaseException], exc: BaseException,
+                   tb: types.TracebackType | None) -> None:
+    """sys.excepthook in the task: the traceback starts at the user's own frame, as `python
+    train.py` prints it, not with five frames of runpy and this runner. A traceback with no
+    frame of the user's (an error of ours) is printed whole."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        first = link.__traceback__
+        while first is not None and _ours(first.tb_frame.f_code.co_filename):
+            first = first.tb_next
+        if first is not None:
+            link.__traceback__ = first
+        link = link.__cause__ or link.__context__
+    sys.__excepthook__(exc_type, exc, exc.__traceback__)
+
+
 def main() -> int:
+    sys.excepthook = user_traceback
     tf_config = json.loads(os.environ["TF_CONFIG"])
     job = json.loads(os.environ["TFO_JOB"])
     # A lab host's workdir may be ~/something.
@@ -170,5 +198,4 @@ def main() -> int:
     markers.emit(markers.READY, what="evaluating" if role == Role.EVALUATOR else "training")
     entry(ctx)
     markers.emit(markers.DONE)
-    sys.stdout.flush()
     return 0

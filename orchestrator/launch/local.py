@@ -25,8 +25,9 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
-from orchestrator.launch import orphans
+from orchestrator.launch import loopback, orphans
 from orchestrator.launch.output import TaskOutput, close_pipes, pipe_output, send_lifeline
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, check_local
@@ -37,11 +38,14 @@ from worker_entry import markers
 
 
 class LocalHandle:
-    def __init__(self, task: TaskPlan, attempt: int, standby: bool = False) -> None:
+    def __init__(self, task: TaskPlan, attempt: int, standby: bool = False,
+                 shim: Path | None = None) -> None:
         self.task, self.attempt = task, attempt
         self.warm = False  # a standby that was told to go
         env = {**os.environ, **task.env, "TFO_ATTEMPT": str(attempt),
                markers.LIFELINE_ENV: markers.lifeline(heartbeat=False)}
+        if shim is not None:  # an all-local job: its servers listen on the loopback only
+            env = loopback.with_preload(env, shim)
         if standby:
             env[markers.STANDBY_ENV] = "1"
         os.makedirs(task.cwd, exist_ok=True)
@@ -142,7 +146,18 @@ class LocalBackend:
     """Tasks on this machine."""
 
     def __init__(self, hosts: Mapping[str, HostSpec]) -> None:
-        self._spares = Spares(lambda task, attempt: LocalHandle(task, attempt, standby=True))
+        self._spares = Spares(lambda task, attempt: LocalHandle(
+            task, attempt, standby=True, shim=self._shim(task)))
+        self._built: tuple[Path | None, str | None] | None = None  # loopback.try_build's
+
+    def _shim(self, task: TaskPlan) -> Path | None:
+        """The loopback shim for a task whose whole cluster is on this machine (built at
+        first use, loopback.py); None for a task others must reach, or where none builds."""
+        if not loopback.loopback_only(loopback.cluster_addresses(task)):
+            return None
+        if self._built is None:
+            self._built = loopback.try_build()
+        return self._built[0]
 
     def allocate(self, names: list[str], avoid: set[int]) -> dict[str, int]:
         return dict(zip(names, free_ports(len(names), avoid=avoid), strict=True))
@@ -151,12 +166,19 @@ class LocalBackend:
         return [check_local(tasks)]
 
     def sync(self, plan: Plan, tasks: list[TaskPlan]) -> list[str]:
-        return []  # local tasks run in the workdir, where the code is
+        """Local tasks run in the workdir, where the code is. Here, once before the first
+        start, the loopback shim is built; where it cannot be, the user hears it now."""
+        confined = [t for t in tasks if loopback.loopback_only(loopback.cluster_addresses(t))]
+        if not confined or self._shim(confined[0]) is not None:
+            return []
+        assert self._built is not None
+        return [loopback.unconfined_warning(self._built[1] or "", [t.port for t in confined])]
 
     def start(self, task: TaskPlan, attempt: int) -> LocalHandle:
         """The task's warm spare for this attempt, if one waits; else a new process."""
         orphans.sweep_suspected()
-        return self._spares.take(task, attempt) or LocalHandle(task, attempt)
+        return self._spares.take(task, attempt) or LocalHandle(task, attempt,
+                                                                shim=self._shim(task))
 
     def standby(self, task: TaskPlan, attempt: int) -> int | None:
         """Start a warm spare for the task's `attempt` (spares.py); its pid, None if one

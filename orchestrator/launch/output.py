@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from orchestrator import wakeup
+from orchestrator.console import overstrike
 from worker_entry.markers import START
 
 _START = START.encode()
@@ -37,8 +38,24 @@ LINE_CAP = 64 * 1024  # characters of one line held in memory
 QUEUE_CHARS = 4 * 1024 * 1024  # lines waiting for the supervisor, in characters
 
 
+# A task that prints more lines than this a second (per task) floods: the rest of the
+# second's lines go to the log only, counted, and one line says how many. Splitting,
+# queueing, checking and echoing each line cost the coordinator a full core for a task
+# printing 250,000 lines a second; nobody reads that many on a console.
+FLOOD_LINES = 1000
+FLOOD_SECONDS = 1.0
+
+
 def cut_note(more: int) -> str:
     return f" [… {more} bytes more in the log]"
+
+
+def flood_note(hidden: int) -> str:
+    return f"[tfo] {hidden} lines not shown (more than {FLOOD_LINES} a second): the log has them"
+
+
+def _redraws(line: bytearray, part: bytes) -> bool:
+    return any(c in part or c in line for c in (b"\r", b"\b"))
 
 
 class _LineQueue:
@@ -98,6 +115,9 @@ class TaskOutput:
         self._marker: bytearray | None = None  # a marker being read (START seen, no newline)
         self._held: list[bytes] = []  # markers for the log once the task's line ends
         self._log_lock = threading.Lock()  # the reader and note() both write
+        self._window_at = time.monotonic()  # the flood budget's window: since when
+        self._window_lines = 0  # lines the task printed in it
+        self._hidden = 0  # lines of a flood not passed on, to be told (flood_note)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -146,6 +166,7 @@ class TaskOutput:
             self._end_marker()
         if self._line or self._more:
             self._end_line()
+        self._report_hidden()
         if not self._ended_line:
             self._write(b"\n")  # the next attempt's header starts a line of its own
         if self._held:
@@ -213,6 +234,17 @@ class TaskOutput:
         self._queue.put(raw[:-1].decode(errors="replace"))
 
     def _split(self, data: bytes) -> None:
+        if self._flooding(data):
+            # Over the budget: the lines are counted, not split one by one (the log has them).
+            last = data.rfind(b"\n")
+            if last >= 0:
+                self._hidden += data.count(b"\n")
+                self._line.clear()
+                self._more = 0
+                self._take(data[last + 1:])
+            else:
+                self._take(data)
+            return
         start = 0
         while (end := data.find(b"\n", start)) >= 0:
             self._take(data[start:end])
@@ -222,8 +254,31 @@ class TaskOutput:
 
     def _take(self, part: bytes) -> None:
         room = LINE_CAP - len(self._line)
+        if len(part) > room and not self._more and _redraws(self._line, part):
+            # A progress bar redrawn with \r and \b all epoch long: what the line shows at
+            # the end is its last drawing, not the first 64 KiB of them. Held as drawn so far.
+            drawn = overstrike((self._line + part).decode(errors="surrogateescape"))
+            raw = drawn.encode(errors="surrogateescape")
+            self._line = bytearray(raw[:LINE_CAP])
+            self._more += max(0, len(raw) - LINE_CAP)
+            return
         self._line += part[:room]
         self._more += max(0, len(part) - room)
+
+    def _flooding(self, data: bytes) -> bool:
+        """Has the task printed more than FLOOD_LINES lines this FLOOD_SECONDS? Then the
+        rest of the window's lines go to the log only, and a line says how many there were."""
+        now = time.monotonic()
+        if now - self._window_at >= FLOOD_SECONDS:
+            self._report_hidden()
+            self._window_at, self._window_lines = now, 0
+        self._window_lines += data.count(b"\n")
+        return self._window_lines > FLOOD_LINES
+
+    def _report_hidden(self) -> None:
+        if self._hidden:
+            self._queue.put(flood_note(self._hidden))
+            self._hidden = 0
 
     def _end_line(self) -> None:
         text = self._line.decode(errors="replace").rstrip("\r")
