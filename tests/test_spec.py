@@ -133,6 +133,10 @@ HOSTILE = [
      ["line 5", "anchors and aliases (&a)"]),
     ("100,000 nested [ in YAML", GOOD + "x: " + "[" * 100_000 + "]" * 100_000 + "\n",
      ["line 5", "nested more than 64 levels"]),
+    # Issue 31: a role's tasks are counted before one address is read.
+    ("5,000 workers", GOOD.replace("[localhost:20000, localhost:20001]",
+                                   "[" + ", ".join(["localhost"] * 5000) + "]"),
+     ["tasks.worker", "5,000 tasks; a role has at most 4096"]),
 ]
 BAD += HOSTILE
 # Issue 9: GPUs in the cluster file.
@@ -179,6 +183,8 @@ SLURM = [
      ["tasks.worker", "Slurm picks the hosts", "give a count (worker: 2)"]),
     ("negative count", SLURM_GOOD.replace("worker: 2", "worker: -1"),
      ["tasks.worker", "0 to 4096, got -1"]),
+    ("a count of 10,000,000", SLURM_GOOD.replace("worker: 2", "worker: 10000000"),
+     ["tasks.worker", "0 to 4096, got 10000000"]),
     ("slurm partition with a space", SLURM_GOOD.replace("partition: lab", "partition: 'a b'"),
      ["backend.slurm.partition", "'a b'"]),
     ("slurm time not a time", SLURM_GOOD.replace("partition: lab", "partition: lab, time: 1h"),
