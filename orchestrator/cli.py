@@ -52,6 +52,7 @@ from orchestrator.rundir import (
     Outcome,
     RunDir,
     RunDirError,
+    last_lines,
     list_runs,
     outcome,
     read_lines,
@@ -791,14 +792,31 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
     # A task's output is untrusted: escaped for a terminal, as printed into a file or pipe.
     shown = printable if sys.stdout.isatty() else str
     offsets: dict[str, int] = {}
+    partial: dict[str, bool] = {}  # a task's line printed in part so far: shown or not
+
+    def keep(line: str) -> bool:
+        return raw or not is_marker(line)
 
     def show(last_n: int, whole: bool) -> None:
+        """Each log from where the last look ended; with `last_n`, its last lines only, read
+        from its end. Line by line either way: memory does not grow with the log."""
         logs = rd.task_logs()  # a task not started yet has no log yet
         for name, path in logs.items() if not task else [(task, logs[task])]:
-            new, offsets[name] = read_lines(path, offsets.get(name, 0), whole)
-            new = [line for line in new if raw or not is_marker(line)]
-            for line in new[-last_n:] if last_n else new:
-                print(shown(f"[{name}] {line}" if not task else line))
+            prefix = f"[{name}] " if not task else ""
+            if last_n:
+                new, offsets[name] = last_lines(path, last_n, keep, whole)
+                for line in new:
+                    print(shown(prefix + line))
+                continue
+            for line, ended, offset in read_lines(path, offsets.get(name, 0), whole):
+                start = name not in partial  # a line over LOG_CHUNK comes in pieces
+                if start and keep(line) or partial.get(name):
+                    print(shown(prefix + line if start else line), end="\n" if ended else "")
+                if ended:
+                    partial.pop(name, None)
+                elif start:
+                    partial[name] = keep(line)  # whether its next pieces are shown
+                offsets[name] = offset
         sys.stdout.flush()
 
     try:

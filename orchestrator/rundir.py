@@ -25,14 +25,17 @@ workdir, which may start with ~.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import os
 import posixpath
 import socket
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 RUNS = "runs"  # under the directory tfo runs in, and under each lab host's workdir
 PLAN, EVENTS, LOGS, TMP, BACKUP = "plan.json", "events.jsonl", "logs", "tmp", "backup"
@@ -249,15 +252,64 @@ def run_over(rd: RunDir) -> bool:
         return True
 
 
-def read_lines(path: Path, offset: int, whole: bool) -> tuple[list[str], int]:
-    """The lines of a log from byte `offset`, and the offset after them: complete lines only,
-    unless `whole` (nothing more will be written)."""
+# `tfo logs` reads a log this much at a time, whatever its size (it was read whole: 2.7 GB of
+# memory for a 751 MB log); a longer line is printed in pieces of this size.
+LOG_CHUNK = 1 << 20
+
+
+def read_lines(path: Path, offset: int, whole: bool) -> Iterator[tuple[str, bool, int]]:
+    """The lines of a log from byte `offset`, one at a time: (text, whether it ends a line,
+    the offset after it). Complete lines only, unless `whole` (nothing more will be written);
+    a line longer than LOG_CHUNK comes in pieces, every piece but its last `False`."""
     with open(path, "rb") as f:
         f.seek(offset)
-        data = f.read()
-    if not whole:
-        data = data[:data.rfind(b"\n") + 1]
-    return data.decode(errors="replace").splitlines(), offset + len(data)
+        while piece := f.readline(LOG_CHUNK):
+            ended = piece.endswith(b"\n")
+            if not ended and len(piece) < LOG_CHUNK and not whole:
+                return  # a line still being written: the next look reads it whole
+            offset += len(piece)
+            # Short and unended: the file's last line, whole.
+            yield piece.rstrip(b"\n").decode(errors="replace"), \
+                ended or len(piece) < LOG_CHUNK, offset
+
+
+def last_lines(path: Path, n: int, keep: Callable[[str], bool],
+               whole: bool) -> tuple[list[str], int]:
+    """The last `n` lines of a log that `keep` accepts, read from its end, and the offset
+    after them (where `tfo logs -f` goes on). Without `whole` a last line not yet ended is
+    left for later. Memory: those lines and LOG_CHUNK, not the log."""
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return [], 0
+        f.seek(end - 1)
+        ended = f.read(1) == b"\n"
+        backwards = _lines_backwards(f, end)
+        unended = next(backwards)  # b"" after a final newline
+        if not ended and not whole:
+            end -= len(unended)
+        found: list[str] = []
+        for raw in itertools.chain([unended] if not ended and whole else [], backwards):
+            line = raw.decode(errors="replace")
+            if keep(line):
+                found.append(line)
+                if len(found) == n:
+                    break
+    return found[::-1], end
+
+
+def _lines_backwards(f: BinaryIO, end: int) -> Iterator[bytes]:
+    """The lines of the file's first `end` bytes, the last first, without their newlines (the
+    first one yielded is b"" when those bytes end with one)."""
+    pos, rest = end, b""
+    while pos > 0:
+        step = min(LOG_CHUNK, pos)
+        pos -= step
+        f.seek(pos)
+        lines = (f.read(step) + rest).split(b"\n")
+        rest = lines.pop(0)
+        yield from reversed(lines)
+    yield rest
 
 
 class EventLog:
