@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperCommand
@@ -203,19 +203,26 @@ def check_local_tasks(spec: ClusterSpec) -> None:
 
 def check_run_dir(run_dir: Path) -> None:
     """What can be told without creating it: the run directory, or the nearest existing
-    folder above it, must be a directory."""
+    folder above it, must be a directory, and it must not hold a run already."""
     path = run_dir
     while not path.exists() and path != path.parent:
         path = path.parent
     if not path.is_dir():
         raise SpecError(f"--run-dir {run_dir}: {path} is not a directory")
-
-
-def make_run_dir(p: Plan) -> None:
-    """Made, and plan.json written, before anything starts: a bad place or a full disk is an
-    error for the user here, not a traceback later."""
     try:
-        RunDir(p.run_dir).create(p.to_json())
+        RunDir(str(run_dir)).check_new()
+    except RunDirError as e:
+        raise SpecError(str(e)) from None
+
+
+def make_run_dir(p: Plan) -> IO[bytes]:
+    """Made, locked, and plan.json written, before anything starts: a bad place, a full disk
+    or another run there is an error for the user here, not a traceback or a mixed run
+    later. The returned file holds the lock while the run goes on."""
+    try:
+        return RunDir(p.run_dir).create(p.to_json())
+    except RunDirError as e:
+        raise SpecError(str(e)) from None
     except OSError as e:
         raise SpecError(f"run directory {p.run_dir}: cannot write {e.filename or p.run_dir}: "
                         f"{e.strerror or e}") from None
@@ -582,11 +589,12 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
     except (SpecError, BackendError) as e:
         raise _fail(str(e)) from None
     settled()  # before anything is started: the tasks get the user's environment
+    lock: IO[bytes] | None = None  # the run directory's, while the run goes on
     try:
         checks = _preflight(p, backends, show=False)  # check
         if problems := _problems(checks):
             raise _fail("cannot start, nothing was started:\n  " + "\n  ".join(problems))
-        make_run_dir(p)
+        lock = make_run_dir(p)
         if isinstance(source, dict):
             _write_cluster_file(p, source)
         for line in backends.sync(p):  # sync
@@ -624,6 +632,8 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         raise typer.Exit(1) from None
     finally:
         backends.close()
+        if lock is not None:
+            lock.close()
     with contextlib.suppress(OSError):  # a closed terminal (SIGHUP); events.jsonl has it all
         if console.dropped:
             err.print(f"tfo: {console.dropped} console lines dropped (slow reader); logs are "

@@ -20,11 +20,13 @@ workdir, which may start with ~.
         model/                 the default job.model_dir
         tensorboard/           the chief's training scalars (train/), the evaluator's (eval/)
         supervisor-error.log   only if tfo itself failed
+        lock                   held (flock) by the tfo running it; holds that tfo's pid
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -35,13 +37,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 RUNS = "runs"  # under the directory tfo runs in, and under each lab host's workdir
 PLAN, EVENTS, LOGS, TMP, BACKUP = "plan.json", "events.jsonl", "logs", "tmp", "backup"
 TENSORBOARD = "tensorboard"
 CLUSTER = "cluster.yaml"
 CRASH_LOG = "supervisor-error.log"
+LOCK = "lock"  # flock'ed by the tfo that runs it, while it runs
 LAST = "last"
 
 
@@ -115,10 +118,42 @@ class RunDir:
         return self._join(BACKUP, task_file(role, index))
 
     # ---- files on this machine ---------------------------------------------------------
-    def create(self, plan: dict[str, Any]) -> None:
-        """logs/ and plan.json; raises OSError."""
-        Path(self.logs).mkdir(parents=True, exist_ok=True)
-        Path(self.plan_path).write_text(json.dumps(plan, indent=2))
+    def check_new(self) -> None:
+        """Refuse a directory that holds a run already: two runs in one would mix their
+        events, logs and plan.json. Raises RunDirError."""
+        held = [n for n in (PLAN, EVENTS) if Path(self._join(n)).exists()]
+        if held:
+            raise RunDirError(f"run directory {self.path} holds a run already "
+                              f"({', '.join(held)}): give a new --run-dir, or leave it out "
+                              f"for a new {RUNS}/<run-id>; `tfo rerun {self.path}` runs it "
+                              "again in a new one")
+
+    def create(self, plan: dict[str, Any]) -> IO[bytes]:
+        """The directory, its lock, logs/ and plan.json. The lock (flock on `lock`) is held
+        by the returned file until it is closed or this process ends (the kernel lets go,
+        even after SIGKILL). Raises RunDirError for a directory another tfo holds or that
+        holds a run already, OSError."""
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+        lock = open(self._join(LOCK), "a+b")  # noqa: SIM115 (held for the run)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read(32).decode(errors="replace").strip() or "?"
+            lock.close()
+            raise RunDirError(f"run directory {self.path} is in use by another tfo (pid "
+                              f"{holder}): give another --run-dir") from None
+        try:
+            self.check_new()  # again, under the lock: the other may have just finished
+            lock.truncate(0)
+            lock.write(f"{os.getpid()}\n".encode())
+            lock.flush()
+            Path(self.logs).mkdir(parents=True, exist_ok=True)
+            Path(self.plan_path).write_text(json.dumps(plan, indent=2))
+        except BaseException:
+            lock.close()
+            raise
+        return lock
 
     def read_plan(self) -> dict[str, Any]:
         """plan.json as written; raises OSError or ValueError."""

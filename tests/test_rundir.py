@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator.rundir import RunDir, RunDirError
-from tests.conftest import REPO, events, peak_rss, run_processes, run_tfo, tfo_cmd, write_spec
+from tests.conftest import (
+    REPO,
+    events,
+    kill_tree,
+    peak_rss,
+    run_processes,
+    run_tfo,
+    tfo_cmd,
+    write_spec,
+)
 
 
 def _run(root: Path, name: str, mtime: float) -> Path:
@@ -187,3 +199,65 @@ def test_logs_of_a_big_log_take_constant_memory(tmp_path: Path):
     for how, (code, rss, _) in peaks.items():
         # 2 GB or more before (-n 5 too); about 45 MB now, as for a log of a few lines.
         assert code == 0 and rss < 120 * 2**20, (how, rss, peaks)
+
+
+# ---- one run per run directory (issue 31) --------------------------------------------------
+def _wait(what, timeout: float = 60):
+    until = time.monotonic() + timeout
+    while not (got := what()):
+        assert time.monotonic() < until, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return got
+
+
+def _locked(path: Path) -> bool:
+    with path.open("rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+
+
+@pytest.mark.timeout(180)
+def test_two_runs_in_one_run_directory_one_is_refused(run_dir: Path, tmp_path: Path):
+    """Two `tfo run --run-dir D` at once: both ran and mixed their events, logs and plan.json.
+    Now one runs and holds D's lock; the other exits 2 naming D; the lock goes with its tfo,
+    even by SIGKILL; and a directory that holds a run is refused afterwards too."""
+    script = tmp_path / "sleepy.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    cmd = tfo_cmd("run", "--run-dir", str(run_dir), "--", "python", str(script))
+    both = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True) for _ in range(2)]
+    try:
+        loser = _wait(lambda: next((p for p in both if p.poll() is not None), None))
+        assert loser.returncode == 2
+        said = loser.stderr.read()
+        assert str(run_dir) in said and ("holds a run already" in said or "in use by" in said)
+        winner = next(p for p in both if p is not loser)
+        _wait(lambda: any(e["event"] == "task_started" for e in events(run_dir)))
+        assert winner.poll() is None
+        assert _locked(run_dir / "lock")
+        assert (run_dir / "lock").read_text().strip() == str(winner.pid)
+        with pytest.raises(RunDirError, match=f"in use by another tfo \\(pid {winner.pid}\\)"):
+            RunDir(str(run_dir)).create({})  # what a second tfo gets, past the first check
+        assert [e["event"] for e in events(run_dir)].count("run_started") == 1
+
+        os.kill(winner.pid, signal.SIGKILL)  # the kernel lets go of the lock
+        winner.wait(10)
+        _wait(lambda: not _locked(run_dir / "lock"), 10)
+        plan = json.loads((run_dir / "plan.json").read_text())
+        _wait(lambda: run_processes(plan["run_id"]) == [], 30)  # its tasks follow it
+
+        again = run_tfo("run", "--run-dir", str(run_dir), "--", "python", str(script),
+                        timeout=60)
+        assert again.returncode == 2 and "holds a run already (plan.json, events.jsonl)" \
+            in again.stderr and "Traceback" not in again.stderr
+        plan_again = run_tfo("plan", "--run-dir", str(run_dir), "--", "python", str(script),
+                             timeout=60)
+        assert plan_again.returncode == 2 and str(run_dir) in plan_again.stderr
+        assert [e["event"] for e in events(run_dir)].count("run_started") == 1
+    finally:
+        for p in both:
+            if p.poll() is None:
+                kill_tree(p.pid)
