@@ -247,11 +247,7 @@ def load_source(file: Path | dict) -> tuple[ClusterSpec, dict[str, int] | None]:
         raise SpecError(str(err)) from None
     if not (isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys()):
         return parse_spec(data, str(file)), None
-    try:
-        old = Plan.from_json(data)
-    except (KeyError, TypeError, ValueError) as e:
-        raise SpecError(f"{file}: not a plan.json this tfo can run again "
-                        f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    old = Plan.from_json(data, str(file))  # SpecError naming the field in plan.json
     return old.spec, old.ports()
 
 
