@@ -337,7 +337,9 @@ NameOpt = Annotated[str | None, typer.Option(
     "--name", help="the job's name [default: the script's or module's]",
     rich_help_panel=_QUICK, show_default=False)]
 RestartOpt = Annotated[str | None, typer.Option(
-    "--restart", help="restart policy: never, on-failure, always, exit-code [default: never]",
+    "--restart", help="restart policy: never, on-failure, always, exit-code [default: per "
+    "role: on-failure for a parameter_server job's ps and workers and for the evaluator, "
+    "never for the rest]",
     rich_help_panel=_QUICK, show_default=False)]
 MaxRestartsOpt = Annotated[int | None, typer.Option(
     "--max-restarts", help="restarts over the whole job [default: 3]",
@@ -469,6 +471,7 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
     # The command column is the task wrapper; this is what it runs.
     args = p.spec.job.args if isinstance(p.spec.job.args, list) else []
     out.print(f"job: {' '.join([p.job, *map(shlex.quote, args)])}")
+    out.print(f"restart: {restart_line(p)}")
     if run_dir is None:
         out.print(f"run directory: {p.run_dir} (a new id for each run; --run-dir picks one)")
     else:
@@ -476,6 +479,15 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
     if isinstance(source, dict):
         out.print("cluster file (`tfo run` writes it into the run directory as cluster.yaml):")
         out.print(cluster_yaml(source, _made_by()), end="", soft_wrap=True)
+
+
+def restart_line(p: Plan) -> str:
+    """Each role's restart policy and what goes down with a lost task (the strategy's)."""
+    units = {"alone": "alone", "group": "with every training task"}
+    return ", ".join(f"{role.value} {policy.value}" + (
+        f" ({units[p.rules.restart_unit[role].value]})" if policy.value != "never" else "")
+        for role, policy in p.policy.restart.items()) + \
+        f"; max_restarts {p.policy.max_restarts}"
 
 
 def _preflight_table(rows: list[HostCheck]) -> Table:

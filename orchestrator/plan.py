@@ -289,7 +289,8 @@ JOB_KINDS: dict[str, Callable[[ClusterSpec, str, bool], tuple[list[str], dict[st
 def make_policy(spec: ClusterSpec) -> Policy:
     t = spec.timeouts
     return Policy(
-        restart={role: spec.restart.for_role(role) for role, _, _ in spec.tasks.all()},
+        restart={role: spec.restart.for_role(role, spec.strategy)
+                 for role, _, _ in spec.tasks.all()},
         max_restarts=spec.restart.max_restarts, backoff_seconds=spec.restart.backoff_seconds,
         startup_seconds=t.startup_seconds, deadline_seconds=t.deadline_seconds,
         grace_seconds=t.grace_seconds, evaluator_seconds=t.evaluator_seconds,

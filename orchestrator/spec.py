@@ -395,7 +395,10 @@ WarmSpares = Annotated[Literal["auto"] | bool, BeforeValidator(_check_warm_spare
 class RestartSpec(_Model):
     """How the job reacts to a lost task; the strategy decides what is restarted with it."""
 
-    policy: RestartPolicy | dict[str, RestartPolicy] = RestartPolicy.NEVER
+    # One policy for every role, or a map by role. A role it does not name (all of them when
+    # unset) gets its strategy's default (strategy.RULES: a parameter_server job's ps and
+    # workers and any evaluator on-failure, the rest never).
+    policy: RestartPolicy | dict[str, RestartPolicy] | None = None
     max_restarts: Int = Field(default=3, ge=0)
     backoff_seconds: Seconds = Field(default=1.0, ge=0)
     warm_spares: WarmSpares = "auto"
@@ -409,12 +412,13 @@ class RestartSpec(_Model):
                     raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
         return policy
 
-    def for_role(self, role: Role) -> RestartPolicy:
-        if isinstance(self.policy, dict):
-            sidecar = role not in CLUSTER_ROLES  # the evaluator: restarted alone by default
-            return self.policy.get(role, RestartPolicy.ON_FAILURE if sidecar
-                                   else RestartPolicy.NEVER)
-        return self.policy
+    def for_role(self, role: Role, strategy: Strategy) -> RestartPolicy:
+        """The role's policy: the one given for it, else its strategy's default."""
+        if isinstance(self.policy, RestartPolicy):
+            return self.policy
+        if isinstance(self.policy, dict) and role in self.policy:
+            return self.policy[role]
+        return RULES[strategy].restart_default[role]
 
 
 # A training step that has not moved for this long is a hang. Five minutes: far above any

@@ -202,7 +202,9 @@ def test_the_plan_carries_policy_rules_and_placement():
     plan = plan_of(PS_SPEC, ports={"worker:1": 30002})
     assert plan.rules == RULES[Strategy.PARAMETER_SERVER]
     assert plan.rules.serve_first == (Role.PS, Role.WORKER)
-    assert plan.policy.restart == {Role.PS: RestartPolicy.NEVER, Role.WORKER: RestartPolicy.ALWAYS,
+    # The roles the map leaves out get the strategy's default: a PS job's servers come back.
+    assert plan.policy.restart == {Role.PS: RestartPolicy.ON_FAILURE,
+                                   Role.WORKER: RestartPolicy.ALWAYS,
                                    Role.CHIEF: RestartPolicy.NEVER,
                                    Role.EVALUATOR: RestartPolicy.ON_FAILURE}
     assert plan.policy.deadline_seconds == 600 and plan.policy.max_restarts == 5
