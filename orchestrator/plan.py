@@ -296,7 +296,9 @@ def make_policy(spec: ClusterSpec) -> Policy:
         grace_seconds=t.grace_seconds, evaluator_seconds=t.evaluator_seconds,
         evaluator_required=spec.evaluator_required, stall_seconds=t.stall_seconds or None,
         stall_all=bool(t.stall_seconds) and "stall_seconds" in t.model_fields_set,
-        warm_spares=spec.restart.warm_spares)
+        warm_spares=spec.restart.warm_spares,
+        evaluator_idle_seconds=t.evaluator_idle_seconds or None if spec.job.kind != "entry"
+        else None)
 
 
 def make_plan(

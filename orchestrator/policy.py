@@ -54,6 +54,9 @@ class Policy:
     stall_seconds: float | None = None
     stall_all: bool = False
     warm_spares: bool | str = "auto"  # restart.warm_spares: True, False or "auto"
+    # Once the job is done, a sidecar quiet (no output, no CPU) this long has evaluated the
+    # last checkpoint and is stopped; None: waited for (an entry's evaluator exits by itself).
+    evaluator_idle_seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "restart": {r.value: p.value for r, p in self.restart.items()}}

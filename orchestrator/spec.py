@@ -431,7 +431,14 @@ class TimeoutSpec(_Model):
     startup_seconds: Seconds = Field(default=300.0, gt=0)
     deadline_seconds: Seconds | None = Field(default=None, gt=0)
     grace_seconds: Seconds = Field(default=10.0, ge=0)
-    evaluator_seconds: Seconds = Field(default=60.0, ge=0)
+    evaluator_seconds: Seconds = Field(default=60.0, ge=0, description=(
+        "Once the training tasks are done, how long an evaluator still running is waited "
+        "for (its last evaluation) before it is stopped; default 60"))
+    evaluator_idle_seconds: Seconds | None = Field(default=5.0, ge=0, description=(
+        "A script's or module's evaluator (one that may never exit, like Keras's "
+        "SidecarEvaluator) is stopped once it has printed nothing and used no CPU this long "
+        "after the training tasks are done: it has evaluated the last checkpoint and waits "
+        "for another; default 5, null or 0: wait evaluator_seconds"))
     # A training task whose step has not moved (or that has been stopped, state T) this long
     # fails its attempt. Unset: STALL_SECONDS, for tasks that report progress only. Set: for
     # every training task (one that reports no progress: while stopped). null or 0: off.
