@@ -59,9 +59,5 @@ class Policy:
     evaluator_idle_seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """plan.json's `policy`; pydantic reads it back as this dataclass (plan._PlanFile)."""
         return {**self.__dict__, "restart": {r.value: p.value for r, p in self.restart.items()}}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Policy:
-        return cls(**{**data, "restart": {Role(r): RestartPolicy(p)
-                                          for r, p in data["restart"].items()}})

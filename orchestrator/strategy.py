@@ -50,17 +50,8 @@ class StrategyRules:
                 "sidecars": list(self.sidecars), "restart_default": {
                     r.value: p.value for r, p in self.restart_default.items()}}
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StrategyRules:
-        roles = {k: tuple(Role(r) for r in data[k])
-                 for k in ("roles", "serve_first", "servers", "done_when", "sidecars")}
-        return cls(**roles, required=tuple((Role(r), n) for r, n in data["required"]),
-                   restart_unit={Role(r): RestartUnit(u)
-                                 for r, u in data["restart_unit"].items()},
-                   restart_default={Role(r): RestartPolicy(p)
-                                    for r, p in data.get("restart_default", {}).items()})
 
-
+# plan.json's `rules` are read back by pydantic (plan._PlanFile), as this dataclass.
 _NEVER, _ON_FAILURE = RestartPolicy.NEVER, RestartPolicy.ON_FAILURE
 RULES: dict[Strategy, StrategyRules] = {
     # Collectives need every worker: losing one restarts them all; done when all are.
