@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperCommand
@@ -52,6 +52,7 @@ from orchestrator.rundir import (
     Outcome,
     RunDir,
     RunDirError,
+    last_lines,
     list_runs,
     outcome,
     read_lines,
@@ -202,19 +203,26 @@ def check_local_tasks(spec: ClusterSpec) -> None:
 
 def check_run_dir(run_dir: Path) -> None:
     """What can be told without creating it: the run directory, or the nearest existing
-    folder above it, must be a directory."""
+    folder above it, must be a directory, and it must not hold a run already."""
     path = run_dir
     while not path.exists() and path != path.parent:
         path = path.parent
     if not path.is_dir():
         raise SpecError(f"--run-dir {run_dir}: {path} is not a directory")
-
-
-def make_run_dir(p: Plan) -> None:
-    """Made, and plan.json written, before anything starts: a bad place or a full disk is an
-    error for the user here, not a traceback later."""
     try:
-        RunDir(p.run_dir).create(p.to_json())
+        RunDir(str(run_dir)).check_new()
+    except RunDirError as e:
+        raise SpecError(str(e)) from None
+
+
+def make_run_dir(p: Plan) -> IO[bytes]:
+    """Made, locked, and plan.json written, before anything starts: a bad place, a full disk
+    or another run there is an error for the user here, not a traceback or a mixed run
+    later. The returned file holds the lock while the run goes on."""
+    try:
+        return RunDir(p.run_dir).create(p.to_json())
+    except RunDirError as e:
+        raise SpecError(str(e)) from None
     except OSError as e:
         raise SpecError(f"run directory {p.run_dir}: cannot write {e.filename or p.run_dir}: "
                         f"{e.strerror or e}") from None
@@ -239,11 +247,7 @@ def load_source(file: Path | dict) -> tuple[ClusterSpec, dict[str, int] | None]:
         raise SpecError(str(err)) from None
     if not (isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys()):
         return parse_spec(data, str(file)), None
-    try:
-        old = Plan.from_json(data)
-    except (KeyError, TypeError, ValueError) as e:
-        raise SpecError(f"{file}: not a plan.json this tfo can run again "
-                        f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    old = Plan.from_json(data, str(file))  # SpecError naming the field in plan.json
     return old.spec, old.ports()
 
 
@@ -333,7 +337,9 @@ NameOpt = Annotated[str | None, typer.Option(
     "--name", help="the job's name [default: the script's or module's]",
     rich_help_panel=_QUICK, show_default=False)]
 RestartOpt = Annotated[str | None, typer.Option(
-    "--restart", help="restart policy: never, on-failure, always, exit-code [default: never]",
+    "--restart", help="restart policy: never, on-failure, always, exit-code [default: per "
+    "role: on-failure for a parameter_server job's ps and workers and for the evaluator, "
+    "never for the rest]",
     rich_help_panel=_QUICK, show_default=False)]
 MaxRestartsOpt = Annotated[int | None, typer.Option(
     "--max-restarts", help="restarts over the whole job [default: 3]",
@@ -465,6 +471,7 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
     # The command column is the task wrapper; this is what it runs.
     args = p.spec.job.args if isinstance(p.spec.job.args, list) else []
     out.print(f"job: {' '.join([p.job, *map(shlex.quote, args)])}")
+    out.print(f"restart: {restart_line(p)}")
     if run_dir is None:
         out.print(f"run directory: {p.run_dir} (a new id for each run; --run-dir picks one)")
     else:
@@ -472,6 +479,15 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
     if isinstance(source, dict):
         out.print("cluster file (`tfo run` writes it into the run directory as cluster.yaml):")
         out.print(cluster_yaml(source, _made_by()), end="", soft_wrap=True)
+
+
+def restart_line(p: Plan) -> str:
+    """Each role's restart policy and what goes down with a lost task (the strategy's)."""
+    units = {"alone": "alone", "group": "with every training task"}
+    return ", ".join(f"{role.value} {policy.value}" + (
+        f" ({units[p.rules.restart_unit[role].value]})" if policy.value != "never" else "")
+        for role, policy in p.policy.restart.items()) + \
+        f"; max_restarts {p.policy.max_restarts}"
 
 
 def _preflight_table(rows: list[HostCheck]) -> Table:
@@ -584,11 +600,12 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
     except (SpecError, BackendError) as e:
         raise _fail(str(e)) from None
     settled()  # before anything is started: the tasks get the user's environment
+    lock: IO[bytes] | None = None  # the run directory's, while the run goes on
     try:
         checks = _preflight(p, backends, show=False)  # check
         if problems := _problems(checks):
             raise _fail("cannot start, nothing was started:\n  " + "\n  ".join(problems))
-        make_run_dir(p)
+        lock = make_run_dir(p)
         if isinstance(source, dict):
             _write_cluster_file(p, source)
         for line in backends.sync(p):  # sync
@@ -626,6 +643,8 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         raise typer.Exit(1) from None
     finally:
         backends.close()
+        if lock is not None:
+            lock.close()
     with contextlib.suppress(OSError):  # a closed terminal (SIGHUP); events.jsonl has it all
         if console.dropped:
             err.print(f"tfo: {console.dropped} console lines dropped (slow reader); logs are "
@@ -794,14 +813,31 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
     # A task's output is untrusted: escaped for a terminal, as printed into a file or pipe.
     shown = printable if sys.stdout.isatty() else str
     offsets: dict[str, int] = {}
+    partial: dict[str, bool] = {}  # a task's line printed in part so far: shown or not
+
+    def keep(line: str) -> bool:
+        return raw or not is_marker(line)
 
     def show(last_n: int, whole: bool) -> None:
+        """Each log from where the last look ended; with `last_n`, its last lines only, read
+        from its end. Line by line either way: memory does not grow with the log."""
         logs = rd.task_logs()  # a task not started yet has no log yet
         for name, path in logs.items() if not task else [(task, logs[task])]:
-            new, offsets[name] = read_lines(path, offsets.get(name, 0), whole)
-            new = [line for line in new if raw or not is_marker(line)]
-            for line in new[-last_n:] if last_n else new:
-                print(shown(f"[{name}] {line}" if not task else line))
+            prefix = f"[{name}] " if not task else ""
+            if last_n:
+                new, offsets[name] = last_lines(path, last_n, keep, whole)
+                for line in new:
+                    print(shown(prefix + line))
+                continue
+            for line, ended, offset in read_lines(path, offsets.get(name, 0), whole):
+                start = name not in partial  # a line over LOG_CHUNK comes in pieces
+                if start and keep(line) or partial.get(name):
+                    print(shown(prefix + line if start else line), end="\n" if ended else "")
+                if ended:
+                    partial.pop(name, None)
+                elif start:
+                    partial[name] = keep(line)  # whether its next pieces are shown
+                offsets[name] = offset
         sys.stdout.flush()
 
     try:

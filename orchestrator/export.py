@@ -123,7 +123,8 @@ def _replica(spec: ClusterSpec, role: Role, count: int, image: str) -> dict[str,
         container["resources"] = {"limits": {GPU_RESOURCE: gpus}}
     pod = {"terminationGracePeriodSeconds": math.ceil(spec.timeouts.grace_seconds),
            "containers": [container], "volumes": [{"name": VOLUME, "emptyDir": {}}]}
-    return {"replicas": count, "restartPolicy": RESTART_POLICIES[spec.restart.for_role(role)],
+    policy = spec.restart.for_role(role, spec.strategy)
+    return {"replicas": count, "restartPolicy": RESTART_POLICIES[policy],
             "template": {"spec": pod}}
 
 
@@ -144,7 +145,7 @@ def _warnings(spec: ClusterSpec) -> list[str]:
                    "gpus_per_task becomes each pod's nvidia.com/gpu limit")
     unit = RULES[spec.strategy].restart_unit
     restarted = [r for r in _roles(spec) if unit[r] is RestartUnit.GROUP
-                 and spec.restart.for_role(r) is not RestartPolicy.NEVER]
+                 and spec.restart.for_role(r, spec.strategy) is not RestartPolicy.NEVER]
     if restarted:
         out.append(f"restart.policy: TFJob restarts a lost {restarted[0].value} pod alone, "
                    f"where tfo restarts every training task of a {spec.strategy.value} job with "

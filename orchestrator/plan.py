@@ -16,12 +16,23 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from orchestrator.devices import task_gpus, visible_devices
 from orchestrator.policy import Policy
 from orchestrator.rundir import RunDir
-from orchestrator.spec import LOCALHOST, MAX_ARG_STRLEN, SLURM, ClusterSpec, SpecError
+from orchestrator.spec import (
+    LOCALHOST,
+    MAX_ARG_STRLEN,
+    SLURM,
+    ClusterSpec,
+    Int,
+    Port,
+    SpecError,
+    format_validation_error,
+)
 from orchestrator.strategy import CLUSTER_ROLES, RULES, StrategyRules
 from worker_entry.markers import Role, Strategy, is_chief
 
@@ -138,18 +149,103 @@ class Plan:
                 "tasks": [t.to_json() for t in self.tasks]}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Plan:
-        """Also reads a plan.json without the top-level cluster (tfo before issue 13), whose
-        every task carries it. Raises KeyError, TypeError or ValueError (pydantic's
-        ValidationError is one) on anything that is not a plan.json."""
+    def from_json(cls, data: Any, source: str = "plan.json") -> Plan:
+        """A plan.json, checked as a cluster file is (a hand-edited one too): a SpecError
+        names the field in plan.json (`tasks[1].port`) and the value. Also reads a plan.json
+        without the top-level cluster (tfo before issue 13), whose every task carries it."""
+        checked, spec = _check_plan_file(data, source)
         cluster = data.get("cluster")
         cluster_json = json.dumps(cluster) if cluster is not None else None
-        return cls(name=data["name"], strategy=Strategy(data["strategy"]),
-                   run_id=data["run_id"], run_dir=data["run_dir"], job=data["job"],
-                   policy=Policy.from_json(data["policy"]),
-                   rules=StrategyRules.from_json(data["rules"]), workdir=data["workdir"],
-                   spec=ClusterSpec.model_validate(data["spec"]),
+        return cls(name=checked.name, strategy=checked.strategy, run_id=checked.run_id,
+                   run_dir=checked.run_dir, job=checked.job, policy=checked.policy,
+                   rules=checked.rules, workdir=checked.workdir, spec=spec,
                    tasks=[TaskPlan.from_json(t, cluster, cluster_json) for t in data["tasks"]])
+
+
+class _PlacementFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    kind: str
+    host: str
+    address: str
+
+
+class _TaskFile(BaseModel):
+    """One task of plan.json as the cluster file's types check it: strict (`port: true` was
+    TF_CONFIG's `localhost:True`), a port in 1-65535."""
+
+    model_config = ConfigDict(extra="ignore")  # `host`: the placement's, for readers
+    name: str = Field(strict=True)
+    role: Role
+    index: Int = Field(ge=0)
+    port: Port
+    tf_config: dict[str, Any]
+    command: list[Annotated[str, Strict()]] = Field(min_length=1)
+    env: dict[str, Annotated[str, Strict()]]
+    cwd: str = Field(strict=True)
+    log_path: str = Field(strict=True)
+    tmp_dir: str = Field(strict=True)
+    gpus: list[Annotated[Int, Field(ge=0)]]
+    placement: _PlacementFile
+
+
+class _PlanFile(BaseModel):
+    """plan.json: what `tfo run PLAN.json` and `tfo rerun` read of it."""
+
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(strict=True)
+    strategy: Strategy
+    run_id: str = Field(strict=True)
+    run_dir: str = Field(strict=True)
+    job: str = Field(strict=True)
+    workdir: str = Field(strict=True)
+    policy: Policy
+    rules: StrategyRules
+    spec: dict[str, Any]  # a ClusterSpec: checked on its own, its errors named spec.…
+    cluster: dict[str, list[Annotated[str, Strict()]]] | None = None
+    tasks: list[_TaskFile] = Field(min_length=1)
+
+
+def _check_plan_file(data: Any, source: str) -> tuple[_PlanFile, ClusterSpec]:
+    """plan.json's types, then its tasks against its spec: the spec's tasks in its order, a
+    port a task's address fixes kept, no two tasks on one port of one machine."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a plan.json mapping, got {type(data).__name__}")
+    try:
+        checked = _PlanFile.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(f"{source}: invalid plan.json\n{format_validation_error(err)}") \
+            from None
+    try:
+        spec = ClusterSpec.model_validate(checked.spec)
+    except ValidationError as err:
+        raise SpecError(f"{source}: invalid plan.json\n{_spec_errors(err)}") from None
+    problems = []
+    expected = [(task_name(r, i), r, a) for r, i, a in spec.tasks.all()]
+    names = [t.name for t in checked.tasks]
+    if names != [n for n, _, _ in expected]:
+        problems.append(f"tasks: {', '.join(names)} are not its spec's tasks, in its order: "
+                        f"{', '.join(n for n, _, _ in expected)}")
+    seen: dict[tuple[str, int], str] = {}
+    for i, (task, (name, role, address)) in enumerate(zip(checked.tasks, expected, strict=False)):
+        if task_name(task.role, task.index) != task.name:
+            problems.append(f"tasks[{i}]: name {task.name} but role {task.role.value}, index "
+                            f"{task.index}")
+        elif address.port is not None and task.port != address.port:
+            where = f"spec.tasks.{role.value}[{task.index}]"
+            problems.append(f"tasks[{i}].port: {task.port}, but {where} is {address}")
+        key = (task.placement.address, task.port)
+        if key in seen:
+            problems.append(f"tasks[{i}].port: {task.port} on {key[0]} is also {seen[key]}'s")
+        seen.setdefault(key, name)
+    if problems:
+        raise SpecError(f"{source}: invalid plan.json\n" + "\n".join(problems))
+    return checked, spec
+
+
+def _spec_errors(err: ValidationError) -> str:
+    """The spec's errors, as a cluster file's, each named by its path in plan.json."""
+    return "\n".join(f"spec: {line.split(': ', 1)[1]}" if line.startswith("(top level)")
+                     else f"spec.{line}" for line in format_validation_error(err).splitlines())
 
 
 def json_text(plan: dict[str, Any]) -> str:
@@ -193,13 +289,16 @@ JOB_KINDS: dict[str, Callable[[ClusterSpec, str, bool], tuple[list[str], dict[st
 def make_policy(spec: ClusterSpec) -> Policy:
     t = spec.timeouts
     return Policy(
-        restart={role: spec.restart.for_role(role) for role, _, _ in spec.tasks.all()},
+        restart={role: spec.restart.for_role(role, spec.strategy)
+                 for role, _, _ in spec.tasks.all()},
         max_restarts=spec.restart.max_restarts, backoff_seconds=spec.restart.backoff_seconds,
         startup_seconds=t.startup_seconds, deadline_seconds=t.deadline_seconds,
         grace_seconds=t.grace_seconds, evaluator_seconds=t.evaluator_seconds,
         evaluator_required=spec.evaluator_required, stall_seconds=t.stall_seconds or None,
         stall_min_seconds=t.stall_min_seconds,
-        warm_spares=spec.restart.warm_spares)
+        warm_spares=spec.restart.warm_spares,
+        evaluator_idle_seconds=t.evaluator_idle_seconds or None if spec.job.kind != "entry"
+        else None)
 
 
 def make_plan(

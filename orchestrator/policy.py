@@ -55,12 +55,10 @@ class Policy:
     stall_seconds: float | str | None = None
     stall_min_seconds: float = FLOOR_SECONDS
     warm_spares: bool | str = "auto"  # restart.warm_spares: True, False or "auto"
+    # Once the job is done, a sidecar quiet (no output, no CPU) this long has evaluated the
+    # last checkpoint and is stopped; None: waited for (an entry's evaluator exits by itself).
+    evaluator_idle_seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """plan.json's `policy`; pydantic reads it back as this dataclass (plan._PlanFile)."""
         return {**self.__dict__, "restart": {r.value: p.value for r, p in self.restart.items()}}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Policy:
-        data = {k: v for k, v in data.items() if k != "stall_all"}  # an older plan.json's
-        return cls(**{**data, "restart": {Role(r): RestartPolicy(p)
-                                          for r, p in data["restart"].items()}})

@@ -21,7 +21,13 @@ import yaml
 from pydantic import ValidationError
 
 from orchestrator.policy import RestartPolicy
-from orchestrator.spec import LOCALHOST, HostSpec, SpecError, format_validation_error
+from orchestrator.spec import (
+    LOCALHOST,
+    MAX_TASKS_PER_ROLE,
+    HostSpec,
+    SpecError,
+    format_validation_error,
+)
 from orchestrator.specfile import SpecFileError, read_data
 from worker_entry.markers import Role, Strategy
 
@@ -128,6 +134,9 @@ def _roles(flags: QuickFlags, strategy: Strategy) -> dict[Role, int]:
         raise FlagError(f"--workers {flags.workers}: at least 1")
     if flags.ps is not None and flags.ps < 1:
         raise FlagError(f"--ps {flags.ps}: at least 1 (or leave it out)")
+    for flag, count in (("--workers", flags.workers), ("--ps", flags.ps)):
+        if count is not None and count > MAX_TASKS_PER_ROLE:  # before a list of that size
+            raise FlagError(f"{flag} {count}: at most {MAX_TASKS_PER_ROLE}")
     ps = strategy is Strategy.PARAMETER_SERVER
     if flags.ps and not ps:
         raise FlagError(f"--ps {flags.ps}: ps tasks are for --strategy parameter_server; "

@@ -20,25 +20,31 @@ workdir, which may start with ~.
         model/                 the default job.model_dir
         tensorboard/           the chief's training scalars (train/), the evaluator's (eval/)
         supervisor-error.log   only if tfo itself failed
+        lock                   held (flock) by the tfo running it; holds that tfo's pid
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import itertools
 import json
+import os
 import posixpath
 import socket
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, BinaryIO
 
 RUNS = "runs"  # under the directory tfo runs in, and under each lab host's workdir
 PLAN, EVENTS, LOGS, TMP, BACKUP = "plan.json", "events.jsonl", "logs", "tmp", "backup"
 TENSORBOARD = "tensorboard"
 CLUSTER = "cluster.yaml"
 CRASH_LOG = "supervisor-error.log"
+LOCK = "lock"  # flock'ed by the tfo that runs it, while it runs
 LAST = "last"
 
 
@@ -115,10 +121,42 @@ class RunDir:
         return self._join(BACKUP, task_file(role, index))
 
     # ---- files on this machine ---------------------------------------------------------
-    def create(self, plan: dict[str, Any]) -> None:
-        """logs/ and plan.json; raises OSError."""
-        Path(self.logs).mkdir(parents=True, exist_ok=True)
-        Path(self.plan_path).write_text(json.dumps(plan, indent=2))
+    def check_new(self) -> None:
+        """Refuse a directory that holds a run already: two runs in one would mix their
+        events, logs and plan.json. Raises RunDirError."""
+        held = [n for n in (PLAN, EVENTS) if Path(self._join(n)).exists()]
+        if held:
+            raise RunDirError(f"run directory {self.path} holds a run already "
+                              f"({', '.join(held)}): give a new --run-dir, or leave it out "
+                              f"for a new {RUNS}/<run-id>; `tfo rerun {self.path}` runs it "
+                              "again in a new one")
+
+    def create(self, plan: dict[str, Any]) -> IO[bytes]:
+        """The directory, its lock, logs/ and plan.json. The lock (flock on `lock`) is held
+        by the returned file until it is closed or this process ends (the kernel lets go,
+        even after SIGKILL). Raises RunDirError for a directory another tfo holds or that
+        holds a run already, OSError."""
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+        lock = open(self._join(LOCK), "a+b")  # noqa: SIM115 (held for the run)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read(32).decode(errors="replace").strip() or "?"
+            lock.close()
+            raise RunDirError(f"run directory {self.path} is in use by another tfo (pid "
+                              f"{holder}): give another --run-dir") from None
+        try:
+            self.check_new()  # again, under the lock: the other may have just finished
+            lock.truncate(0)
+            lock.write(f"{os.getpid()}\n".encode())
+            lock.flush()
+            Path(self.logs).mkdir(parents=True, exist_ok=True)
+            Path(self.plan_path).write_text(json.dumps(plan, indent=2))
+        except BaseException:
+            lock.close()
+            raise
+        return lock
 
     def read_plan(self) -> dict[str, Any]:
         """plan.json as written; raises OSError or ValueError."""
@@ -255,15 +293,64 @@ def run_over(rd: RunDir) -> bool:
         return True
 
 
-def read_lines(path: Path, offset: int, whole: bool) -> tuple[list[str], int]:
-    """The lines of a log from byte `offset`, and the offset after them: complete lines only,
-    unless `whole` (nothing more will be written)."""
+# `tfo logs` reads a log this much at a time, whatever its size (it was read whole: 2.7 GB of
+# memory for a 751 MB log); a longer line is printed in pieces of this size.
+LOG_CHUNK = 1 << 20
+
+
+def read_lines(path: Path, offset: int, whole: bool) -> Iterator[tuple[str, bool, int]]:
+    """The lines of a log from byte `offset`, one at a time: (text, whether it ends a line,
+    the offset after it). Complete lines only, unless `whole` (nothing more will be written);
+    a line longer than LOG_CHUNK comes in pieces, every piece but its last `False`."""
     with open(path, "rb") as f:
         f.seek(offset)
-        data = f.read()
-    if not whole:
-        data = data[:data.rfind(b"\n") + 1]
-    return data.decode(errors="replace").splitlines(), offset + len(data)
+        while piece := f.readline(LOG_CHUNK):
+            ended = piece.endswith(b"\n")
+            if not ended and len(piece) < LOG_CHUNK and not whole:
+                return  # a line still being written: the next look reads it whole
+            offset += len(piece)
+            # Short and unended: the file's last line, whole.
+            yield piece.rstrip(b"\n").decode(errors="replace"), \
+                ended or len(piece) < LOG_CHUNK, offset
+
+
+def last_lines(path: Path, n: int, keep: Callable[[str], bool],
+               whole: bool) -> tuple[list[str], int]:
+    """The last `n` lines of a log that `keep` accepts, read from its end, and the offset
+    after them (where `tfo logs -f` goes on). Without `whole` a last line not yet ended is
+    left for later. Memory: those lines and LOG_CHUNK, not the log."""
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return [], 0
+        f.seek(end - 1)
+        ended = f.read(1) == b"\n"
+        backwards = _lines_backwards(f, end)
+        unended = next(backwards)  # b"" after a final newline
+        if not ended and not whole:
+            end -= len(unended)
+        found: list[str] = []
+        for raw in itertools.chain([unended] if not ended and whole else [], backwards):
+            line = raw.decode(errors="replace")
+            if keep(line):
+                found.append(line)
+                if len(found) == n:
+                    break
+    return found[::-1], end
+
+
+def _lines_backwards(f: BinaryIO, end: int) -> Iterator[bytes]:
+    """The lines of the file's first `end` bytes, the last first, without their newlines (the
+    first one yielded is b"" when those bytes end with one)."""
+    pos, rest = end, b""
+    while pos > 0:
+        step = min(LOG_CHUNK, pos)
+        pos -= step
+        f.seek(pos)
+        lines = (f.read(step) + rest).split(b"\n")
+        rest = lines.pop(0)
+        yield from reversed(lines)
+    yield rest
 
 
 class EventLog:

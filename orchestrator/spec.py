@@ -53,6 +53,11 @@ MODEL_DIR_PLACEHOLDERS = ("run_id", "run_dir")
 # Linux's MAX_ARG_STRLEN: the most one argv or environment string may hold, its NUL included.
 # A task's job (TFO_JOB) and TF_CONFIG travel in its environment.
 MAX_ARG_STRLEN = 32 * 4096
+# The most tasks one role may have. Checked before a single address is built: a count or a
+# flag of 10,000,000 took 27 s and 6.4 GB to be refused. Far above any sane job (a localhost
+# job stops at 256 tasks; a TF_CONFIG of more than about 6,000 addresses no longer fits in a
+# task's environment).
+MAX_TASKS_PER_ROLE = 4096
 
 
 class Collective(str, Enum):
@@ -338,13 +343,15 @@ def _addresses(value: Any) -> Any:
         return []
     if isinstance(value, int) and not isinstance(value, bool):
         # A count: the hosts come from a scheduler's allocation (backend: {slurm: …}).
-        if not 0 <= value <= 4096:
-            raise ValueError(f"a count of tasks is 0 to 4096, got {value}")
+        if not 0 <= value <= MAX_TASKS_PER_ROLE:
+            raise ValueError(f"a count of tasks is 0 to {MAX_TASKS_PER_ROLE}, got {value}")
         return [{"host": SLURM, "port": None}] * value
     if isinstance(value, str | dict):
         return [value]
     if not isinstance(value, list):
         raise ValueError(f"expected a list of 'host:port', got {value!r}")
+    if len(value) > MAX_TASKS_PER_ROLE:
+        raise ValueError(f"{len(value):,} tasks; a role has at most {MAX_TASKS_PER_ROLE}")
     return value
 
 
@@ -390,7 +397,10 @@ WarmSpares = Annotated[Literal["auto"] | bool, BeforeValidator(_check_warm_spare
 class RestartSpec(_Model):
     """How the job reacts to a lost task; the strategy decides what is restarted with it."""
 
-    policy: RestartPolicy | dict[str, RestartPolicy] = RestartPolicy.NEVER
+    # One policy for every role, or a map by role. A role it does not name (all of them when
+    # unset) gets its strategy's default (strategy.RULES: a parameter_server job's ps and
+    # workers and any evaluator on-failure, the rest never).
+    policy: RestartPolicy | dict[str, RestartPolicy] | None = None
     max_restarts: Int = Field(default=3, ge=0)
     backoff_seconds: Seconds = Field(default=1.0, ge=0)
     warm_spares: WarmSpares = "auto"
@@ -404,12 +414,13 @@ class RestartSpec(_Model):
                     raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
         return policy
 
-    def for_role(self, role: Role) -> RestartPolicy:
-        if isinstance(self.policy, dict):
-            sidecar = role not in CLUSTER_ROLES  # the evaluator: restarted alone by default
-            return self.policy.get(role, RestartPolicy.ON_FAILURE if sidecar
-                                   else RestartPolicy.NEVER)
-        return self.policy
+    def for_role(self, role: Role, strategy: Strategy) -> RestartPolicy:
+        """The role's policy: the one given for it, else its strategy's default."""
+        if isinstance(self.policy, RestartPolicy):
+            return self.policy
+        if isinstance(self.policy, dict) and role in self.policy:
+            return self.policy[role]
+        return RULES[strategy].restart_default[role]
 
 
 def _check_stall_seconds(value: Any) -> Any:
@@ -436,7 +447,14 @@ class TimeoutSpec(_Model):
     startup_seconds: Seconds = Field(default=300.0, gt=0)
     deadline_seconds: Seconds | None = Field(default=None, gt=0)
     grace_seconds: Seconds = Field(default=10.0, ge=0)
-    evaluator_seconds: Seconds = Field(default=60.0, ge=0)
+    evaluator_seconds: Seconds = Field(default=60.0, ge=0, description=(
+        "Once the training tasks are done, how long an evaluator still running is waited "
+        "for (its last evaluation) before it is stopped; default 60"))
+    evaluator_idle_seconds: Seconds | None = Field(default=5.0, ge=0, description=(
+        "A script's or module's evaluator (one that may never exit, like Keras's "
+        "SidecarEvaluator) is stopped once it has printed nothing and used no CPU this long "
+        "after the training tasks are done: it has evaluated the last checkpoint and waits "
+        "for another; default 5, null or 0: wait evaluator_seconds"))
     stall_seconds: StallSeconds = "auto"
     stall_min_seconds: Seconds = Field(default=FLOOR_SECONDS, gt=0)  # auto's floor
 

@@ -10,10 +10,11 @@ The plan carries its strategy's rules (plan.json shows them); the supervisor rea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from orchestrator.policy import RestartPolicy
 from worker_entry.markers import Role, Strategy
 
 # TF_CONFIG's `cluster` lists these; the evaluator is never part of it.
@@ -38,22 +39,20 @@ class StrategyRules:
     # Restart alone on their own count, fail the job only if `evaluator_required`, and are
     # waited for (timeouts.evaluator_seconds) once the job is done.
     sidecars: tuple[Role, ...] = (Role.EVALUATOR,)
+    # Each role's restart policy where the cluster file's `restart.policy` names none for it
+    # (unset, or a map without the role). Empty in a plan.json from before it was carried.
+    restart_default: dict[Role, RestartPolicy] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"roles": list(self.roles), "required": [list(r) for r in self.required],
                 "serve_first": list(self.serve_first), "servers": list(self.servers),
                 "restart_unit": dict(self.restart_unit), "done_when": list(self.done_when),
-                "sidecars": list(self.sidecars)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StrategyRules:
-        roles = {k: tuple(Role(r) for r in data[k])
-                 for k in ("roles", "serve_first", "servers", "done_when", "sidecars")}
-        return cls(**roles, required=tuple((Role(r), n) for r, n in data["required"]),
-                   restart_unit={Role(r): RestartUnit(u)
-                                 for r, u in data["restart_unit"].items()})
+                "sidecars": list(self.sidecars), "restart_default": {
+                    r.value: p.value for r, p in self.restart_default.items()}}
 
 
+# plan.json's `rules` are read back by pydantic (plan._PlanFile), as this dataclass.
+_NEVER, _ON_FAILURE = RestartPolicy.NEVER, RestartPolicy.ON_FAILURE
 RULES: dict[Strategy, StrategyRules] = {
     # Collectives need every worker: losing one restarts them all; done when all are.
     Strategy.MULTI_WORKER_MIRRORED: StrategyRules(
@@ -64,6 +63,9 @@ RULES: dict[Strategy, StrategyRules] = {
         restart_unit={Role.CHIEF: RestartUnit.GROUP, Role.WORKER: RestartUnit.GROUP,
                       Role.EVALUATOR: RestartUnit.ALONE},
         done_when=(Role.CHIEF, Role.WORKER),
+        # A lost worker fails the job unless the cluster file asks for restarts: a restart
+        # costs every worker's progress since the last backup. The evaluator restarts alone.
+        restart_default={Role.CHIEF: _NEVER, Role.WORKER: _NEVER, Role.EVALUATOR: _ON_FAILURE},
     ),
     # ps and workers are TF servers the chief drives; the chief's coordinator retries a lost
     # worker's steps, so a worker restarts alone; a lost ps (the variables) restarts the job.
@@ -76,5 +78,10 @@ RULES: dict[Strategy, StrategyRules] = {
         restart_unit={Role.CHIEF: RestartUnit.GROUP, Role.WORKER: RestartUnit.ALONE,
                       Role.PS: RestartUnit.GROUP, Role.EVALUATOR: RestartUnit.ALONE},
         done_when=(Role.CHIEF,),
+        # The servers come back: the chief's ClusterCoordinator rides out a lost worker (it
+        # reschedules its functions), and a lost ps restarts the group from the chief's
+        # checkpoints. A failing chief is the job's own failure.
+        restart_default={Role.CHIEF: _NEVER, Role.WORKER: _ON_FAILURE, Role.PS: _ON_FAILURE,
+                         Role.EVALUATOR: _ON_FAILURE},
     ),
 }

@@ -118,6 +118,9 @@ STANDBY_AFTER_READY_SECONDS = 5.0
 # exited 0, or after every peer said `exiting` too, is stopped. TensorFlow's own exit took
 # 1.0–2.9 s after the code ended here when it did not wait.
 TEARDOWN_GRACE_SECONDS = 3.0
+# A sidecar whose usage says this much CPU (percent of one core) is evaluating, not idle:
+# one waiting for a checkpoint (SidecarEvaluator polls once a second) uses about none.
+SIDECAR_BUSY_CPU = 10.0
 
 
 class TaskState(str, Enum):
@@ -238,6 +241,8 @@ class TaskRecord:
     ended_at: float | None = None  # monotonic time its exit was collected, this attempt
     torn_down: bool = False  # stopped by us in its teardown (its exit: its exiting_code)
     standby_asked: bool = False  # a warm spare for its next attempt was asked for
+    said_at: float = 0.0  # monotonic time of its last ordinary line (a sidecar's idleness)
+    cpu_busy_at: float = 0.0  # monotonic time its usage last said SIDECAR_BUSY_CPU or more
 
     @property
     def name(self) -> str:
@@ -326,6 +331,7 @@ class Supervisor:
         self.evaluation: dict[str, Any] | None = None
         self._ending: _Ending | None = None
         self._finish_by = 0.0  # FINISHING: how long the sidecars are waited for
+        self._finishing_at = 0.0  # monotonic time training finished (FINISHING began)
         self._signal: signal.Signals | None = None
         self._signal_count = 0
         self._t0 = time.monotonic()
@@ -579,7 +585,7 @@ class Supervisor:
             if not isinstance(marker, Usage):
                 rec.busy_at = time.monotonic()  # a line: a sign of work (stalls, startup)
             if marker is None:
-                rec.last_line = line
+                rec.last_line, rec.said_at = line, time.monotonic()
                 if rec.stack_lines is not None:
                     rec.stack_lines.append(line)
                 self.echo(rec.name, line)
@@ -612,6 +618,8 @@ class Supervisor:
         rec.usage, rec.usage_at = marker, time.monotonic()
         if marker.cpu >= IDLE_CPU:
             rec.busy_at = rec.usage_at
+        if marker.cpu >= SIDECAR_BUSY_CPU:
+            rec.cpu_busy_at = rec.usage_at
         if not marker.stopped:
             rec.stopped_since = None
         elif rec.stopped_since is None:
@@ -858,15 +866,45 @@ class Supervisor:
         servers = [r for r in recs if r.role in self.rules.servers and r.state.live]
         self._teardown(servers, "the chief finished")  # servers never exit on their own
         self._set(None, JobState.FINISHING)
-        self._finish_by = time.monotonic() + self.policy.evaluator_seconds
+        self._finishing_at = time.monotonic()
+        self._finish_by = self._finishing_at + self.policy.evaluator_seconds
+        waiting = self._sidecars_running()
+        if waiting:
+            names, limit = ", ".join(r.name for r in waiting), self.policy.evaluator_seconds
+            idle = self.policy.evaluator_idle_seconds
+            self.events.write("job_finishing", waiting=[r.name for r in waiting],
+                              evaluator_seconds=limit, evaluator_idle_seconds=idle)
+            self.echo("tfo", f"training finished; waiting up to {limit:g} s "
+                      f"(timeouts.evaluator_seconds) for {names} to evaluate the last "
+                      "checkpoint" + (f", or until it has been idle {idle:g} s" if idle else ""))
         self._check_finished()
 
+    def _sidecars_running(self) -> list[TaskRecord]:
+        return [r for r in self.records.values() if r.role in self.rules.sidecars
+                and r.state.live]
+
     def _check_finished(self) -> None:
-        """FINISHING: the sidecars (the evaluator) may finish their last work, for a while."""
-        waiting = any(r.state.live for r in self.records.values()
-                      if r.role in self.rules.sidecars)
-        if not waiting or time.monotonic() >= self._finish_by:
-            self._end(JobState.SUCCEEDED, "all training tasks finished")
+        """FINISHING: the sidecars (the evaluator) may finish their last work, for a while:
+        until they exit, `evaluator_seconds` passed, or (`evaluator_idle_seconds`) each has
+        printed nothing and used no CPU that long since training finished (a SidecarEvaluator
+        never exits: it evaluated the last checkpoint and waits for the next)."""
+        waiting, now = self._sidecars_running(), time.monotonic()
+        idle = self.policy.evaluator_idle_seconds
+        if not waiting:
+            return self._end(JobState.SUCCEEDED, "all training tasks finished")
+        names = ", ".join(r.name for r in waiting)
+        if now >= self._finish_by:
+            self.echo("tfo", f"{names} still running {self.policy.evaluator_seconds:g} s after "
+                      "training finished (timeouts.evaluator_seconds): stopping it")
+            return self._end(JobState.SUCCEEDED, "all training tasks finished")
+        if idle is not None and all(
+                now - max(self._finishing_at, r.said_at, r.cpu_busy_at) >= idle for r in waiting):
+            self.events.write("job_evaluators_idle", waiting=[r.name for r in waiting],
+                              idle_seconds=idle)
+            self.echo("tfo", f"{names} idle {idle:g} s after training finished, the last "
+                      "checkpoint evaluated: stopping it (timeouts.evaluator_idle_seconds)")
+            return self._end(JobState.SUCCEEDED, "all training tasks finished")
+        return None
 
     # ---- teardown ---------------------------------------------------------------------
     def _teardown(self, recs: list[TaskRecord], why: str) -> None:

@@ -169,3 +169,19 @@ def run_dir(tmp_path: Path) -> Iterator[Path]:
         for p in left:
             kill_tree(p.pid)
         assert not left, f"processes of the run left behind: {[p.pid for p in left]}"
+
+
+# Runs a command and prints its exit status and peak RSS (KiB): the kernel's own count of the
+# largest child, in a process of its own so no earlier child of the tests is counted.
+_PEAK_RSS = ("import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:], "
+             "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode; "
+             "print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
+def peak_rss(cmd: list[str], timeout: float = 120, cwd: Path = REPO) -> tuple[int, int, float]:
+    """`cmd`'s exit status, its peak RSS in bytes, and its wall time in seconds (output
+    dropped)."""
+    t0 = time.monotonic()
+    out = subprocess.run([PYTHON, "-c", _PEAK_RSS, *cmd], cwd=cwd, capture_output=True,
+                         text=True, timeout=timeout, check=True).stdout.split()
+    return int(out[0]), int(out[1]) * 1024, time.monotonic() - t0

@@ -153,8 +153,9 @@ def test_make_plan_and_plan_json_are_fast():
 
 
 def test_an_env_entry_linux_would_refuse_is_a_spec_error():
-    with pytest.raises(SpecError) as err:  # TF_CONFIG of 10,000 tasks: ~190 KB
-        plan_of(_many(10_000))
+    far = {**_many(4000), "hosts": {"lab": {"address": "a-lab-host-of-a-long-name.example.org"}}}
+    with pytest.raises(SpecError) as err:  # TF_CONFIG of 4,000 tasks on this host: ~180 KB
+        plan_of(far)
     assert "worker:0: its environment variable TF_CONFIG is 1" in str(err.value)
     assert "Linux allows 131,072 (MAX_ARG_STRLEN)" in str(err.value)
     big = {**FULL, "env": {"BLOB": "x" * 140_000}}
@@ -170,11 +171,11 @@ def test_an_env_entry_linux_would_refuse_is_a_spec_error():
 @pytest.mark.timeout(60)
 def test_ten_thousand_local_workers_are_refused_quickly(tmp_path: Path):
     spec = tmp_path / "c.yaml"
-    spec.write_text(json.dumps(_many(10_000, host="localhost")))
+    spec.write_text(json.dumps(_many(4000, host="localhost")))  # a role holds up to 4096
     t0 = time.monotonic()
     res = run_tfo("plan", str(spec), timeout=30)
     assert res.returncode == 2, res.output
-    assert "tasks: 10,001 tasks on localhost; at most 256 run on one machine" in res.stderr
+    assert "tasks: 4,001 tasks on localhost; at most 256 run on one machine" in res.stderr
     assert "Traceback" not in res.output
     assert time.monotonic() - t0 < 10  # 50 s and 2 GB before
 
@@ -201,7 +202,9 @@ def test_the_plan_carries_policy_rules_and_placement():
     plan = plan_of(PS_SPEC, ports={"worker:1": 30002})
     assert plan.rules == RULES[Strategy.PARAMETER_SERVER]
     assert plan.rules.serve_first == (Role.PS, Role.WORKER)
-    assert plan.policy.restart == {Role.PS: RestartPolicy.NEVER, Role.WORKER: RestartPolicy.ALWAYS,
+    # The roles the map leaves out get the strategy's default: a PS job's servers come back.
+    assert plan.policy.restart == {Role.PS: RestartPolicy.ON_FAILURE,
+                                   Role.WORKER: RestartPolicy.ALWAYS,
                                    Role.CHIEF: RestartPolicy.NEVER,
                                    Role.EVALUATOR: RestartPolicy.ON_FAILURE}
     assert plan.policy.deadline_seconds == 600 and plan.policy.max_restarts == 5
@@ -283,3 +286,72 @@ def test_a_plan_json_of_1000_tasks_runs_again(tmp_path: Path):
     assert again.returncode == 0, again.stderr
     shown, before = json.loads(again.stdout), json.loads(res.stdout)
     assert shown["cluster"] == before["cluster"] and len(shown["tasks"]) == 1000
+
+
+# Issue 31: a hand-edited plan.json gets the cluster file's checks, named by its path there.
+def _set(*path, value):
+    def edit(plan: dict) -> None:
+        *parents, last = path
+        for key in parents:
+            plan = plan[key]
+        plan[last] = value
+    return edit
+
+
+BAD_PLANS = [
+    ("port not a number", _set("tasks", 0, "port", value="abc"),
+     ["tasks[0].port", "valid integer", "'abc'"]),  # a traceback before
+    ("port too big", _set("tasks", 1, "port", value=70000), ["tasks[1].port", "65535", "70000"]),
+    ("port true", _set("tasks", 1, "port", value=True),  # TF_CONFIG said localhost:True
+     ["tasks[1].port", "valid integer", "True"]),
+    ("no tasks", _set("tasks", value=[]), ["tasks:", "at least 1 item"]),  # a traceback
+    ("two tasks on one port", lambda p: p["tasks"][1].update(port=p["tasks"][0]["port"]),
+     ["tasks[1].port", "on localhost is also worker:0's"]),  # accepted before
+    ("a port its spec fixes", _set("tasks", 2, "port", value=21009),
+     ["tasks[2].port: 21009, but spec.tasks.chief[0] is localhost:21000"]),
+    ("a task its spec does not have", lambda p: p["tasks"].pop(1),
+     ["tasks: worker:0, chief:0, evaluator:0 are not its spec's tasks",
+      "worker:0, worker:1, chief:0, evaluator:0"]),
+    ("name and role differ", _set("tasks", 0, "role", value="chief"),
+     ["tasks[0]: name worker:0 but role chief, index 0"]),
+    ("the spec's own mistake", _set("spec", "tasks", "chief", value=["localhost:1", "localhost:2"]),
+     ["spec.tasks.chief: at most one chief"]),
+    ("a spec field of the wrong type", _set("spec", "restart", "max_restarts", value="3"),
+     ["spec.restart.max_restarts", "'3'"]),
+    ("an unknown strategy", _set("strategy", value="mirrored"), ["strategy", "'mirrored'"]),
+    ("policy of the wrong type", _set("policy", "max_restarts", value="x"),
+     ["policy.max_restarts", "'x'"]),
+    ("command not a list", _set("tasks", 0, "command", value="python -m worker_entry"),
+     ["tasks[0].command", "valid list"]),
+    ("env value a number", _set("tasks", 0, "env", "A", value=1), ["tasks[0].env.A", "string"]),
+    ("not a mapping", lambda p: p.clear(), ["name", "required"]),
+]
+
+
+@pytest.mark.parametrize(("edit", "needles"), [(e, n) for _, e, n in BAD_PLANS],
+                         ids=[c for c, _, _ in BAD_PLANS])
+def test_a_hand_edited_plan_json_names_the_field(edit, needles):
+    data = json.loads(json.dumps(plan_of(FULL).to_json()))
+    edit(data)
+    with pytest.raises(SpecError) as err:
+        Plan.from_json(data, "runs/r1/plan.json")
+    message = str(err.value)
+    assert message.startswith("runs/r1/plan.json: invalid plan.json\n"), message
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in {message}"
+
+
+@pytest.mark.timeout(120)
+def test_tfo_run_and_rerun_of_a_bad_plan_json_exit_2(tmp_path: Path):
+    res = run_tfo("plan", "--json", "--workers", "2", "--", "python", "bench/job.py", timeout=30)
+    data = json.loads(res.stdout)
+    data["tasks"][1]["port"] = True
+    rd = tmp_path / "runs" / "edited"
+    rd.mkdir(parents=True)
+    (rd / "plan.json").write_text(json.dumps(data))
+    for args in (["run", str(rd / "plan.json")], ["rerun", str(rd)]):
+        res = run_tfo(*args, "--run-dir", str(tmp_path / "new"), timeout=60)
+        assert res.returncode == 2, res.output
+        assert f"{rd / 'plan.json'}: invalid plan.json\ntasks[1].port: Input should be a valid " \
+            "integer (got True)" in res.stderr
+        assert "Traceback" not in res.output and not (tmp_path / "new").exists()

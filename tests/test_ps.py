@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXED_PORTS, events, port_is_free, run_processes, run_tfo, write_spec
+from tests.conftest import (
+    FIXED_PORTS,
+    events,
+    port_is_free,
+    run_processes,
+    run_tfo,
+    wait_until,
+    write_spec,
+)
 from tests.test_faults import Tfo, first, kill_task
 from tests.test_mwms import evaluate_saved_model
 
@@ -115,3 +123,42 @@ timeouts: {grace_seconds: 5}
     assert ev[-1]["restarts"] == 1
     time.sleep(0.1)
     assert all(port_is_free(p) for p in PS_PORTS[:4])
+
+
+@pytest.mark.timeout(300)
+def test_a_lost_worker_server_comes_back_alone_by_default(run_dir: Path, tmp_path: Path):
+    """Issue 31: under the default policy a lost worker server failed the job: tfo stopped the
+    chief, which was training on. A parameter_server job's servers now come back by default
+    (strategy.RULES), alone, and the tutorial's ClusterCoordinator rides it out."""
+    spec = write_spec(tmp_path / "c.yaml", f"""\
+name: ps-default
+strategy: parameter_server
+job:
+  script: tests/scripts/ps_coordinator.py
+  args: [--epochs, "8", --steps_per_epoch, "150", --model_path, "{run_dir}/model/ps-model"]
+tasks:
+  chief: [localhost:auto]
+  worker: [localhost:auto, localhost:auto]
+  ps: [localhost:auto]
+""")
+    chief_log = run_dir / "logs" / "chief-0.log"
+    tfo = Tfo(spec, run_dir)
+    try:
+        assert wait_until(lambda: chief_log.exists() and "Finished epoch 0" in
+                          chief_log.read_text(), 180), "the chief never finished an epoch"
+        kill_task(tfo, "worker:1")
+        code, err = tfo.finish()
+        assert code == 0, err[-4000:]
+    finally:
+        tfo.close()
+    ev = events(run_dir)
+    assert [e["task"] for e in ev if e["event"] == "task_restarted"] == ["worker:1"]
+    assert first(ev, "task_ready", "worker:1", attempt=1)  # back, serving
+    assert [e["attempt"] for e in ev if e["event"] == "task_started"
+            and e["task"] == "chief:0"] == [0]  # the chief trained on
+    assert first(ev, "task_exited", "chief:0")["returncode"] == 0
+    assert "Finished epoch 7, accuracy is" in chief_log.read_text()
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["policy"]["restart"] == {"ps": "on-failure", "worker": "on-failure",
+                                         "chief": "never"}
+    assert run_processes(plan["run_id"]) == []

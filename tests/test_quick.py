@@ -22,7 +22,7 @@ from orchestrator.quick import (
 )
 from orchestrator.spec import parse_spec
 from orchestrator.specfile import read_data
-from tests.conftest import run_tfo, write_spec
+from tests.conftest import peak_rss, run_tfo, tfo_cmd, write_spec
 
 LAB = {"hosts": {
     "lab1": {"address": "10.0.0.1", "user": "you", "python": "/opt/tf/bin/python"},
@@ -193,6 +193,9 @@ BAD_FLAGS = [
      ["--restart sometimes", "never, on-failure, always, exit-code"]),
     ("negative max restarts", QuickFlags(max_restarts=-1), ["--max-restarts -1"]),
     ("name with a slash", QuickFlags(name="a/b"), ["--name 'a/b'"]),
+    # Issue 31: counted before a list of that size is made (10,000,000 took 27 s and 6.4 GB).
+    ("10,000,000 workers", QuickFlags(workers=10_000_000), ["--workers 10000000", "at most 4096"]),
+    ("a billion ps", QuickFlags(strategy="ps", ps=10**9), ["--ps 1000000000", "at most 4096"]),
 ]
 
 
@@ -324,3 +327,19 @@ def test_run_a_plain_script_with_its_arguments(run_dir: Path) -> None:
         assert f"[allreduce_args] hi there from {task} all_reduce=2.0" in res.stdout, res.output
     made = read_data(run_dir / "cluster.yaml")
     assert made["job"] == {"script": SCRIPT, "args": ["--greeting", "hi there"]}
+
+
+
+@pytest.mark.timeout(120)
+def test_a_billion_workers_is_refused_at_once_in_little_memory() -> None:
+    """Issue 31: `tfo plan --workers 10000000` took 27 s and 6.4 GB before exit 2; a billion
+    headed for hundreds of GB. Now the flag is refused before anything is built."""
+    for count in ("10000000", "1000000000"):
+        res = run_tfo("plan", "--workers", count, "--", "python", SCRIPT, timeout=60)
+        assert res.returncode == 2, res.output
+        assert f"--workers {count}: at most 4096" in res.stderr
+        assert "Traceback" not in res.output
+        code, rss, elapsed = peak_rss(tfo_cmd("plan", "--workers", count, "--", "python", SCRIPT))
+        assert code == 2
+        # 0.16 s and 35 MB here (27 s and 6.4 GB before), whatever the count.
+        assert elapsed < 20 and rss < 200 * 2**20, (elapsed, rss)

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shlex
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator.rundir import RunDir, RunDirError
-from tests.conftest import REPO, events, run_processes, run_tfo, write_spec
+from tests.conftest import (
+    REPO,
+    events,
+    kill_tree,
+    peak_rss,
+    run_processes,
+    run_tfo,
+    tfo_cmd,
+    write_spec,
+)
 
 
 def _run(root: Path, name: str, mtime: float) -> Path:
@@ -119,3 +133,143 @@ def test_an_ambiguous_prefix_lists_a_few_runs_and_counts_the_rest(tmp_path: Path
     assert message.startswith(f"'job-' names 5000 runs under {root}/: job-00000, job-00001, ")
     assert message.endswith("job-00009 and 4990 more; give more of the id")
     assert len(message) < 400
+
+
+# ---- tfo logs in constant memory (issue 31) ------------------------------------------------
+LOG = b"one\n@tfo {\"event\": \"up\", \"pid\": 1}\ntwo\n\nthree\n@tfo {\"event\": \"done\"}\n"
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1 << 20])
+@pytest.mark.parametrize(("data", "n", "whole", "lines", "end"), [
+    (LOG, 2, True, ["", "three"], len(LOG)),
+    (LOG, 3, False, ["two", "", "three"], len(LOG)),
+    (LOG, 9, True, ["one", "two", "", "three"], len(LOG)),
+    (LOG + b"four, half", 2, False, ["", "three"], len(LOG)),  # left for -f to read whole
+    (LOG + b"four, half", 2, True, ["three", "four, half"], len(LOG) + 10),
+    (b"", 3, True, [], 0),
+    (b"only", 1, False, [], 0),
+    (b"only", 1, True, ["only"], 4),
+    (b"\n\n", 5, True, ["", ""], 2),
+])
+def test_last_lines_are_read_from_the_end(tmp_path: Path, monkeypatch, chunk, data, n, whole,
+                                          lines, end):
+    from orchestrator import rundir
+    from orchestrator.markers import is_marker
+
+    monkeypatch.setattr(rundir, "LOG_CHUNK", chunk)
+    path = tmp_path / "w.log"
+    path.write_bytes(data)
+    assert rundir.last_lines(path, n, lambda s: not is_marker(s), whole) == (lines, end)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1 << 20])
+def test_read_lines_streams_pieces_and_leaves_an_unended_line(tmp_path: Path, monkeypatch,
+                                                              chunk):
+    from orchestrator import rundir
+
+    monkeypatch.setattr(rundir, "LOG_CHUNK", chunk)
+    path = tmp_path / "w.log"
+    path.write_bytes(b"ab\ncdefg\nhalf")
+    got = list(rundir.read_lines(path, 0, whole=False))
+    end = got[-1][2]
+    # Whole lines; of the one still being written, only pieces of LOG_CHUNK bytes.
+    assert "".join(t + ("\n" if e else "") for t, e, _ in got) == "ab\ncdefg\nhalf"[:end]
+    assert end == 9 + 4 // chunk * chunk
+    got = list(rundir.read_lines(path, 9, whole=True))
+    assert "".join(t for t, _, _ in got) == "half" and got[-1][2] == 13
+    assert got[-1][1] is (4 % chunk != 0)  # ended, unless its last piece is a whole chunk
+
+
+@pytest.mark.timeout(300)
+def test_logs_of_a_big_log_take_constant_memory(tmp_path: Path):
+    """A 200 MB log: `tfo logs` read it whole (2.7 GB of memory for a 751 MB log, with -n 5
+    and piped to head too); now it reads from the end for -n and streams otherwise."""
+    rd = tmp_path / "runs" / "big-1"
+    (rd / "logs").mkdir(parents=True)
+    (rd / "events.jsonl").write_text("{}\n")
+    block = b"".join(b"epoch %d step %d loss 0.%06d %s\n" % (i // 100, i, i, b"x" * 60)
+                     + b"@tfo {\"event\": \"done\"}\n" * (i % 2) for i in range(10_000))
+    with (rd / "logs" / "worker-0.log").open("wb") as f:
+        for _ in range(200 * 2**20 // len(block)):
+            f.write(block)
+        f.write(b"the last line\n@tfo {\"event\": \"done\"}\n")
+    size = (rd / "logs" / "worker-0.log").stat().st_size
+    assert size > 200e6
+    logs = tfo_cmd("logs", str(rd), "worker:0")
+
+    res = subprocess.run([*logs, "-n", "2"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.splitlines() == [
+        "epoch 99 step 9999 loss 0.009999 " + "x" * 60, "the last line"]
+    shell = f"{shlex.join(logs)} | head -n 1"
+    res = subprocess.run(["bash", "-o", "pipefail", "-c", shell], capture_output=True,
+                         text=True, timeout=120)
+    assert (res.returncode, res.stdout, res.stderr) == (0, "epoch 0 step 0 loss 0.000000 "
+                                                           + "x" * 60 + "\n", "")
+    peaks = {how: peak_rss(cmd, timeout=240)
+             for how, cmd in {"-n 5": [*logs, "-n", "5"], "whole": logs,
+                              "| head": ["bash", "-c", shell]}.items()}
+    for how, (code, rss, _) in peaks.items():
+        # 2 GB or more before (-n 5 too); about 45 MB now, as for a log of a few lines.
+        assert code == 0 and rss < 120 * 2**20, (how, rss, peaks)
+
+
+# ---- one run per run directory (issue 31) --------------------------------------------------
+def _wait(what, timeout: float = 60):
+    until = time.monotonic() + timeout
+    while not (got := what()):
+        assert time.monotonic() < until, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return got
+
+
+def _locked(path: Path) -> bool:
+    with path.open("rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+
+
+@pytest.mark.timeout(180)
+def test_two_runs_in_one_run_directory_one_is_refused(run_dir: Path, tmp_path: Path):
+    """Two `tfo run --run-dir D` at once: both ran and mixed their events, logs and plan.json.
+    Now one runs and holds D's lock; the other exits 2 naming D; the lock goes with its tfo,
+    even by SIGKILL; and a directory that holds a run is refused afterwards too."""
+    script = tmp_path / "sleepy.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    cmd = tfo_cmd("run", "--run-dir", str(run_dir), "--", "python", str(script))
+    both = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True) for _ in range(2)]
+    try:
+        loser = _wait(lambda: next((p for p in both if p.poll() is not None), None))
+        assert loser.returncode == 2
+        said = loser.stderr.read()
+        assert str(run_dir) in said and ("holds a run already" in said or "in use by" in said)
+        winner = next(p for p in both if p is not loser)
+        _wait(lambda: any(e["event"] == "task_started" for e in events(run_dir)))
+        assert winner.poll() is None
+        assert _locked(run_dir / "lock")
+        assert (run_dir / "lock").read_text().strip() == str(winner.pid)
+        with pytest.raises(RunDirError, match=f"in use by another tfo \\(pid {winner.pid}\\)"):
+            RunDir(str(run_dir)).create({})  # what a second tfo gets, past the first check
+        assert [e["event"] for e in events(run_dir)].count("run_started") == 1
+
+        os.kill(winner.pid, signal.SIGKILL)  # the kernel lets go of the lock
+        winner.wait(10)
+        _wait(lambda: not _locked(run_dir / "lock"), 10)
+        plan = json.loads((run_dir / "plan.json").read_text())
+        _wait(lambda: run_processes(plan["run_id"]) == [], 30)  # its tasks follow it
+
+        again = run_tfo("run", "--run-dir", str(run_dir), "--", "python", str(script),
+                        timeout=60)
+        assert again.returncode == 2 and "holds a run already (plan.json, events.jsonl)" \
+            in again.stderr and "Traceback" not in again.stderr
+        plan_again = run_tfo("plan", "--run-dir", str(run_dir), "--", "python", str(script),
+                             timeout=60)
+        assert plan_again.returncode == 2 and str(run_dir) in plan_again.stderr
+        assert [e["event"] for e in events(run_dir)].count("run_started") == 1
+    finally:
+        for p in both:
+            if p.poll() is None:
+                kill_tree(p.pid)

@@ -437,3 +437,28 @@ def test_ps_shows_the_task_and_its_script(tmp_path, run_dir):
         assert "TFO_ATTEMPT" in wrapper.children()[0].environ()  # orphans.py still finds it
     finally:
         tfo.close()
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+def test_a_sidecar_evaluator_that_never_exits_ends_with_the_run(tmp_path: Path, run_dir: Path):
+    """Issue 31: Keras's SidecarEvaluator never exits, and tfo waited the whole
+    evaluator_seconds (60 s) after training, printing nothing: 77.6 s for a run whose worker
+    was done after 16 s. Now tfo says what it waits for, and stops the evaluator once it has
+    been idle evaluator_idle_seconds (5 s) after the last checkpoint."""
+    ckpt = tmp_path / "ckpt"
+    cluster = spec(tmp_path, "sidecar_evaluator.py", ["--checkpoint_dir", str(ckpt)],
+                   tasks="  worker: [localhost:auto]\n  evaluator: [localhost:auto]")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 0, res.output[-4000:]
+    assert "[tfo] training finished; waiting up to 60 s (timeouts.evaluator_seconds) for " \
+        "evaluator:0 to evaluate the last checkpoint, or until it has been idle 5 s" in res.stdout
+    assert "[tfo] evaluator:0 idle 5 s after training finished" in res.stdout
+    ev = events(run_dir)
+    done = first(ev, "task_exited", "worker:0")
+    assert done["returncode"] == 0 and list(ckpt.glob("ckpt-3.index"))
+    assert ev[-1]["event"] == "job_finished" and ev[-1]["state"] == "succeeded"
+    assert ev[-1]["time"] - done["time"] < 30  # 60.3 s before; about 6 s here
+    # It evaluated the last checkpoint before it went quiet: its last line is its evaluation.
+    log = (run_dir / "logs" / "evaluator-0.log").read_text()
+    assert re.search(r"\d+/\d+ - .*loss: [\d.]+ - accuracy: [\d.]+", log)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plan import make_policy
-from orchestrator.spec import RestartPolicy, SpecError, Strategy, load_spec, parse_spec
+from orchestrator.spec import RestartPolicy, Role, SpecError, Strategy, load_spec, parse_spec
 from tests.conftest import REPO, run_tfo, write_spec
 
 GOOD = """\
@@ -140,6 +140,10 @@ HOSTILE = [
      ["line 5", "anchors and aliases (&a)"]),
     ("100,000 nested [ in YAML", GOOD + "x: " + "[" * 100_000 + "]" * 100_000 + "\n",
      ["line 5", "nested more than 64 levels"]),
+    # Issue 31: a role's tasks are counted before one address is read.
+    ("5,000 workers", GOOD.replace("[localhost:20000, localhost:20001]",
+                                   "[" + ", ".join(["localhost"] * 5000) + "]"),
+     ["tasks.worker", "5,000 tasks; a role has at most 4096"]),
 ]
 BAD += HOSTILE
 # Issue 9: GPUs in the cluster file.
@@ -186,6 +190,8 @@ SLURM = [
      ["tasks.worker", "Slurm picks the hosts", "give a count (worker: 2)"]),
     ("negative count", SLURM_GOOD.replace("worker: 2", "worker: -1"),
      ["tasks.worker", "0 to 4096, got -1"]),
+    ("a count of 10,000,000", SLURM_GOOD.replace("worker: 2", "worker: 10000000"),
+     ["tasks.worker", "0 to 4096, got 10000000"]),
     ("slurm partition with a space", SLURM_GOOD.replace("partition: lab", "partition: 'a b'"),
      ["backend.slurm.partition", "'a b'"]),
     ("slurm time not a time", SLURM_GOOD.replace("partition: lab", "partition: lab, time: 1h"),
@@ -305,7 +311,7 @@ def test_good_spec_defaults():
     assert spec.strategy is Strategy.MULTI_WORKER_MIRRORED
     assert [str(a) for a in spec.tasks.worker] == ["localhost:1", "localhost:auto"]
     assert spec.tasks.chief[0].port == 3
-    assert spec.restart.for_role("worker") is RestartPolicy.NEVER
+    assert spec.restart.for_role("worker", spec.strategy) is RestartPolicy.NEVER
 
 
 @pytest.mark.parametrize("timeouts, seconds, floor", [
@@ -331,9 +337,35 @@ def test_shipped_cluster_files_load():
 def test_per_role_restart_policy():
     spec = parse_spec({"name": "t", "job": {"entry": "a.b:c"}, "tasks": {"worker": ["localhost:1"]},
                        "restart": {"policy": {"worker": "exit-code"}}})
-    assert spec.restart.for_role("worker") is RestartPolicy.EXIT_CODE
-    assert spec.restart.for_role("evaluator") is RestartPolicy.ON_FAILURE
-    assert spec.restart.for_role("chief") is RestartPolicy.NEVER
+    assert spec.restart.for_role("worker", spec.strategy) is RestartPolicy.EXIT_CODE
+    assert spec.restart.for_role("evaluator", spec.strategy) is RestartPolicy.ON_FAILURE
+    assert spec.restart.for_role("chief", spec.strategy) is RestartPolicy.NEVER
+
+
+# Issue 31: each role's default is its strategy's, as data (strategy.RULES), whether the
+# policy is unset or a map that does not name the role; one policy given covers every role.
+_N, _F, _A = RestartPolicy.NEVER, RestartPolicy.ON_FAILURE, RestartPolicy.ALWAYS
+DEFAULT_POLICIES = [
+    ("mwms, unset", "multi_worker_mirrored", None,
+     {"chief": _N, "worker": _N, "evaluator": _F}),
+    ("ps, unset: the servers come back", "parameter_server", None,
+     {"chief": _N, "worker": _F, "ps": _F, "evaluator": _F}),
+    ("ps, a map naming the chief", "parameter_server", {"chief": "always"},
+     {"chief": _A, "worker": _F, "ps": _F, "evaluator": _F}),
+    ("ps, never for all", "parameter_server", "never",
+     {"chief": _N, "worker": _N, "ps": _N, "evaluator": _N}),
+]
+
+
+@pytest.mark.parametrize(("strategy", "policy", "expected"),
+                         [c[1:] for c in DEFAULT_POLICIES], ids=[c[0] for c in DEFAULT_POLICIES])
+def test_default_restart_policy_per_role_is_the_strategy_s(strategy, policy, expected):
+    tasks = {"chief": "localhost:1", "worker": "localhost:2", "evaluator": "localhost:4"}
+    if strategy == "parameter_server":
+        tasks["ps"] = "localhost:3"
+    spec = parse_spec({"name": "t", "strategy": strategy, "job": {"entry": "a.b:c"},
+                       "tasks": tasks, **({"restart": {"policy": policy}} if policy else {})})
+    assert make_policy(spec).restart == {Role(r): p for r, p in expected.items()}
 
 
 def test_relative_path_example(tmp_path: Path):

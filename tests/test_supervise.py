@@ -93,9 +93,10 @@ def planned(tmp_path: Path, spec: dict) -> Plan:
 
 
 def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script],
-              spares: list[tuple[str, int]] | None = None):
+              spares: list[tuple[str, int]] | None = None, echo=None):
     """Run the scripted tasks. `spares`: warm spares are on, and each one asked for is
-    appended there; a start that finds its (task, attempt) among them is `warm`."""
+    appended there; a start that finds its (task, attempt) among them is `warm`. `echo`:
+    what tfo prints, (task, line)."""
     plan = planned(tmp_path, spec)
     started: list[tuple[str, int]] = []
 
@@ -110,7 +111,7 @@ def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script],
         spares.append((task.name, attempt))
         return 2000 + attempt
 
-    sup = Supervisor(plan, start=start, echo=lambda task, line: None,
+    sup = Supervisor(plan, start=start, echo=echo or (lambda task, line: None),
                      standby=standby if spares is not None else None)
     result = sup.run()
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
@@ -806,3 +807,55 @@ def test_a_task_stopped_in_its_teardown_exits_as_its_code_said(tmp_path, monkeyp
     assert [e["returncode"] for e in exited] == [code if code else -9]
     assert [e.get("teardown") for e in exited] == [None if code else True]
     assert [t.torn_down for t in result.tasks if t.name == "worker:1"] == [not code]
+
+
+# ---- a script's evaluator once training is done (issue 31) ---------------------------------
+def _busy(until: float, cpu: float = 90.0) -> list[tuple[float, str]]:
+    """Usage markers every 0.2 s saying `cpu` until `until` seconds after the start."""
+    return [(t / 10, f'@tfo {{"event": "usage", "cpu": {cpu}, "rss": 1}}')
+            for t in range(1, int(until * 10) + 1, 2)]
+
+
+EVALUATOR_CASES = [
+    # (case, job, evaluator's output, at least, at most: seconds from start to the job's end)
+    ("a script's idle evaluator is stopped", {"script": "train.py"}, [], 0.5, 5),
+    ("not while it prints", {"script": "train.py"},
+     [(t / 10, f"eval {t}") for t in range(2, 21, 2)], 2.5, 6),
+    ("not while it uses CPU", {"script": "train.py"}, _busy(2.0), 2.3, 6),  # last at 1.9 s
+    ("idle CPU is idle", {"script": "train.py"}, _busy(2.0, cpu=1.0), 0.5, 2.4),
+    ("an entry's evaluator is waited for", {"entry": "a.b:c"}, [], 3.0, 8),
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("job", "output", "least", "most"), [c[1:] for c in EVALUATOR_CASES],
+                         ids=[c[0] for c in EVALUATOR_CASES])
+def test_an_evaluator_that_never_exits_is_stopped_once_idle(tmp_path, job, output, least,
+                                                            most):
+    """The tutorial's SidecarEvaluator never exits: after training tfo waited the whole
+    evaluator_seconds (60 s), silently. Now it says what it waits for, and a script's
+    evaluator is stopped once it has been idle evaluator_idle_seconds (no lines, no CPU)."""
+    data = {**spec(policy="never", worker=["localhost:1"], evaluator=["localhost:2"]),
+            "job": job}
+    data["timeouts"] = {**data["timeouts"], "evaluator_seconds": 3.0,
+                        "evaluator_idle_seconds": 0.5}
+    scripts = {"worker:0": Script([(0, 0.3, True)]),
+               "evaluator:0": Script([(None, 0, True)], output={0: output})}
+    said: list[str] = []
+    t0 = time.monotonic()
+    result, _, ev = supervise(tmp_path, data, scripts,
+                              echo=lambda task, line: said.append(line) if task == "tfo" else None)
+    took = time.monotonic() - t0
+    assert result.state is JobState.SUCCEEDED and least <= took <= most, took
+    assert said[0] == "worker:0 finished"
+    finishing = next(e for e in ev if e["event"] == "job_finishing")
+    assert finishing["waiting"] == ["evaluator:0"] and finishing["evaluator_seconds"] == 3.0
+    assert said[1].startswith("training finished; waiting up to 3 s "
+                              "(timeouts.evaluator_seconds) for evaluator:0")
+    idle = [e for e in ev if e["event"] == "job_evaluators_idle"]
+    if "entry" in job:
+        assert not idle and "still running 3 s after training finished" in said[-1]
+    else:
+        assert len(idle) == 1 and "idle 0.5 s after training finished" in said[-1]
+    assert next(e for e in ev if e["event"] == "task_stopping"
+                and e["task"] == "evaluator:0")["reason"] == "job finished"
