@@ -42,16 +42,25 @@ class Strategy(str, Enum):
 # The lifeline (worker_entry.lifeline): the task's stdin, whose write end the coordinator
 # holds. TFO_LIFELINE is "stdin" (EOF means the coordinator is gone) or "stdin:SECONDS"
 # (heartbeats both ways: the coordinator sends a byte down stdin every HEARTBEAT_SECONDS, the
-# task's wrapper writes BEAT as often; silence for LIFELINE_SECONDS means the other side is gone).
+# task's wrapper writes BEAT as often; silence for SECONDS means the other side is gone).
 LIFELINE_ENV = "TFO_LIFELINE"
 LIFELINE_STDIN = "stdin"
 HEARTBEAT_SECONDS = 1.0
-LIFELINE_SECONDS = 5.0
+# The default silence that means gone (a lab host's `lifeline_seconds`). TCP rides out loss
+# by retransmitting, and each retransmission of the same segment waits twice as long (0.2,
+# 0.4, 0.8, ... s from Linux's 200 ms minimum): at 30 % loss a beat can be held up 6 s once
+# a minute, and 5 s tripped on every attempt. 30 s is 7 losses of one segment in a row
+# (0.3^7, about once in 4,500 beats, hours at one a second), and still notices a cut network
+# well within a task's start-up timeout.
+LIFELINE_SECONDS = 30.0
+# The wrapper's exit status when it killed its task because the lifeline went quiet (SSH):
+# the coordinator reports it as lost contact, not as the SIGKILL the task got.
+EXIT_LIFELINE = 79
 
 
-def lifeline(heartbeat: bool) -> str:
+def lifeline(heartbeat: bool, seconds: float = LIFELINE_SECONDS) -> str:
     """The TFO_LIFELINE value for a task: with heartbeats where EOF may never come (SSH)."""
-    return f"{LIFELINE_STDIN}:{LIFELINE_SECONDS:g}" if heartbeat else LIFELINE_STDIN
+    return f"{LIFELINE_STDIN}:{seconds:g}" if heartbeat else LIFELINE_STDIN
 
 
 def parse_lifeline(value: str | None) -> tuple[bool, float | None]:
