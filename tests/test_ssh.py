@@ -536,6 +536,8 @@ def test_a_full_workdir_is_named_before_anything_starts(loopback_sshd, small_dis
     code.mkdir()
     (code / "data.bin").write_bytes(os.urandom(300 << 10))
     spec = one_host_spec(loopback_sshd, tmp_path, code, small_disk / "work")
+    res = run_tfo("check", str(spec), timeout=60)
+    assert res.returncode == 1 and "host box: no space left in" in res.output, res.output
     res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=60)
     assert res.returncode == 2, res.output[-3000:]
     assert "host box: no space left in" in res.output and str(small_disk) in res.output

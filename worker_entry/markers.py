@@ -48,10 +48,10 @@ LIFELINE_STDIN = "stdin"
 HEARTBEAT_SECONDS = 1.0
 # The default silence that means gone (a lab host's `lifeline_seconds`). TCP rides out loss
 # by retransmitting, and each retransmission of the same segment waits twice as long (0.2,
-# 0.4, 0.8, ... s from Linux's 200 ms minimum): at 30 % loss a beat can be held up 6 s once
-# a minute, and 5 s tripped on every attempt. 30 s is 7 losses of one segment in a row
-# (0.3^7, about once in 4,500 beats, hours at one a second), and still notices a cut network
-# well within a task's start-up timeout.
+# 0.4, 0.8, ... s from Linux's 200 ms minimum): 5 losses in a row hold a beat up 6.2 s, at
+# 30 % loss once in 400 segments, every few minutes with beats both ways; 5 s tripped. 30 s
+# takes 8 in a row (25.4 s after 7): 0.3^8, once in 15,000 segments, about an hour and a
+# half; and a cut network is still noticed well within a task's start-up timeout.
 LIFELINE_SECONDS = 30.0
 # The wrapper's exit status when it killed its task because the lifeline went quiet (SSH):
 # the coordinator reports it as lost contact, not as the SIGKILL the task got.

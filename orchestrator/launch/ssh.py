@@ -590,6 +590,34 @@ class SshBackend:
         mtime already match; first check that what will be written fits there. Each file
         goes to a `.tfo-partial` name and is renamed when whole: a copy that fails or is
         interrupted removes its partial file. Returns files copied."""
+        conn, sftp, root, todo = self._to_copy(host, files, workdir)
+        for path, rel, size in todo:
+            self._put(host, conn, sftp, path, f"{root}/{rel}", size)
+        return len(todo)
+
+    def sync_fits(self, plan: Plan, hosts: list[str]) -> dict[str, str]:
+        """The preflight's question, for each host at once: does what the sync will write
+        fit in its workdir? The problems, by host."""
+        try:
+            files = local_files(job_packages(plan))
+        except SpecError:
+            return {}  # the sync names it, with "nothing was started"
+
+        def fits(host: str) -> str | None:
+            try:
+                self._to_copy(host, files, self.hosts[host].workdir)
+            except SshError as e:
+                return str(e)
+            return None
+
+        found = in_parallel(fits, hosts)
+        return {h: problem for h, problem in zip(hosts, found, strict=True) if problem}
+
+    def _to_copy(self, host: str, files: list[tuple[Path, str, int, str]], workdir: str
+                 ) -> tuple[fabric.Connection, paramiko.SFTPClient, str,
+                            list[tuple[Path, str, int]]]:
+        """(connection, sftp, the workdir's path there, the files to copy: not there with
+        the same size and mtime); SshError where they do not fit in its free space."""
         timeout = self.hosts[host].connect_timeout_seconds
         conn = self.connection(host)
         where = f"{_remote_path(workdir)}"
@@ -615,9 +643,7 @@ class SshBackend:
         if free is not None and need > free:
             raise SshError(f"host {host}: no space left in {root}: the code sync writes "
                            f"{_size(need)} there, {_size(free)} free (hosts.{host}.workdir)")
-        for path, rel, size in todo:
-            self._put(host, conn, sftp, path, f"{root}/{rel}", size)
-        return len(todo)
+        return conn, sftp, root, todo
 
     def _put(self, host: str, conn: fabric.Connection, sftp: paramiko.SFTPClient, path: Path,
              remote: str, size: int) -> None:
