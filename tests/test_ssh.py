@@ -460,6 +460,31 @@ def test_sigint_is_answered_at_once_while_a_host_does_not_answer(lab, run_dir: P
         stop(tfo)
 
 
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_a_host_is_checked_is_answered_at_once(lab, run_dir: Path,
+                                                            tmp_path: Path):
+    """The preflight waits on a host that does not answer (a 30 s connect timeout): Ctrl-C
+    ends tfo at once, saying what it was doing. Before: it waited out the connect."""
+    spec = quick_spec(lab, tmp_path, 1, connect_timeout_seconds=30)
+    with sshlab.partition(lab[1].netns):
+        proc = subprocess.Popen(tfo_cmd("run", str(spec), "--run-dir", str(run_dir)),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, cwd=REPO)
+        try:
+            time.sleep(4)  # python, the spec, lab1's check done; lab2's connect waits
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=40)
+            took = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+    print(f"tfo exited {took:.2f} s after SIGINT in the preflight")
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted by SIGINT while checking the hosts; nothing was started" in out
+    assert took < 3
+
+
 @pytest.mark.timeout(240)
 def test_an_outage_and_a_lossy_link_are_ridden_out_by_the_default_lifeline(
         lab, run_dir: Path, tmp_path: Path):

@@ -501,16 +501,24 @@ class SshBackend:
         self.hosts = hosts
         self._conns: dict[str, fabric.Connection] = {}
         self._lock = threading.Lock()
+        self._connecting: dict[str, threading.Lock] = {}  # by host
         self._cancel = threading.Event()  # the code sync was interrupted
         self._partials: set[tuple[str, str]] = set()  # (host, file) being written now
         self._spares = Spares(lambda task, attempt: self._handle(task, attempt, standby=True))
 
     def connection(self, name: str) -> fabric.Connection:
+        """The host's open connection, made if need be. One connect per host at a time, and
+        none under the backend's lock: `drop` and `close` never wait for a silent host."""
         with self._lock:
-            conn = self._conns.get(name)
+            connecting = self._connecting.setdefault(name, threading.Lock())
+        with connecting:
+            with self._lock:
+                conn = self._conns.get(name)
             transport = conn.client.get_transport() if conn else None
             if conn is None or transport is None or not transport.is_active():
-                conn = self._conns[name] = connect(name, self.hosts[name])
+                conn = connect(name, self.hosts[name])
+                with self._lock:
+                    self._conns[name] = conn
             return conn
 
     def drop(self, name: str) -> None:
