@@ -592,7 +592,36 @@ def _str(path: Path | None) -> str | None:
     return None if path is None else str(path)
 
 
+class _Interrupted(BaseException):
+    """SIGTERM or SIGHUP before the supervisor took over (it has its own handlers)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise _Interrupted(signum)
+
+
 def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True) -> None:
+    # Until the supervisor takes over, SIGTERM and SIGHUP end tfo as Ctrl-C does: what was
+    # under way (a host's check, a code sync) is said and cleaned up, not cut off silently.
+    import signal
+
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, _interrupt)
+    stage = ["planning"]  # what was under way, for the message
+    try:
+        _run_stages(source, run_dir, verbose, logs, stage)
+    except (_Interrupted, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, _Interrupted) else signal.SIGINT
+        err.print(f"tfo: interrupted by {signal.Signals(signum).name} while {stage[0]}; "
+                  "nothing was started", soft_wrap=True)
+        raise typer.Exit(128 + signum) from None
+
+
+def _run_stages(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool,
+                stage: list[str]) -> None:
     from orchestrator.supervise import Supervisor
 
     try:
@@ -602,14 +631,17 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
     settled()  # before anything is started: the tasks get the user's environment
     lock: IO[bytes] | None = None  # the run directory's, while the run goes on
     try:
+        stage[0] = "checking the hosts"
         checks = _preflight(p, backends, show=False)  # check
         if problems := _problems(checks):
             raise _fail("cannot start, nothing was started:\n  " + "\n  ".join(problems))
         lock = make_run_dir(p)
         if isinstance(source, dict):
             _write_cluster_file(p, source)
+        stage[0] = "copying the code to the hosts (partial files removed)"
         for line in backends.sync(p):  # sync
             _say(line)
+        stage[0] = "starting the supervisor"
         from orchestrator.launch.spares import spares_wanted
         from orchestrator.liveview import LiveView, is_live_terminal
 
@@ -627,6 +659,7 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
                 with contextlib.suppress(OSError):
                     _say(f"run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
 
+            stage[0] = "supervising"
             result = Supervisor(p, start=backends.start, echo=echo, watch=view,
                                 standby=standby).run(started=started)
         finally:
@@ -636,7 +669,8 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
     except SpecError as e:
         raise _fail(f"{e}; nothing was started") from None
     except BackendError as e:
-        raise _fail(str(e)) from None
+        raise _fail(f"{e}; nothing was started" if stage[0] != "supervising" else str(e)
+                    ) from None
     except OSError as e:  # e.g. the run directory's disk filled up once the run was going
         where = f"{e.filename}: " if e.filename else ""
         err.print(_labeled("error:", "bold red", f"{where}{e.strerror or e}"), soft_wrap=True)
@@ -689,8 +723,8 @@ def print_summary(result: RunResult) -> None:
     if result.failed_task:
         failed = next(t for t in result.tasks if t.name == result.failed_task)
         # No exit code: it never started (its start failed), so it cannot be "still running".
-        how = describe_exit(failed.returncode) if failed.returncode is not None \
-            else "could not start"
+        how = failed.exit_reason or describe_exit(failed.returncode) \
+            if failed.returncode is not None else "could not start"
         err.print(_labeled(f"{failed.name} failed: {how};", "bold red",
                            f"last lines of {failed.log_path}:"), soft_wrap=True)
         for line in _last_lines(failed.name, failed.log_path, 20):

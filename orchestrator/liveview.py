@@ -61,6 +61,7 @@ class Row:
     loss: float | None = None
     exit: int | None = None
     torn_down: bool = False  # stopped in its teardown after its peers left: a success
+    exit_reason: str = ""  # how it ended where the exit code says less (a lab host lost)
     last: str = ""  # the last line it printed, or (tfo status) its last event
 
 
@@ -85,14 +86,16 @@ def row_from_record(rec: TaskRecord, now: float, last: str | None = None) -> Row
         uptime=now - rec.started_at if live and rec.started_at else None,
         cpu=usage.cpu if usage else None, rss=usage.rss if usage else None,
         steps_per_second=rec.steps_per_second if live else None, exit=rec.returncode,
-        torn_down=rec.torn_down_ok, last=rec.last_line if last is None else last,
+        torn_down=rec.torn_down_ok, exit_reason=rec.exit_reason,
+        last=rec.last_line if last is None else last,
         **_progress(rec.progress))
 
 
 def row_from_outcome(t: TaskOutcome) -> Row:
     """A task's row in the summary, from the run's result."""
     return Row(task=t.name, host=t.host or "-", state=t.state.value, restarts=t.restarts,
-               exit=t.returncode, torn_down=t.torn_down, **_progress(t.progress))
+               exit=t.returncode, torn_down=t.torn_down, exit_reason=t.exit_reason,
+               **_progress(t.progress))
 
 
 def rows_from_events(events: Iterable[dict[str, Any]]) -> list[Row]:
@@ -110,8 +113,8 @@ def rows_from_events(events: Iterable[dict[str, Any]]) -> list[Row]:
             t["last"] = kind
         if kind == "task_started":
             t.update(pid=_int(e.get("pid")), host=str(e.get("host") or "-"), state="starting",
-                     exit=None, **dict.fromkeys(("epoch", "epochs", "step", "step_in_epoch",
-                                                  "steps", "loss")))
+                     exit=None, exit_reason="", **dict.fromkeys((
+                         "epoch", "epochs", "step", "step_in_epoch", "steps", "loss")))
         elif kind == "task_ready":
             t["state"] = "running"
         elif kind == "task_progress":
@@ -122,6 +125,8 @@ def rows_from_events(events: Iterable[dict[str, Any]]) -> list[Row]:
         elif kind in ("task_exited", "task_stopped"):
             rc = _int(e.get("returncode"))
             t["exit"], t["torn_down"] = rc, e.get("teardown") is True
+            how = e.get("how")
+            t["exit_reason"] = how if isinstance(how, str) and how.startswith("lost") else ""
             t["state"] = "stopped" if kind == "task_stopped" else \
                 "succeeded" if rc == 0 or t["torn_down"] else "failed"
         elif kind == "task_start_failed":
@@ -188,7 +193,7 @@ CELLS: dict[str, Any] = {
     "steps/s": lambda r: "-" if r.steps_per_second is None else f"{r.steps_per_second:.1f}",
     "loss": lambda r: "-" if r.loss is None else f"{r.loss:.4g}",
     "exit": lambda r: "-" if r.exit is None else TORN_DOWN if r.torn_down
-    else describe_exit(r.exit),
+    else r.exit_reason or describe_exit(r.exit),
     "last line": lambda r: r.last or "-",
     "last event": lambda r: r.last or "-",
 }

@@ -37,7 +37,7 @@ from orchestrator.policy import RestartPolicy
 from orchestrator.specfile import SpecFileError, read_data
 from orchestrator.stall import FLOOR_SECONDS
 from orchestrator.strategy import CLUSTER_ROLES, RULES, START_ORDER
-from worker_entry.markers import Role, Strategy
+from worker_entry.markers import HEARTBEAT_SECONDS, LIFELINE_SECONDS, Role, Strategy
 
 __all__ = ["RestartPolicy", "Role", "Strategy", "ClusterSpec", "SlurmSpec", "SpecError",
            "cluster_schema",
@@ -482,6 +482,9 @@ class HostSpec(_Model):
     check_host_key: bool = True  # known_hosts checking; false trusts any host key
     known_hosts: str | None = None  # default ~/.ssh/known_hosts
     connect_timeout_seconds: Seconds = Field(default=10.0, gt=0)
+    # Silence (no heartbeat either way) that means the host or the network is gone: its
+    # tasks stop themselves, and tfo reports them lost. A lossy link needs more than a cut.
+    lifeline_seconds: Seconds = Field(default=LIFELINE_SECONDS, ge=3 * HEARTBEAT_SECONDS)
     gpus: Gpus = Field(default_factory=list)
 
     @field_validator("address")

@@ -56,7 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from orchestrator import wakeup
 from orchestrator.launch import TORN_DOWN, Launcher, TaskHandle, describe_exit
@@ -121,6 +121,9 @@ TEARDOWN_GRACE_SECONDS = 3.0
 # A sidecar whose usage says this much CPU (percent of one core) is evaluating, not idle:
 # one waiting for a checkpoint (SidecarEvaluator polls once a second) uses about none.
 SIDECAR_BUSY_CPU = 10.0
+# The longest wait before starting again on a host that could not be reached.
+START_BACKOFF_MAX = 60.0
+T = TypeVar("T")
 
 
 class TaskState(str, Enum):
@@ -243,10 +246,18 @@ class TaskRecord:
     standby_asked: bool = False  # a warm spare for its next attempt was asked for
     said_at: float = 0.0  # monotonic time of its last ordinary line (a sidecar's idleness)
     cpu_busy_at: float = 0.0  # monotonic time its usage last said SIDECAR_BUSY_CPU or more
+    start_failures: int = 0  # its starts that failed in a row (an unreachable host)
+    exit_reason: str = ""  # how its attempt ended, where its code says less (its handle's)
 
     @property
     def name(self) -> str:
         return self.task.name
+
+    @property
+    def finished(self) -> bool:
+        """Its work is done (exit 0, or stopped in its teardown after its code ended well):
+        the job's success counts it, and nothing restarts it."""
+        return self.state is TaskState.SUCCEEDED
 
     @property
     def torn_down_ok(self) -> bool:
@@ -269,6 +280,7 @@ class TaskOutcome:
     host: str = ""
     progress: Progress | None = None  # the last attempt's last progress marker
     torn_down: bool = False  # stopped in its teardown (TEARDOWN_GRACE_SECONDS): a success
+    exit_reason: str = ""  # `lost contact with lab2: ...`, where the exit code says less
 
 
 @dataclass
@@ -283,6 +295,11 @@ class RunResult:
     evaluation: dict[str, Any] | None = None  # the evaluator's last: {"epoch", "metrics"}
     stalls: list[Stall] = field(default_factory=list)  # every stall, in order, cause first
     preemptions: int = 0  # restarts after a preemption (not in `restarts`)
+
+
+class Interrupted(BaseException):
+    """A signal came while the loop waited on a backend's start (a host that does not
+    answer): the start is abandoned, the signal is handled as anywhere else."""
 
 
 @dataclass(frozen=True)
@@ -334,6 +351,7 @@ class Supervisor:
         self._finishing_at = 0.0  # monotonic time training finished (FINISHING began)
         self._signal: signal.Signals | None = None
         self._signal_count = 0
+        self._in_start = False  # a signal now raises Interrupted (a backend's start waits)
         self._t0 = time.monotonic()
         self._waiter = wakeup.Waiter()
         self._round_at = 0.0  # monotonic time the last round began (OUTPUT_SECONDS)
@@ -406,7 +424,7 @@ class Supervisor:
             restarts=self.restarts, failed_task=end.failed_task, evaluation=self.evaluation,
             stalls=self.stalls, preemptions=self.preemptions,
             tasks=[TaskOutcome(r.name, r.state, r.returncode, r.restarts, r.task.log_path,
-                               r.task.host, r.progress, r.torn_down_ok)
+                               r.task.host, r.progress, r.torn_down_ok, r.exit_reason)
                    for r in self.records.values()],
         )
 
@@ -460,6 +478,21 @@ class Supervisor:
         if self._signal is None:
             self._signal = signal.Signals(signum)
         wakeup.notify(urgent=True)
+        if self._in_start:
+            self._in_start = False
+            raise Interrupted
+
+    def _starting(self, start: Callable[[TaskPlan, int], T], task: TaskPlan, attempt: int
+                  ) -> T:
+        """A backend's start, which a signal interrupts: it may wait on a host for its
+        connect timeout, and a signal is answered at once at every moment of a run."""
+        if self._signal is not None:
+            raise Interrupted
+        self._in_start = True
+        try:
+            return start(task, attempt)
+        finally:
+            self._in_start = False
 
     # ---- sleeping ---------------------------------------------------------------------
     def _live_handles(self) -> list[TaskHandle]:
@@ -502,11 +535,13 @@ class Supervisor:
                    if r.role in first)
 
     def _start_due(self, now: float) -> None:
-        for rec in self.records.values():
+        # A task whose last start failed goes first: if its host still cannot be reached,
+        # its healthy peers are not started only to be stopped again.
+        for rec in sorted(self.records.values(), key=lambda r: -min(r.start_failures, 1)):
             if rec.state is TaskState.PENDING and now >= rec.start_after \
                     and self._prerequisites_ready(rec):
                 self._launch(rec)
-                if self._ending is not None:
+                if self._ending is not None or self._signal is not None:
                     return
         if self.state is JobState.RESTARTING and not any(
                 r.state is TaskState.PENDING for r in self.records.values()):
@@ -518,13 +553,18 @@ class Supervisor:
             rec.log = open(rec.task.log_path, "a", buffering=1)  # noqa: SIM115 (kept open)
         rec.log.write(f"===== tfo: {rec.name} attempt {rec.attempt} =====\n")
         try:
-            rec.handle = self._start(rec.task, rec.attempt)
+            rec.handle = self._starting(self._start, rec.task, rec.attempt)
+        except Interrupted:  # the signal ends the run; this attempt never started
+            rec.handle = None
+            return
         except Exception as e:  # noqa: BLE001 - e.g. a lab host dropped off the network
             rec.handle = None
+            rec.start_failures += 1
             self._set(rec, TaskState.FAILED)
             self.events.write("task_start_failed", rec.name, attempt=rec.attempt, error=str(e))
             self._task_lost(rec, None, f"{rec.name} could not start: {e}")
             return
+        rec.start_failures = 0
         self._set(rec, TaskState.STARTING)
         rec.started_at, rec.last_marker, rec.returncode = time.monotonic(), "", None
         rec.progress, rec.steps_per_second = None, None
@@ -532,7 +572,7 @@ class Supervisor:
         rec.usage, rec.usage_at, rec.stopped_since, rec.sigterm = None, None, None, False
         rec.done, rec.running_at, rec.standby_asked = False, None, False
         rec.exiting_at, rec.ended_at, rec.torn_down = None, None, False
-        rec.exiting_code = None
+        rec.exiting_code, rec.exit_reason = None, ""
         self.events.write("task_started", rec.name, pid=rec.handle.pid, attempt=rec.attempt,
                           host=rec.task.host, port=rec.task.port,
                           warm=getattr(rec.handle, "warm", False))
@@ -558,7 +598,9 @@ class Supervisor:
     def _make_standby(self, rec: TaskRecord) -> None:
         assert self._standby is not None
         try:
-            pid = self._standby(rec.task, rec.attempt + 1)
+            pid = self._starting(self._standby, rec.task, rec.attempt + 1)
+        except Interrupted:
+            return
         except Exception as e:  # noqa: BLE001 - no spare is no failure: a restart starts cold
             self.events.write("task_standby_failed", rec.name, attempt=rec.attempt + 1,
                               error=str(e))
@@ -639,6 +681,7 @@ class Supervisor:
         assert rec.handle is not None
         self._consume(rec, rec.handle.close())  # the handle also removes the task's temp dir
         rec.returncode = rc
+        rec.exit_reason = getattr(rec.handle, "exit_reason", None) or ""
 
     def _on_exit(self, rec: TaskRecord, rc: int) -> None:
         """Every task's exit, the sidecars' too, and while finishing."""
@@ -650,7 +693,7 @@ class Supervisor:
             rc = rec.exiting_code or rc
             how = f"{describe_exit(rc)} ({TORN_DOWN})"
         else:
-            how = describe_exit(rc)
+            how = _how(rec.handle, rc)
         self.events.write("task_exited", rec.name, pid=rec.handle.pid if rec.handle else None,
                           returncode=rc, attempt=rec.attempt, how=how,
                           **({"teardown": True} if rec.torn_down_ok else {}))
@@ -669,7 +712,9 @@ class Supervisor:
             if rec.role not in self.rules.sidecars:
                 self.echo("tfo", f"{rec.name} finished")
             return
-        self._task_lost(rec, rc, f"{rec.name} exited with {describe_exit(rc)}"
+        reason = getattr(rec.handle, "exit_reason", None)
+        self._task_lost(rec, rc, f"{rec.name} {reason}" if reason
+                        else f"{rec.name} exited with {describe_exit(rc)}"
                         f"{self._not_preempted(rec, rc)}")
 
     def _not_preempted(self, rec: TaskRecord, rc: int | None) -> str:
@@ -703,7 +748,7 @@ class Supervisor:
         assert rec.exiting_at is not None
         peers = [r for r in self._restart_unit(rec) if r is not rec]
         gone = [(r.exiting_at, r.ended_at) for r in peers
-                if r.state is TaskState.SUCCEEDED and r.ended_at is not None]
+                if r.finished and r.ended_at is not None]
         over = [said if said is not None else ended for said, ended in gone]
         over += [r.exiting_at for r in peers if r.state.live and r.exiting_at is not None]
         since = [min(ended for _, ended in gone)] if gone else []
@@ -762,11 +807,18 @@ class Supervisor:
 
     def _schedule_restart(self, unit: list[TaskRecord], why: str, counted: bool = True) -> None:
         """Tear `unit` down and start it again after the backoff. Not `counted`: a
-        preemption, which no task's restarts count either."""
+        preemption, which no task's restarts count either. A task of the unit that finished
+        stays finished: its work is done, and it could only do it again."""
+        unit = [r for r in unit if not r.finished]
         self._set(None, JobState.RESTARTING)
-        self.echo("tfo", f"{why}; restarting {', '.join(r.name for r in unit)}")
-        self._teardown([r for r in unit if r.state.live], "restart")
+        # A host that could not be reached is given longer each time: 1, 2, 4 ... 60 s.
+        failures = max(r.start_failures for r in unit)
         backoff = self.policy.backoff_seconds
+        if failures:
+            backoff = min(max(backoff, 1.0) * 2 ** (failures - 1), START_BACKOFF_MAX)
+        self.echo("tfo", f"{why}; restarting {', '.join(r.name for r in unit)}"
+                  + (f" in {backoff:g} s" if failures else ""))
+        self._teardown([r for r in unit if r.state.live], "restart")
         due = time.monotonic() + backoff
         for r in unit:
             r.restarts += counted
@@ -860,8 +912,7 @@ class Supervisor:
 
     def _check_success(self) -> None:
         recs = list(self.records.values())
-        if not all(r.state is TaskState.SUCCEEDED for r in recs
-                   if r.role in self.rules.done_when):
+        if not all(r.finished for r in recs if r.role in self.rules.done_when):
             return
         servers = [r for r in recs if r.role in self.rules.servers and r.state.live]
         self._teardown(servers, "the chief finished")  # servers never exit on their own
@@ -934,7 +985,7 @@ class Supervisor:
                 _wait_exit(r.handle, 5.0)
             self._collect(r, r.handle.poll())
             self._set(r, TaskState.STOPPED)
-            how = describe_exit(r.returncode)
+            how = _how(r.handle, r.returncode)
             if r.exiting_code is not None and r.returncode is not None:
                 # Its code had ended with a status of its own (the `exiting` marker) and it
                 # waited in its teardown: that status is how it ended, as in _on_exit.
@@ -943,6 +994,12 @@ class Supervisor:
                 r.returncode = r.exiting_code
             self.events.write("task_stopped", r.name, pid=r.handle.pid,
                               returncode=r.returncode, how=how)
+
+
+def _how(handle: TaskHandle | None, rc: int | None) -> str:
+    """How a task ended, as its handle knows it (`lost contact with lab2: ...`) where its
+    exit code says less, else from the code."""
+    return getattr(handle, "exit_reason", None) or describe_exit(rc)
 
 
 def _wait_exit(handle: TaskHandle, timeout: float) -> None:

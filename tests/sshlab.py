@@ -18,6 +18,8 @@ lab_network(prefix='tfo', count=2)                -> contextmanager[list[(netns,
 lab_hosts(workdir, prefix='tfo', count=2, **sshd_kwargs)
                                                   -> contextmanager[list[SshHost]]
 partition(netns)                                  -> contextmanager (veth down/up)
+lossy(netns, share)                               -> contextmanager (drop a share of packets)
+power_off(netns, keep=())                         -> contextmanager (cut + kill its processes)
 fabric_connection(host, *, key=None, connect_timeout=10, strict=True, **kw)
                                                   -> fabric.Connection (host keys checked)
 ssh_argv(host, *, key=None, connect_timeout=10)   -> list[str] (OpenSSH CLI client argv)
@@ -572,6 +574,51 @@ def partition(netns: str) -> Iterator[None]:
         yield
     finally:
         _ip("link", "set", veth, "up", check=False)
+
+
+# cBPF for cls_bpf: A = a random u32 (SKF_AD_OFF + SKF_AD_RANDOM); A >= K: no match (0),
+# else match (-1). The kernel here has no netem, no gact (`action drop`) and no iptables,
+# but has mirred: a match is redirected to a veth that is down, which drops it.
+_LOSS_BPF = "4,32 0 0 4294963256,53 0 1 {k},6 0 0 0,6 0 0 4294967295"
+
+
+@contextlib.contextmanager
+def lossy(netns: str, share: float) -> Iterator[None]:
+    """Drop `share` (0..1) of the packets both ways between the bridge and `netns`, each
+    one at random, as a bad link would; restored on exit. No netem needed: a cBPF filter
+    on the root-side veth's clsact redirects the unlucky ones to a down veth."""
+    if not 0 < share < 1:
+        raise ValueError("share must be in (0, 1)")
+    veth = _root_veth_of(netns)
+    sink = f"{veth[:13]}k"
+    alias = _ip("-j", "link", "show", veth).stdout
+    prog = _LOSS_BPF.format(k=int(share * 2**32))
+    _ip("link", "add", sink, "type", "veth", "peer", "name", f"{veth[:13]}q")
+    try:
+        with contextlib.suppress(ValueError, IndexError, KeyError):
+            _ip("link", "set", sink, "alias", json.loads(alias)[0]["ifalias"], check=False)
+        _run(["tc", "qdisc", "add", "dev", veth, "clsact"])
+        for way in ("ingress", "egress"):
+            _run(["tc", "filter", "add", "dev", veth, way, "bpf", "bytecode", prog,
+                  "action", "mirred", "egress", "redirect", "dev", sink])
+        yield
+    finally:
+        _run(["tc", "qdisc", "del", "dev", veth, "clsact"], check=False)
+        _ip("link", "del", sink, check=False)
+
+
+@contextlib.contextmanager
+def power_off(netns: str, keep: Sequence[int] = ()) -> Iterator[None]:
+    """A silent power loss of a lab host: its link goes down and every process in it dies
+    (but `keep`, its sshd say, so it can come back), with no FIN or RST to anyone. The
+    link comes back on exit."""
+    with partition(netns):
+        cp = _ip("netns", "pids", netns, check=False)
+        for pid in (int(x) for x in cp.stdout.split() if x.isdigit()):
+            if pid not in keep:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        yield
 
 
 def cleanup_stale(prefix: str = "tfo") -> list[str]:

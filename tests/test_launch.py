@@ -94,3 +94,20 @@ def test_console_hides_tensorflow_chatter_unless_verbose():
             echo(task, line)
         assert shown == [f"[{task}] {line}" for task, line, hidden in CHATTER
                          if verbose or not hidden]
+
+
+def test_an_ssh_task_ends_as_sshd_says():
+    """sshd's exit status, or the signal that ended the wrapper (as locally), or nothing: a
+    lost connection; the wrapper's EXIT_LIFELINE is lost contact (it heard no heartbeat)."""
+    from orchestrator.launch.ssh import exit_of
+    from worker_entry.markers import EXIT_LIFELINE
+
+    assert exit_of(0, None, "lab2", 30) == (0, None)
+    assert exit_of(3, None, "lab2", 30) == (3, None)
+    assert exit_of(-1, "KILL", "lab2", 30) == (-signal.SIGKILL, None)
+    assert describe_exit(exit_of(-1, "TERM", "lab2", 30)[0]) == "signal SIGTERM"
+    assert exit_of(-1, None, "lab2", 30) == (255, "lost contact with lab2: the connection "
+                                                  "dropped")
+    assert exit_of(EXIT_LIFELINE, None, "lab2", 5) == (
+        EXIT_LIFELINE, "lost contact with lab2: no heartbeat reached the task for 5 s")
+    assert exit_of(-1, "WEIRD", "lab2", 30) == (255, "signal SIGWEIRD")

@@ -127,6 +127,9 @@ HOSTILE = [
     ("infinite connect timeout", GOOD.replace("localhost", "lab")
      + "hosts: {lab: {address: 10.0.0.2, connect_timeout_seconds: .inf}}\n",
      ["hosts.lab.connect_timeout_seconds", "finite"]),
+    ("lifeline shorter than three heartbeats", GOOD.replace("localhost", "lab")
+     + "hosts: {lab: {address: 10.0.0.2, lifeline_seconds: 1}}\n",
+     ["hosts.lab.lifeline_seconds", "greater than or equal to 3"]),
     ("port true", GOOD.replace("localhost:20001", "{host: localhost, port: true}"),
      ["tasks.worker[1].port", "True"]),
     ("host port true", GOOD.replace("localhost", "lab")

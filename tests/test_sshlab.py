@@ -233,3 +233,39 @@ def test_lifeline_eof_on_partition_needs_client_alive(tmp_path):
                 assert float(got) - t0 < 15
         finally:
             conn.client.close()
+
+
+_COUNT_UDP = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+              "s.bind(('0.0.0.0', 9999)); s.settimeout(2); n = 0\n"
+              "try:\n    while True: s.recv(16); n += 1\nexcept OSError: print(n)")
+
+
+def _udp_received(ns: str, address: str, count: int) -> int:
+    """Datagrams of `count` sent from here that a listener in `ns` received."""
+    import socket
+
+    listener = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c", _COUNT_UDP],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _ in range(count):
+                s.sendto(b"x", (address, 9999))
+                time.sleep(0.0005)
+        return int(listener.communicate(timeout=20)[0])
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+            listener.wait()
+
+
+@needs_netns
+@pytest.mark.timeout(90)
+def test_lossy_drops_about_the_share_asked_and_is_undone(tmp_path):
+    with sshlab.lab_network(count=1) as [(ns, address)]:
+        with sshlab.lossy(ns, 0.3):
+            got = _udp_received(ns, address, 2000)
+        assert 1200 < got < 1600, got  # 30 % of 2000 lost, give or take
+        assert _udp_received(ns, address, 500) == 500
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        assert f"{sshlab._root_veth_of(ns)[:13]}k" not in links

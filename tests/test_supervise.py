@@ -859,3 +859,43 @@ def test_an_evaluator_that_never_exits_is_stopped_once_idle(tmp_path, job, outpu
         assert len(idle) == 1 and "idle 0.5 s after training finished" in said[-1]
     assert next(e for e in ev if e["event"] == "task_stopping"
                 and e["task"] == "evaluator:0")["reason"] == "job finished"
+
+
+# ---- lab hosts that go away (issue 31) ----------------------------------------------------
+
+@pytest.mark.timeout(20)
+def test_a_finished_worker_is_not_restarted_when_its_peer_is_lost_afterwards(tmp_path):
+    """worker:0 finished (exit 0); worker:1 is lost later: only worker:1 comes back."""
+    scripts = {"worker:0": Script([(0, 0.2, True)]),
+               "worker:1": Script([(1, 0.6, True), (0, 0.2, True)])}
+    result, started, events = supervise(tmp_path, spec(), scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    assert started == [("worker:0", 0), ("worker:1", 0), ("worker:1", 1)]
+    restarted = [e["task"] for e in events if e["event"] == "task_restarted"]
+    assert restarted == ["worker:1"]
+
+
+@pytest.mark.timeout(30)
+def test_a_host_that_cannot_be_reached_is_backed_off_and_its_peer_left_alone(tmp_path):
+    """worker:1's host refuses connections: its restarts wait 1, 2, 4 s, its start is tried
+    first, so the healthy worker:0 is not started and stopped again each time; the reason
+    names the host."""
+    plan = planned(tmp_path, spec(max_restarts=3))
+    started: list[tuple[str, float]] = []
+
+    def start(task: TaskPlan, attempt: int) -> FakeHandle:
+        started.append((task.name, time.monotonic()))
+        if task.name == "worker:1" and attempt >= 1:
+            raise OSError("host lab2 (10.200.0.12:22): unreachable: Connection refused")
+        script = Script([(1, 0.3, True)]) if task.name == "worker:1" else Script([(None, 0, True)])
+        return FakeHandle(task, attempt, script)
+
+    result = Supervisor(plan, start=start, echo=lambda task, line: None).run()
+    assert result.state is JobState.FAILED
+    assert "lab2" in result.reason and "Connection refused" in result.reason
+    # worker:0: its first start, and the restart after worker:1's loss; not once for each
+    # of worker:1's failed starts, which are tried first.
+    assert [n for n, _ in started].count("worker:0") == 2, started
+    tries = [t for n, t in started if n == "worker:1"][1:]
+    gaps = [b - a for a, b in zip(tries, tries[1:], strict=False)]
+    assert len(tries) == 3 and gaps[0] >= 0.9 and gaps[1] >= 1.9, gaps

@@ -154,6 +154,7 @@ class _Wrapper:
         self.ready_port = _script_port()  # None once reported
         self.watch_stdin, self.quiet_limit = markers.parse_lifeline(lifeline)
         self.status: int | None = None  # the task's wait status, once reaped
+        self.lost_contact = False  # killed for the lifeline's silence: EXIT_LIFELINE
         self.kill_at: float | None = None  # after a SIGTERM: when the task gets SIGKILL
         self.meter = usage.Meter()
         self.usage_at = time.monotonic() + markers.USAGE_SECONDS
@@ -244,6 +245,8 @@ class _Wrapper:
         self._end_descendants()  # the task too, if a bug left it running
         if self.tmp_dir and not self.standby:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        if self.lost_contact:  # the task's SIGKILL was ours: say why instead
+            self.status = markers.EXIT_LIFELINE << 8
         _exit_like(self.status if self.status is not None else 70 << 8)
 
     def _timeout(self, now: float) -> float | None:
@@ -305,6 +308,7 @@ class _Wrapper:
             if stdin not in fds:
                 continue
             lost = self.quiet_limit is not None and now - heard > self.quiet_limit
+            data = b"-"  # not EOF
             if stdin in ready:
                 try:
                     data = os.read(stdin, 4096)
@@ -317,8 +321,14 @@ class _Wrapper:
                     self._signal_task(getattr(signal, markers.STACKS_SIGNAL))
             if lost:
                 fds.remove(stdin)
-                _say(f"[tfo] lifeline to the coordinator closed: killing task pid "
-                     f"{self.task_pid} and everything it started")
+                if data:  # silence, not EOF: the network, most likely
+                    _say(f"[tfo] lost contact with the coordinator: no heartbeat for "
+                         f"{self.quiet_limit:g} s; killing task pid {self.task_pid} and "
+                         "everything it started")
+                    self.lost_contact = True
+                else:
+                    _say(f"[tfo] lifeline to the coordinator closed: killing task pid "
+                         f"{self.task_pid} and everything it started")
                 self._kill_task()
 
     def _end_descendants(self) -> None:

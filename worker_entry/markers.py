@@ -44,16 +44,25 @@ class Strategy(str, Enum):
 # The lifeline (worker_entry.lifeline): the task's stdin, whose write end the coordinator
 # holds. TFO_LIFELINE is "stdin" (EOF means the coordinator is gone) or "stdin:SECONDS"
 # (heartbeats both ways: the coordinator sends a byte down stdin every HEARTBEAT_SECONDS, the
-# task's wrapper writes BEAT as often; silence for LIFELINE_SECONDS means the other side is gone).
+# task's wrapper writes BEAT as often; silence for SECONDS means the other side is gone).
 LIFELINE_ENV = "TFO_LIFELINE"
 LIFELINE_STDIN = "stdin"
 HEARTBEAT_SECONDS = 1.0
-LIFELINE_SECONDS = 5.0
+# The default silence that means gone (a lab host's `lifeline_seconds`). TCP rides out loss
+# by retransmitting, and each retransmission of the same segment waits twice as long (0.2,
+# 0.4, 0.8, ... s from Linux's 200 ms minimum): 5 losses in a row hold a beat up 6.2 s, at
+# 30 % loss once in 400 segments, every few minutes with beats both ways; 5 s tripped. 30 s
+# takes 8 in a row (25.4 s after 7): 0.3^8, once in 15,000 segments, about an hour and a
+# half; and a cut network is still noticed well within a task's start-up timeout.
+LIFELINE_SECONDS = 30.0
+# The wrapper's exit status when it killed its task because the lifeline went quiet (SSH):
+# the coordinator reports it as lost contact, not as the SIGKILL the task got.
+EXIT_LIFELINE = 79
 
 
-def lifeline(heartbeat: bool) -> str:
+def lifeline(heartbeat: bool, seconds: float = LIFELINE_SECONDS) -> str:
     """The TFO_LIFELINE value for a task: with heartbeats where EOF may never come (SSH)."""
-    return f"{LIFELINE_STDIN}:{LIFELINE_SECONDS:g}" if heartbeat else LIFELINE_STDIN
+    return f"{LIFELINE_STDIN}:{seconds:g}" if heartbeat else LIFELINE_STDIN
 
 
 def parse_lifeline(value: str | None) -> tuple[bool, float | None]:

@@ -14,7 +14,7 @@ in BACKENDS (orchestrator/launch/backends.py). The supervisor never asks where a
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -79,9 +79,9 @@ class Backend(Protocol):
     def check(self, tasks: list[TaskPlan]) -> list[HostCheck]:
         """Preflight: can each host run its tasks? One row per host, problems named."""
 
-    def sync(self, plan: Plan, tasks: list[TaskPlan]) -> list[str]:
-        """Put the job's code where the tasks will look for it; what was done, for the user.
-        Raises BackendError."""
+    def sync(self, plan: Plan, tasks: list[TaskPlan]) -> Iterable[str]:
+        """Put the job's code where the tasks will look for it; what was done, for the user
+        (an iterator says it as it goes). Raises BackendError."""
 
     def start(self, task: TaskPlan, attempt: int) -> TaskHandle: ...
 

@@ -11,7 +11,7 @@ allocation, whose nodes `place` asks for before ports are allocated.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from orchestrator.launch import Backend, TaskHandle
 from orchestrator.launch.gpus import GpuReport, auto_gpus, gpu_problem
@@ -87,7 +87,14 @@ class Backends:
         kinds = self._by_kind(plan)
 
         def check(kind: str) -> list[HostCheck]:
-            return self.get(kind).check(kinds[kind])
+            rows = self.get(kind).check(kinds[kind])
+            fits = getattr(self.get(kind), "sync_fits", None)  # a backend that copies code
+            ready = [r for r in rows if r.reachable and not r.problems]
+            if fits is not None and ready:
+                problems = fits(plan, [r.host for r in ready])
+                for r in ready:
+                    r.problems += [problems[r.host]] if r.host in problems else []
+            return rows
 
         if len(kinds) == 1:  # one kind (localhost alone, say): no thread pool to start
             found = list(map(check, kinds))
@@ -109,9 +116,10 @@ class Backends:
             h.backend == "ssh" for h in spec.hosts.values()) else None
         return auto_gpus(spec, ssh)
 
-    def sync(self, plan: Plan) -> list[str]:
-        kinds = self._by_kind(plan)
-        return [line for kind, tasks in kinds.items() for line in self.get(kind).sync(plan, tasks)]
+    def sync(self, plan: Plan) -> Iterator[str]:
+        """What each kind's sync says, as it says it."""
+        for kind, tasks in self._by_kind(plan).items():
+            yield from self.get(kind).sync(plan, tasks)
 
     def start(self, task: TaskPlan, attempt: int) -> TaskHandle:
         return self.get(task.placement.kind).start(task, attempt)

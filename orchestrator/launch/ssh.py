@@ -14,9 +14,17 @@ spec reaches the remote shell through shlex.quote.
 
 The lifeline runs both ways. The coordinator sends a byte down each task's stdin every
 HEARTBEAT_SECONDS; the task's wrapper kills the task and all it started when stdin closes or
-goes quiet for LIFELINE_SECONDS (a dropped connection or a cut network, even where sshd sends no
-keepalives). The wrapper in turn writes BEAT to the task's output as often, so the
-coordinator knows the task is lost when the output goes quiet that long.
+goes quiet for the host's `lifeline_seconds` (a dropped connection or a cut network, even
+where sshd sends no keepalives), and exits EXIT_LIFELINE. The wrapper in turn writes BEAT to
+the task's output as often, so the coordinator knows the task is lost when the output goes
+quiet that long: `lost contact with lab2: no heartbeat for 30 s`.
+
+Every remote call is bounded by the host's `connect_timeout_seconds` (paramiko's own waits
+for a channel or a command's start are an hour, or forever): a call that gets no answer in
+time drops the host's connection (`_bounded`), and the next use connects again, which says
+whether the host can be reached. A task lost to silence drops its host's connection too: its
+transport is not reused. How a task ended is its `exit_reason`: sshd's exit-signal (paramiko
+ignores it; `_record_exit_signal` keeps it) as `signal SIGKILL`, a lost connection as lost.
 
 A standby (a warm spare, `warm_spares: true`) is the same channel with STANDBY_ENV=1: its
 task imports TensorFlow on the host and waits. The coordinator beats down its stdin as for
@@ -32,9 +40,9 @@ import shlex
 import stat
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from orchestrator.launch import BackendError
 from orchestrator.launch.output import TaskOutput
@@ -45,16 +53,17 @@ from orchestrator.plan import Plan, TaskPlan
 from orchestrator.rundir import RUNS
 from orchestrator.spec import HostSpec, SpecError
 from worker_entry import markers
-from worker_entry.markers import HEARTBEAT_SECONDS, LIFELINE_SECONDS
+from worker_entry.markers import HEARTBEAT_SECONDS
 
 if TYPE_CHECKING:  # fabric and paramiko cost 0.16 s to import: only when a host is reached
     import fabric
     import paramiko
 
-CONNECT_TIMEOUT = 10.0
 FIRST_BEAT_SECONDS = 30.0  # python's start on a slow host, before its wrapper beats
+PROBE_SECONDS = 60.0  # a command's own run on the host (the preflight's probe, a mkdir)
 _PID_PREFIX = "@tfo-pid "
 _PID_LINE_MAX = 64  # the pid line comes first and is short; anything else is output
+T = TypeVar("T")
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", RUNS, ".pytest_cache", ".ruff_cache"}
 
 
@@ -62,11 +71,68 @@ class SshError(BackendError):
     """A host could not be reached, authenticated or used; the message names the host."""
 
 
+def _bounded(call: Callable[[], T], timeout: float, what: str,
+                give_up: Callable[[], None]) -> T:
+    """`call()` in a daemon thread, waited for `timeout` s: paramiko waits an hour for a
+    channel and forever for a command's start over a silent network. On time out
+    `give_up()` (drop the connection: that ends the call) and SshError(what). The wait is
+    a join, so a signal's handler still runs (and may raise) at once."""
+    result: list = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            error.append(e)
+
+    thread = threading.Thread(target=run, name="ssh-call", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        give_up()
+        raise SshError(f"{what}: no answer in {timeout:g} s; dropped the connection")
+    if error:
+        raise error[0]
+    return result[0]
+
+
+_signals_recorded = False
+
+
+def _record_exit_signal() -> None:
+    """paramiko answers sshd's `exit-signal` request as unhandled and drops it: keep its
+    signal name on the channel (`tfo_exit_signal`), so a task killed by a signal reads as
+    that signal, as it does locally, not as a lost connection."""
+    global _signals_recorded
+    import paramiko
+
+    if _signals_recorded:
+        return
+    _signals_recorded = True
+    from paramiko.common import MSG_CHANNEL_REQUEST
+
+    table = paramiko.Transport._channel_handler_table  # how the transport dispatches
+    handle = table[MSG_CHANNEL_REQUEST]
+
+    def recording(chan: paramiko.Channel, m: paramiko.Message) -> None:
+        at = m.packet.tell()
+        with contextlib.suppress(Exception):
+            if m.get_text() == "exit-signal":
+                m.get_boolean()  # want reply: never for exit-signal
+                chan.tfo_exit_signal = m.get_text()  # "KILL", "TERM", ...
+        m.packet.seek(at)
+        handle(chan, m)
+
+    table[MSG_CHANNEL_REQUEST] = recording
+
+
 def connect(name: str, host: HostSpec) -> fabric.Connection:
     """An open, authenticated connection; host keys checked unless the spec opts out."""
     import fabric
     import paramiko
 
+    _record_exit_signal()
     timeout = host.connect_timeout_seconds
     kwargs: dict = {"look_for_keys": host.key is None, "allow_agent": host.key is None,
                     "banner_timeout": timeout, "auth_timeout": timeout}
@@ -96,8 +162,9 @@ def connect(name: str, host: HostSpec) -> fabric.Connection:
                            f"or set check_host_key: false") from None
         raise SshError(f"host {name} ({host.address}): SSH error: {e}") from None
     except (OSError, EOFError) as e:
-        raise SshError(f"host {name} ({host.address}:{host.port}): unreachable: "
-                       f"{e.strerror or e}") from None
+        why = e.strerror or str(e) or type(e).__name__
+        raise SshError(f"host {name} ({host.address}:{host.port}): unreachable: tried to "
+                       f"connect for {timeout:g} s (connect_timeout_seconds): {why}") from None
     return conn
 
 
@@ -131,9 +198,12 @@ class SshHandle:
     """One remote task: an SSH exec channel plus a heartbeat down its stdin."""
 
     def __init__(self, task: TaskPlan, attempt: int, conn: fabric.Connection,
-                 standby: bool = False) -> None:
-        self.task, self.attempt, self._conn = task, attempt, conn
+                 host: HostSpec, drop: Callable[[], None], standby: bool = False) -> None:
+        """`drop()` closes the host's connection, so that the next use connects again."""
+        self.task, self.attempt, self._conn, self._drop = task, attempt, conn, drop
+        self._timeout, self._quiet = host.connect_timeout_seconds, host.lifeline_seconds
         self.warm = False  # a standby that was told to go
+        self.exit_reason: str | None = None  # how it ended, where an exit code says less
         self._remote_pid: int | None = None
         self._head: bytes | None = b""  # output before the pid line was seen; None after
         self._returncode: int | None = None
@@ -144,12 +214,25 @@ class SshHandle:
         transport = conn.client.get_transport()
         if transport is None or not transport.is_active():
             raise SshError(f"host {task.host}: connection lost")
-        self._chan = transport.open_session()
-        self._chan.set_combine_stderr(True)
-        env = {"TFO_ATTEMPT": str(attempt), markers.LIFELINE_ENV: markers.lifeline(heartbeat=True)}
+        env = {"TFO_ATTEMPT": str(attempt),
+               markers.LIFELINE_ENV: markers.lifeline(heartbeat=True, seconds=self._quiet)}
         if standby:
             env[markers.STANDBY_ENV] = "1"
-        self._chan.exec_command(remote_command(task, env))
+
+        def open_and_exec() -> paramiko.Channel:
+            import paramiko
+
+            try:
+                chan = transport.open_session(timeout=self._timeout)
+                chan.set_combine_stderr(True)
+                chan.exec_command(remote_command(task, env))
+                return chan
+            except (paramiko.SSHException, EOFError, OSError) as e:
+                raise SshError(f"host {task.host} ({host.address}): could not start "
+                               f"{task.name}: {e or type(e).__name__}") from None
+
+        self._chan = _bounded(open_and_exec, self._timeout + 1,
+                              f"host {task.host} ({host.address}): starting {task.name}", drop)
         self._beat = threading.Thread(target=self._heartbeat, name=f"beat-{task.name}",
                                       daemon=True)
         self._beat.start()
@@ -159,7 +242,7 @@ class SshHandle:
             self._read_pid_line()
         else:
             self._read_output()
-            until = time.monotonic() + CONNECT_TIMEOUT  # the pid line comes before all else
+            until = time.monotonic() + self._timeout  # the pid line comes before all else
             while self._head is not None and time.monotonic() < until and not self._eof():
                 time.sleep(0.01)
 
@@ -169,7 +252,7 @@ class SshHandle:
 
     def _read_pid_line(self) -> None:
         """A standby's pid line, read here: its reader starts at go()."""
-        self._chan.settimeout(CONNECT_TIMEOUT)
+        self._chan.settimeout(self._timeout)
         try:
             while self._head is not None:
                 data = self._chan.recv(_PID_LINE_MAX)
@@ -260,28 +343,39 @@ class SshHandle:
         if self._returncode is not None:
             return self._returncode
         if self._chan.exit_status_ready():
-            status = self._chan.recv_exit_status()
-            # -1: no status (killed by a signal, or the connection dropped).
-            self._returncode = status if status >= 0 else 255
-        elif (self._output is not None and self._silent()) or not self._transport_ok():
-            # The task's wrapper stops it on its side once our heartbeats stop arriving.
-            self._lost = True
-            if self._output is not None:
-                self._output.note(f"[tfo] lost the connection to {self.task.host}: nothing "
-                                  f"heard for {LIFELINE_SECONDS:g} s; the task stops itself on "
-                                  "its side")
-            self._returncode = 255
-            self._chan.close()
+            # -1: no status: killed by a signal (sshd said which), or the connection dropped.
+            self._returncode, self.exit_reason = exit_of(
+                self._chan.recv_exit_status(), getattr(self._chan, "tfo_exit_signal", None),
+                self.task.host, self._quiet)
+            if self.exit_reason and self.exit_reason.startswith(LOST):
+                self._lose(self.exit_reason)
+        elif (self._output is not None and (silent := self._silent())) \
+                or not self._transport_ok():
+            why = f"no heartbeat for {silent:g} s" if self._output is not None and silent \
+                else "the connection dropped"
+            self._returncode, self.exit_reason = EXIT_LOST, f"{LOST} {self.task.host}: {why}"
+            self._lose(self.exit_reason)
         return self._returncode
 
-    def _silent(self) -> bool:
+    def _lose(self, why: str) -> None:
+        """The connection is gone or silent: say so in the log, never use it again (the
+        task's wrapper stops the task on its side once our heartbeats stop arriving)."""
+        self._lost = True
+        if self._output is not None:
+            self._output.note(f"[tfo] {why}; the task stops itself on its side")
+        self._chan.close()
+        self._drop()
+
+    def _silent(self) -> float:
+        """The silence that means lost once it is over, else 0."""
         assert self._output is not None
         if self._output.waiting:  # we are not reading: the task waits for us
-            return False
+            return 0.0
         now = time.monotonic()
         if self._heard is None:
-            return now - self._started > FIRST_BEAT_SECONDS
-        return now - self._heard > LIFELINE_SECONDS
+            limit = max(FIRST_BEAT_SECONDS, self._quiet)
+            return limit if now - self._started > limit else 0.0
+        return self._quiet if now - self._heard > self._quiet else 0.0
 
     def _transport_ok(self) -> bool:
         transport = self._chan.get_transport()
@@ -296,7 +390,10 @@ class SshHandle:
         if self._remote_pid is None:
             self._chan.close()  # no pid yet: closing the lifeline makes the task stop itself
             return
-        _remote_exec(self._conn, f"kill -{sig} -- -{self._remote_pid} 2>/dev/null")
+        if _remote_exec(self._conn, f"kill -{sig} -- -{self._remote_pid} 2>/dev/null",
+                        self._timeout) is None:
+            self._lost = True  # no answer: the connection is dropped; the lifeline ends it
+            self._drop()
 
     def terminate(self) -> None:
         self._signal_group("TERM")
@@ -315,20 +412,45 @@ class SshHandle:
         self._closed.set()
         if not self._lost:
             tmp = _remote_path(self.task.tmp_dir)
-            _remote_exec(self._conn, f"rm -rf {tmp}; rmdir $(dirname {tmp}) 2>/dev/null")
+            if _remote_exec(self._conn, f"rm -rf {tmp}; rmdir $(dirname {tmp}) 2>/dev/null",
+                            self._timeout) is None:
+                self._drop()
         self._chan.close()
         return rest
 
 
+LOST = "lost contact with"
+EXIT_LOST = 255  # ssh's own code for a lost connection; `exit_reason` says which
+
+
+def exit_of(status: int, signal_name: str | None, host: str,
+            quiet: float) -> tuple[int, str | None]:
+    """(returncode, exit_reason) from what sshd said: an exit status, or -1 and perhaps the
+    signal that ended the wrapper; nothing means the connection dropped."""
+    import signal as signals
+
+    if status == markers.EXIT_LIFELINE:  # the wrapper heard nothing from us that long
+        return status, f"{LOST} {host}: no heartbeat reached the task for {quiet:g} s"
+    if status >= 0:
+        return status, None
+    if signal_name:
+        try:
+            return -signals.Signals[f"SIG{signal_name}"].value, None
+        except KeyError:
+            return EXIT_LOST, f"signal SIG{signal_name}"
+    return EXIT_LOST, f"{LOST} {host}: the connection dropped"
+
+
 def _remote_exec(conn: fabric.Connection, command: str, timeout: float = 5.0) -> int | None:
     """Run a short command on the host, bounded in time even over a cut network (fabric's
-    `run` can wait an hour for a channel there). Its exit status, or None."""
+    `run` can wait an hour for a channel there). Its exit status, or None (no answer)."""
     import paramiko
 
     transport = conn.client.get_transport()
     if transport is None or not transport.is_active():
         return None
-    try:
+
+    def run() -> int | None:
         chan = transport.open_session(timeout=timeout)
         chan.exec_command(command)
         until = time.monotonic() + timeout
@@ -337,7 +459,10 @@ def _remote_exec(conn: fabric.Connection, command: str, timeout: float = 5.0) ->
         status = chan.recv_exit_status() if chan.exit_status_ready() else None
         chan.close()
         return status
-    except (paramiko.SSHException, OSError, EOFError):
+
+    try:
+        return _bounded(run, timeout + 1, "remote command", lambda: None)
+    except (paramiko.SSHException, OSError, EOFError, SshError):
         return None
 
 
@@ -376,87 +501,267 @@ class SshBackend:
         self.hosts = hosts
         self._conns: dict[str, fabric.Connection] = {}
         self._lock = threading.Lock()
-        self._spares = Spares(lambda task, attempt: SshHandle(
-            task, attempt, self.connection(task.host), standby=True))
+        self._connecting: dict[str, threading.Lock] = {}  # by host
+        self._cancel = threading.Event()  # the code sync was interrupted
+        self._partials: set[tuple[str, str]] = set()  # (host, file) being written now
+        self._spares = Spares(lambda task, attempt: self._handle(task, attempt, standby=True))
 
     def connection(self, name: str) -> fabric.Connection:
+        """The host's open connection, made if need be. One connect per host at a time, and
+        none under the backend's lock: `drop` and `close` never wait for a silent host."""
         with self._lock:
-            conn = self._conns.get(name)
+            connecting = self._connecting.setdefault(name, threading.Lock())
+        with connecting:
+            with self._lock:
+                conn = self._conns.get(name)
             transport = conn.client.get_transport() if conn else None
             if conn is None or transport is None or not transport.is_active():
-                conn = self._conns[name] = connect(name, self.hosts[name])
+                conn = connect(name, self.hosts[name])
+                with self._lock:
+                    self._conns[name] = conn
             return conn
+
+    def drop(self, name: str) -> None:
+        """Never use the host's connection again: it lost a task or did not answer. Its
+        tasks' channels end with it (lost); the next use connects again."""
+        with self._lock:
+            conn = self._conns.pop(name, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                _bounded(conn.close, 2.0, f"host {name}", lambda: None)
+
+    def _handle(self, task: TaskPlan, attempt: int, standby: bool = False) -> SshHandle:
+        return SshHandle(task, attempt, self.connection(task.host), self.hosts[task.host],
+                         lambda: self.drop(task.host), standby=standby)
 
     def allocate(self, names: list[str], avoid: set[int]) -> dict[str, int]:
         # Free here, and checked on the host by preflight.
         return dict(zip(names, free_ports(len(names), avoid=avoid), strict=True))
 
     def check(self, tasks: list[TaskPlan]) -> list[HostCheck]:
-        from concurrent.futures import ThreadPoolExecutor  # lab hosts only (with logging: 4 ms)
-
         by_host: dict[str, list[TaskPlan]] = {}
         for t in tasks:
             by_host.setdefault(t.host, []).append(t)
-        with ThreadPoolExecutor(max_workers=max(1, len(by_host))) as pool:
-            return list(pool.map(lambda n: check_remote(
-                n, self.hosts[n], by_host[n], lambda: self.connection(n)), by_host))
+        return in_parallel(lambda n: self._check(n, by_host[n]), by_host)
 
-    def sync(self, plan: Plan, tasks: list[TaskPlan]) -> list[str]:
-        from concurrent.futures import ThreadPoolExecutor
+    def _check(self, name: str, tasks: list[TaskPlan]) -> HostCheck:
+        """The host's preflight, bounded: fabric's `run` waits an hour for a channel."""
+        host = self.hosts[name]
+        try:
+            return _bounded(lambda: check_remote(name, host, tasks,
+                                                 lambda: self.connection(name)),
+                            2 * host.connect_timeout_seconds + PROBE_SECONDS,
+                            f"host {name} ({host.address})", lambda: self.drop(name))
+        except SshError as e:
+            return HostCheck(name, host.address, ports=[t.port for t in tasks],
+                             problems=[f"{e} while checking it"])
 
+    def sync(self, plan: Plan, tasks: list[TaskPlan]) -> Iterator[str]:
+        """Each host's copy at once; what to say, as it comes (a big file is named before
+        its copy begins). Interrupted (a signal's exception in this thread), the copies stop
+        at their next chunk and remove what they had half written."""
         packages = job_packages(plan)
         names = list(dict.fromkeys(t.host for t in tasks))
-        with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
-            copied = pool.map(lambda n: self.sync_code(n, packages, self.hosts[n].workdir), names)
-            return [f"{name}: code synced ({count} file(s) copied)"
-                    for name, count in zip(names, copied, strict=True)]
+        files = local_files(packages)
+        for _, rel, size, sparse in files:
+            if size >= BIG_FILE:
+                yield (f"sync: {rel} is {_size(size)}{sparse}, copied whole to each host "
+                       f"({len(names)}); move it out of the job's code directory if the tasks "
+                       "do not need it")
+        try:
+            copied = in_parallel(lambda n: self.sync_code(n, files, self.hosts[n].workdir),
+                                 names)
+        except BaseException:
+            self._cancel.set()
+            until = time.monotonic() + 2.0  # the copies stop and remove their partial files
+            while self._partials and time.monotonic() < until:
+                time.sleep(0.02)
+            for host, partial in list(self._partials):  # a copy that did not stop in time
+                _remote_exec(self.connection(host), f"rm -f {shlex.quote(partial)}",
+                             self.hosts[host].connect_timeout_seconds)
+            raise
+        for name, count in zip(names, copied, strict=True):
+            yield f"{name}: code synced ({count} file(s) copied)"
 
     def start(self, task: TaskPlan, attempt: int) -> SshHandle:
         """The task's warm spare for this attempt, if one waits; else a new channel."""
-        return self._spares.take(task, attempt) or \
-            SshHandle(task, attempt, self.connection(task.host))
+        return self._spares.take(task, attempt) or self._handle(task, attempt)
 
     def standby(self, task: TaskPlan, attempt: int) -> int | None:
         """Start a warm spare for the task's `attempt` on its host; its pid there, None if
         one already waits."""
         return self._spares.make(task, attempt)
 
-    def sync_code(self, host: str, packages: list[tuple[Path, Path]], workdir: str) -> int:
-        """Copy each package (a directory or a module file) into the host's workdir, at its
-        path relative to its base, skipping files whose size and mtime already match.
-        Returns files copied."""
+    def sync_code(self, host: str, files: list[tuple[Path, str, int, str]],
+                  workdir: str) -> int:
+        """Copy `files` (local_files) into the host's workdir, skipping files whose size and
+        mtime already match; first check that what will be written fits there. Each file
+        goes to a `.tfo-partial` name and is renamed when whole: a copy that fails or is
+        interrupted removes its partial file. Returns files copied."""
+        conn, sftp, root, todo = self._to_copy(host, files, workdir)
+        for path, rel, size in todo:
+            self._put(host, conn, sftp, path, f"{root}/{rel}", size)
+        return len(todo)
+
+    def sync_fits(self, plan: Plan, hosts: list[str]) -> dict[str, str]:
+        """The preflight's question, for each host at once: does what the sync will write
+        fit in its workdir? The problems, by host."""
+        try:
+            files = local_files(job_packages(plan))
+        except SpecError:
+            return {}  # the sync names it, with "nothing was started"
+
+        def fits(host: str) -> str | None:
+            try:
+                self._to_copy(host, files, self.hosts[host].workdir)
+            except SshError as e:
+                return str(e)
+            return None
+
+        found = in_parallel(fits, hosts)
+        return {h: problem for h, problem in zip(hosts, found, strict=True) if problem}
+
+    def _to_copy(self, host: str, files: list[tuple[Path, str, int, str]], workdir: str
+                 ) -> tuple[fabric.Connection, paramiko.SFTPClient, str,
+                            list[tuple[Path, str, int]]]:
+        """(connection, sftp, the workdir's path there, the files to copy: not there with
+        the same size and mtime); SshError where they do not fit in its free space."""
+        timeout = self.hosts[host].connect_timeout_seconds
         conn = self.connection(host)
-        root = conn.run(f"mkdir -p {_remote_path(workdir)} && cd {_remote_path(workdir)} && pwd",
-                        hide=True, in_stream=False).stdout.strip()
-        sftp = conn.sftp()
-        copied = 0
-        for pkg, base in packages:
-            files = [pkg] if pkg.is_file() else sorted(
-                p for p in pkg.rglob("*") if p.is_file()
-                and not _SKIP_DIRS & set(p.relative_to(pkg).parts)
-                and p.suffix not in (".pyc", ".pyo"))
-            for path in files:
-                rel = path.relative_to(base).as_posix()
-                remote = f"{root}/{rel}"
-                st = path.stat()
-                try:
-                    rst = sftp.stat(remote)
-                    if rst.st_size == st.st_size and int(rst.st_mtime) == int(st.st_mtime):
-                        continue
-                except OSError:
-                    pass
-                _sftp_makedirs(sftp, remote.rsplit("/", 1)[0])
-                sftp.put(str(path), remote)
-                sftp.utime(remote, (st.st_atime, st.st_mtime))
-                copied += 1
-        return copied
+        where = f"{_remote_path(workdir)}"
+        res = _bounded(lambda: conn.run(f"mkdir -p {where} && cd {where} && pwd && df -Pk .",
+                                        hide=True, warn=True, in_stream=False),
+                       timeout + PROBE_SECONDS, f"host {host}: preparing the workdir",
+                       lambda: self.drop(host))
+        if res.exited != 0:
+            raise SshError(f"host {host}: cannot use workdir {workdir}: "
+                           f"{res.stderr.strip()[-200:]} (hosts.{host}.workdir)")
+        root, free = res.stdout.splitlines()[0].strip(), _df_free(res.stdout)
+        sftp = _bounded(conn.sftp, timeout, f"host {host}: opening sftp",
+                        lambda: self.drop(host))
+        sftp.get_channel().settimeout(timeout + PROBE_SECONDS)  # each request's answer
+        todo = []
+        for path, rel, size, _ in files:
+            with contextlib.suppress(OSError):
+                rst = sftp.stat(f"{root}/{rel}")
+                if rst.st_size == size and int(rst.st_mtime) == int(path.stat().st_mtime):
+                    continue
+            todo.append((path, rel, size))
+        need = sum(size for _, _, size in todo)
+        if free is not None and need > free:
+            raise SshError(f"host {host}: no space left in {root}: the code sync writes "
+                           f"{_size(need)} there, {_size(free)} free (hosts.{host}.workdir)")
+        return conn, sftp, root, todo
+
+    def _put(self, host: str, conn: fabric.Connection, sftp: paramiko.SFTPClient, path: Path,
+             remote: str, size: int) -> None:
+        partial = remote + ".tfo-partial"
+        self._partials.add((host, partial))
+
+        def check_cancel(done: int, total: int) -> None:
+            if self._cancel.is_set():
+                raise SshError(f"host {host}: code sync interrupted")
+
+        st = path.stat()
+        try:
+            _sftp_makedirs(sftp, remote.rsplit("/", 1)[0])
+            sftp.put(str(path), partial, callback=check_cancel)
+            sftp.utime(partial, (st.st_atime, st.st_mtime))
+            sftp.posix_rename(partial, remote)
+        except BaseException as e:  # an interrupt too: no partial file is left behind
+            # On a channel of its own: the sftp session may be mid-request.
+            _remote_exec(conn, f"rm -f {shlex.quote(partial)}",
+                         self.hosts[host].connect_timeout_seconds)
+            if not isinstance(e, OSError):
+                raise
+            free = _remote_free(sftp, remote.rsplit("/", 1)[0])
+            why = "no space left on the device" if free is not None and free < size \
+                else (e.strerror or str(e))
+            raise SshError(f"host {host}: could not copy {path} to {remote} ({_size(size)}): "
+                           f"{why}" + (f" ({_size(free)} free there)" if free is not None
+                                       else "")) from None
+        finally:
+            self._partials.discard((host, partial))
 
     def close(self) -> None:
         self._spares.close()
-        for conn in self._conns.values():
-            with contextlib.suppress(Exception):
-                conn.close()
-        self._conns.clear()
+        for name in list(self._conns):
+            self.drop(name)
+
+
+BIG_FILE = 64 << 20  # a file the sync names: it goes to every host, whole
+
+
+def local_files(packages: list[tuple[Path, Path]]) -> list[tuple[Path, str, int, str]]:
+    """What the sync copies: (path, path relative to the host's workdir, size, ", sparse:
+    N on disk here" or ""), without caches and byte code."""
+    found = []
+    for pkg, base in packages:
+        paths = [pkg] if pkg.is_file() else sorted(
+            p for p in pkg.rglob("*") if p.is_file()
+            and not _SKIP_DIRS & set(p.relative_to(pkg).parts)
+            and p.suffix not in (".pyc", ".pyo"))
+        for path in paths:
+            st = path.stat()
+            on_disk = st.st_blocks * 512
+            sparse = f" (sparse: {_size(on_disk)} on disk here)" \
+                if on_disk < st.st_size // 2 else ""
+            found.append((path, path.relative_to(base).as_posix(), st.st_size, sparse))
+    return found
+
+
+def in_parallel(call: Callable[[str], T], names: Iterable[str]) -> list[T]:
+    """`call(name)` for each name at once, in daemon threads: a signal's exception in the
+    caller does not wait for a host that does not answer (each call is bounded anyway)."""
+    names = list(names)
+    results: dict[str, T] = {}
+    errors: list[BaseException] = []
+
+    def run(name: str) -> None:
+        try:
+            results[name] = call(name)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(n,), name=f"ssh-{n}", daemon=True)
+               for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.1)
+    if errors:
+        raise errors[0]
+    return [results[n] for n in names]
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _df_free(out: str) -> int | None:
+    """Available bytes from `df -Pk`'s last line, or None."""
+    try:
+        return int(out.strip().splitlines()[-1].split()[3]) * 1024
+    except (IndexError, ValueError):
+        return None
+
+
+def _remote_free(sftp: paramiko.SFTPClient, path: str) -> int | None:
+    """Free bytes at `path` on the host (OpenSSH's statvfs extension), or None."""
+    from paramiko.message import Message
+    from paramiko.sftp import CMD_EXTENDED
+
+    with contextlib.suppress(Exception):
+        _, msg = sftp._request(CMD_EXTENDED, "statvfs@openssh.com", path)
+        assert isinstance(msg, Message)
+        fields = [msg.get_int64() for _ in range(11)]  # bsize, frsize, blocks, bfree, bavail
+        return fields[1] * fields[4]
+    return None
 
 
 def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
