@@ -466,11 +466,11 @@ def wrap() -> None:
     handler_r, handler_w = os.pipe()  # not inherited across exec: only the task writes it
     go_r, go_w = os.pipe() if waits else (None, None)
     # Before the fork, so setproctitle loads once (2.3-2.9 ms here); the task renames itself.
-    title.set_title(title.describe(os.environ, "wrapper"))
+    title.set_title(title.describe(os.environ, "wrapper", title.room()))
     task_pid = os.fork()
     if task_pid == 0:
         _follow_parent(signal.SIGKILL)
-        title.set_title(title.describe(os.environ))  # `tfo worker:1 train.py` in ps
+        title.set_title(title.describe(os.environ, room=title.room()))  # `tfo worker:1 train.py`
         # First registered, so it runs last: after the user's and TensorFlow's handlers.
         atexit.register(_say_exiting)
         os.close(handler_r)

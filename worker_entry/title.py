@@ -18,9 +18,11 @@ from collections.abc import Mapping
 _NOENV = "SPT_NOENV"
 
 
-def describe(env: Mapping[str, str], part: str | None = None) -> str:
+def describe(env: Mapping[str, str], part: str | None = None, room: int | None = None) -> str:
     """`tfo worker:1 train.py`, `tfo worker:0 -m pkg.train`, `tfo chief:0 pkg.mod:train`,
-    `tfo ps:0 server`; with `part`, `[part]` after it."""
+    `tfo ps:0 server`; with `part`, `[part]` after it. Within `room` characters (see `room()`):
+    a script's path gives way to its file name, then the code's name is cut; the task and the
+    part stay."""
     try:
         job = json.loads(env.get("TFO_JOB") or "{}")
     except ValueError:
@@ -34,8 +36,25 @@ def describe(env: Mapping[str, str], part: str | None = None) -> str:
         what = f"-m {job['module']}"
     else:
         what = str(job.get("entry") or "")
-    text = " ".join(w for w in ("tfo", env.get("TFO_TASK") or _from_tf_config(env), what) if w)
-    return f"{text} [{part}]" if part else text
+    head = f"tfo {env.get('TFO_TASK') or _from_tf_config(env)}"
+    tail = f" [{part}]" if part else ""
+    if room is None:
+        return head + (f" {what}" if what else "") + tail
+    for text in (what, os.path.basename(what) if job.get("script") else what):
+        if len(head) + len(tail) + (len(text) + 1 if text else 0) <= room:
+            return head + (f" {text}" if text else "") + tail
+    cut = room - len(head) - len(tail) - 1
+    return (head + (f" {text[:cut]}" if cut >= 3 else "") + tail)[:room]
+
+
+def room() -> int | None:
+    """How many characters this process's title can hold: under SPT_NOENV, setproctitle
+    writes within the command line's own bytes (its arguments and their NULs)."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return max(len(f.read()) - 2, 0)  # its last NUL, and one setproctitle keeps
+    except OSError:
+        return None
 
 
 def _from_tf_config(env: Mapping[str, str]) -> str:
