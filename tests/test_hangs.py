@@ -223,3 +223,42 @@ restart: {{policy: on-failure, max_restarts: 1, backoff_seconds: 0.5}}
     assert first(ev, "task_restarted", "worker:0", attempt=1, counted=True)
     assert [e["epoch"] for e in ev if e["event"] == "task_epoch" and e["task"] == "worker:1"
             and e["attempt"] == 1] == [0, 1]
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_a_custom_loop_blocked_in_its_input_pipeline_is_caught(run_dir: Path, tmp_path: Path):
+    """The custom-training-loop tutorial, unmodified but for its input, which blocks for good
+    on worker 1 after 60 batches. Its steps are the counted calls of its tf.function
+    (autoprogress); they stop on both workers, worker 1 is named first by its input
+    pipeline's thread, and the group is restarted. auto's floor is 10 s here, not the
+    default minute, to keep the test short: the default is the Keras test's above."""
+    script = Path(__file__).parent / "scripts" / "blocked_input.py"
+    cluster = write_spec(tmp_path / "cluster.yaml", f"""\
+name: blocked-ctl
+job:
+  script: tests/scripts/blocked_input.py
+  args: {json.dumps(["--tutorial", "mwms_ctl.py", "--block_worker", "1", "--block_after", "60",
+                     "--epochs", "2", "--steps_per_epoch", "100",
+                     "--checkpoint_dir", str(tmp_path / "ckpt"),
+                     "--model_path", str(tmp_path / "model")])}
+tasks:
+  worker: [localhost:auto, localhost:auto]
+timeouts: {{stall_min_seconds: 10}}
+restart: {{policy: on-failure, max_restarts: 1, backoff_seconds: 0.5}}
+""")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=280)
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    stalled = [e for e in ev if e["event"] == "task_stalled"]
+    assert {e["task"] for e in stalled} == {"worker:0", "worker:1"}, stalled
+    assert all(e["attempt"] == 0 and e["stall_seconds"] == "auto: 10 s" for e in stalled)
+    progress = [e for e in ev if e["event"] == "task_progress" and e["attempt"] == 0]
+    assert progress and all(e.get("source") == "tf.function" for e in progress), progress[:3]
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1)
+                if "time.sleep(3600)" in text)
+    stacks = first(ev, "task_stacks", "worker:1")
+    assert stacks and stacks["where"][0] == f"read_batch ({script}:{line})", stacks
+    summary = res.stderr[res.stderr.index("job succeeded"):]
+    assert summary.index("stalled: worker:1") < summary.index("stalled: worker:0")
+    assert first(ev, "task_restarted", "worker:0", attempt=1, counted=True)

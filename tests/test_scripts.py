@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -455,6 +456,10 @@ def test_ps_shows_the_task_and_its_script(tmp_path, run_dir):
         assert re.fullmatch(rf"tfo worker:0 {script} \[wrapper\]", args(wrapper)), args(wrapper)
         assert "TFO_ATTEMPT" in wrapper.children()[0].environ()  # orphans.py still finds it
     finally:
+        # Ctrl-C, as a user would: tfo ends its tasks before it exits. (A SIGKILL of the whole
+        # tree left the task dying, not yet a zombie, when run_dir's check looked.)
+        tfo.proc.send_signal(signal.SIGINT)
+        tfo.finish(timeout=30)
         tfo.close()
 
 

@@ -1,7 +1,8 @@
-"""TensorFlow's multi-worker Keras tutorial (mwms_keras.py), unmodified but for its input
-pipeline: on worker --block_worker's first attempt, reading the data blocks for good after
---block_after batches (a tf.py_function that sleeps, as a stuck file read or a dead NFS mount
-would). Every other argument goes to the tutorial.
+"""TensorFlow's multi-worker Keras tutorial (mwms_keras.py), or with --tutorial mwms_ctl.py its
+custom-training-loop tutorial, unmodified but for its input pipeline: on worker
+--block_worker's first attempt, reading the data blocks for good after --block_after
+batches (a tf.py_function that sleeps, as a stuck file read or a dead NFS mount would).
+Every other argument goes to the tutorial.
 
     python blocked_input.py --block_worker 1 --block_after 40 --epochs 2 --steps_per_epoch 60
 """
@@ -19,6 +20,7 @@ import tensorflow as tf
 parser = argparse.ArgumentParser()
 parser.add_argument("--block_worker", type=int, default=1)
 parser.add_argument("--block_after", type=int, default=40)
+parser.add_argument("--tutorial", default="mwms_keras.py", choices=["mwms_keras.py", "mwms_ctl.py"])
 args, tutorial_args = parser.parse_known_args()
 
 task = json.loads(os.environ["TF_CONFIG"])["task"]
@@ -49,6 +51,6 @@ def batch(self, *a, **kw):
 
 
 tf.data.Dataset.batch = batch
-tutorial = Path(__file__).with_name("mwms_keras.py")
+tutorial = Path(__file__).with_name(args.tutorial)
 sys.argv = [str(tutorial), *tutorial_args]
 runpy.run_path(str(tutorial), run_name="__main__")
