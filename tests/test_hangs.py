@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import SSH_LAB, events, run_tfo, wait_until, write_spec
+from tests.conftest import SSH_LAB, TfoResult, events, run_tfo, wait_until, write_spec
 from tests.test_faults import Tfo, first
 from tests.test_ssh import host_yaml, lab  # noqa: F401 (a fixture)
 
@@ -178,6 +178,39 @@ timeouts: {{startup_seconds: 120, grace_seconds: 2, stall_seconds: {STALL_SECOND
     assert '@tfo {"event": "usage"' in log
 
 
+BLOCKED = Path(__file__).parent / "scripts" / "blocked_input.py"
+BLOCKED_LINE = next(i for i, text in enumerate(BLOCKED.read_text().splitlines(), 1)
+                    if "time.sleep(3600)" in text)
+
+
+def run_blocked(run_dir: Path, tmp_path: Path, args: list[str], stall: str,
+                timeouts: str = "", timeout: float = 380) -> tuple[TfoResult, list[dict]]:
+    """blocked_input.py on two workers, worker 1 blocked on its first attempt; restarted
+    once. Checks what every blocked case shows: both stalled under `stall`, worker 1 named
+    first by its input's frame, the group restarted, the job then succeeds."""
+    cluster = write_spec(tmp_path / "cluster.yaml", f"""\
+name: blocked
+job:
+  script: tests/scripts/blocked_input.py
+  args: {json.dumps(["--block_worker", "1", *args])}
+tasks:
+  worker: [localhost:auto, localhost:auto]
+{timeouts}restart: {{policy: on-failure, max_restarts: 1, backoff_seconds: 0.5}}
+""")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=timeout)
+    assert res.returncode == 0, res.output[-4000:]
+    ev = events(run_dir)
+    stalled = [e for e in ev if e["event"] == "task_stalled"]
+    assert {e["task"] for e in stalled} == {"worker:0", "worker:1"}, stalled
+    assert all(e["attempt"] == 0 and e["stall_seconds"] == stall for e in stalled)
+    stacks = first(ev, "task_stacks", "worker:1")
+    assert stacks and stacks["where"][0] == f"read_batch ({BLOCKED}:{BLOCKED_LINE})", stacks
+    summary = res.stderr[res.stderr.index("job succeeded"):]
+    assert summary.index("stalled: worker:1") < summary.index("stalled: worker:0")
+    assert first(ev, "task_restarted", "worker:0", attempt=1, counted=True)
+    return res, ev
+
+
 @pytest.mark.tf
 @pytest.mark.timeout(400)
 def test_a_worker_blocked_in_its_input_pipeline_is_caught_under_default_settings(
@@ -187,40 +220,21 @@ def test_a_worker_blocked_in_its_input_pipeline_is_caught_under_default_settings
     these fast steps). Both workers stop in the same step, both idle; worker 1 is named
     first, by the thread of its input pipeline, and the group is restarted. Costs about
     90 s: the minute of the default."""
-    script = Path(__file__).parent / "scripts" / "blocked_input.py"
-    cluster = write_spec(tmp_path / "cluster.yaml", f"""\
-name: blocked
-job:
-  script: tests/scripts/blocked_input.py
-  args: {json.dumps(["--block_worker", "1", "--block_after", "150", "--epochs", "2",
-                     "--steps_per_epoch", "200", "--model_path", str(tmp_path / "model"),
-                     "--backup_dir", str(tmp_path / "backup")])}
-tasks:
-  worker: [localhost:auto, localhost:auto]
-restart: {{policy: on-failure, max_restarts: 1, backoff_seconds: 0.5}}
-""")
-    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=380)
-    assert res.returncode == 0, res.output[-4000:]
-    ev = events(run_dir)
-    stalled = [e for e in ev if e["event"] == "task_stalled"]
-    assert {e["task"] for e in stalled} == {"worker:0", "worker:1"}, stalled
-    assert all(e["attempt"] == 0 and e["stall_seconds"] == "auto: 60 s" for e in stalled)
+    res, ev = run_blocked(run_dir, tmp_path, [
+        "--block_after", "150", "--epochs", "2", "--steps_per_epoch", "200",
+        "--model_path", str(tmp_path / "model"), "--backup_dir", str(tmp_path / "backup")],
+        stall="auto: 60 s")
     log = (run_dir / "logs" / "worker-1.log").read_text()
     blocked_at = float(re.search(r"input blocked at ([\d.]+)", log)[1])
-    verdict = stalled[0]["time"] - blocked_at
+    verdict = first(ev, "task_stalled")["time"] - blocked_at
     cpu = [json.loads(m)["cpu"] for m in re.findall(r'@tfo (\{"event": "usage".*\})', log)]
     print(f"blocked input: stall verdict {verdict:.1f} s after the block; worker:1's CPU "
           f"while blocked: {cpu[-25:]}")
     assert 55 <= verdict <= 90, verdict  # a minute after its last progress marker
-    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1)
-                if "time.sleep(3600)" in text)
-    stacks = first(ev, "task_stacks", "worker:1")
-    assert stacks and stacks["where"][0] == f"read_batch ({script}:{line})", stacks
     summary = res.stderr[res.stderr.index("job succeeded"):]
     assert re.search(r"stalled: worker:1 no progress for \d+ s \(step \d+\)\n"
-                     rf"  in read_batch \({re.escape(str(script))}:{line}\)", summary), summary
-    assert summary.index("stalled: worker:1") < summary.index("stalled: worker:0")
-    assert first(ev, "task_restarted", "worker:0", attempt=1, counted=True)
+                     rf"  in read_batch \({re.escape(str(BLOCKED))}:{BLOCKED_LINE}\)", summary), \
+        summary
     assert [e["epoch"] for e in ev if e["event"] == "task_epoch" and e["task"] == "worker:1"
             and e["attempt"] == 1] == [0, 1]
 
@@ -233,32 +247,10 @@ def test_a_custom_loop_blocked_in_its_input_pipeline_is_caught(run_dir: Path, tm
     (autoprogress); they stop on both workers, worker 1 is named first by its input
     pipeline's thread, and the group is restarted. auto's floor is 10 s here, not the
     default minute, to keep the test short: the default is the Keras test's above."""
-    script = Path(__file__).parent / "scripts" / "blocked_input.py"
-    cluster = write_spec(tmp_path / "cluster.yaml", f"""\
-name: blocked-ctl
-job:
-  script: tests/scripts/blocked_input.py
-  args: {json.dumps(["--tutorial", "mwms_ctl.py", "--block_worker", "1", "--block_after", "60",
-                     "--epochs", "2", "--steps_per_epoch", "100",
-                     "--checkpoint_dir", str(tmp_path / "ckpt"),
-                     "--model_path", str(tmp_path / "model")])}
-tasks:
-  worker: [localhost:auto, localhost:auto]
-timeouts: {{stall_min_seconds: 10}}
-restart: {{policy: on-failure, max_restarts: 1, backoff_seconds: 0.5}}
-""")
-    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=280)
-    assert res.returncode == 0, res.output[-4000:]
-    ev = events(run_dir)
-    stalled = [e for e in ev if e["event"] == "task_stalled"]
-    assert {e["task"] for e in stalled} == {"worker:0", "worker:1"}, stalled
-    assert all(e["attempt"] == 0 and e["stall_seconds"] == "auto: 10 s" for e in stalled)
+    _, ev = run_blocked(run_dir, tmp_path, [
+        "--tutorial", "mwms_ctl.py", "--block_after", "60", "--epochs", "2",
+        "--steps_per_epoch", "100", "--checkpoint_dir", str(tmp_path / "ckpt"),
+        "--model_path", str(tmp_path / "model")],
+        stall="auto: 10 s", timeouts="timeouts: {stall_min_seconds: 10}\n", timeout=280)
     progress = [e for e in ev if e["event"] == "task_progress" and e["attempt"] == 0]
     assert progress and all(e.get("source") == "tf.function" for e in progress), progress[:3]
-    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1)
-                if "time.sleep(3600)" in text)
-    stacks = first(ev, "task_stacks", "worker:1")
-    assert stacks and stacks["where"][0] == f"read_batch ({script}:{line})", stacks
-    summary = res.stderr[res.stderr.index("job succeeded"):]
-    assert summary.index("stalled: worker:1") < summary.index("stalled: worker:0")
-    assert first(ev, "task_restarted", "worker:0", attempt=1, counted=True)
