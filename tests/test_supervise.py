@@ -30,9 +30,22 @@ from orchestrator.supervise import (
     TaskState,
     advance,
 )
+from tests import golden
 from worker_entry.markers import EXIT_PERMANENT
 
 READY = '@tfo {"event": "ready", "what": "training"}'
+
+
+@pytest.fixture(autouse=True)
+def golden_events(request, tmp_path):
+    """Each scenario's events.jsonl, times and pids stripped, stays as recorded in
+    tests/data/golden/supervise/ (tests/golden.py): the supervisor's refactor keeps its
+    behaviour. Checked after the test's own assertions."""
+    yield
+    runs = [[json.loads(line) for line in p.read_text().splitlines()]
+            for p in sorted(tmp_path.rglob("events.jsonl"))]
+    if runs:
+        golden.check("supervise", request.node.nodeid, runs, tmp_path)
 
 
 @dataclass
