@@ -23,16 +23,16 @@ Console on first use. tests/test_startup.py holds this to account.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import re
 import shlex
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperCommand
@@ -46,6 +46,8 @@ from orchestrator.console import (
 )
 from orchestrator.errors import SpecError
 from orchestrator.launch import BackendError, describe_exit
+from orchestrator.pipeline import CannotStart, load_source
+from orchestrator.pipeline import problems as host_problems
 from orchestrator.rundir import (
     LAST,
     RUNS,
@@ -65,11 +67,9 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from orchestrator.launch.backends import Backends
-    from orchestrator.launch.gpus import GpuReport
     from orchestrator.launch.preflight import HostCheck
     from orchestrator.plan import Plan
     from orchestrator.quick import QuickFlags, SlurmFlags
-    from orchestrator.spec import ClusterSpec
     from orchestrator.supervise import RunResult
 
 EXIT_BAD_SPEC = 2
@@ -154,145 +154,20 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(EXIT_BAD_SPEC)
 
 
-# A TensorFlow task wants about a core and half a GiB; beyond this many on one machine a
-# job is a mistake (10,000 workers grew the coordinator to 9.4 GB before anything started).
-MAX_LOCAL_TASKS = 256
-
-
-def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
-    """The entry's module and function, the module or the script must exist where tasks will
-    look for them. Only located and parsed, never imported: user code could import
-    TensorFlow, or do anything."""
-    from orchestrator.entry import EntryError, check_entry, check_module, check_script
-    from orchestrator.spec import LOCALHOST, SLURM
-
-    job = spec.job
-    try:
-        if job.script is not None:  # run here, or synced from here: it must be here
-            check_script(job.script, workdir)
-            return
-        # Slurm's nodes run the tasks here too: in this directory, with this python.
-        local = any(a.host in (LOCALHOST, SLURM) for _, _, a in spec.tasks.all())
-        shipped = job.package == "worker_entry" or (workdir / job.package).exists() \
-            or (workdir / f"{job.package}.py").exists()
-        if not (local or shipped):
-            return  # lab hosts' own packages; `job_packages` says if the code cannot be shipped
-        if job.module is not None:
-            check_module(job.module, workdir)
-        else:
-            check_entry(job.target, workdir)
-    except EntryError as e:
-        raise SpecError(f"job.{job.kind}: {e} ({job.target})") from None
-
-
-def check_local_tasks(spec: ClusterSpec) -> None:
-    """Refuse more localhost tasks than can make sense; warn beyond one per CPU."""
-    from orchestrator.spec import LOCALHOST
-
-    count = sum(1 for _, _, a in spec.tasks.all() if a.host == LOCALHOST)
-    if count > MAX_LOCAL_TASKS:
-        raise SpecError(f"tasks: {count:,} tasks on localhost; at most {MAX_LOCAL_TASKS} run on "
-                        "one machine (each TensorFlow task wants about a core and 0.5 GB); "
-                        "spread them over hosts:")
-    cpus = os.cpu_count() or 1
-    if count > cpus:
-        err.print(_labeled("warning:", "yellow", f"{count} tasks on localhost but {cpus} "
-                           "CPU(s): each TensorFlow task wants about a core and 0.5 GB; expect "
-                           "a slow start"), soft_wrap=True)
-
-
-def check_run_dir(run_dir: Path) -> None:
-    """What can be told without creating it: the run directory, or the nearest existing
-    folder above it, must be a directory, and it must not hold a run already."""
-    path = run_dir
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    if not path.is_dir():
-        raise SpecError(f"--run-dir {run_dir}: {path} is not a directory")
-    try:
-        RunDir(str(run_dir)).check_new()
-    except RunDirError as e:
-        raise SpecError(str(e)) from None
-
-
-def make_run_dir(p: Plan) -> IO[bytes]:
-    """Made, locked, and plan.json written, before anything starts: a bad place, a full disk
-    or another run there is an error for the user here, not a traceback or a mixed run
-    later. The returned file holds the lock while the run goes on."""
-    try:
-        return RunDir(p.run_dir).create(p.to_json())
-    except RunDirError as e:
-        raise SpecError(str(e)) from None
-    except OSError as e:
-        raise SpecError(f"run directory {p.run_dir}: cannot write {e.filename or p.run_dir}: "
-                        f"{e.strerror or e}") from None
-
-
-RUN_ID_PATTERN = "YYYYmmdd-HHMMSS-xxxx"  # what a dry run shows for the id a run will get
-
-
-def load_source(file: Path | dict) -> tuple[ClusterSpec, dict[str, int] | None]:
-    """A cluster file; or a run's plan.json, to run the same tasks again: the spec it was
-    made from, and the ports it had (the same TF_CONFIGs, `auto` ports included); or a
-    cluster file made from flags (a dict)."""
-    from orchestrator.plan import Plan
-    from orchestrator.spec import parse_spec
-    from orchestrator.specfile import SpecFileError, read_data
-
-    if isinstance(file, dict):
-        return parse_spec(file, "the cluster made from the command line"), None
-    try:
-        data = read_data(file)
-    except SpecFileError as err:
-        raise SpecError(str(err)) from None
-    if not (isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys()):
-        return parse_spec(data, str(file)), None
-    old = Plan.from_json(data, str(file))  # SpecError naming the field in plan.json
-    return old.spec, old.ports()
-
-
-def prepare(file: Path | dict, run_dir: Path | None, dry_run: bool = False,
-            ask_hosts: bool = True) -> tuple[Plan, Backends]:
-    """Load, validate, allocate (ports, and GPUs of `auto` hosts) and plan; raises SpecError
-    with a message for the user. A dry run names no run id: each real run gets a new one, so
-    a made-up id would be a false promise. Without `ask_hosts` lab hosts are not contacted
-    (`tfo plan`). The caller closes the backends."""
-    from orchestrator.launch.backends import Backends
-    from orchestrator.plan import make_plan
-
-    spec, ports = load_source(file)
-    check_entry_importable(spec, Path.cwd())
-    check_local_tasks(spec)
-    stamp = RUN_ID_PATTERN if dry_run else \
-        f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"  # not secrets: 0.02 s to import
-    run_id = f"{spec.name}-{stamp}"
-    rd = RunDir(str(run_dir.resolve())) if run_dir else RunDir.default(run_id)
-    check_run_dir(Path(rd.path))
-    backends = Backends(spec.hosts)
-    try:
-        # A scheduler's nodes first (Slurm: the allocation), then ports on them.
-        nodes = backends.place(spec, dry_run, _say)
-        if ports is None or nodes:  # a Slurm job's ports are the new nodes' own
-            ports = backends.allocate(spec)
-        gpus = backends.gpus(spec, ask_hosts)
-        _warn_gpu_notes(gpus)
-        plan = make_plan(spec, run_id=run_id, run_dir=rd.path, workdir=Path.cwd(), ports=ports,
-                         gpus={host: report.ids for host, report in gpus.items()}, nodes=nodes)
-    except BaseException:  # Ctrl-C in the queue too: an allocation is given back
-        backends.close()
-        raise
-    return plan, backends
-
-
 def _say(line: str) -> None:
     err.print(_labeled("tfo:", "bold", line), soft_wrap=True)
 
 
-def _warn_gpu_notes(reports: dict[str, GpuReport]) -> None:
-    for name, report in reports.items():
-        if report.note:
-            err.print(_labeled("warning:", "yellow", f"{name}: gpus auto: {report}"),
-                      soft_wrap=True)
+def _warn(line: str) -> None:
+    err.print(_labeled("warning:", "yellow", line), soft_wrap=True)
+
+
+def prepare(source: Path | dict, run_dir: Path | None, dry_run: bool = False,
+            ask_hosts: bool = True) -> tuple[Plan, Backends]:
+    """orchestrator.pipeline.prepare, saying what it does on stderr."""
+    from orchestrator import pipeline
+
+    return pipeline.prepare(source, run_dir, dry_run, ask_hosts, say=_say, warn=_warn)
 
 
 class _CommandAfterDashes(TyperCommand):
@@ -521,10 +396,6 @@ def _preflight(p: Plan, backends: Backends, show: bool) -> list[HostCheck]:
     return rows
 
 
-def _problems(rows: list[HostCheck]) -> list[str]:
-    return [problem for r in rows for problem in r.problems]
-
-
 @app.command()
 def check(file: FileArg) -> None:
     """Preflight every host at once: reachable, authenticated, python, TF versions, ports,
@@ -534,7 +405,7 @@ def check(file: FileArg) -> None:
     except (SpecError, BackendError) as e:
         raise _fail(str(e)) from None
     try:
-        problems = _problems(_preflight(p, backends, show=True))
+        problems = host_problems(_preflight(p, backends, show=True))
     finally:
         backends.close()
     from orchestrator.launch.loopback import listen_note
@@ -604,88 +475,71 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True) -> None:
+    """orchestrator.pipeline.run, printing: its lines, the tasks' (a ConsoleWriter, and the
+    live view on a terminal), the summary; its errors as the user's, with the exit code."""
     # Until the supervisor takes over, SIGTERM and SIGHUP end tfo as Ctrl-C does: what was
     # under way (a host's check, a code sync) is said and cleaned up, not cut off silently.
     import signal
 
+    from orchestrator.pipeline import run as run_pipeline
+
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, _interrupt)
     stage = ["planning"]  # what was under way, for the message
+    shown: list[ConsoleWriter] = []  # the console, once the supervisor takes over
+
+    @contextlib.contextmanager
+    def display(p: Plan) -> Iterator[tuple[Any, Any]]:
+        from orchestrator.liveview import LiveView, is_live_terminal
+
+        fd = sys.stdout.fileno()
+        console = ConsoleWriter(fd)
+        shown.append(console)
+        view = LiveView(console, fd) if is_live_terminal(fd) else None
+        try:
+            yield console_echo(console.write, verbose, logs, view.seen if view else None), view
+        finally:
+            if view is not None:
+                view.close()  # the summary's table takes its place
+            console.close()
+
+    def started(p: Plan) -> None:
+        """Said once the tasks are started: rich loads then (liveview defers it too). A
+        closed stderr does not stop the run; events.jsonl has it all."""
+        with contextlib.suppress(OSError):
+            _say(f"run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
+
+    def under_way(what: str) -> None:
+        stage[0] = what
+
     try:
-        _run_stages(source, run_dir, verbose, logs, stage)
+        result = run_pipeline(source, run_dir, say=_say, warn=_warn, display=display,
+                              started=started, stage=under_way, made_by=_made_by())
     except (_Interrupted, KeyboardInterrupt) as e:
         signum = e.signum if isinstance(e, _Interrupted) else signal.SIGINT
         err.print(f"tfo: interrupted by {signal.Signals(signum).name} while {stage[0]}; "
                   "nothing was started", soft_wrap=True)
         raise typer.Exit(128 + signum) from None
-
-
-def _run_stages(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool,
-                stage: list[str]) -> None:
-    from orchestrator.supervise import Supervisor
-
-    try:
-        p, backends = prepare(source, run_dir)  # spec → place → allocate → plan
-    except (SpecError, BackendError) as e:
+    except CannotStart as e:
         raise _fail(str(e)) from None
-    settled()  # before anything is started: the tasks get the user's environment
-    lock: IO[bytes] | None = None  # the run directory's, while the run goes on
-    try:
-        stage[0] = "checking the hosts"
-        checks = _preflight(p, backends, show=False)  # check
-        if problems := _problems(checks):
-            raise _fail("cannot start, nothing was started:\n  " + "\n  ".join(problems))
-        lock = make_run_dir(p)
-        if isinstance(source, dict):
-            _write_cluster_file(p, source)
-        stage[0] = "copying the code to the hosts (partial files removed)"
-        for line in backends.sync(p):  # sync
-            _say(line)
-        stage[0] = "starting the supervisor"
-        from orchestrator.launch.spares import spares_wanted
-        from orchestrator.liveview import LiveView, is_live_terminal
-
-        fd = sys.stdout.fileno()
-        console = ConsoleWriter(fd)
-        view = LiveView(console, fd) if is_live_terminal(fd) else None
-        try:  # supervise
-            echo = console_echo(console.write, verbose, logs, view.seen if view else None)
-            wanted = spares_wanted(p, checks)
-            standby = functools.partial(backends.standby, wanted=wanted) if wanted else None
-
-            def started() -> None:
-                """Said once the tasks are started: rich loads then (liveview defers it
-                too). A closed stderr does not stop the run; events.jsonl has it all."""
-                with contextlib.suppress(OSError):
-                    _say(f"run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
-
-            stage[0] = "supervising"
-            result = Supervisor(p, start=backends.start, echo=echo, watch=view,
-                                standby=standby).run(started=started)
-        finally:
-            if view is not None:
-                view.close()  # the summary's table takes its place
-            console.close()
-    except SpecError as e:
-        raise _fail(f"{e}; nothing was started") from None
-    except BackendError as e:
-        raise _fail(f"{e}; nothing was started" if stage[0] != "supervising" else str(e)
-                    ) from None
+    except (SpecError, BackendError) as e:  # planning's own words; later, nothing started
+        started_some = stage[0] == "supervising" and isinstance(e, BackendError)
+        raise _fail(str(e) if stage[0] == "planning" or started_some
+                    else f"{e}; nothing was started") from None
     except OSError as e:  # e.g. the run directory's disk filled up once the run was going
+        if stage[0] == "planning":
+            raise
         where = f"{e.filename}: " if e.filename else ""
         err.print(_labeled("error:", "bold red", f"{where}{e.strerror or e}"), soft_wrap=True)
         raise typer.Exit(1) from None
-    finally:
-        backends.close()
-        if lock is not None:
-            lock.close()
     with contextlib.suppress(OSError):  # a closed terminal (SIGHUP); events.jsonl has it all
+        console = shown[0]
         if console.dropped:
             err.print(f"tfo: {console.dropped} console lines dropped (slow reader); logs are "
-                      f"complete in {p.run_dir}/logs", soft_wrap=True)
+                      f"complete in {result.run_dir}/logs", soft_wrap=True)
         if console.reader_gone:
             err.print(f"tfo: stdout was closed; console echo stopped; logs are complete in "
-                      f"{p.run_dir}/logs", soft_wrap=True)
+                      f"{result.run_dir}/logs", soft_wrap=True)
         print_summary(result)
     raise typer.Exit(result.exit_code)
 
@@ -699,20 +553,6 @@ def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt
     except RunDirError as e:
         raise _fail(str(e)) from None
     _run(Path(rd.plan_path), run_dir, verbose, logs)
-
-
-def _write_cluster_file(p: Plan, spec: dict) -> None:
-    """The cluster file a command line made, so the run can be repeated and grown into a file."""
-    from orchestrator.quick import cluster_yaml
-
-    path = Path(RunDir(p.run_dir).cluster_path)
-    try:
-        path.write_text(cluster_yaml(spec, _made_by()))
-    except OSError as e:
-        raise SpecError(f"run directory {p.run_dir}: cannot write {path}: "
-                        f"{e.strerror or e}") from None
-    shown = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
-    _say(f"cluster file {shown}; to repeat: tfo run {shlex.quote(shown)}")
 
 
 def print_summary(result: RunResult) -> None:
