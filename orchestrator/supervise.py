@@ -54,11 +54,21 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from orchestrator import wakeup
+from orchestrator import decide, wakeup
+from orchestrator.decide import (
+    JOB_TRANSITIONS,
+    START_BACKOFF_MAX,
+    TASK_TRANSITIONS,
+    EndJob,
+    IllegalTransition,
+    JobState,
+    Restart,
+    TaskState,
+    advance,
+)
 from orchestrator.launch import TORN_DOWN, Launcher, TaskHandle, describe_exit
 from orchestrator.markers import (
     BadMarker,
@@ -72,7 +82,7 @@ from orchestrator.markers import (
     read_marker,
 )
 from orchestrator.plan import Plan, TaskPlan
-from orchestrator.policy import RestartPolicy, restart_allowed
+from orchestrator.policy import restart_allowed
 from orchestrator.rundir import RunDir, coordinator_identity
 from orchestrator.stall import (
     IDLE_CPU,
@@ -89,11 +99,12 @@ from orchestrator.stall import (
     threads,
     where,
 )
-from orchestrator.strategy import RestartUnit
 from worker_entry import markers
 from worker_entry.markers import Role
 
-__all__ = ["JobState", "RunResult", "Supervisor", "TaskState", "restart_allowed", "tail"]
+__all__ = ["JOB_TRANSITIONS", "START_BACKOFF_MAX", "TASK_TRANSITIONS", "IllegalTransition",
+           "JobState", "RunResult", "Supervisor", "TaskState", "advance", "restart_allowed",
+           "tail"]
 
 POLL_SECONDS = 0.05  # handles without an exit fd
 IDLE_SECONDS = 0.25  # the longest the loop sleeps with nothing happening
@@ -121,96 +132,7 @@ TEARDOWN_GRACE_SECONDS = 3.0
 # A sidecar whose usage says this much CPU (percent of one core) is evaluating, not idle:
 # one waiting for a checkpoint (SidecarEvaluator polls once a second) uses about none.
 SIDECAR_BUSY_CPU = 10.0
-# The longest wait before starting again on a host that could not be reached.
-START_BACKOFF_MAX = 60.0
 T = TypeVar("T")
-
-
-class TaskState(str, Enum):
-    """One task across its attempts. Every transition, one a line (a test reads these):
-
-        PENDING ──start──▶ STARTING
-        PENDING ──could not start──▶ FAILED
-        STARTING ──ready marker, or its first step──▶ RUNNING
-        STARTING/RUNNING ──exit 0──▶ SUCCEEDED
-        STARTING/RUNNING ──stopped in its teardown (code over, a peer gone)──▶ SUCCEEDED
-        STARTING/RUNNING ──exit ≠ 0, signal, a server's exit──▶ FAILED
-        STARTING/RUNNING ──teardown (a stalled task's too)──▶ STOPPED
-        PENDING/FAILED/STOPPED/SUCCEEDED ──restart (attempt + 1)──▶ PENDING
-    """
-
-    PENDING = "pending"
-    STARTING = "starting"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-    @property
-    def live(self) -> bool:
-        return self in _LIVE  # a frozenset: the loop asks for every task each round
-
-
-_T = TaskState
-_LIVE = frozenset({_T.STARTING, _T.RUNNING})
-TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
-    _T.PENDING: frozenset({_T.STARTING, _T.FAILED, _T.PENDING}),
-    _T.STARTING: frozenset({_T.RUNNING, _T.SUCCEEDED, _T.FAILED, _T.STOPPED}),
-    _T.RUNNING: frozenset({_T.SUCCEEDED, _T.FAILED, _T.STOPPED}),
-    _T.SUCCEEDED: frozenset({_T.PENDING}),
-    _T.FAILED: frozenset({_T.PENDING}),
-    _T.STOPPED: frozenset({_T.PENDING}),
-}
-
-
-class JobState(str, Enum):
-    """The whole run. Every transition, one a line (a test reads these):
-
-        PENDING ──launch──▶ RUNNING
-        RUNNING/RESTARTING ──task lost or stalled, restart allowed and left──▶ RESTARTING
-        RUNNING/RESTARTING ──task preempted──▶ RESTARTING
-        RESTARTING ──relaunched after the backoff──▶ RUNNING
-        RUNNING/RESTARTING ──success policy met: wait for the sidecars──▶ FINISHING
-        FINISHING ──sidecars done, their time up, or a signal──▶ SUCCEEDED
-        RUNNING/RESTARTING ──lost/stalled, no restart left; startup timeout; deadline──▶ FAILED
-        RUNNING/RESTARTING/FINISHING ──supervisor error──▶ FAILED
-        RUNNING/RESTARTING ──SIGHUP/SIGINT/SIGTERM──▶ INTERRUPTED
-    """
-
-    PENDING = "pending"
-    RUNNING = "running"
-    RESTARTING = "restarting"
-    FINISHING = "finishing"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-
-
-_J = JobState
-JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    _J.PENDING: frozenset({_J.RUNNING}),
-    _J.RUNNING: frozenset({_J.RESTARTING, _J.FINISHING, _J.FAILED, _J.INTERRUPTED}),
-    _J.RESTARTING: frozenset({_J.RESTARTING, _J.RUNNING, _J.FINISHING, _J.FAILED,
-                              _J.INTERRUPTED}),
-    _J.FINISHING: frozenset({_J.SUCCEEDED, _J.FAILED}),
-    _J.SUCCEEDED: frozenset(),
-    _J.FAILED: frozenset(),
-    _J.INTERRUPTED: frozenset(),
-}
-TRANSITIONS: dict[type, dict[Any, frozenset[Any]]] = {TaskState: TASK_TRANSITIONS,
-                                                      JobState: JOB_TRANSITIONS}
-
-
-class IllegalTransition(Exception):
-    """A bug of ours: a state change the Enum's docstring does not draw."""
-
-
-def advance(current: TaskState | JobState, new: TaskState | JobState) -> Any:
-    """`new`, if the table next to the Enum allows current → new; raises otherwise."""
-    if new not in TRANSITIONS[type(current)][current]:
-        raise IllegalTransition(f"{type(current).__name__} {current.value} → {new.value} "
-                                "is not drawn in its docstring")
-    return new
 
 
 @dataclass
@@ -584,15 +506,13 @@ class Supervisor:
         Only while a restart may still need one."""
         for rec in self.records.values():
             if rec.state is not TaskState.RUNNING or rec.standby_asked or rec.done \
-                    or rec.role in self.rules.servers or rec.running_at is None:
+                    or decide.serving(rec.role, self.rules) or rec.running_at is None:
                 continue
             if rec.progress is None and now - rec.running_at < STANDBY_AFTER_READY_SECONDS:
                 continue
             rec.standby_asked = True
-            if self.policy.restart[rec.role] is RestartPolicy.NEVER:
-                continue
-            restarts = rec.restarts if rec.role in self.rules.sidecars else self.restarts
-            if restarts < self.policy.max_restarts:
+            if decide.standby_wanted(rec.role, self.policy, self.rules, rec.restarts,
+                                     self.restarts):
                 self._make_standby(rec)
 
     def _make_standby(self, rec: TaskRecord) -> None:
@@ -703,13 +623,13 @@ class Supervisor:
             self._pump()  # a peer's `sigterm` marker may still be on its way
             if self._preempted(rec):
                 return
-        # Servers never exit on their own: any exit of one is a loss.
-        lost = (rc != 0 and not rec.torn_down_ok) or rec.role in self.rules.servers
-        self._set(rec, TaskState.FAILED if lost else TaskState.SUCCEEDED)
+        state = decide.exit_state(rc, rec.torn_down_ok, rec.role, self.rules)
+        lost = state is TaskState.FAILED
+        self._set(rec, state)
         if self.state is JobState.FINISHING:
             return  # training is done: nothing restarts, nothing changes the outcome
         if not lost:
-            if rec.role not in self.rules.sidecars:
+            if decide.training(rec.role, self.rules):
                 self.echo("tfo", f"{rec.name} finished")
             return
         reason = getattr(rec.handle, "exit_reason", None)
@@ -720,16 +640,13 @@ class Supervisor:
     def _not_preempted(self, rec: TaskRecord, rc: int | None) -> str:
         """Why an exit 42 (EXIT_PREEMPTED) was not taken as a preemption, if it was not."""
         unit = self._restart_unit(rec)
-        if rc != markers.EXIT_PREEMPTED or any(r.sigterm for r in unit):
-            return ""
-        return (f" (by itself: {markers.EXIT_PREEMPTED} is a preemption only after a SIGTERM, "
-                f"and none reached {', '.join(r.name for r in unit)})")
+        return decide.not_preempted_note(rc, [r.name for r in unit], any(r.sigterm for r in unit))
 
     def _check_teardowns(self, now: float) -> None:
         """Stop a task left waiting in its teardown for a peer that is gone (module doc)."""
         for rec in self.records.values():
             if not rec.state.live or rec.exiting_at is None or rec.torn_down \
-                    or rec.handle is None or rec.role in self.rules.servers:
+                    or rec.handle is None or decide.serving(rec.role, self.rules):
                 continue
             since = self._teardown_since(rec)
             if since is not None and now - since >= TEARDOWN_GRACE_SECONDS:
@@ -746,22 +663,16 @@ class Supervisor:
         A peer that exits while the others wait (its own teardown ended first) does not
         restart the wait: they have waited for each other since the last `exiting`."""
         assert rec.exiting_at is not None
-        peers = [r for r in self._restart_unit(rec) if r is not rec]
-        gone = [(r.exiting_at, r.ended_at) for r in peers
-                if r.finished and r.ended_at is not None]
-        over = [said if said is not None else ended for said, ended in gone]
-        over += [r.exiting_at for r in peers if r.state.live and r.exiting_at is not None]
-        since = [min(ended for _, ended in gone)] if gone else []
-        if peers and len(over) == len(peers):
-            since.append(max(over))
-        return max(rec.exiting_at, min(since)) if since else None
+        return decide.teardown_since(rec.exiting_at, [
+            (r.finished, r.state.live, r.exiting_at, r.ended_at)
+            for r in self._restart_unit(rec) if r is not rec])
 
     def _preempted(self, rec: TaskRecord) -> bool:
         """`rec` exited EXIT_PREEMPTED: if a SIGTERM reached it or its restart unit this
         attempt, restart the unit without counting it (unless the restart policy is never)."""
         unit = self._restart_unit(rec)
         termed = [r.name for r in unit if r.sigterm]
-        if not termed or self.policy.restart[rec.role] is RestartPolicy.NEVER:
+        if not decide.preempted(rec.role, markers.EXIT_PREEMPTED, self.policy, bool(termed)):
             return False
         self._set(rec, TaskState.FAILED)
         why = (f"{rec.name} preempted (exit code {markers.EXIT_PREEMPTED} after SIGTERM to "
@@ -773,37 +684,24 @@ class Supervisor:
         return True
 
     def _task_lost(self, rec: TaskRecord, rc: int | None, why: str) -> None:
-        policy, limit = self.policy.restart[rec.role], self.policy.max_restarts
-        sidecar = rec.role in self.rules.sidecars
-        if rc == markers.EXIT_PERMANENT:
-            why = (f"{rec.name}: {self.plan.job} cannot be found "
-                   f"(exit code {rc}: permanent, not restarted)")
-            if not sidecar:
-                return self._end(JobState.FAILED, why, rec.name)
-        if sidecar:
-            # Restarts alone, and fails the job only when the policy says so.
-            if restart_allowed(policy, rc) and rec.restarts < limit:
-                self._schedule_restart([rec], why)
-            elif self.policy.evaluator_required:
-                self._end(JobState.FAILED, why, rec.name)
-            else:
-                self.echo("tfo", f"{why}; the evaluator is a sidecar, the job goes on")
-            return None
-        if not restart_allowed(policy, rc):
-            return self._end(JobState.FAILED, f"{why} (restart policy {policy.value})", rec.name)
-        if self.restarts >= limit:
-            return self._end(JobState.FAILED, f"{why}; no restarts left (max_restarts {limit})",
-                             rec.name)
-        self.restarts += 1
-        self._schedule_restart(self._restart_unit(rec), why)
-        return None
+        """Carries out what decide.on_loss says: end the job, restart, or say so."""
+        action = decide.on_loss(rec.name, rec.role, rc, why, self.plan.job, self.policy,
+                                self.rules, rec.restarts, self.restarts)
+        if isinstance(action, EndJob):
+            self._end(JobState.FAILED, action.reason, action.task)
+        elif isinstance(action, Restart):
+            self.restarts += action.counted
+            self._schedule_restart([rec] if action.alone else self._restart_unit(rec),
+                                   action.reason)
+        else:
+            self.echo("tfo", action.text)
 
     def _restart_unit(self, rec: TaskRecord) -> list[TaskRecord]:
         """What goes down with a lost task (the strategy's rules): the task alone, or every
         training task (MWMS collectives need every worker)."""
-        if self.rules.restart_unit[rec.role] is RestartUnit.ALONE:
+        if decide.restarts_alone(rec.role, self.rules):
             return [rec]
-        return [r for r in self.records.values() if r.role not in self.rules.sidecars]
+        return [r for r in self.records.values() if decide.training(r.role, self.rules)]
 
     def _schedule_restart(self, unit: list[TaskRecord], why: str, counted: bool = True) -> None:
         """Tear `unit` down and start it again after the backoff. Not `counted`: a
@@ -813,9 +711,7 @@ class Supervisor:
         self._set(None, JobState.RESTARTING)
         # A host that could not be reached is given longer each time: 1, 2, 4 ... 60 s.
         failures = max(r.start_failures for r in unit)
-        backoff = self.policy.backoff_seconds
-        if failures:
-            backoff = min(max(backoff, 1.0) * 2 ** (failures - 1), START_BACKOFF_MAX)
+        backoff = decide.start_backoff(self.policy.backoff_seconds, failures)
         self.echo("tfo", f"{why}; restarting {', '.join(r.name for r in unit)}"
                   + (f" in {backoff:g} s" if failures else ""))
         self._teardown([r for r in unit if r.state.live], "restart")
@@ -830,7 +726,7 @@ class Supervisor:
     def _watched(self, rec: TaskRecord) -> Watched:
         return Watched(rec.name, rec.pace, rec.busy_at, rec.stopped_since, rec.usage_at,
                        rec.usage.cpu if rec.usage else None, up=rec.state is TaskState.RUNNING,
-                       server=rec.role in self.rules.servers)
+                       server=decide.serving(rec.role, self.rules))
 
     def _check_startup(self, now: float) -> None:
         """A task not up by the startup limit fails the attempt, unless it is working
@@ -856,7 +752,7 @@ class Supervisor:
             return
         watched = [self._watched(r) for r in self.records.values()
                    if r.state.live and r.handle is not None and not r.done
-                   and r.role not in self.rules.sidecars]
+                   and decide.training(r.role, self.rules)]
         stalls = find_stalls(watched, now, rule)
         if not stalls:
             return
@@ -914,7 +810,7 @@ class Supervisor:
         recs = list(self.records.values())
         if not all(r.finished for r in recs if r.role in self.rules.done_when):
             return
-        servers = [r for r in recs if r.role in self.rules.servers and r.state.live]
+        servers = [r for r in recs if decide.serving(r.role, self.rules) and r.state.live]
         self._teardown(servers, "the chief finished")  # servers never exit on their own
         self._set(None, JobState.FINISHING)
         self._finishing_at = time.monotonic()
@@ -931,7 +827,7 @@ class Supervisor:
         self._check_finished()
 
     def _sidecars_running(self) -> list[TaskRecord]:
-        return [r for r in self.records.values() if r.role in self.rules.sidecars
+        return [r for r in self.records.values() if not decide.training(r.role, self.rules)
                 and r.state.live]
 
     def _check_finished(self) -> None:
@@ -939,17 +835,17 @@ class Supervisor:
         until they exit, `evaluator_seconds` passed, or (`evaluator_idle_seconds`) each has
         printed nothing and used no CPU that long since training finished (a SidecarEvaluator
         never exits: it evaluated the last checkpoint and waits for the next)."""
-        waiting, now = self._sidecars_running(), time.monotonic()
-        idle = self.policy.evaluator_idle_seconds
-        if not waiting:
+        waiting, idle = self._sidecars_running(), self.policy.evaluator_idle_seconds
+        verdict = decide.finishing(time.monotonic(), self._finish_by, self._finishing_at, idle,
+                                   [max(r.said_at, r.cpu_busy_at) for r in waiting])
+        if verdict == "done":
             return self._end(JobState.SUCCEEDED, "all training tasks finished")
         names = ", ".join(r.name for r in waiting)
-        if now >= self._finish_by:
+        if verdict == "time":
             self.echo("tfo", f"{names} still running {self.policy.evaluator_seconds:g} s after "
                       "training finished (timeouts.evaluator_seconds): stopping it")
             return self._end(JobState.SUCCEEDED, "all training tasks finished")
-        if idle is not None and all(
-                now - max(self._finishing_at, r.said_at, r.cpu_busy_at) >= idle for r in waiting):
+        if verdict == "idle":
             self.events.write("job_evaluators_idle", waiting=[r.name for r in waiting],
                               idle_seconds=idle)
             self.echo("tfo", f"{names} idle {idle:g} s after training finished, the last "
