@@ -136,6 +136,42 @@ T = TypeVar("T")
 
 
 @dataclass
+class Work:
+    """How one attempt works, as its markers tell: the stall rules and the live view."""
+
+    pace: Pace  # how its steps moved
+    busy_at: float  # monotonic time of its last sign of work: a line, or CPU in use
+    progress: Progress | None = None  # its last progress marker
+    steps_per_second: float | None = None  # between the last two progress markers
+    usage: Usage | None = None  # the wrapper's last measure of the task's processes
+    usage_at: float | None = None  # monotonic time of `usage`
+    stopped_since: float | None = None  # since when its usage says stopped (state T)
+
+
+@dataclass
+class Attempt:
+    """What belongs to one attempt of a task: made fresh when it starts, so nothing of the
+    attempt before is carried over, and nothing is reset by hand."""
+
+    started_at: float  # monotonic time
+    work: Work = field(init=False)
+    last_marker: str = ""
+    returncode: int | None = None
+    exit_reason: str = ""  # how it ended, where its code says less (its handle's)
+    running_at: float | None = None  # monotonic time of its ready marker
+    sigterm: bool = False  # its wrapper got SIGTERM (preemption)
+    done: bool = False  # its entry or script returned: exiting (TF may take its time)
+    exiting_at: float | None = None  # monotonic time of its `exiting` marker
+    exiting_code: int | None = None  # the exit status that marker said its code ended with
+    ended_at: float | None = None  # monotonic time its exit was collected
+    torn_down: bool = False  # stopped by us in its teardown (its exit: its exiting_code)
+    standby_asked: bool = False  # a warm spare for its next attempt was asked for
+
+    def __post_init__(self) -> None:
+        self.work = Work(Pace(self.started_at), self.started_at)
+
+
+@dataclass
 class TaskRecord:
     """The supervisor's view of one task across attempts."""
 
@@ -145,31 +181,13 @@ class TaskRecord:
     attempt: int = -1
     restarts: int = 0
     start_after: float = 0.0  # monotonic time; the restart backoff
-    started_at: float = 0.0
-    last_marker: str = ""
-    returncode: int | None = None
     log: IO[str] | None = None
-    progress: Progress | None = None  # the attempt's last progress marker
-    pace: Pace = field(default_factory=lambda: Pace(0.0))  # how its steps moved (stalls)
-    busy_at: float = 0.0  # monotonic time of its last sign of work: a line, or CPU in use
-    steps_per_second: float | None = None  # between the last two progress markers
     last_line: str = ""  # the last ordinary line the task printed (the live view)
-    usage: Usage | None = None  # the wrapper's last measure of the task's processes
-    usage_at: float | None = None  # monotonic time of `usage`
-    stopped_since: float | None = None  # since when its usage says stopped (state T)
-    sigterm: bool = False  # its wrapper got SIGTERM this attempt (preemption)
-    done: bool = False  # its entry or script returned: exiting (TF may take its time)
     stack_lines: list[str] | None = None  # its output while its stacks are asked for
-    running_at: float | None = None  # monotonic time of its ready marker, this attempt
-    exiting_at: float | None = None  # monotonic time of its `exiting` marker, this attempt
-    exiting_code: int | None = None  # the exit status that marker said its code ended with
-    ended_at: float | None = None  # monotonic time its exit was collected, this attempt
-    torn_down: bool = False  # stopped by us in its teardown (its exit: its exiting_code)
-    standby_asked: bool = False  # a warm spare for its next attempt was asked for
     said_at: float = 0.0  # monotonic time of its last ordinary line (a sidecar's idleness)
     cpu_busy_at: float = 0.0  # monotonic time its usage last said SIDECAR_BUSY_CPU or more
     start_failures: int = 0  # its starts that failed in a row (an unreachable host)
-    exit_reason: str = ""  # how its attempt ended, where its code says less (its handle's)
+    current: Attempt = field(default_factory=lambda: Attempt(0.0))  # the last started
 
     @property
     def name(self) -> str:
@@ -185,7 +203,7 @@ class TaskRecord:
     def torn_down_ok(self) -> bool:
         """Stopped in its teardown and its code ended well (0, or it did not say): a success,
         `teardown: true` in task_exited. With another code, that code is its exit."""
-        return self.torn_down and not self.exiting_code
+        return self.current.torn_down and not self.current.exiting_code
 
     @property
     def role(self) -> Role:
@@ -345,8 +363,9 @@ class Supervisor:
             state=end.state, exit_code=code, reason=end.reason, run_dir=self.plan.run_dir,
             restarts=self.restarts, failed_task=end.failed_task, evaluation=self.evaluation,
             stalls=self.stalls, preemptions=self.preemptions,
-            tasks=[TaskOutcome(r.name, r.state, r.returncode, r.restarts, r.task.log_path,
-                               r.task.host, r.progress, r.torn_down_ok, r.exit_reason)
+            tasks=[TaskOutcome(r.name, r.state, r.current.returncode, r.restarts, r.task.log_path,
+                               r.task.host, r.current.work.progress, r.torn_down_ok,
+                               r.current.exit_reason)
                    for r in self.records.values()],
         )
 
@@ -488,13 +507,7 @@ class Supervisor:
             return
         rec.start_failures = 0
         self._set(rec, TaskState.STARTING)
-        rec.started_at, rec.last_marker, rec.returncode = time.monotonic(), "", None
-        rec.progress, rec.steps_per_second = None, None
-        rec.pace, rec.busy_at = Pace(rec.started_at), rec.started_at
-        rec.usage, rec.usage_at, rec.stopped_since, rec.sigterm = None, None, None, False
-        rec.done, rec.running_at, rec.standby_asked = False, None, False
-        rec.exiting_at, rec.ended_at, rec.torn_down = None, None, False
-        rec.exiting_code, rec.exit_reason = None, ""
+        rec.current = Attempt(time.monotonic())  # fresh: nothing of the last one carries over
         self.events.write("task_started", rec.name, pid=rec.handle.pid, attempt=rec.attempt,
                           host=rec.task.host, port=rec.task.port,
                           warm=getattr(rec.handle, "warm", False))
@@ -505,12 +518,13 @@ class Supervisor:
         STANDBY_AFTER_READY_SECONDS after its ready marker for a task that reports none.
         Only while a restart may still need one."""
         for rec in self.records.values():
-            if rec.state is not TaskState.RUNNING or rec.standby_asked or rec.done \
-                    or decide.serving(rec.role, self.rules) or rec.running_at is None:
+            if rec.state is not TaskState.RUNNING or rec.current.standby_asked or rec.current.done \
+                    or decide.serving(rec.role, self.rules) or rec.current.running_at is None:
                 continue
-            if rec.progress is None and now - rec.running_at < STANDBY_AFTER_READY_SECONDS:
+            if rec.current.work.progress is None \
+                    and now - rec.current.running_at < STANDBY_AFTER_READY_SECONDS:
                 continue
-            rec.standby_asked = True
+            rec.current.standby_asked = True
             if decide.standby_wanted(rec.role, self.policy, self.rules, rec.restarts,
                                      self.restarts):
                 self._make_standby(rec)
@@ -545,7 +559,7 @@ class Supervisor:
                 self.events.write("task_bad_marker", rec.name, **own, error=str(e))
                 marker = None
             if not isinstance(marker, Usage):
-                rec.busy_at = time.monotonic()  # a line: a sign of work (stalls, startup)
+                rec.current.work.busy_at = time.monotonic()  # a sign of work (stalls, startup)
             if marker is None:
                 rec.last_line, rec.said_at = line, time.monotonic()
                 if rec.stack_lines is not None:
@@ -555,17 +569,17 @@ class Supervisor:
             if isinstance(marker, Usage):  # every few seconds per task: state, not an event
                 self._measured(rec, marker)
                 continue
-            rec.last_marker = marker.event
+            rec.current.last_marker = marker.event
             if isinstance(marker, SigTerm):
-                rec.sigterm = True
-            rec.done = rec.done or marker.event == markers.DONE
+                rec.current.sigterm = True
+            rec.current.done = rec.current.done or marker.event == markers.DONE
             if isinstance(marker, Exiting):
-                rec.exiting_at, rec.exiting_code = time.monotonic(), marker.code
+                rec.current.exiting_at, rec.current.exiting_code = time.monotonic(), marker.code
             if isinstance(marker, Progress):
                 self._progressed(rec, marker)
             if marker.event == markers.READY and rec.state is TaskState.STARTING:
                 self._set(rec, TaskState.RUNNING)
-                rec.running_at = time.monotonic()
+                rec.current.running_at = time.monotonic()
             elif isinstance(marker, Evaluated):
                 self.evaluation = {"epoch": marker.epoch, "metrics": marker.metrics}
             self.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})
@@ -573,44 +587,46 @@ class Supervisor:
                 # It trains, so it is up: a one-process script (MirroredStrategy, the
                 # default strategy) opens no port for its wrapper to see.
                 self._set(rec, TaskState.RUNNING)
-                rec.running_at = time.monotonic()
+                rec.current.running_at = time.monotonic()
                 self.events.write("task_ready", rec.name, **own, what="training", by="step")
 
     def _measured(self, rec: TaskRecord, marker: Usage) -> None:
-        rec.usage, rec.usage_at = marker, time.monotonic()
+        work = rec.current.work
+        work.usage, work.usage_at = marker, time.monotonic()
         if marker.cpu >= IDLE_CPU:
-            rec.busy_at = rec.usage_at
+            work.busy_at = work.usage_at
         if marker.cpu >= SIDECAR_BUSY_CPU:
-            rec.cpu_busy_at = rec.usage_at
+            rec.cpu_busy_at = work.usage_at
         if not marker.stopped:
-            rec.stopped_since = None
-        elif rec.stopped_since is None:
-            rec.stopped_since = rec.usage_at
+            work.stopped_since = None
+        elif work.stopped_since is None:
+            work.stopped_since = work.usage_at
 
     def _progressed(self, rec: TaskRecord, marker: Progress) -> None:
-        now, before, moved_at = time.monotonic(), rec.progress, rec.pace.moved_at
+        work = rec.current.work
+        now, before, moved_at = time.monotonic(), work.progress, work.pace.moved_at
         if before is not None and marker.step > before.step and moved_at is not None \
                 and now > moved_at:
-            rec.steps_per_second = (marker.step - before.step) / (now - moved_at)
-        rec.pace = paced(rec.pace, now, marker.step, marker.epoch, marker.step_in_epoch,
-                         marker.steps, marker.epochs)
-        rec.progress = marker
+            work.steps_per_second = (marker.step - before.step) / (now - moved_at)
+        work.pace = paced(work.pace, now, marker.step, marker.epoch, marker.step_in_epoch,
+                          marker.steps, marker.epochs)
+        work.progress = marker
 
     # ---- exits and restarts -----------------------------------------------------------
     def _collect(self, rec: TaskRecord, rc: int | None) -> None:
         assert rec.handle is not None
         self._consume(rec, rec.handle.close())  # the handle also removes the task's temp dir
-        rec.returncode = rc
-        rec.exit_reason = getattr(rec.handle, "exit_reason", None) or ""
+        rec.current.returncode = rc
+        rec.current.exit_reason = getattr(rec.handle, "exit_reason", None) or ""
 
     def _on_exit(self, rec: TaskRecord, rc: int) -> None:
         """Every task's exit, the sidecars' too, and while finishing."""
         if rec.torn_down_ok:
             how = TORN_DOWN
-        elif rec.torn_down:
+        elif rec.current.torn_down:
             # Stopped in its teardown, but its code had ended with an exit status of its own
             # (42: preempted, saved; 1: an error): that is how it exited, not a success.
-            rc = rec.exiting_code or rc
+            rc = rec.current.exiting_code or rc
             how = f"{describe_exit(rc)} ({TORN_DOWN})"
         else:
             how = _how(rec.handle, rc)
@@ -618,7 +634,7 @@ class Supervisor:
                           returncode=rc, attempt=rec.attempt, how=how,
                           **({"teardown": True} if rec.torn_down_ok else {}))
         self._collect(rec, rc)
-        rec.ended_at = time.monotonic()
+        rec.current.ended_at = time.monotonic()
         if rc == markers.EXIT_PREEMPTED and self.state is not JobState.FINISHING:
             self._pump()  # a peer's `sigterm` marker may still be on its way
             if self._preempted(rec):
@@ -640,17 +656,18 @@ class Supervisor:
     def _not_preempted(self, rec: TaskRecord, rc: int | None) -> str:
         """Why an exit 42 (EXIT_PREEMPTED) was not taken as a preemption, if it was not."""
         unit = self._restart_unit(rec)
-        return decide.not_preempted_note(rc, [r.name for r in unit], any(r.sigterm for r in unit))
+        return decide.not_preempted_note(rc, [r.name for r in unit],
+                                         any(r.current.sigterm for r in unit))
 
     def _check_teardowns(self, now: float) -> None:
         """Stop a task left waiting in its teardown for a peer that is gone (module doc)."""
         for rec in self.records.values():
-            if not rec.state.live or rec.exiting_at is None or rec.torn_down \
+            if not rec.state.live or rec.current.exiting_at is None or rec.current.torn_down \
                     or rec.handle is None or decide.serving(rec.role, self.rules):
                 continue
             since = self._teardown_since(rec)
             if since is not None and now - since >= TEARDOWN_GRACE_SECONDS:
-                rec.torn_down = True
+                rec.current.torn_down = True
                 self.events.write("task_teardown_stopped", rec.name, pid=rec.handle.pid,
                                   attempt=rec.attempt, waited=round(now - since, 2))
                 rec.handle.kill()  # its code and atexit handlers are done: nothing to lose
@@ -662,16 +679,16 @@ class Supervisor:
 
         A peer that exits while the others wait (its own teardown ended first) does not
         restart the wait: they have waited for each other since the last `exiting`."""
-        assert rec.exiting_at is not None
-        return decide.teardown_since(rec.exiting_at, [
-            (r.finished, r.state.live, r.exiting_at, r.ended_at)
+        assert rec.current.exiting_at is not None
+        return decide.teardown_since(rec.current.exiting_at, [
+            (r.finished, r.state.live, r.current.exiting_at, r.current.ended_at)
             for r in self._restart_unit(rec) if r is not rec])
 
     def _preempted(self, rec: TaskRecord) -> bool:
         """`rec` exited EXIT_PREEMPTED: if a SIGTERM reached it or its restart unit this
         attempt, restart the unit without counting it (unless the restart policy is never)."""
         unit = self._restart_unit(rec)
-        termed = [r.name for r in unit if r.sigterm]
+        termed = [r.name for r in unit if r.current.sigterm]
         if not decide.preempted(rec.role, markers.EXIT_PREEMPTED, self.policy, bool(termed)):
             return False
         self._set(rec, TaskState.FAILED)
@@ -724,8 +741,9 @@ class Supervisor:
                               restarts=r.restarts, reason=why, backoff=backoff, counted=counted)
 
     def _watched(self, rec: TaskRecord) -> Watched:
-        return Watched(rec.name, rec.pace, rec.busy_at, rec.stopped_since, rec.usage_at,
-                       rec.usage.cpu if rec.usage else None, up=rec.state is TaskState.RUNNING,
+        work = rec.current.work
+        return Watched(rec.name, work.pace, work.busy_at, work.stopped_since, work.usage_at,
+                       work.usage.cpu if work.usage else None, up=rec.state is TaskState.RUNNING,
                        server=decide.serving(rec.role, self.rules))
 
     def _check_startup(self, now: float) -> None:
@@ -736,12 +754,12 @@ class Supervisor:
         if not startup_over([self._watched(r) for r in starting], now, limit):
             return
         # Every task not up yet is named: one that hangs keeps its peers waiting too.
-        names = ", ".join(f"{r.name} (last: {r.last_marker or 'no output from tfo yet'})"
+        names = ", ".join(f"{r.name} (last: {r.current.last_marker or 'no output from tfo yet'})"
                           for r in starting)
         why = f"startup timeout ({limit:g} s): never came up: {names}"
         for r in starting:
             self.events.write("task_startup_timeout", r.name, attempt=r.attempt,
-                              pid=r.handle.pid if r.handle else None, last=r.last_marker)
+                              pid=r.handle.pid if r.handle else None, last=r.current.last_marker)
         self._task_lost(starting[0], None, why)
 
     def _check_stalls(self, now: float) -> None:
@@ -751,7 +769,7 @@ class Supervisor:
         if rule is None:
             return
         watched = [self._watched(r) for r in self.records.values()
-                   if r.state.live and r.handle is not None and not r.done
+                   if r.state.live and r.handle is not None and not r.current.done
                    and decide.training(r.role, self.rules)]
         stalls = find_stalls(watched, now, rule)
         if not stalls:
@@ -860,7 +878,7 @@ class Supervisor:
         if not live:
             return
         # A task whose code ended 42 before this SIGTERM: why that was no preemption.
-        notes = {r.name: self._not_preempted(r, r.exiting_code) for r in live}
+        notes = {r.name: self._not_preempted(r, r.current.exiting_code) for r in live}
         for r in live:
             self.events.write("task_stopping", r.name, pid=r.handle.pid, reason=why)
             r.handle.terminate()
@@ -881,15 +899,15 @@ class Supervisor:
                 _wait_exit(r.handle, 5.0)
             self._collect(r, r.handle.poll())
             self._set(r, TaskState.STOPPED)
-            how = _how(r.handle, r.returncode)
-            if r.exiting_code is not None and r.returncode is not None:
+            how = _how(r.handle, r.current.returncode)
+            if r.current.exiting_code is not None and r.current.returncode is not None:
                 # Its code had ended with a status of its own (the `exiting` marker) and it
                 # waited in its teardown: that status is how it ended, as in _on_exit.
-                how = (f"{describe_exit(r.exiting_code)}{notes[r.name]}, then stopped in its "
-                       f"teardown ({how})")
-                r.returncode = r.exiting_code
+                how = (f"{describe_exit(r.current.exiting_code)}{notes[r.name]}, then stopped "
+                       f"in its teardown ({how})")
+                r.current.returncode = r.current.exiting_code
             self.events.write("task_stopped", r.name, pid=r.handle.pid,
-                              returncode=r.returncode, how=how)
+                              returncode=r.current.returncode, how=how)
 
 
 def _how(handle: TaskHandle | None, rc: int | None) -> str:
