@@ -128,7 +128,9 @@ def rows_from_events(events: Iterable[dict[str, Any]]) -> list[Row]:
             t["exit"], t["torn_down"] = rc, e.get("teardown") is True
             how = e.get("how")
             t["exit_reason"] = how if isinstance(how, str) and how.startswith("lost") else ""
-            t["state"] = "stopped" if kind == "task_stopped" else \
+            decided = e.get("state")  # the supervisor's (a run before it wrote it: none)
+            t["state"] = "stopped" if kind == "task_stopped" else decided \
+                if decided in ("succeeded", "failed") else \
                 "succeeded" if rc == 0 or t["torn_down"] else "failed"
         elif kind == "task_start_failed":
             t["state"] = "failed"

@@ -630,8 +630,11 @@ class Supervisor:
             how = f"{describe_exit(rc)} ({TORN_DOWN})"
         else:
             how = _how(rec.handle, rc)
+        # The state decided, recorded: readers (tfo status) never work it out again. A
+        # preemption (exit 42) is FAILED too, and restarts.
+        state = decide.exit_state(rc, rec.torn_down_ok, rec.role, self.rules)
         self.events.write("task_exited", rec.name, pid=rec.handle.pid if rec.handle else None,
-                          returncode=rc, attempt=rec.attempt, how=how,
+                          returncode=rc, attempt=rec.attempt, how=how, state=state.value,
                           **({"teardown": True} if rec.torn_down_ok else {}))
         self._collect(rec, rc)
         rec.current.ended_at = time.monotonic()
@@ -639,7 +642,6 @@ class Supervisor:
             self._pump()  # a peer's `sigterm` marker may still be on its way
             if self._preempted(rec):
                 return
-        state = decide.exit_state(rc, rec.torn_down_ok, rec.role, self.rules)
         lost = state is TaskState.FAILED
         self._set(rec, state)
         if self.state is JobState.FINISHING:

@@ -207,6 +207,22 @@ def test_ps_worker_restarts_alone_and_chief_decides(tmp_path):
 
 
 @pytest.mark.timeout(20)
+def test_a_server_that_exits_0_is_failed_in_the_events_and_in_tfo_status(tmp_path):
+    """A server never exits on its own: exit 0 is a loss. events.jsonl says the state the
+    supervisor decided, and `tfo status` (rows_from_events) reads it, not exit 0's success."""
+    from orchestrator.liveview import rows_from_events
+
+    scripts = {"chief:0": Script([(None, 0, True)]), "worker:1": Script([(0, 0.1, True)]),
+               "worker:0": Script([(None, 0, True)]), "ps:0": Script([(None, 0, True)])}
+    result, _, events = supervise(tmp_path, spec("parameter_server", **PS), scripts)
+    # on-failure restarts no exit 0: the loss ends the job.
+    assert (result.state, result.failed_task) == (JobState.FAILED, "worker:1")
+    exited = [e for e in events if e["event"] == "task_exited" and e["task"] == "worker:1"]
+    assert [(e["returncode"], e["state"]) for e in exited] == [(0, "failed")]
+    assert {r.task: r.state for r in rows_from_events(events)}["worker:1"] == "failed"
+
+
+@pytest.mark.timeout(20)
 def test_ps_loss_restarts_the_job_and_chief_waits_for_servers(tmp_path):
     scripts = {"chief:0": Script([(None, 0, True), (0, 0.2, True)]),
                "ps:0": Script([(-9, 0.2, True), (None, 0, True)]),
