@@ -10,7 +10,11 @@ One rule, one place:
 - the restart budget (`restarts_left`: a sidecar's own restarts, a training task's the job's,
   against max_restarts), which the loss (`on_loss`), the warm spares (`standby_wanted`,
   and launch/spares.spares_wanted) and a preemption (`preempted`) all ask;
-- the backoff after failed starts (`start_backoff`).
+- the backoff after failed starts (`start_backoff`);
+- what the policy's limits and the strategy's rules say: who waits for the servers
+  (`waits_for`), the startup limit (`startup_failed`), the stall rule, the deadline, when
+  training is done, and the end of FINISHING (`finishing`, its words and event fields). The
+  loop reads no policy or rule itself (tests/test_decide.py checks supervise.py's source).
 
 This module imports nothing of time, signal, orchestrator.launch or the run directory (and
 nothing that does): tests/test_decide.py checks it, and decides with no process and no clock.
@@ -23,6 +27,7 @@ from enum import Enum
 from typing import Any
 
 from orchestrator.policy import Policy, RestartPolicy, restart_allowed
+from orchestrator.stall import StallRule, Watched, startup_over
 from orchestrator.strategy import RestartUnit, StrategyRules
 from worker_entry.markers import EXIT_PERMANENT, EXIT_PREEMPTED, Role
 
@@ -253,19 +258,95 @@ def teardown_since(exiting_at: float, peers: list[tuple[bool, bool, float | None
     return max(exiting_at, min(since)) if since else None
 
 
-def finishing(now: float, finish_by: float, finished_at: float, idle: float | None,
-              quiet_since: list[float]) -> str:
+def finishing(now: float, finished_at: float, policy: Policy, quiet_since: list[float]) -> str:
     """FINISHING: what the sidecars still running (each quiet since the later of its last
-    line and its last busy usage, in `quiet_since`) leave to do: "done" (none runs),
-    "time" (`finish_by` passed), "idle" (each idle `idle` s since training finished at
-    `finished_at`), or "wait"."""
+    line and its last busy usage, in `quiet_since`) leave to do: "done" (none runs), "time"
+    (`evaluator_seconds` since training finished at `finished_at`), "idle" (each idle
+    `evaluator_idle_seconds` since then), or "wait"."""
+    idle = policy.evaluator_idle_seconds
     if not quiet_since:
         return "done"
-    if now >= finish_by:
+    if now >= finished_at + policy.evaluator_seconds:
         return "time"
     if idle is not None and all(now - max(finished_at, q) >= idle for q in quiet_since):
         return "idle"
     return "wait"
+
+
+def finishing_words(verdict: str, policy: Policy, names: str) -> str:
+    """What the loop says when training finished with sidecars running ("wait"), and when it
+    stops them ("time", "idle")."""
+    limit, idle = policy.evaluator_seconds, policy.evaluator_idle_seconds
+    if verdict == "time":
+        return (f"{names} still running {limit:g} s after training finished "
+                "(timeouts.evaluator_seconds): stopping it")
+    if verdict == "idle":
+        return (f"{names} idle {idle:g} s after training finished, the last checkpoint "
+                "evaluated: stopping it (timeouts.evaluator_idle_seconds)")
+    return (f"training finished; waiting up to {limit:g} s (timeouts.evaluator_seconds) for "
+            f"{names} to evaluate the last checkpoint"
+            + (f", or until it has been idle {idle:g} s" if idle else ""))
+
+
+def finishing_fields(verdict: str, policy: Policy) -> dict[str, float | None]:
+    """The limits the loop's event says: job_finishing's ("wait"), job_evaluators_idle's."""
+    if verdict == "idle":
+        return {"idle_seconds": policy.evaluator_idle_seconds}
+    return {"evaluator_seconds": policy.evaluator_seconds,
+            "evaluator_idle_seconds": policy.evaluator_idle_seconds}
+
+
+def training_done(rules: StrategyRules, tasks: list[tuple[Role, bool]]) -> bool:
+    """The job's training is done: every task (role, finished) of the roles the strategy
+    names (`done_when`) finished."""
+    return all(finished for role, finished in tasks if role in rules.done_when)
+
+
+def waits_for(role: Role, rules: StrategyRules) -> tuple[Role, ...]:
+    """The roles every task of which must be up before a task of `role` starts: those that
+    serve first (PS: ps and workers), for any other role."""
+    first = rules.serve_first
+    return () if not first or role in first else first
+
+
+def deadline_passed(policy: Policy, elapsed: float) -> str | None:
+    """Why the job ends at its deadline, once `elapsed` s of the run are past it."""
+    deadline = policy.deadline_seconds
+    if deadline is not None and elapsed > deadline:
+        return f"deadline of {deadline:g} s reached; job stopped"
+    return None
+
+
+def restart_backoff(policy: Policy, failures: int) -> float:
+    return start_backoff(policy.backoff_seconds, failures)
+
+
+def startup_failed(policy: Policy, starting: list[tuple[str, str, Watched]], now: float
+                   ) -> str | None:
+    """Why the tasks still starting (name, last marker, as the stall rules see it) fail
+    their attempt: one not up by `startup_seconds` and idle (stall.startup_over). Every
+    one not up is named: one that hangs keeps its peers waiting too."""
+    limit = policy.startup_seconds
+    if not startup_over([w for _, _, w in starting], now, limit):
+        return None
+    names = ", ".join(f"{name} (last: {last or 'no output from tfo yet'})"
+                      for name, last, _ in starting)
+    return f"startup timeout ({limit:g} s): never came up: {names}"
+
+
+def stall_rule(policy: Policy) -> StallRule | None:
+    """The hang rule `stall_seconds` sets: a fixed limit, `auto`'s, or none."""
+    seconds = policy.stall_seconds
+    if seconds is None:
+        return None
+    if seconds == "auto":
+        return StallRule(floor=policy.stall_min_seconds)
+    return StallRule(seconds=float(seconds))
+
+
+def grace(policy: Policy) -> float:
+    """From a task's SIGTERM to its SIGKILL."""
+    return policy.grace_seconds
 
 
 __all__ = ["EndJob", "JobState", "Restart", "Say", "TaskState", "advance", "exit_state",

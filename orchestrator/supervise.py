@@ -89,12 +89,10 @@ from orchestrator.stall import (
     Frame,
     Pace,
     Stall,
-    StallRule,
     Watched,
     blame_order,
     find_stalls,
     paced,
-    startup_over,
     stuck_thread,
     threads,
     where,
@@ -287,7 +285,6 @@ class Supervisor:
         self.stalls: list[Stall] = []
         self.evaluation: dict[str, Any] | None = None
         self._ending: _Ending | None = None
-        self._finish_by = 0.0  # FINISHING: how long the sidecars are waited for
         self._finishing_at = 0.0  # monotonic time training finished (FINISHING began)
         self._signal: signal.Signals | None = None
         self._signal_count = 0
@@ -381,9 +378,8 @@ class Supervisor:
             self._poll_exits()
             return self._check_finished()
         now = time.monotonic()
-        deadline = self.policy.deadline_seconds
-        if deadline is not None and now - self._t0 > deadline:
-            return self._end(JobState.FAILED, f"deadline of {deadline:g} s reached; job stopped")
+        if (why := decide.deadline_passed(self.policy, now - self._t0)) is not None:
+            return self._end(JobState.FAILED, why)
         self._start_due(now)
         self._poll_exits()
         if self._ending is None:
@@ -469,11 +465,9 @@ class Supervisor:
     # ---- starting ---------------------------------------------------------------------
     def _prerequisites_ready(self, rec: TaskRecord) -> bool:
         """The roles that serve first (PS: ps and workers) are up before the others start."""
-        first = self.rules.serve_first
-        if not first or rec.role in first:
-            return True
-        return all(r.state is TaskState.RUNNING for r in self.records.values()
-                   if r.role in first)
+        first = decide.waits_for(rec.role, self.rules)
+        return not first or all(r.state is TaskState.RUNNING for r in self.records.values()
+                                if r.role in first)
 
     def _start_due(self, now: float) -> None:
         # A task whose last start failed goes first: if its host still cannot be reached,
@@ -730,7 +724,7 @@ class Supervisor:
         self._set(None, JobState.RESTARTING)
         # A host that could not be reached is given longer each time: 1, 2, 4 ... 60 s.
         failures = max(r.start_failures for r in unit)
-        backoff = decide.start_backoff(self.policy.backoff_seconds, failures)
+        backoff = decide.restart_backoff(self.policy, failures)
         self.echo("tfo", f"{why}; restarting {', '.join(r.name for r in unit)}"
                   + (f" in {backoff:g} s" if failures else ""))
         self._teardown([r for r in unit if r.state.live], "restart")
@@ -751,14 +745,11 @@ class Supervisor:
     def _check_startup(self, now: float) -> None:
         """A task not up by the startup limit fails the attempt, unless it is working
         (orchestrator.stall.startup_over)."""
-        limit = self.policy.startup_seconds
         starting = [r for r in self.records.values() if r.state is TaskState.STARTING]
-        if not startup_over([self._watched(r) for r in starting], now, limit):
+        why = decide.startup_failed(self.policy, [
+            (r.name, r.current.last_marker, self._watched(r)) for r in starting], now)
+        if why is None:
             return
-        # Every task not up yet is named: one that hangs keeps its peers waiting too.
-        names = ", ".join(f"{r.name} (last: {r.current.last_marker or 'no output from tfo yet'})"
-                          for r in starting)
-        why = f"startup timeout ({limit:g} s): never came up: {names}"
         for r in starting:
             self.events.write("task_startup_timeout", r.name, attempt=r.attempt,
                               pid=r.handle.pid if r.handle else None, last=r.current.last_marker)
@@ -767,7 +758,7 @@ class Supervisor:
     def _check_stalls(self, now: float) -> None:
         """A stalled training task fails its attempt (orchestrator.stall); its stacks, and
         those of every task stuck with it that can answer, are asked for first."""
-        rule = self._stall_rule()
+        rule = decide.stall_rule(self.policy)
         if rule is None:
             return
         watched = [self._watched(r) for r in self.records.values()
@@ -792,14 +783,6 @@ class Supervisor:
         self.stalls += stalls
         why = f"stalled ({stalls[0].limit}): " + "; ".join(s.describe() for s in stalls)
         self._task_lost(self.records[stalls[0].task], None, why)
-
-    def _stall_rule(self) -> StallRule | None:
-        seconds = self.policy.stall_seconds
-        if seconds is None:
-            return None
-        if seconds == "auto":
-            return StallRule(floor=self.policy.stall_min_seconds)
-        return StallRule(seconds=float(seconds))
 
     def _ask_stacks(self, stalls: list[Stall]) -> dict[str, list[list[Frame]]]:
         """Ask each stalled task that can answer (not stopped) for its stacks; wait until
@@ -828,22 +811,18 @@ class Supervisor:
 
     def _check_success(self) -> None:
         recs = list(self.records.values())
-        if not all(r.finished for r in recs if r.role in self.rules.done_when):
+        if not decide.training_done(self.rules, [(r.role, r.finished) for r in recs]):
             return
         servers = [r for r in recs if decide.serving(r.role, self.rules) and r.state.live]
         self._teardown(servers, "the chief finished")  # servers never exit on their own
         self._set(None, JobState.FINISHING)
         self._finishing_at = time.monotonic()
-        self._finish_by = self._finishing_at + self.policy.evaluator_seconds
         waiting = self._sidecars_running()
         if waiting:
-            names, limit = ", ".join(r.name for r in waiting), self.policy.evaluator_seconds
-            idle = self.policy.evaluator_idle_seconds
             self.events.write("job_finishing", waiting=[r.name for r in waiting],
-                              evaluator_seconds=limit, evaluator_idle_seconds=idle)
-            self.echo("tfo", f"training finished; waiting up to {limit:g} s "
-                      f"(timeouts.evaluator_seconds) for {names} to evaluate the last "
-                      "checkpoint" + (f", or until it has been idle {idle:g} s" if idle else ""))
+                              **decide.finishing_fields("wait", self.policy))
+            self.echo("tfo", decide.finishing_words("wait", self.policy,
+                                                    ", ".join(r.name for r in waiting)))
         self._check_finished()
 
     def _sidecars_running(self) -> list[TaskRecord]:
@@ -855,23 +834,18 @@ class Supervisor:
         until they exit, `evaluator_seconds` passed, or (`evaluator_idle_seconds`) each has
         printed nothing and used no CPU that long since training finished (a SidecarEvaluator
         never exits: it evaluated the last checkpoint and waits for the next)."""
-        waiting, idle = self._sidecars_running(), self.policy.evaluator_idle_seconds
-        verdict = decide.finishing(time.monotonic(), self._finish_by, self._finishing_at, idle,
+        waiting = self._sidecars_running()
+        verdict = decide.finishing(time.monotonic(), self._finishing_at, self.policy,
                                    [max(r.said_at, r.cpu_busy_at) for r in waiting])
-        if verdict == "done":
-            return self._end(JobState.SUCCEEDED, "all training tasks finished")
-        names = ", ".join(r.name for r in waiting)
-        if verdict == "time":
-            self.echo("tfo", f"{names} still running {self.policy.evaluator_seconds:g} s after "
-                      "training finished (timeouts.evaluator_seconds): stopping it")
-            return self._end(JobState.SUCCEEDED, "all training tasks finished")
+        if verdict == "wait":
+            return None
         if verdict == "idle":
             self.events.write("job_evaluators_idle", waiting=[r.name for r in waiting],
-                              idle_seconds=idle)
-            self.echo("tfo", f"{names} idle {idle:g} s after training finished, the last "
-                      "checkpoint evaluated: stopping it (timeouts.evaluator_idle_seconds)")
-            return self._end(JobState.SUCCEEDED, "all training tasks finished")
-        return None
+                              **decide.finishing_fields("idle", self.policy))
+        if verdict != "done":
+            self.echo("tfo", decide.finishing_words(verdict, self.policy,
+                                                    ", ".join(r.name for r in waiting)))
+        return self._end(JobState.SUCCEEDED, "all training tasks finished")
 
     # ---- teardown ---------------------------------------------------------------------
     def _teardown(self, recs: list[TaskRecord], why: str) -> None:
@@ -884,7 +858,7 @@ class Supervisor:
         for r in live:
             self.events.write("task_stopping", r.name, pid=r.handle.pid, reason=why)
             r.handle.terminate()
-        grace = self.policy.grace_seconds
+        grace = decide.grace(self.policy)
         until = time.monotonic() + grace
         while time.monotonic() < until and self._signal_count < 2:
             self._pump()

@@ -15,6 +15,7 @@ import pytest
 from orchestrator import decide
 from orchestrator.decide import EndJob, Restart, Say, TaskState
 from orchestrator.policy import Policy, RestartPolicy
+from orchestrator.stall import Pace, StallRule, Watched
 from orchestrator.strategy import RULES
 from tests.conftest import REPO
 from worker_entry.markers import EXIT_PERMANENT, EXIT_PREEMPTED, Role, Strategy
@@ -157,14 +158,83 @@ def test_teardown_since(exiting_at, peers, since):
 
 @pytest.mark.parametrize("now, quiet, idle, verdict", [
     (11.0, [], None, "done"),
-    (20.0, [10.0], None, "time"),
+    (20.0, [10.0], None, "time"),  # evaluator_seconds (10) after training finished at 10
     (12.0, [10.0], None, "wait"),  # an entry's evaluator: waited for
     (16.0, [10.0], 5.0, "idle"),
     (16.0, [10.0, 12.0], 5.0, "wait"),  # one of them printed at 12
     (14.0, [0.0], 5.0, "wait")])  # quiet since before training finished (10): from 10
 def test_finishing(now, quiet, idle, verdict):
-    assert decide.finishing(now, finish_by=20.0, finished_at=10.0, idle=idle,
-                            quiet_since=quiet) == verdict
+    pol = replace(policy(), evaluator_seconds=10.0, evaluator_idle_seconds=idle)
+    assert decide.finishing(now, finished_at=10.0, policy=pol, quiet_since=quiet) == verdict
+
+
+@pytest.mark.parametrize("verdict, idle, words", [
+    ("wait", None, "training finished; waiting up to 5 s (timeouts.evaluator_seconds) for "
+     "evaluator:0 to evaluate the last checkpoint"),
+    ("wait", 2.0, "training finished; waiting up to 5 s (timeouts.evaluator_seconds) for "
+     "evaluator:0 to evaluate the last checkpoint, or until it has been idle 2 s"),
+    ("time", None, "evaluator:0 still running 5 s after training finished "
+     "(timeouts.evaluator_seconds): stopping it"),
+    ("idle", 2.0, "evaluator:0 idle 2 s after training finished, the last checkpoint "
+     "evaluated: stopping it (timeouts.evaluator_idle_seconds)")])
+def test_finishing_words(verdict, idle, words):
+    pol = replace(policy(), evaluator_idle_seconds=idle)
+    assert decide.finishing_words(verdict, pol, "evaluator:0") == words
+
+
+@pytest.mark.parametrize("rules, tasks, done", [
+    (MWMS, [(W, True), (W, True), (E, False)], True),  # the evaluator is not waited for here
+    (MWMS, [(W, True), (W, False)], False),
+    (PS_RULES, [(C, True), (W, False), (P, False)], True),  # the chief decides
+    (PS_RULES, [(C, False), (W, True)], False)])
+def test_training_done(rules, tasks, done):
+    assert decide.training_done(rules, tasks) is done
+
+
+@pytest.mark.parametrize("rules, role, first", [
+    (MWMS, W, ()), (MWMS, C, ()), (PS_RULES, P, ()), (PS_RULES, W, ()),
+    (PS_RULES, C, (P, W)), (PS_RULES, E, (P, W))])
+def test_waits_for(rules, role, first):
+    assert decide.waits_for(role, rules) == first
+
+
+@pytest.mark.parametrize("deadline, elapsed, why", [
+    (None, 1e9, None), (10.0, 10.0, None),
+    (10.0, 10.5, "deadline of 10 s reached; job stopped")])
+def test_deadline_passed(deadline, elapsed, why):
+    assert decide.deadline_passed(replace(policy(), deadline_seconds=deadline), elapsed) == why
+
+
+def watched(name: str, busy_at: float) -> Watched:
+    return Watched(name, Pace(0.0), busy_at, None, None, None, up=False, server=False)
+
+
+@pytest.mark.parametrize("now, busy, why", [
+    (0.5, [0.0, 0.0], None),  # within startup_seconds (1)
+    (6.0, [3.0, 2.0], None),  # over the limit, but working (a sign within 5 s): given time
+    (6.0, [0.0, 0.0], "startup timeout (1 s): never came up: worker:0 (last: up), "
+     "worker:1 (last: no output from tfo yet)")])
+def test_startup_failed(now, busy, why):
+    starting = [("worker:0", "up", watched("worker:0", busy[0])),
+                ("worker:1", "", watched("worker:1", busy[1]))]
+    assert decide.startup_failed(policy(), starting, now) == why
+
+
+@pytest.mark.parametrize("seconds, rule", [
+    (None, None), ("auto", StallRule(floor=60.0)), (30, StallRule(seconds=30.0))])
+def test_stall_rule(seconds, rule):
+    assert decide.stall_rule(replace(policy(), stall_seconds=seconds,
+                                     stall_min_seconds=60.0)) == rule
+
+
+def test_the_loop_reads_no_policy_or_strategy_rule():
+    """supervise.py hands `policy` and `rules` to decide.py, and reads neither itself: no
+    `.policy.x`, `.rules.x` or `policy[role]` there."""
+    tree = ast.parse((REPO / "orchestrator" / "supervise.py").read_text())
+    reads = [f"line {n.lineno}: {ast.unparse(n)}" for n in ast.walk(tree)
+             if isinstance(n, ast.Attribute | ast.Subscript)
+             and isinstance(n.value, ast.Attribute) and n.value.attr in ("policy", "rules")]
+    assert reads == []
 
 
 def test_spares_follow_the_restart_budget():
