@@ -37,19 +37,45 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand
 
+from orchestrator.cli_options import (
+    _COMMAND,
+    AccountOpt,
+    ChiefOpt,
+    EvaluatorOpt,
+    FileArg,
+    GpusPerTaskOpt,
+    HostsFileOpt,
+    HostsOpt,
+    LogsOpt,
+    MaxRestartsOpt,
+    NameOpt,
+    NodesOpt,
+    OnOpt,
+    PartitionOpt,
+    PsOpt,
+    RestartOpt,
+    RunArg,
+    RunDirOpt,
+    SlurmArgOpt,
+    SourceArg,
+    StrategyOpt,
+    TasksPerNodeOpt,
+    TimeOpt,
+    VerboseOpt,
+    WorkersOpt,
+)
 from orchestrator.console import (
-    ChatterFilter,
     ConsoleWriter,
     console_echo,
     point_at_devnull,
     printable,
 )
 from orchestrator.errors import SpecError
-from orchestrator.launch import BackendError, describe_exit
+from orchestrator.launch import BackendError
 from orchestrator.pipeline import CannotStart, load_source
 from orchestrator.pipeline import problems as host_problems
+from orchestrator.report import err, labeled, out, preflight_table, print_summary, restart_line
 from orchestrator.rundir import (
-    LAST,
     RUNS,
     Outcome,
     RunDir,
@@ -63,14 +89,11 @@ from orchestrator.rundir import (
 from orchestrator.startup import settled, starting
 
 if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.table import Table
 
     from orchestrator.launch.backends import Backends
     from orchestrator.launch.preflight import HostCheck
     from orchestrator.plan import Plan
     from orchestrator.quick import QuickFlags, SlurmFlags
-    from orchestrator.supervise import RunResult
 
 EXIT_BAD_SPEC = 2
 # Plain help and errors: typer's rich formatting imports rich's markdown and traceback
@@ -82,84 +105,17 @@ app = typer.Typer(**HELP,
                   help="Run multi-worker TensorFlow jobs on this machine or on a lab's machines.")
 
 
-def _console(stderr: bool) -> Console:
-    from rich.console import Console, ConsoleDimensions
-
-    class _Console(Console):
-        def on_broken_pipe(self) -> None:
-            """The reader went away (`| head -1`): write no more, and let the command's exit
-            code stand (rich's default exits 1)."""
-            self.quiet = True
-            point_at_devnull(self.file.fileno())
-
-        @property
-        def size(self) -> ConsoleDimensions:
-            """The terminal this console writes to, as the live view measures it: rich asks
-            stdin's first, and takes 80 columns when that one reports 0 (a pty nobody
-            sized). COLUMNS, where set, still wins, as rich has it."""
-            if self._width is None and "COLUMNS" not in os.environ:
-                with contextlib.suppress(OSError, ValueError):
-                    width, height = os.get_terminal_size(self.file.fileno())
-                    if width > 0 and height > 0:
-                        return ConsoleDimensions(width, height)
-            return super().size
-
-    tty = (sys.stderr if stderr else sys.stdout).isatty()
-    # Piped output (CI, `| less`, tests) gets wide tables instead of rich's 80 columns.
-    # No markup or emoji codes: what we print holds paths, users' arguments and hosts' replies
-    # (a `[/x]` in one was a MarkupError traceback). Our own styles go through `_labeled`.
-    return _Console(stderr=stderr, highlight=False, markup=False, emoji=False,
-                    width=None if tty else 160)
-
-
-class _LazyConsole:
-    """A rich Console made on first use: rich costs 0.05 s to import, and most commands
-    (`--help` above all) print nothing through it."""
-
-    def __init__(self, stderr: bool) -> None:
-        self._stderr = stderr
-        self._console: Console | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        if self._console is None:
-            self._console = _console(self._stderr)
-        return getattr(self._console, name)
-
-
-out: Console = _LazyConsole(stderr=False)  # type: ignore[assignment]
-err: Console = _LazyConsole(stderr=True)  # type: ignore[assignment]
-
-FileArg = Annotated[Path, typer.Argument(help="cluster file (YAML or JSON), or a run's plan.json",
-                                          show_default=False)]
-SourceArg = Annotated[Path | None, typer.Argument(
-    help="cluster file (YAML or JSON), or a run's plan.json; or none, and a command after --",
-    show_default=False)]
-RunArg = Annotated[str | None, typer.Argument(
-    help=f"a run directory, a run id, a prefix of one, or {LAST} [default: {LAST}]",
-    show_default=False)]
-RunDirOpt = Annotated[Path | None, typer.Option(
-    "--run-dir", help="where the run's plan, events and logs go [default: runs/<run-id>]")]
-
-
-def _labeled(label: str, style: str, text: str) -> Any:
-    """`label` in `style`, then `text` as it is, line by line through `printable`: a path, a
-    host's reply or a task's words are never read as rich markup or terminal escapes."""
-    from rich.text import Text
-
-    return Text.assemble((label, style), " ", "\n".join(map(printable, text.split("\n"))))
-
-
 def _fail(message: str) -> typer.Exit:
-    err.print(_labeled("error:", "bold red", message), soft_wrap=True)
+    err.print(labeled("error:", "bold red", message), soft_wrap=True)
     return typer.Exit(EXIT_BAD_SPEC)
 
 
 def _say(line: str) -> None:
-    err.print(_labeled("tfo:", "bold", line), soft_wrap=True)
+    err.print(labeled("tfo:", "bold", line), soft_wrap=True)
 
 
 def _warn(line: str) -> None:
-    err.print(_labeled("warning:", "yellow", line), soft_wrap=True)
+    err.print(labeled("warning:", "yellow", line), soft_wrap=True)
 
 
 def prepare(source: Path | dict, run_dir: Path | None, dry_run: bool = False,
@@ -185,64 +141,6 @@ class _CommandAfterDashes(TyperCommand):
         return [*super().collect_usage_pieces(ctx), "[-- COMMAND ARGS...]"]
 
 
-_COMMAND = "tfo.command"  # where _CommandAfterDashes leaves the command in ctx.meta
-_QUICK = "cluster without a file (with a command after --)"
-WorkersOpt = Annotated[int | None, typer.Option(
-    "--workers", help="worker tasks [default: 1]", rich_help_panel=_QUICK, show_default=False)]
-ChiefOpt = Annotated[bool, typer.Option(
-    "--chief", help="a chief task too (always one under parameter_server)",
-    rich_help_panel=_QUICK)]
-PsOpt = Annotated[int | None, typer.Option(
-    "--ps", help="ps tasks, for --strategy parameter_server [default: 1]",
-    rich_help_panel=_QUICK, show_default=False)]
-EvaluatorOpt = Annotated[bool, typer.Option(
-    "--evaluator", help="an evaluator task, beside the chief", rich_help_panel=_QUICK)]
-StrategyOpt = Annotated[str | None, typer.Option(
-    "--strategy", help="multi_worker_mirrored (mwms) or parameter_server (ps) "
-    "[default: multi_worker_mirrored]", rich_help_panel=_QUICK,
-    show_default=False)]
-HostsOpt = Annotated[str | None, typer.Option(
-    "--hosts", help="hosts to spread the tasks over, round-robin: localhost or names "
-    "from --hosts-file [default: every host of --hosts-file, else localhost]",
-    rich_help_panel=_QUICK, show_default=False)]
-HostsFileOpt = Annotated[Path | None, typer.Option(
-    "--hosts-file", help="a YAML file with a hosts: mapping, as in a cluster file",
-    rich_help_panel=_QUICK, show_default=False)]
-NameOpt = Annotated[str | None, typer.Option(
-    "--name", help="the job's name [default: the script's or module's]",
-    rich_help_panel=_QUICK, show_default=False)]
-RestartOpt = Annotated[str | None, typer.Option(
-    "--restart", help="restart policy: never, on-failure, always, exit-code [default: per "
-    "role: on-failure for a parameter_server job's ps and workers and for the evaluator, "
-    "never for the rest]",
-    rich_help_panel=_QUICK, show_default=False)]
-MaxRestartsOpt = Annotated[int | None, typer.Option(
-    "--max-restarts", help="restarts over the whole job [default: 3]",
-    rich_help_panel=_QUICK, show_default=False)]
-_SLURM = "on Slurm (`--on slurm`: one allocation, each task a job step)"
-OnOpt = Annotated[str | None, typer.Option(
-    "--on", help="hand the job to a scheduler: slurm (each role's tasks become a count; Slurm "
-    "picks the nodes)", rich_help_panel=_SLURM, show_default=False)]
-PartitionOpt = Annotated[str | None, typer.Option(
-    "--partition", help="Slurm partition [default: the cluster's default]",
-    rich_help_panel=_SLURM, show_default=False)]
-TimeOpt = Annotated[str | None, typer.Option(
-    "--time", help="Slurm time limit: minutes, HH:MM:SS, D-HH:MM:SS", rich_help_panel=_SLURM,
-    show_default=False)]
-NodesOpt = Annotated[int | None, typer.Option(
-    "--nodes", help="nodes to ask for [default: enough for --tasks-per-node]",
-    rich_help_panel=_SLURM, show_default=False)]
-TasksPerNodeOpt = Annotated[int | None, typer.Option(
-    "--tasks-per-node", help="tasks on one node [default: 1]", rich_help_panel=_SLURM,
-    show_default=False)]
-GpusPerTaskOpt = Annotated[int | None, typer.Option(
-    "--gpus-per-task", help="GPUs Slurm gives each task [default: 0]", rich_help_panel=_SLURM,
-    show_default=False)]
-AccountOpt = Annotated[str | None, typer.Option(
-    "--account", help="Slurm account to charge", rich_help_panel=_SLURM, show_default=False)]
-SlurmArgOpt = Annotated[list[str] | None, typer.Option(
-    "--slurm-arg", help="one more salloc option, e.g. --slurm-arg=--qos=debug (repeatable)",
-    rich_help_panel=_SLURM, show_default=False)]
 _USAGE = ("give a cluster file (tfo {0} clusters/localhost.yaml) or a command after -- "
           "(tfo {0} --workers 2 -- python train.py --epochs 3)")
 
@@ -356,42 +254,11 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
         out.print(cluster_yaml(source, _made_by()), end="", soft_wrap=True)
 
 
-def restart_line(p: Plan) -> str:
-    """Each role's restart policy and what goes down with a lost task (the strategy's)."""
-    units = {"alone": "alone", "group": "with every training task"}
-    return ", ".join(f"{role.value} {policy.value}" + (
-        f" ({units[p.rules.restart_unit[role].value]})" if policy.value != "never" else "")
-        for role, policy in p.policy.restart.items()) + \
-        f"; max_restarts {p.policy.max_restarts}"
-
-
-def _preflight_table(rows: list[HostCheck]) -> Table:
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title="preflight", title_justify="left")
-    for col in ("host", "address", "ssh", "python", "tensorflow", "tf_keras", "ports", "gpus",
-                "cpus", "mem free", "ok"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r.host, r.address, "ok" if r.reachable else "FAILED", r.python or "-",
-                      r.versions.get("tensorflow") or "-", r.versions.get("tf_keras") or "-",
-                      ",".join(map(str, r.ports)), str(r.gpus) if r.gpus else "-",
-                      str(r.cpus or "-"), _gib(r.mem_available),
-                      Text("ok", "green") if not r.problems
-                      else Text(f"{len(r.problems)} problem(s)", "red"))
-    return table
-
-
-def _gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.1f} GiB"
-
-
 def _preflight(p: Plan, backends: Backends, show: bool) -> list[HostCheck]:
     t0 = time.monotonic()
     rows = backends.check(p, versions=show)  # the table shows them
     if show:
-        out.print(_preflight_table(rows))
+        out.print(preflight_table(rows))
         out.print(f"checked {len(rows)} host(s) in {time.monotonic() - t0:.2f} s")
     return rows
 
@@ -412,7 +279,7 @@ def check(file: FileArg) -> None:
 
     out.print(listen_note(p.tasks), soft_wrap=True)
     for problem in problems:
-        err.print(_labeled("problem:", "red", problem), soft_wrap=True)
+        err.print(labeled("problem:", "red", problem), soft_wrap=True)
     raise typer.Exit(1 if problems else 0)
 
 
@@ -422,13 +289,6 @@ def schema() -> None:
     from orchestrator.spec import cluster_schema
 
     print(json.dumps(cluster_schema(), indent=2))
-
-
-VerboseOpt = Annotated[bool, typer.Option(
-    "--verbose", "-v", help="also show TensorFlow's C++ INFO/WARNING lines")]
-LogsOpt = Annotated[bool, typer.Option(
-    "--logs/--no-logs", help="stream the tasks' lines, [role:index] first (the logs in the run "
-    "directory have them either way)")]
 
 
 @app.command(cls=_CommandAfterDashes)
@@ -530,7 +390,7 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         if stage[0] == "planning":
             raise
         where = f"{e.filename}: " if e.filename else ""
-        err.print(_labeled("error:", "bold red", f"{where}{e.strerror or e}"), soft_wrap=True)
+        err.print(labeled("error:", "bold red", f"{where}{e.strerror or e}"), soft_wrap=True)
         raise typer.Exit(1) from None
     with contextlib.suppress(OSError):  # a closed terminal (SIGHUP); events.jsonl has it all
         console = shown[0]
@@ -553,48 +413,6 @@ def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt
     except RunDirError as e:
         raise _fail(str(e)) from None
     _run(Path(rd.plan_path), run_dir, verbose, logs)
-
-
-def print_summary(result: RunResult) -> None:
-    from orchestrator.liveview import FINAL, row_from_outcome, table
-
-    err.print(table([row_from_outcome(t) for t in result.tasks], FINAL,
-                    title=f"job {result.state.value}: {result.reason}"))
-    if result.failed_task:
-        failed = next(t for t in result.tasks if t.name == result.failed_task)
-        # No exit code: it never started (its start failed), so it cannot be "still running".
-        how = failed.exit_reason or describe_exit(failed.returncode) \
-            if failed.returncode is not None else "could not start"
-        err.print(_labeled(f"{failed.name} failed: {how};", "bold red",
-                           f"last lines of {failed.log_path}:"), soft_wrap=True)
-        for line in _last_lines(failed.name, failed.log_path, 20):
-            err.print(f"  {line}", soft_wrap=True)
-    for stall in result.stalls:  # restarted or not: where a hang was is worth seeing
-        err.print(_labeled("stalled:", "bold red", f"{stall.task} {stall.reason}"))
-        for frame in stall.where:
-            err.print(f"  in {printable(frame)}", highlight=False, soft_wrap=True)
-    if result.evaluation:
-        metrics = ", ".join(f"{k}={v:.4f}" for k, v in (result.evaluation["metrics"] or {}).items())
-        err.print(f"evaluator: epoch {result.evaluation['epoch']}: {metrics}")
-    board = RunDir(result.run_dir).tensorboard
-    if Path(board).is_dir():
-        err.print(f"tensorboard: {board} (to view: tensorboard --logdir {shlex.quote(board)})",
-                  soft_wrap=True)
-    preempted = f", preemptions: {result.preemptions}" if result.preemptions else ""
-    err.print(f"run directory: {result.run_dir} (restarts: {result.restarts}{preempted})",
-              soft_wrap=True)
-
-
-def _last_lines(task: str, log_path: str, n: int) -> list[str]:
-    """The end of a task's log as the console showed it: no markers, no TensorFlow chatter,
-    escaped (a task's output is untrusted)."""
-    from orchestrator.markers import is_marker
-    from orchestrator.supervise import tail
-
-    chatter = ChatterFilter()
-    shown = [printable(line) for line in tail(log_path, 50 * n)
-             if not is_marker(line) and not chatter.hides(task, line)]
-    return shown[-n:]
 
 
 def _find_run(ref: str | None) -> RunDir:
@@ -758,7 +576,7 @@ def export_tfjob(
     except SpecError as e:
         raise _fail(str(e)) from None
     for warning in exported.warnings:
-        err.print(_labeled("warning:", "yellow", warning), soft_wrap=True)
+        err.print(labeled("warning:", "yellow", warning), soft_wrap=True)
     text = (f"# made by: {_made_by()}\n# run it: kubectl apply -f THIS_FILE (the Kubeflow training "
             "operator must be installed)\n"
             + yaml.safe_dump(exported.manifest, sort_keys=False, width=100))
