@@ -30,17 +30,16 @@ import shlex
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from typer.core import TyperCommand
 
 from orchestrator.cli_options import (
     _COMMAND,
     AccountOpt,
     ChiefOpt,
+    CommandAfterDashes,
     EvaluatorOpt,
     FileArg,
     GpusPerTaskOpt,
@@ -69,20 +68,28 @@ from orchestrator.console import (
     console_echo,
     point_at_devnull,
     printable,
+    reopen_closed_std_streams,
 )
 from orchestrator.errors import SpecError
 from orchestrator.launch import BackendError
 from orchestrator.pipeline import CannotStart, load_source
 from orchestrator.pipeline import problems as host_problems
-from orchestrator.report import err, labeled, out, preflight_table, print_summary, restart_line
+from orchestrator.report import (
+    err,
+    job_line,
+    labeled,
+    out,
+    preflight_table,
+    print_plan,
+    print_summary,
+    runs_table,
+)
 from orchestrator.rundir import (
     RUNS,
-    Outcome,
     RunDir,
     RunDirError,
     last_lines,
     list_runs,
-    outcome,
     read_lines,
     run_over,
 )
@@ -91,7 +98,6 @@ from orchestrator.startup import settled, starting
 if TYPE_CHECKING:
 
     from orchestrator.launch.backends import Backends
-    from orchestrator.launch.preflight import HostCheck
     from orchestrator.plan import Plan
     from orchestrator.quick import QuickFlags, SlurmFlags
 
@@ -126,69 +132,14 @@ def prepare(source: Path | dict, run_dir: Path | None, dry_run: bool = False,
     return pipeline.prepare(source, run_dir, dry_run, ask_hosts, say=_say, warn=_warn)
 
 
-class _CommandAfterDashes(TyperCommand):
-    """`tfo run [FLAGS] -- python train.py --epochs 3`: everything after the first `--` is
-    the job's command, kept whole and away from tfo's own options."""
-
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        if "--" in args:
-            cut = args.index("--")
-            ctx.meta[_COMMAND] = args[cut + 1:]
-            args = args[:cut]
-        return super().parse_args(ctx, args)
-
-    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
-        return [*super().collect_usage_pieces(ctx), "[-- COMMAND ARGS...]"]
-
-
-_USAGE = ("give a cluster file (tfo {0} clusters/localhost.yaml) or a command after -- "
-          "(tfo {0} --workers 2 -- python train.py --epochs 3)")
-
-
 def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags,
             slurm: SlurmFlags | None = None) -> Path | dict:
-    """What to run: FILE, or the cluster file the flags and the command after `--` make;
-    with `--on slurm`, that job as a Slurm job."""
-    from orchestrator.quick import FlagError, on_slurm
-    from orchestrator.specfile import SpecFileError, read_data
+    """What to run (quick.source_from); a wrong combination is the user's error, exit 2."""
+    from orchestrator.quick import source_from
 
-    source = _what_to_run(ctx, file, flags)
-    if slurm is None or (slurm.on is None and not slurm.given()):
-        return source
     try:
-        data = source
-        if isinstance(source, Path):
-            data = read_data(source)
-            if isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys():
-                raise FlagError(f"--on: {source} is a run's plan.json, already placed; give "
-                                "the cluster file")
-        return on_slurm(data, slurm)
-    except SpecFileError as e:
-        raise _fail(str(e)) from None
-    except SpecError as e:
-        raise _fail(str(e)) from None
-
-
-def _what_to_run(ctx: typer.Context | None, file: Path | None, flags: QuickFlags) -> Path | dict:
-    """FILE, or the cluster file the flags and the command after `--` make."""
-    from orchestrator.quick import read_hosts_file, spec_from_command
-
-    command: list[str] | None = ctx.meta.get(_COMMAND) if ctx is not None else None
-    usage = _USAGE.format(ctx.info_name if ctx is not None else "run")
-    if command is not None and file is not None:
-        raise _fail(f"both a file ({file}) and a command after -- ({shlex.join(command)}); "
-                    f"{usage}")
-    if command is None and file is None:
-        raise _fail(f"nothing to run: {usage}")
-    if file is not None:
-        if flags.given():
-            raise _fail(f"{', '.join(flags.given())}: these flags make a cluster for a command "
-                        f"after --; {file} says it all already (edit it instead)")
-        return file
-    try:
-        if flags.hosts_file is not None:
-            flags = replace(flags, hosts_data=read_hosts_file(Path(flags.hosts_file)))
-        return spec_from_command(command, flags)
+        return source_from(ctx.meta.get(_COMMAND) if ctx is not None else None, file, flags,
+                           slurm, ctx.info_name if ctx is not None else "run")
     except SpecError as e:
         raise _fail(str(e)) from None
 
@@ -197,7 +148,7 @@ def _made_by() -> str:
     return shlex.join(["tfo", *sys.argv[1:]])
 
 
-@app.command(cls=_CommandAfterDashes)
+@app.command(cls=CommandAfterDashes)
 def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, typer.Option(
         "--json", help="print the plan as JSON, as plan.json holds it")] = False,
          run_dir: RunDirOpt = None,
@@ -226,41 +177,8 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
 
         sys.stdout.write(json_text(p.to_json()))
         return
-    from rich.table import Table
-
-    from orchestrator.launch.gpus import auto_gpus, auto_notes
-    from orchestrator.quick import cluster_yaml
-
-    table = Table(title=f"{p.name}: {p.strategy.value}, {len(p.tasks)} tasks", title_justify="left")
-    for col in ("task", "host", "port", "gpus", "TF_CONFIG task", "command"):
-        table.add_column(col, overflow="fold")
-    for t in p.tasks:
-        table.add_row(t.name, t.host, str(t.port), ",".join(map(str, t.gpus)) or "-",
-                      json.dumps(t.tf_config["task"]), " ".join(t.command))
-    out.print(table)
-    for note in auto_notes(p.spec, auto_gpus(p.spec, None)):  # local_gpus is cached
-        out.print(note)
-    out.print(f"cluster: {json.dumps(p.cluster)}")
-    # The command column is the task wrapper; this is what it runs.
-    args = p.spec.job.args if isinstance(p.spec.job.args, list) else []
-    out.print(f"job: {' '.join([p.job, *map(shlex.quote, args)])}")
-    out.print(f"restart: {restart_line(p)}")
-    if run_dir is None:
-        out.print(f"run directory: {p.run_dir} (a new id for each run; --run-dir picks one)")
-    else:
-        out.print(f"run directory: {p.run_dir}")
-    if isinstance(source, dict):
-        out.print("cluster file (`tfo run` writes it into the run directory as cluster.yaml):")
-        out.print(cluster_yaml(source, _made_by()), end="", soft_wrap=True)
-
-
-def _preflight(p: Plan, backends: Backends, show: bool) -> list[HostCheck]:
-    t0 = time.monotonic()
-    rows = backends.check(p, versions=show)  # the table shows them
-    if show:
-        out.print(preflight_table(rows))
-        out.print(f"checked {len(rows)} host(s) in {time.monotonic() - t0:.2f} s")
-    return rows
+    print_plan(p, run_dir is not None, source if isinstance(source, dict) else None,
+               _made_by())
 
 
 @app.command()
@@ -271,10 +189,14 @@ def check(file: FileArg) -> None:
         p, backends = prepare(file, None, dry_run=True)
     except (SpecError, BackendError) as e:
         raise _fail(str(e)) from None
+    t0 = time.monotonic()
     try:
-        problems = host_problems(_preflight(p, backends, show=True))
+        rows = backends.check(p, versions=True)  # the table shows them
     finally:
         backends.close()
+    out.print(preflight_table(rows))
+    out.print(f"checked {len(rows)} host(s) in {time.monotonic() - t0:.2f} s")
+    problems = host_problems(rows)
     from orchestrator.launch.loopback import listen_note
 
     out.print(listen_note(p.tasks), soft_wrap=True)
@@ -291,7 +213,7 @@ def schema() -> None:
     print(json.dumps(cluster_schema(), indent=2))
 
 
-@app.command(cls=_CommandAfterDashes)
+@app.command(cls=CommandAfterDashes)
 def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         verbose: VerboseOpt = False, logs: LogsOpt = True, workers: WorkersOpt = None,
         chief: ChiefOpt = False, ps: PsOpt = None, evaluator: EvaluatorOpt = False,
@@ -408,11 +330,7 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
 def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt = False,
           logs: LogsOpt = True) -> None:
     """Run a run's plan again: the same tasks, ports and TF_CONFIGs, in a new run directory."""
-    try:
-        rd = RunDir.find(run_ref)
-    except RunDirError as e:
-        raise _fail(str(e)) from None
-    _run(Path(rd.plan_path), run_dir, verbose, logs)
+    _run(Path(_find_run(run_ref).plan_path), run_dir, verbose, logs)
 
 
 def _find_run(ref: str | None) -> RunDir:
@@ -433,14 +351,7 @@ def status(run_ref: RunArg = None) -> None:
         events, skipped = rd.read_events()
     except OSError as e:
         raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
-    started = next((e for e in events if e["event"] == "run_started"), {})
-    finished = next((e for e in reversed(events) if e["event"] == "job_finished"), None)
-    state = outcome(started, finished)
-    job = f"{state.value}: {finished.get('reason', '')}" if finished else state.value
-    if state is Outcome.LOST:
-        job = (f"coordinator lost: pid {started.get('coordinator_pid')} is gone; the run did "
-               "not finish cleanly")
-    out.print(table(rows_from_events(events), STATUS, title=f"{rd.name}: {job}"))
+    out.print(table(rows_from_events(events), STATUS, title=f"{rd.name}: {job_line(events)}"))
     if skipped:
         err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)")
 
@@ -449,23 +360,8 @@ def status(run_ref: RunArg = None) -> None:
 def runs() -> None:
     """The runs under runs/, oldest first: id, cluster name, start, duration, outcome,
     restarts."""
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
-    from orchestrator.liveview import duration
-
     found, broken = list_runs()
-    table = Table(title=f"{len(found)} run(s) under {RUNS}/", title_justify="left",
-                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for col in ("run", "name", "started", "duration", "outcome", "restarts"):
-        table.add_column(col, no_wrap=col != "run")
-    for r in found:
-        table.add_row(Text(r.run_id), Text(r.name),
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)),
-                      duration(r.duration), r.outcome.value,
-                      "-" if r.restarts is None else str(r.restarts))
-    out.print(table)
+    out.print(runs_table(found))
     if broken:
         what = "directory that is not a readable run" if broken == 1 else \
             "directories that are not readable runs"
@@ -566,8 +462,6 @@ def export_tfjob(
     """Write a Kubeflow TFJob (kubeflow.org/v1) that runs FILE's tasks as pods: one replica
     spec per role, the restart section as restartPolicy and backoffLimit. What does not carry
     over is a warning on stderr (README: Kubernetes)."""
-    import yaml
-
     from orchestrator.export import tfjob
 
     try:
@@ -577,9 +471,7 @@ def export_tfjob(
         raise _fail(str(e)) from None
     for warning in exported.warnings:
         err.print(labeled("warning:", "yellow", warning), soft_wrap=True)
-    text = (f"# made by: {_made_by()}\n# run it: kubectl apply -f THIS_FILE (the Kubeflow training "
-            "operator must be installed)\n"
-            + yaml.safe_dump(exported.manifest, sort_keys=False, width=100))
+    text = exported.text(_made_by())
     if output is None:
         sys.stdout.write(text)
         return
@@ -590,22 +482,8 @@ def export_tfjob(
     err.print(f"tfo: wrote {output}; run it with kubectl apply -f {output}")
 
 
-def _reopen_closed_std_streams() -> None:
-    """A standard stream whose fd was closed when tfo started (`tfo run … 2>&-`, a daemon's
-    child) is None in Python, and printing to it was a traceback (once a run had started:
-    a failed job). It goes to /dev/null instead: those lines are dropped, events.jsonl and
-    the task logs have it all."""
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        if getattr(sys, name) is None:
-            null = os.open(os.devnull, os.O_WRONLY)
-            if null != fd:
-                os.dup2(null, fd)
-                os.close(null)
-            setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 (for good)
-
-
 def main() -> None:
-    _reopen_closed_std_streams()
+    reopen_closed_std_streams()
     # Line-buffered even into a pipe, so `[worker:1]` lines arrive as they happen.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand
 
 from orchestrator.rundir import LAST
 
@@ -85,3 +86,18 @@ VerboseOpt = Annotated[bool, typer.Option(
 LogsOpt = Annotated[bool, typer.Option(
     "--logs/--no-logs", help="stream the tasks' lines, [role:index] first (the logs in the run "
     "directory have them either way)")]
+
+
+class CommandAfterDashes(TyperCommand):
+    """`tfo run [FLAGS] -- python train.py --epochs 3`: everything after the first `--` is
+    the job's command, kept whole and away from tfo's own options."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta[_COMMAND] = args[cut + 1:]
+            args = args[:cut]
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "[-- COMMAND ARGS...]"]

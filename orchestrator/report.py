@@ -6,15 +6,17 @@ table drawn, never at the top (tests/test_startup.py)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.console import ChatterFilter, point_at_devnull, printable
 from orchestrator.launch import describe_exit
-from orchestrator.rundir import RunDir
+from orchestrator.rundir import RUNS, Outcome, RunDir, RunInfo, outcome
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -151,3 +153,66 @@ def _last_lines(task: str, log_path: str, n: int) -> list[str]:
     shown = [printable(line) for line in tail(log_path, 50 * n)
              if not is_marker(line) and not chatter.hides(task, line)]
     return shown[-n:]
+
+
+def print_plan(p: Plan, run_dir_given: bool, made: dict | None, made_by: str) -> None:
+    """`tfo plan`: every task's host, port, GPUs, TF_CONFIG task and command, the cluster,
+    the job, the restart policy and the run directory; and the cluster file a command line
+    made (`made`)."""
+    from rich.table import Table
+
+    from orchestrator.launch.gpus import auto_gpus, auto_notes
+    from orchestrator.quick import cluster_yaml
+
+    table = Table(title=f"{p.name}: {p.strategy.value}, {len(p.tasks)} tasks", title_justify="left")
+    for col in ("task", "host", "port", "gpus", "TF_CONFIG task", "command"):
+        table.add_column(col, overflow="fold")
+    for t in p.tasks:
+        table.add_row(t.name, t.host, str(t.port), ",".join(map(str, t.gpus)) or "-",
+                      json.dumps(t.tf_config["task"]), " ".join(t.command))
+    out.print(table)
+    for note in auto_notes(p.spec, auto_gpus(p.spec, None)):  # local_gpus is cached
+        out.print(note)
+    out.print(f"cluster: {json.dumps(p.cluster)}")
+    # The command column is the task wrapper; this is what it runs.
+    args = p.spec.job.args if isinstance(p.spec.job.args, list) else []
+    out.print(f"job: {' '.join([p.job, *map(shlex.quote, args)])}")
+    out.print(f"restart: {restart_line(p)}")
+    if not run_dir_given:
+        out.print(f"run directory: {p.run_dir} (a new id for each run; --run-dir picks one)")
+    else:
+        out.print(f"run directory: {p.run_dir}")
+    if made is not None:
+        out.print("cluster file (`tfo run` writes it into the run directory as cluster.yaml):")
+        out.print(cluster_yaml(made, made_by), end="", soft_wrap=True)
+
+
+def runs_table(found: list[RunInfo]) -> Table:
+    """`tfo runs`: each run's id, cluster name, start, duration, outcome and restarts."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from orchestrator.liveview import duration
+
+    table = Table(title=f"{len(found)} run(s) under {RUNS}/", title_justify="left",
+                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for col in ("run", "name", "started", "duration", "outcome", "restarts"):
+        table.add_column(col, no_wrap=col != "run")
+    for r in found:
+        table.add_row(Text(r.run_id), Text(r.name),
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)),
+                      duration(r.duration), r.outcome.value,
+                      "-" if r.restarts is None else str(r.restarts))
+    return table
+
+
+def job_line(events: list[dict[str, Any]]) -> str:
+    """How a run's events.jsonl says its job ended (or that its coordinator was lost)."""
+    started = next((e for e in events if e["event"] == "run_started"), {})
+    finished = next((e for e in reversed(events) if e["event"] == "job_finished"), None)
+    state = outcome(started, finished)
+    if state is Outcome.LOST:
+        return (f"coordinator lost: pid {started.get('coordinator_pid')} is gone; the run did "
+                "not finish cleanly")
+    return f"{state.value}: {finished.get('reason', '')}" if finished else state.value
