@@ -247,7 +247,7 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
             standby = functools.partial(backends.standby, wanted=wanted) if wanted else None
             stage("supervising")
             return Supervisor(p, start=backends.start, echo=echo, watch=watch,
-                              standby=standby).run(
+                              standby=standby, start_batch=backends.start_batch).run(
                 started=functools.partial(started, p) if started else None)
     finally:
         backends.close()

@@ -48,11 +48,12 @@ standby of the task's next attempt (`task_standby_started`); a restart that gets
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -69,7 +70,14 @@ from orchestrator.decide import (
     TaskState,
     advance,
 )
-from orchestrator.launch import TORN_DOWN, Launcher, TaskHandle, describe_exit
+from orchestrator.launch import (
+    TORN_DOWN,
+    BatchLauncher,
+    Launcher,
+    TaskHandle,
+    describe_exit,
+    one_by_one,
+)
 from orchestrator.markers import (
     BadMarker,
     Evaluated,
@@ -270,8 +278,12 @@ class Supervisor:
     def __init__(self, plan: Plan, start: Launcher,
                  echo: Callable[[str, str], None] | None = None,
                  watch: Callable[[Supervisor], None] | None = None,
-                 standby: Callable[[TaskPlan, int], int | None] | None = None) -> None:
-        self.plan, self._start, self._standby = plan, start, standby
+                 standby: Callable[[TaskPlan, int], int | None] | None = None,
+                 start_batch: BatchLauncher | None = None) -> None:
+        self.plan, self._standby = plan, standby
+        # What is due in a round starts as one batch (Backends.start_batch); a caller that
+        # gives only `start` has its tasks started one by one.
+        self._start_many = start_batch or functools.partial(one_by_one, start)
         self.policy, self.rules = plan.policy, plan.rules
         self.echo = echo or _print_line
         # Called by the loop, on its thread, at most every WATCH_SECONDS: it may read the
@@ -470,41 +482,80 @@ class Supervisor:
                                 if r.role in first)
 
     def _start_due(self, now: float) -> None:
-        # A task whose last start failed goes first: if its host still cannot be reached,
-        # its healthy peers are not started only to be stopped again.
-        for rec in sorted(self.records.values(), key=lambda r: -min(r.start_failures, 1)):
-            if rec.state is TaskState.PENDING and now >= rec.start_after \
-                    and self._prerequisites_ready(rec):
-                self._launch(rec)
-                if self._ending is not None or self._signal is not None:
-                    return
+        """Start what is due as one batch (the backend may start a host's tasks together).
+        After a failed start what is due is looked at again: the failure may have
+        scheduled a restart, or ended the job."""
+        while due := self._due(now):
+            if not self._start_batch(due):
+                break
+            if self._ending is not None or self._signal is not None:
+                return
+        if self._ending is not None or self._signal is not None:
+            return
         if self.state is JobState.RESTARTING and not any(
                 r.state is TaskState.PENDING for r in self.records.values()):
             self._set(None, JobState.RUNNING)
 
-    def _launch(self, rec: TaskRecord) -> None:
-        rec.attempt += 1
-        if rec.log is None:
-            rec.log = open(rec.task.log_path, "a", buffering=1)  # noqa: SIM115 (kept open)
-        rec.log.write(f"===== tfo: {rec.name} attempt {rec.attempt} =====\n")
+    def _due(self, now: float) -> list[TaskRecord]:
+        # A task whose last start failed goes first: if its host still cannot be reached,
+        # its healthy peers are not started only to be stopped again.
+        first = sorted(self.records.values(), key=lambda r: -min(r.start_failures, 1))
+        return [rec for rec in first if rec.state is TaskState.PENDING and now >= rec.start_after
+                and self._prerequisites_ready(rec)]
+
+    def _start_batch(self, due: list[TaskRecord]) -> bool:
+        """Start `due`, in order, as one batch, each answer carried out as it comes; stops at
+        the first failed start (True: look again), or when the run ends or a signal came.
+        A task's attempt begins (its number, its log's header) as the backend takes it."""
+
+        def items() -> Iterator[tuple[TaskPlan, int]]:
+            for rec in due:
+                self._in_start = False
+                rec.attempt += 1
+                if rec.log is None:
+                    rec.log = open(rec.task.log_path, "a", buffering=1)  # noqa: SIM115 (kept)
+                rec.log.write(f"===== tfo: {rec.name} attempt {rec.attempt} =====\n")
+                if self._signal is not None:
+                    raise Interrupted
+                self._in_start = True  # a signal now abandons the start (a host may not answer)
+                yield rec.task, rec.attempt
+
+        answers = self._start_many(items())
         try:
-            rec.handle = self._starting(self._start, rec.task, rec.attempt)
-        except Interrupted:  # the signal ends the run; this attempt never started
-            rec.handle = None
-            return
-        except Exception as e:  # noqa: BLE001 - e.g. a lab host dropped off the network
-            rec.handle = None
-            rec.start_failures += 1
-            self._set(rec, TaskState.FAILED)
-            self.events.write("task_start_failed", rec.name, attempt=rec.attempt, error=str(e))
-            self._task_lost(rec, None, f"{rec.name} could not start: {e}")
-            return
+            for rec in due:
+                try:
+                    self._in_start = True
+                    answer = next(answers)
+                except Interrupted:  # the signal ends the run; this attempt never started
+                    rec.handle = None
+                    return False
+                finally:
+                    self._in_start = False
+                if isinstance(answer, Exception):  # e.g. a lab host dropped off the network
+                    self._start_failed(rec, answer)
+                    return True
+                self._started(rec, answer)
+                if self._ending is not None or self._signal is not None:
+                    return False
+            return False
+        finally:
+            answers.close()
+
+    def _start_failed(self, rec: TaskRecord, error: Exception) -> None:
+        rec.handle = None
+        rec.start_failures += 1
+        self._set(rec, TaskState.FAILED)
+        self.events.write("task_start_failed", rec.name, attempt=rec.attempt, error=str(error))
+        self._task_lost(rec, None, f"{rec.name} could not start: {error}")
+
+    def _started(self, rec: TaskRecord, handle: TaskHandle) -> None:
+        rec.handle = handle
         rec.start_failures = 0
         self._set(rec, TaskState.STARTING)
         rec.current = Attempt(time.monotonic())  # fresh: nothing of the last one carries over
-        self.events.write("task_started", rec.name, pid=rec.handle.pid, attempt=rec.attempt,
+        self.events.write("task_started", rec.name, pid=handle.pid, attempt=rec.attempt,
                           host=rec.task.host, port=rec.task.port,
-                          warm=getattr(rec.handle, "warm", False))
+                          warm=getattr(handle, "warm", False))
 
     def _make_standbys(self, now: float) -> None:
         """A warm spare for each running task's next attempt, once its start-up is over (so

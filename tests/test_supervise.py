@@ -194,6 +194,29 @@ def test_exit_code_policy_does_not_retry_a_program_verdict(tmp_path):
 
 
 @pytest.mark.timeout(20)
+def test_the_tasks_due_in_a_round_reach_the_backend_as_one_batch(tmp_path):
+    """The first start and a group's restart are one batch each (a backend may start a
+    host's tasks together); each task is answered in order."""
+    batches: list[list[tuple[str, int]]] = []
+    scripts = {"worker:0": Script([(None, 0, True), (0, 0.2, True)]),
+               "worker:1": Script([(-9, 0.1, True), (0, 0.2, True)])}
+
+    def start_batch(items):
+        items = list(items)  # a backend that starts them together takes them all first
+        batches.append([(t.name, a) for t, a in items])
+        for t, a in items:
+            yield FakeHandle(t, a, scripts[t.name])
+
+    def start(task, attempt):
+        raise AssertionError("started alone")
+
+    result = Supervisor(planned(tmp_path, spec()), start=start, start_batch=start_batch,
+                        echo=lambda task, line: None).run()
+    assert result.state is JobState.SUCCEEDED and result.restarts == 1
+    assert batches == [[("worker:0", 0), ("worker:1", 0)], [("worker:0", 1), ("worker:1", 1)]]
+
+
+@pytest.mark.timeout(20)
 def test_ps_worker_restarts_alone_and_chief_decides(tmp_path):
     scripts = {"chief:0": Script([(0, 0.6, True)]),
                "worker:1": Script([(-9, 0.1, True), (None, 0, True)]),
