@@ -33,6 +33,22 @@ from worker_entry.markers import EXIT_PERMANENT, EXIT_PREEMPTED, Role
 
 # The longest wait before starting again on a host that could not be reached.
 START_BACKOFF_MAX = 60.0
+# A task that reports no progress (a script without worker_entry.progress) is taken to be
+# training this long after its ready marker (its port listens): then its warm spare starts.
+STANDBY_AFTER_READY_SECONDS = 5.0
+# A task in its teardown (the `exiting` marker) this long after a peer of its restart unit
+# exited 0, or after every peer said `exiting` too, is stopped. TensorFlow's own exit took
+# 1.0–2.9 s after the code ended here when it did not wait.
+TEARDOWN_GRACE_SECONDS = 3.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The loop's own limits that are no setting of the cluster file (a test shortens them;
+    none is patched into a module)."""
+
+    teardown_grace: float = TEARDOWN_GRACE_SECONDS
+    standby_after_ready: float = STANDBY_AFTER_READY_SECONDS
 
 
 class TaskState(str, Enum):

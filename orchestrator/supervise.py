@@ -61,13 +61,16 @@ from typing import IO, Any, TypeVar
 from orchestrator import decide, wakeup
 from orchestrator.decide import (
     JOB_TRANSITIONS,
+    STANDBY_AFTER_READY_SECONDS,
     START_BACKOFF_MAX,
     TASK_TRANSITIONS,
+    TEARDOWN_GRACE_SECONDS,
     EndJob,
     IllegalTransition,
     JobState,
     Restart,
     TaskState,
+    Timing,
     advance,
 )
 from orchestrator.launch import (
@@ -108,7 +111,8 @@ from orchestrator.stall import (
 from worker_entry import markers
 from worker_entry.markers import Role
 
-__all__ = ["JOB_TRANSITIONS", "START_BACKOFF_MAX", "TASK_TRANSITIONS", "IllegalTransition",
+__all__ = ["JOB_TRANSITIONS", "STANDBY_AFTER_READY_SECONDS", "START_BACKOFF_MAX",
+           "TASK_TRANSITIONS", "TEARDOWN_GRACE_SECONDS", "IllegalTransition",
            "JobState", "RunResult", "Supervisor", "TaskState", "advance", "restart_allowed",
            "tail"]
 
@@ -128,13 +132,6 @@ SIGNAL_EXIT = {signal.SIGHUP: 129, signal.SIGINT: 130, signal.SIGTERM: 143}
 # them at once; a task whose main thread holds the GIL still answers: it is C code).
 STACKS_WAIT_SECONDS = 2.0
 STACKS_QUIET_SECONDS = 0.3  # a dump has ended when its task printed nothing more this long
-# A task that reports no progress (a script without worker_entry.progress) is taken to be
-# training this long after its ready marker (its port listens): then its warm spare starts.
-STANDBY_AFTER_READY_SECONDS = 5.0
-# A task in its teardown (the `exiting` marker) this long after a peer of its restart unit
-# exited 0, or after every peer said `exiting` too, is stopped. TensorFlow's own exit took
-# 1.0–2.9 s after the code ended here when it did not wait.
-TEARDOWN_GRACE_SECONDS = 3.0
 # A sidecar whose usage says this much CPU (percent of one core) is evaluating, not idle:
 # one waiting for a checkpoint (SidecarEvaluator polls once a second) uses about none.
 SIDECAR_BUSY_CPU = 10.0
@@ -279,8 +276,9 @@ class Supervisor:
                  echo: Callable[[str, str], None] | None = None,
                  watch: Callable[[Supervisor], None] | None = None,
                  standby: Callable[[TaskPlan, int], int | None] | None = None,
-                 start_batch: BatchLauncher | None = None) -> None:
-        self.plan, self._standby = plan, standby
+                 start_batch: BatchLauncher | None = None, timing: Timing | None = None
+                 ) -> None:
+        self.plan, self._standby, self._timing = plan, standby, timing or Timing()
         # What is due in a round starts as one batch (Backends.start_batch); a caller that
         # gives only `start` has its tasks started one by one.
         self._start_many = start_batch or functools.partial(one_by_one, start)
@@ -567,7 +565,7 @@ class Supervisor:
                     or decide.serving(rec.role, self.rules) or rec.current.running_at is None:
                 continue
             if rec.current.work.progress is None \
-                    and now - rec.current.running_at < STANDBY_AFTER_READY_SECONDS:
+                    and now - rec.current.running_at < self._timing.standby_after_ready:
                 continue
             rec.current.standby_asked = True
             if decide.standby_wanted(rec.role, self.policy, self.rules, rec.restarts,
@@ -713,7 +711,7 @@ class Supervisor:
                     or rec.handle is None or decide.serving(rec.role, self.rules):
                 continue
             since = self._teardown_since(rec)
-            if since is not None and now - since >= TEARDOWN_GRACE_SECONDS:
+            if since is not None and now - since >= self._timing.teardown_grace:
                 rec.current.torn_down = True
                 self.events.write("task_teardown_stopped", rec.name, pid=rec.handle.pid,
                                   attempt=rec.attempt, waited=round(now - since, 2))
