@@ -23,54 +23,83 @@ Console on first use. tests/test_startup.py holds this to account.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import re
 import shlex
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from typer.core import TyperCommand
 
+from orchestrator.cli_options import (
+    _COMMAND,
+    AccountOpt,
+    ChiefOpt,
+    CommandAfterDashes,
+    EvaluatorOpt,
+    FileArg,
+    GpusPerTaskOpt,
+    HostsFileOpt,
+    HostsOpt,
+    LogsOpt,
+    MaxRestartsOpt,
+    NameOpt,
+    NodesOpt,
+    OnOpt,
+    PartitionOpt,
+    PsOpt,
+    RestartOpt,
+    RunArg,
+    RunDirOpt,
+    SlurmArgOpt,
+    SourceArg,
+    StrategyOpt,
+    TasksPerNodeOpt,
+    TimeOpt,
+    VerboseOpt,
+    WorkersOpt,
+)
 from orchestrator.console import (
-    ChatterFilter,
     ConsoleWriter,
     console_echo,
     point_at_devnull,
     printable,
+    reopen_closed_std_streams,
 )
 from orchestrator.errors import SpecError
-from orchestrator.launch import BackendError, describe_exit
+from orchestrator.launch import BackendError
+from orchestrator.pipeline import CannotStart, load_source
+from orchestrator.pipeline import problems as host_problems
+from orchestrator.report import (
+    err,
+    job_line,
+    labeled,
+    out,
+    preflight_table,
+    print_plan,
+    print_summary,
+    runs_table,
+)
 from orchestrator.rundir import (
-    LAST,
     RUNS,
-    Outcome,
     RunDir,
     RunDirError,
     last_lines,
     list_runs,
-    outcome,
     read_lines,
     run_over,
 )
 from orchestrator.startup import settled, starting
 
 if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.table import Table
 
     from orchestrator.launch.backends import Backends
-    from orchestrator.launch.gpus import GpuReport
-    from orchestrator.launch.preflight import HostCheck
     from orchestrator.plan import Plan
     from orchestrator.quick import QuickFlags, SlurmFlags
-    from orchestrator.spec import ClusterSpec
-    from orchestrator.supervise import RunResult
 
 EXIT_BAD_SPEC = 2
 # Plain help and errors: typer's rich formatting imports rich's markdown and traceback
@@ -82,340 +111,35 @@ app = typer.Typer(**HELP,
                   help="Run multi-worker TensorFlow jobs on this machine or on a lab's machines.")
 
 
-def _console(stderr: bool) -> Console:
-    from rich.console import Console, ConsoleDimensions
-
-    class _Console(Console):
-        def on_broken_pipe(self) -> None:
-            """The reader went away (`| head -1`): write no more, and let the command's exit
-            code stand (rich's default exits 1)."""
-            self.quiet = True
-            point_at_devnull(self.file.fileno())
-
-        @property
-        def size(self) -> ConsoleDimensions:
-            """The terminal this console writes to, as the live view measures it: rich asks
-            stdin's first, and takes 80 columns when that one reports 0 (a pty nobody
-            sized). COLUMNS, where set, still wins, as rich has it."""
-            if self._width is None and "COLUMNS" not in os.environ:
-                with contextlib.suppress(OSError, ValueError):
-                    width, height = os.get_terminal_size(self.file.fileno())
-                    if width > 0 and height > 0:
-                        return ConsoleDimensions(width, height)
-            return super().size
-
-    tty = (sys.stderr if stderr else sys.stdout).isatty()
-    # Piped output (CI, `| less`, tests) gets wide tables instead of rich's 80 columns.
-    # No markup or emoji codes: what we print holds paths, users' arguments and hosts' replies
-    # (a `[/x]` in one was a MarkupError traceback). Our own styles go through `_labeled`.
-    return _Console(stderr=stderr, highlight=False, markup=False, emoji=False,
-                    width=None if tty else 160)
-
-
-class _LazyConsole:
-    """A rich Console made on first use: rich costs 0.05 s to import, and most commands
-    (`--help` above all) print nothing through it."""
-
-    def __init__(self, stderr: bool) -> None:
-        self._stderr = stderr
-        self._console: Console | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        if self._console is None:
-            self._console = _console(self._stderr)
-        return getattr(self._console, name)
-
-
-out: Console = _LazyConsole(stderr=False)  # type: ignore[assignment]
-err: Console = _LazyConsole(stderr=True)  # type: ignore[assignment]
-
-FileArg = Annotated[Path, typer.Argument(help="cluster file (YAML or JSON), or a run's plan.json",
-                                          show_default=False)]
-SourceArg = Annotated[Path | None, typer.Argument(
-    help="cluster file (YAML or JSON), or a run's plan.json; or none, and a command after --",
-    show_default=False)]
-RunArg = Annotated[str | None, typer.Argument(
-    help=f"a run directory, a run id, a prefix of one, or {LAST} [default: {LAST}]",
-    show_default=False)]
-RunDirOpt = Annotated[Path | None, typer.Option(
-    "--run-dir", help="where the run's plan, events and logs go [default: runs/<run-id>]")]
-
-
-def _labeled(label: str, style: str, text: str) -> Any:
-    """`label` in `style`, then `text` as it is, line by line through `printable`: a path, a
-    host's reply or a task's words are never read as rich markup or terminal escapes."""
-    from rich.text import Text
-
-    return Text.assemble((label, style), " ", "\n".join(map(printable, text.split("\n"))))
-
-
 def _fail(message: str) -> typer.Exit:
-    err.print(_labeled("error:", "bold red", message), soft_wrap=True)
+    err.print(labeled("error:", "bold red", message), soft_wrap=True)
     return typer.Exit(EXIT_BAD_SPEC)
 
 
-# A TensorFlow task wants about a core and half a GiB; beyond this many on one machine a
-# job is a mistake (10,000 workers grew the coordinator to 9.4 GB before anything started).
-MAX_LOCAL_TASKS = 256
-
-
-def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
-    """The entry's module and function, the module or the script must exist where tasks will
-    look for them. Only located and parsed, never imported: user code could import
-    TensorFlow, or do anything."""
-    from orchestrator.entry import EntryError, check_entry, check_module, check_script
-    from orchestrator.spec import LOCALHOST, SLURM
-
-    job = spec.job
-    try:
-        if job.script is not None:  # run here, or synced from here: it must be here
-            check_script(job.script, workdir)
-            return
-        # Slurm's nodes run the tasks here too: in this directory, with this python.
-        local = any(a.host in (LOCALHOST, SLURM) for _, _, a in spec.tasks.all())
-        shipped = job.package == "worker_entry" or (workdir / job.package).exists() \
-            or (workdir / f"{job.package}.py").exists()
-        if not (local or shipped):
-            return  # lab hosts' own packages; `job_packages` says if the code cannot be shipped
-        if job.module is not None:
-            check_module(job.module, workdir)
-        else:
-            check_entry(job.target, workdir)
-    except EntryError as e:
-        raise SpecError(f"job.{job.kind}: {e} ({job.target})") from None
-
-
-def check_local_tasks(spec: ClusterSpec) -> None:
-    """Refuse more localhost tasks than can make sense; warn beyond one per CPU."""
-    from orchestrator.spec import LOCALHOST
-
-    count = sum(1 for _, _, a in spec.tasks.all() if a.host == LOCALHOST)
-    if count > MAX_LOCAL_TASKS:
-        raise SpecError(f"tasks: {count:,} tasks on localhost; at most {MAX_LOCAL_TASKS} run on "
-                        "one machine (each TensorFlow task wants about a core and 0.5 GB); "
-                        "spread them over hosts:")
-    cpus = os.cpu_count() or 1
-    if count > cpus:
-        err.print(_labeled("warning:", "yellow", f"{count} tasks on localhost but {cpus} "
-                           "CPU(s): each TensorFlow task wants about a core and 0.5 GB; expect "
-                           "a slow start"), soft_wrap=True)
-
-
-def check_run_dir(run_dir: Path) -> None:
-    """What can be told without creating it: the run directory, or the nearest existing
-    folder above it, must be a directory, and it must not hold a run already."""
-    path = run_dir
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    if not path.is_dir():
-        raise SpecError(f"--run-dir {run_dir}: {path} is not a directory")
-    try:
-        RunDir(str(run_dir)).check_new()
-    except RunDirError as e:
-        raise SpecError(str(e)) from None
-
-
-def make_run_dir(p: Plan) -> IO[bytes]:
-    """Made, locked, and plan.json written, before anything starts: a bad place, a full disk
-    or another run there is an error for the user here, not a traceback or a mixed run
-    later. The returned file holds the lock while the run goes on."""
-    try:
-        return RunDir(p.run_dir).create(p.to_json())
-    except RunDirError as e:
-        raise SpecError(str(e)) from None
-    except OSError as e:
-        raise SpecError(f"run directory {p.run_dir}: cannot write {e.filename or p.run_dir}: "
-                        f"{e.strerror or e}") from None
-
-
-RUN_ID_PATTERN = "YYYYmmdd-HHMMSS-xxxx"  # what a dry run shows for the id a run will get
-
-
-def load_source(file: Path | dict) -> tuple[ClusterSpec, dict[str, int] | None]:
-    """A cluster file; or a run's plan.json, to run the same tasks again: the spec it was
-    made from, and the ports it had (the same TF_CONFIGs, `auto` ports included); or a
-    cluster file made from flags (a dict)."""
-    from orchestrator.plan import Plan
-    from orchestrator.spec import parse_spec
-    from orchestrator.specfile import SpecFileError, read_data
-
-    if isinstance(file, dict):
-        return parse_spec(file, "the cluster made from the command line"), None
-    try:
-        data = read_data(file)
-    except SpecFileError as err:
-        raise SpecError(str(err)) from None
-    if not (isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys()):
-        return parse_spec(data, str(file)), None
-    old = Plan.from_json(data, str(file))  # SpecError naming the field in plan.json
-    return old.spec, old.ports()
-
-
-def prepare(file: Path | dict, run_dir: Path | None, dry_run: bool = False,
-            ask_hosts: bool = True) -> tuple[Plan, Backends]:
-    """Load, validate, allocate (ports, and GPUs of `auto` hosts) and plan; raises SpecError
-    with a message for the user. A dry run names no run id: each real run gets a new one, so
-    a made-up id would be a false promise. Without `ask_hosts` lab hosts are not contacted
-    (`tfo plan`). The caller closes the backends."""
-    from orchestrator.launch.backends import Backends
-    from orchestrator.plan import make_plan
-
-    spec, ports = load_source(file)
-    check_entry_importable(spec, Path.cwd())
-    check_local_tasks(spec)
-    stamp = RUN_ID_PATTERN if dry_run else \
-        f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"  # not secrets: 0.02 s to import
-    run_id = f"{spec.name}-{stamp}"
-    rd = RunDir(str(run_dir.resolve())) if run_dir else RunDir.default(run_id)
-    check_run_dir(Path(rd.path))
-    backends = Backends(spec.hosts)
-    try:
-        # A scheduler's nodes first (Slurm: the allocation), then ports on them.
-        nodes = backends.place(spec, dry_run, _say)
-        if ports is None or nodes:  # a Slurm job's ports are the new nodes' own
-            ports = backends.allocate(spec)
-        gpus = backends.gpus(spec, ask_hosts)
-        _warn_gpu_notes(gpus)
-        plan = make_plan(spec, run_id=run_id, run_dir=rd.path, workdir=Path.cwd(), ports=ports,
-                         gpus={host: report.ids for host, report in gpus.items()}, nodes=nodes)
-    except BaseException:  # Ctrl-C in the queue too: an allocation is given back
-        backends.close()
-        raise
-    return plan, backends
-
-
 def _say(line: str) -> None:
-    err.print(_labeled("tfo:", "bold", line), soft_wrap=True)
+    err.print(labeled("tfo:", "bold", line), soft_wrap=True)
 
 
-def _warn_gpu_notes(reports: dict[str, GpuReport]) -> None:
-    for name, report in reports.items():
-        if report.note:
-            err.print(_labeled("warning:", "yellow", f"{name}: gpus auto: {report}"),
-                      soft_wrap=True)
+def _warn(line: str) -> None:
+    err.print(labeled("warning:", "yellow", line), soft_wrap=True)
 
 
-class _CommandAfterDashes(TyperCommand):
-    """`tfo run [FLAGS] -- python train.py --epochs 3`: everything after the first `--` is
-    the job's command, kept whole and away from tfo's own options."""
+def prepare(source: Path | dict, run_dir: Path | None, dry_run: bool = False,
+            ask_hosts: bool = True) -> tuple[Plan, Backends]:
+    """orchestrator.pipeline.prepare, saying what it does on stderr."""
+    from orchestrator import pipeline
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        if "--" in args:
-            cut = args.index("--")
-            ctx.meta[_COMMAND] = args[cut + 1:]
-            args = args[:cut]
-        return super().parse_args(ctx, args)
-
-    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
-        return [*super().collect_usage_pieces(ctx), "[-- COMMAND ARGS...]"]
-
-
-_COMMAND = "tfo.command"  # where _CommandAfterDashes leaves the command in ctx.meta
-_QUICK = "cluster without a file (with a command after --)"
-WorkersOpt = Annotated[int | None, typer.Option(
-    "--workers", help="worker tasks [default: 1]", rich_help_panel=_QUICK, show_default=False)]
-ChiefOpt = Annotated[bool, typer.Option(
-    "--chief", help="a chief task too (always one under parameter_server)",
-    rich_help_panel=_QUICK)]
-PsOpt = Annotated[int | None, typer.Option(
-    "--ps", help="ps tasks, for --strategy parameter_server [default: 1]",
-    rich_help_panel=_QUICK, show_default=False)]
-EvaluatorOpt = Annotated[bool, typer.Option(
-    "--evaluator", help="an evaluator task, beside the chief", rich_help_panel=_QUICK)]
-StrategyOpt = Annotated[str | None, typer.Option(
-    "--strategy", help="multi_worker_mirrored (mwms) or parameter_server (ps) "
-    "[default: multi_worker_mirrored]", rich_help_panel=_QUICK,
-    show_default=False)]
-HostsOpt = Annotated[str | None, typer.Option(
-    "--hosts", help="hosts to spread the tasks over, round-robin: localhost or names "
-    "from --hosts-file [default: every host of --hosts-file, else localhost]",
-    rich_help_panel=_QUICK, show_default=False)]
-HostsFileOpt = Annotated[Path | None, typer.Option(
-    "--hosts-file", help="a YAML file with a hosts: mapping, as in a cluster file",
-    rich_help_panel=_QUICK, show_default=False)]
-NameOpt = Annotated[str | None, typer.Option(
-    "--name", help="the job's name [default: the script's or module's]",
-    rich_help_panel=_QUICK, show_default=False)]
-RestartOpt = Annotated[str | None, typer.Option(
-    "--restart", help="restart policy: never, on-failure, always, exit-code [default: per "
-    "role: on-failure for a parameter_server job's ps and workers and for the evaluator, "
-    "never for the rest]",
-    rich_help_panel=_QUICK, show_default=False)]
-MaxRestartsOpt = Annotated[int | None, typer.Option(
-    "--max-restarts", help="restarts over the whole job [default: 3]",
-    rich_help_panel=_QUICK, show_default=False)]
-_SLURM = "on Slurm (`--on slurm`: one allocation, each task a job step)"
-OnOpt = Annotated[str | None, typer.Option(
-    "--on", help="hand the job to a scheduler: slurm (each role's tasks become a count; Slurm "
-    "picks the nodes)", rich_help_panel=_SLURM, show_default=False)]
-PartitionOpt = Annotated[str | None, typer.Option(
-    "--partition", help="Slurm partition [default: the cluster's default]",
-    rich_help_panel=_SLURM, show_default=False)]
-TimeOpt = Annotated[str | None, typer.Option(
-    "--time", help="Slurm time limit: minutes, HH:MM:SS, D-HH:MM:SS", rich_help_panel=_SLURM,
-    show_default=False)]
-NodesOpt = Annotated[int | None, typer.Option(
-    "--nodes", help="nodes to ask for [default: enough for --tasks-per-node]",
-    rich_help_panel=_SLURM, show_default=False)]
-TasksPerNodeOpt = Annotated[int | None, typer.Option(
-    "--tasks-per-node", help="tasks on one node [default: 1]", rich_help_panel=_SLURM,
-    show_default=False)]
-GpusPerTaskOpt = Annotated[int | None, typer.Option(
-    "--gpus-per-task", help="GPUs Slurm gives each task [default: 0]", rich_help_panel=_SLURM,
-    show_default=False)]
-AccountOpt = Annotated[str | None, typer.Option(
-    "--account", help="Slurm account to charge", rich_help_panel=_SLURM, show_default=False)]
-SlurmArgOpt = Annotated[list[str] | None, typer.Option(
-    "--slurm-arg", help="one more salloc option, e.g. --slurm-arg=--qos=debug (repeatable)",
-    rich_help_panel=_SLURM, show_default=False)]
-_USAGE = ("give a cluster file (tfo {0} clusters/localhost.yaml) or a command after -- "
-          "(tfo {0} --workers 2 -- python train.py --epochs 3)")
+    return pipeline.prepare(source, run_dir, dry_run, ask_hosts, say=_say, warn=_warn)
 
 
 def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags,
             slurm: SlurmFlags | None = None) -> Path | dict:
-    """What to run: FILE, or the cluster file the flags and the command after `--` make;
-    with `--on slurm`, that job as a Slurm job."""
-    from orchestrator.quick import FlagError, on_slurm
-    from orchestrator.specfile import SpecFileError, read_data
+    """What to run (quick.source_from); a wrong combination is the user's error, exit 2."""
+    from orchestrator.quick import source_from
 
-    source = _what_to_run(ctx, file, flags)
-    if slurm is None or (slurm.on is None and not slurm.given()):
-        return source
     try:
-        data = source
-        if isinstance(source, Path):
-            data = read_data(source)
-            if isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys():
-                raise FlagError(f"--on: {source} is a run's plan.json, already placed; give "
-                                "the cluster file")
-        return on_slurm(data, slurm)
-    except SpecFileError as e:
-        raise _fail(str(e)) from None
-    except SpecError as e:
-        raise _fail(str(e)) from None
-
-
-def _what_to_run(ctx: typer.Context | None, file: Path | None, flags: QuickFlags) -> Path | dict:
-    """FILE, or the cluster file the flags and the command after `--` make."""
-    from orchestrator.quick import read_hosts_file, spec_from_command
-
-    command: list[str] | None = ctx.meta.get(_COMMAND) if ctx is not None else None
-    usage = _USAGE.format(ctx.info_name if ctx is not None else "run")
-    if command is not None and file is not None:
-        raise _fail(f"both a file ({file}) and a command after -- ({shlex.join(command)}); "
-                    f"{usage}")
-    if command is None and file is None:
-        raise _fail(f"nothing to run: {usage}")
-    if file is not None:
-        if flags.given():
-            raise _fail(f"{', '.join(flags.given())}: these flags make a cluster for a command "
-                        f"after --; {file} says it all already (edit it instead)")
-        return file
-    try:
-        if flags.hosts_file is not None:
-            flags = replace(flags, hosts_data=read_hosts_file(Path(flags.hosts_file)))
-        return spec_from_command(command, flags)
+        return source_from(ctx.meta.get(_COMMAND) if ctx is not None else None, file, flags,
+                           slurm, ctx.info_name if ctx is not None else "run")
     except SpecError as e:
         raise _fail(str(e)) from None
 
@@ -424,7 +148,7 @@ def _made_by() -> str:
     return shlex.join(["tfo", *sys.argv[1:]])
 
 
-@app.command(cls=_CommandAfterDashes)
+@app.command(cls=CommandAfterDashes)
 def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, typer.Option(
         "--json", help="print the plan as JSON, as plan.json holds it")] = False,
          run_dir: RunDirOpt = None,
@@ -453,76 +177,8 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
 
         sys.stdout.write(json_text(p.to_json()))
         return
-    from rich.table import Table
-
-    from orchestrator.launch.gpus import auto_gpus, auto_notes
-    from orchestrator.quick import cluster_yaml
-
-    table = Table(title=f"{p.name}: {p.strategy.value}, {len(p.tasks)} tasks", title_justify="left")
-    for col in ("task", "host", "port", "gpus", "TF_CONFIG task", "command"):
-        table.add_column(col, overflow="fold")
-    for t in p.tasks:
-        table.add_row(t.name, t.host, str(t.port), ",".join(map(str, t.gpus)) or "-",
-                      json.dumps(t.tf_config["task"]), " ".join(t.command))
-    out.print(table)
-    for note in auto_notes(p.spec, auto_gpus(p.spec, None)):  # local_gpus is cached
-        out.print(note)
-    out.print(f"cluster: {json.dumps(p.cluster)}")
-    # The command column is the task wrapper; this is what it runs.
-    args = p.spec.job.args if isinstance(p.spec.job.args, list) else []
-    out.print(f"job: {' '.join([p.job, *map(shlex.quote, args)])}")
-    out.print(f"restart: {restart_line(p)}")
-    if run_dir is None:
-        out.print(f"run directory: {p.run_dir} (a new id for each run; --run-dir picks one)")
-    else:
-        out.print(f"run directory: {p.run_dir}")
-    if isinstance(source, dict):
-        out.print("cluster file (`tfo run` writes it into the run directory as cluster.yaml):")
-        out.print(cluster_yaml(source, _made_by()), end="", soft_wrap=True)
-
-
-def restart_line(p: Plan) -> str:
-    """Each role's restart policy and what goes down with a lost task (the strategy's)."""
-    units = {"alone": "alone", "group": "with every training task"}
-    return ", ".join(f"{role.value} {policy.value}" + (
-        f" ({units[p.rules.restart_unit[role].value]})" if policy.value != "never" else "")
-        for role, policy in p.policy.restart.items()) + \
-        f"; max_restarts {p.policy.max_restarts}"
-
-
-def _preflight_table(rows: list[HostCheck]) -> Table:
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title="preflight", title_justify="left")
-    for col in ("host", "address", "ssh", "python", "tensorflow", "tf_keras", "ports", "gpus",
-                "cpus", "mem free", "ok"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r.host, r.address, "ok" if r.reachable else "FAILED", r.python or "-",
-                      r.versions.get("tensorflow") or "-", r.versions.get("tf_keras") or "-",
-                      ",".join(map(str, r.ports)), str(r.gpus) if r.gpus else "-",
-                      str(r.cpus or "-"), _gib(r.mem_available),
-                      Text("ok", "green") if not r.problems
-                      else Text(f"{len(r.problems)} problem(s)", "red"))
-    return table
-
-
-def _gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.1f} GiB"
-
-
-def _preflight(p: Plan, backends: Backends, show: bool) -> list[HostCheck]:
-    t0 = time.monotonic()
-    rows = backends.check(p, versions=show)  # the table shows them
-    if show:
-        out.print(_preflight_table(rows))
-        out.print(f"checked {len(rows)} host(s) in {time.monotonic() - t0:.2f} s")
-    return rows
-
-
-def _problems(rows: list[HostCheck]) -> list[str]:
-    return [problem for r in rows for problem in r.problems]
+    print_plan(p, run_dir is not None, source if isinstance(source, dict) else None,
+               _made_by())
 
 
 @app.command()
@@ -533,15 +189,19 @@ def check(file: FileArg) -> None:
         p, backends = prepare(file, None, dry_run=True)
     except (SpecError, BackendError) as e:
         raise _fail(str(e)) from None
+    t0 = time.monotonic()
     try:
-        problems = _problems(_preflight(p, backends, show=True))
+        rows = backends.check(p, versions=True)  # the table shows them
     finally:
         backends.close()
+    out.print(preflight_table(rows))
+    out.print(f"checked {len(rows)} host(s) in {time.monotonic() - t0:.2f} s")
+    problems = host_problems(rows)
     from orchestrator.launch.loopback import listen_note
 
     out.print(listen_note(p.tasks), soft_wrap=True)
     for problem in problems:
-        err.print(_labeled("problem:", "red", problem), soft_wrap=True)
+        err.print(labeled("problem:", "red", problem), soft_wrap=True)
     raise typer.Exit(1 if problems else 0)
 
 
@@ -553,14 +213,7 @@ def schema() -> None:
     print(json.dumps(cluster_schema(), indent=2))
 
 
-VerboseOpt = Annotated[bool, typer.Option(
-    "--verbose", "-v", help="also show TensorFlow's C++ INFO/WARNING lines")]
-LogsOpt = Annotated[bool, typer.Option(
-    "--logs/--no-logs", help="stream the tasks' lines, [role:index] first (the logs in the run "
-    "directory have them either way)")]
-
-
-@app.command(cls=_CommandAfterDashes)
+@app.command(cls=CommandAfterDashes)
 def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         verbose: VerboseOpt = False, logs: LogsOpt = True, workers: WorkersOpt = None,
         chief: ChiefOpt = False, ps: PsOpt = None, evaluator: EvaluatorOpt = False,
@@ -604,88 +257,71 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True) -> None:
+    """orchestrator.pipeline.run, printing: its lines, the tasks' (a ConsoleWriter, and the
+    live view on a terminal), the summary; its errors as the user's, with the exit code."""
     # Until the supervisor takes over, SIGTERM and SIGHUP end tfo as Ctrl-C does: what was
     # under way (a host's check, a code sync) is said and cleaned up, not cut off silently.
     import signal
 
+    from orchestrator.pipeline import run as run_pipeline
+
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, _interrupt)
     stage = ["planning"]  # what was under way, for the message
+    shown: list[ConsoleWriter] = []  # the console, once the supervisor takes over
+
+    @contextlib.contextmanager
+    def display(p: Plan) -> Iterator[tuple[Any, Any]]:
+        from orchestrator.liveview import LiveView, is_live_terminal
+
+        fd = sys.stdout.fileno()
+        console = ConsoleWriter(fd)
+        shown.append(console)
+        view = LiveView(console, fd) if is_live_terminal(fd) else None
+        try:
+            yield console_echo(console.write, verbose, logs, view.seen if view else None), view
+        finally:
+            if view is not None:
+                view.close()  # the summary's table takes its place
+            console.close()
+
+    def started(p: Plan) -> None:
+        """Said once the tasks are started: rich loads then (liveview defers it too). A
+        closed stderr does not stop the run; events.jsonl has it all."""
+        with contextlib.suppress(OSError):
+            _say(f"run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
+
+    def under_way(what: str) -> None:
+        stage[0] = what
+
     try:
-        _run_stages(source, run_dir, verbose, logs, stage)
+        result = run_pipeline(source, run_dir, say=_say, warn=_warn, display=display,
+                              started=started, stage=under_way, made_by=_made_by())
     except (_Interrupted, KeyboardInterrupt) as e:
         signum = e.signum if isinstance(e, _Interrupted) else signal.SIGINT
         err.print(f"tfo: interrupted by {signal.Signals(signum).name} while {stage[0]}; "
                   "nothing was started", soft_wrap=True)
         raise typer.Exit(128 + signum) from None
-
-
-def _run_stages(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool,
-                stage: list[str]) -> None:
-    from orchestrator.supervise import Supervisor
-
-    try:
-        p, backends = prepare(source, run_dir)  # spec → place → allocate → plan
-    except (SpecError, BackendError) as e:
+    except CannotStart as e:
         raise _fail(str(e)) from None
-    settled()  # before anything is started: the tasks get the user's environment
-    lock: IO[bytes] | None = None  # the run directory's, while the run goes on
-    try:
-        stage[0] = "checking the hosts"
-        checks = _preflight(p, backends, show=False)  # check
-        if problems := _problems(checks):
-            raise _fail("cannot start, nothing was started:\n  " + "\n  ".join(problems))
-        lock = make_run_dir(p)
-        if isinstance(source, dict):
-            _write_cluster_file(p, source)
-        stage[0] = "copying the code to the hosts (partial files removed)"
-        for line in backends.sync(p):  # sync
-            _say(line)
-        stage[0] = "starting the supervisor"
-        from orchestrator.launch.spares import spares_wanted
-        from orchestrator.liveview import LiveView, is_live_terminal
-
-        fd = sys.stdout.fileno()
-        console = ConsoleWriter(fd)
-        view = LiveView(console, fd) if is_live_terminal(fd) else None
-        try:  # supervise
-            echo = console_echo(console.write, verbose, logs, view.seen if view else None)
-            wanted = spares_wanted(p, checks)
-            standby = functools.partial(backends.standby, wanted=wanted) if wanted else None
-
-            def started() -> None:
-                """Said once the tasks are started: rich loads then (liveview defers it
-                too). A closed stderr does not stop the run; events.jsonl has it all."""
-                with contextlib.suppress(OSError):
-                    _say(f"run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
-
-            stage[0] = "supervising"
-            result = Supervisor(p, start=backends.start, echo=echo, watch=view,
-                                standby=standby).run(started=started)
-        finally:
-            if view is not None:
-                view.close()  # the summary's table takes its place
-            console.close()
-    except SpecError as e:
-        raise _fail(f"{e}; nothing was started") from None
-    except BackendError as e:
-        raise _fail(f"{e}; nothing was started" if stage[0] != "supervising" else str(e)
-                    ) from None
+    except (SpecError, BackendError) as e:  # planning's own words; later, nothing started
+        started_some = stage[0] == "supervising" and isinstance(e, BackendError)
+        raise _fail(str(e) if stage[0] == "planning" or started_some
+                    else f"{e}; nothing was started") from None
     except OSError as e:  # e.g. the run directory's disk filled up once the run was going
+        if stage[0] == "planning":
+            raise
         where = f"{e.filename}: " if e.filename else ""
-        err.print(_labeled("error:", "bold red", f"{where}{e.strerror or e}"), soft_wrap=True)
+        err.print(labeled("error:", "bold red", f"{where}{e.strerror or e}"), soft_wrap=True)
         raise typer.Exit(1) from None
-    finally:
-        backends.close()
-        if lock is not None:
-            lock.close()
     with contextlib.suppress(OSError):  # a closed terminal (SIGHUP); events.jsonl has it all
+        console = shown[0]
         if console.dropped:
             err.print(f"tfo: {console.dropped} console lines dropped (slow reader); logs are "
-                      f"complete in {p.run_dir}/logs", soft_wrap=True)
+                      f"complete in {result.run_dir}/logs", soft_wrap=True)
         if console.reader_gone:
             err.print(f"tfo: stdout was closed; console echo stopped; logs are complete in "
-                      f"{p.run_dir}/logs", soft_wrap=True)
+                      f"{result.run_dir}/logs", soft_wrap=True)
         print_summary(result)
     raise typer.Exit(result.exit_code)
 
@@ -694,67 +330,7 @@ def _run_stages(source: Path | dict, run_dir: Path | None, verbose: bool, logs: 
 def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt = False,
           logs: LogsOpt = True) -> None:
     """Run a run's plan again: the same tasks, ports and TF_CONFIGs, in a new run directory."""
-    try:
-        rd = RunDir.find(run_ref)
-    except RunDirError as e:
-        raise _fail(str(e)) from None
-    _run(Path(rd.plan_path), run_dir, verbose, logs)
-
-
-def _write_cluster_file(p: Plan, spec: dict) -> None:
-    """The cluster file a command line made, so the run can be repeated and grown into a file."""
-    from orchestrator.quick import cluster_yaml
-
-    path = Path(RunDir(p.run_dir).cluster_path)
-    try:
-        path.write_text(cluster_yaml(spec, _made_by()))
-    except OSError as e:
-        raise SpecError(f"run directory {p.run_dir}: cannot write {path}: "
-                        f"{e.strerror or e}") from None
-    shown = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
-    _say(f"cluster file {shown}; to repeat: tfo run {shlex.quote(shown)}")
-
-
-def print_summary(result: RunResult) -> None:
-    from orchestrator.liveview import FINAL, row_from_outcome, table
-
-    err.print(table([row_from_outcome(t) for t in result.tasks], FINAL,
-                    title=f"job {result.state.value}: {result.reason}"))
-    if result.failed_task:
-        failed = next(t for t in result.tasks if t.name == result.failed_task)
-        # No exit code: it never started (its start failed), so it cannot be "still running".
-        how = failed.exit_reason or describe_exit(failed.returncode) \
-            if failed.returncode is not None else "could not start"
-        err.print(_labeled(f"{failed.name} failed: {how};", "bold red",
-                           f"last lines of {failed.log_path}:"), soft_wrap=True)
-        for line in _last_lines(failed.name, failed.log_path, 20):
-            err.print(f"  {line}", soft_wrap=True)
-    for stall in result.stalls:  # restarted or not: where a hang was is worth seeing
-        err.print(_labeled("stalled:", "bold red", f"{stall.task} {stall.reason}"))
-        for frame in stall.where:
-            err.print(f"  in {printable(frame)}", highlight=False, soft_wrap=True)
-    if result.evaluation:
-        metrics = ", ".join(f"{k}={v:.4f}" for k, v in (result.evaluation["metrics"] or {}).items())
-        err.print(f"evaluator: epoch {result.evaluation['epoch']}: {metrics}")
-    board = RunDir(result.run_dir).tensorboard
-    if Path(board).is_dir():
-        err.print(f"tensorboard: {board} (to view: tensorboard --logdir {shlex.quote(board)})",
-                  soft_wrap=True)
-    preempted = f", preemptions: {result.preemptions}" if result.preemptions else ""
-    err.print(f"run directory: {result.run_dir} (restarts: {result.restarts}{preempted})",
-              soft_wrap=True)
-
-
-def _last_lines(task: str, log_path: str, n: int) -> list[str]:
-    """The end of a task's log as the console showed it: no markers, no TensorFlow chatter,
-    escaped (a task's output is untrusted)."""
-    from orchestrator.markers import is_marker
-    from orchestrator.supervise import tail
-
-    chatter = ChatterFilter()
-    shown = [printable(line) for line in tail(log_path, 50 * n)
-             if not is_marker(line) and not chatter.hides(task, line)]
-    return shown[-n:]
+    _run(Path(_find_run(run_ref).plan_path), run_dir, verbose, logs)
 
 
 def _find_run(ref: str | None) -> RunDir:
@@ -775,14 +351,7 @@ def status(run_ref: RunArg = None) -> None:
         events, skipped = rd.read_events()
     except OSError as e:
         raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
-    started = next((e for e in events if e["event"] == "run_started"), {})
-    finished = next((e for e in reversed(events) if e["event"] == "job_finished"), None)
-    state = outcome(started, finished)
-    job = f"{state.value}: {finished.get('reason', '')}" if finished else state.value
-    if state is Outcome.LOST:
-        job = (f"coordinator lost: pid {started.get('coordinator_pid')} is gone; the run did "
-               "not finish cleanly")
-    out.print(table(rows_from_events(events), STATUS, title=f"{rd.name}: {job}"))
+    out.print(table(rows_from_events(events), STATUS, title=f"{rd.name}: {job_line(events)}"))
     if skipped:
         err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)")
 
@@ -791,23 +360,8 @@ def status(run_ref: RunArg = None) -> None:
 def runs() -> None:
     """The runs under runs/, oldest first: id, cluster name, start, duration, outcome,
     restarts."""
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
-    from orchestrator.liveview import duration
-
     found, broken = list_runs()
-    table = Table(title=f"{len(found)} run(s) under {RUNS}/", title_justify="left",
-                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for col in ("run", "name", "started", "duration", "outcome", "restarts"):
-        table.add_column(col, no_wrap=col != "run")
-    for r in found:
-        table.add_row(Text(r.run_id), Text(r.name),
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)),
-                      duration(r.duration), r.outcome.value,
-                      "-" if r.restarts is None else str(r.restarts))
-    out.print(table)
+    out.print(runs_table(found))
     if broken:
         what = "directory that is not a readable run" if broken == 1 else \
             "directories that are not readable runs"
@@ -908,8 +462,6 @@ def export_tfjob(
     """Write a Kubeflow TFJob (kubeflow.org/v1) that runs FILE's tasks as pods: one replica
     spec per role, the restart section as restartPolicy and backoffLimit. What does not carry
     over is a warning on stderr (README: Kubernetes)."""
-    import yaml
-
     from orchestrator.export import tfjob
 
     try:
@@ -918,10 +470,8 @@ def export_tfjob(
     except SpecError as e:
         raise _fail(str(e)) from None
     for warning in exported.warnings:
-        err.print(_labeled("warning:", "yellow", warning), soft_wrap=True)
-    text = (f"# made by: {_made_by()}\n# run it: kubectl apply -f THIS_FILE (the Kubeflow training "
-            "operator must be installed)\n"
-            + yaml.safe_dump(exported.manifest, sort_keys=False, width=100))
+        err.print(labeled("warning:", "yellow", warning), soft_wrap=True)
+    text = exported.text(_made_by())
     if output is None:
         sys.stdout.write(text)
         return
@@ -932,22 +482,8 @@ def export_tfjob(
     err.print(f"tfo: wrote {output}; run it with kubectl apply -f {output}")
 
 
-def _reopen_closed_std_streams() -> None:
-    """A standard stream whose fd was closed when tfo started (`tfo run … 2>&-`, a daemon's
-    child) is None in Python, and printing to it was a traceback (once a run had started:
-    a failed job). It goes to /dev/null instead: those lines are dropped, events.jsonl and
-    the task logs have it all."""
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        if getattr(sys, name) is None:
-            null = os.open(os.devnull, os.O_WRONLY)
-            if null != fd:
-                os.dup2(null, fd)
-                os.close(null)
-            setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 (for good)
-
-
 def main() -> None:
-    _reopen_closed_std_streams()
+    reopen_closed_std_streams()
     # Line-buffered even into a pipe, so `[worker:1]` lines arrive as they happen.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)

@@ -24,6 +24,7 @@ import errno
 import os
 import re
 import select
+import sys
 import threading
 import time
 from collections import deque
@@ -258,3 +259,17 @@ def console_echo(write: Callable[[str], None], verbose: bool, logs: bool = True,
             write(f"[{task}] {printable(line)}")
 
     return echo
+
+
+def reopen_closed_std_streams() -> None:
+    """A standard stream whose fd was closed when tfo started (`tfo run … 2>&-`, a daemon's
+    child) is None in Python, and printing to it was a traceback (once a run had started:
+    a failed job). It goes to /dev/null instead: those lines are dropped, events.jsonl and
+    the task logs have it all."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is None:
+            null = os.open(os.devnull, os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 (for good)

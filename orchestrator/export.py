@@ -49,6 +49,15 @@ class TFJobExport:
     manifest: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
 
+    def text(self, made_by: str) -> str:
+        """The manifest as the file `tfo export tfjob` writes: YAML, after a comment that
+        says what made it and how to run it."""
+        import yaml  # only here: the rest of the export is plain data
+
+        return (f"# made by: {made_by}\n# run it: kubectl apply -f THIS_FILE (the Kubeflow "
+                "training operator must be installed)\n"
+                + yaml.safe_dump(self.manifest, sort_keys=False, width=100))
+
 
 def tfjob(spec: ClusterSpec, *, image: str, name: str | None = None) -> TFJobExport:
     """The TFJob that runs `spec`'s tasks as pods of `image`; `name` overrides spec.name."""

@@ -76,19 +76,20 @@ def row_from_record(rec: TaskRecord, now: float, last: str | None = None) -> Row
     """A copy of what the live table shows of one task (the loop's thread calls this);
     `last`: its last line but TensorFlow's chatter, when known."""
     live = rec.state.live
-    usage = rec.usage if live else None
+    usage = rec.current.work.usage if live else None
     state = rec.state.value
     if usage is not None and usage.stopped:
         state += " (stopped)"  # SIGSTOP / Ctrl-Z: state T, it will not move
     return Row(
         task=rec.name, host=rec.task.host, pid=rec.handle.pid if rec.handle else None,
         state=state, restarts=rec.restarts,
-        uptime=now - rec.started_at if live and rec.started_at else None,
+        uptime=now - rec.current.started_at if live and rec.current.started_at else None,
         cpu=usage.cpu if usage else None, rss=usage.rss if usage else None,
-        steps_per_second=rec.steps_per_second if live else None, exit=rec.returncode,
-        torn_down=rec.torn_down_ok, exit_reason=rec.exit_reason,
+        steps_per_second=rec.current.work.steps_per_second if live else None,
+        exit=rec.current.returncode,
+        torn_down=rec.torn_down_ok, exit_reason=rec.current.exit_reason,
         last=rec.last_line if last is None else last,
-        **_progress(rec.progress))
+        **_progress(rec.current.work.progress))
 
 
 def row_from_outcome(t: TaskOutcome) -> Row:
@@ -127,7 +128,9 @@ def rows_from_events(events: Iterable[dict[str, Any]]) -> list[Row]:
             t["exit"], t["torn_down"] = rc, e.get("teardown") is True
             how = e.get("how")
             t["exit_reason"] = how if isinstance(how, str) and how.startswith("lost") else ""
-            t["state"] = "stopped" if kind == "task_stopped" else \
+            decided = e.get("state")  # the supervisor's (a run before it wrote it: none)
+            t["state"] = "stopped" if kind == "task_stopped" else decided \
+                if decided in ("succeeded", "failed") else \
                 "succeeded" if rc == 0 or t["torn_down"] else "failed"
         elif kind == "task_start_failed":
             t["state"] = "failed"

@@ -13,7 +13,8 @@ cluster file (parse_spec). A mistake raises FlagError naming the flag; the CLI e
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+import shlex
+from dataclasses import dataclass, fields, replace
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -312,3 +313,45 @@ def cluster_yaml(spec: dict[str, Any], made_by: str) -> str:
     return (f"# made by: {made_by}\n"
             "# run it again: tfo run THIS_FILE (from the same directory); edit it to grow the job\n"
             f"{body}")
+
+
+USAGE = ("give a cluster file (tfo {0} clusters/localhost.yaml) or a command after -- "
+         "(tfo {0} --workers 2 -- python train.py --epochs 3)")
+
+
+def source_from(command: list[str] | None, file: Path | None, flags: QuickFlags,
+                slurm: SlurmFlags | None = None, verb: str = "run") -> Path | dict:
+    """What `tfo VERB` runs: FILE, or the cluster file the flags and the command after `--`
+    make; with `--on slurm`, that job as a Slurm job. Raises SpecError (a FlagError where
+    the flags or the command are wrong) with the user's message."""
+    source = _file_or_command(command, file, flags, verb)
+    if slurm is None or (slurm.on is None and not slurm.given()):
+        return source
+    try:
+        data = source
+        if isinstance(source, Path):
+            data = read_data(source)
+            if isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys():
+                raise FlagError(f"--on: {source} is a run's plan.json, already placed; give "
+                                "the cluster file")
+        return on_slurm(data, slurm)
+    except SpecFileError as e:
+        raise SpecError(str(e)) from None
+
+
+def _file_or_command(command: list[str] | None, file: Path | None, flags: QuickFlags,
+                     verb: str) -> Path | dict:
+    usage = USAGE.format(verb)
+    if command is not None and file is not None:
+        raise FlagError(f"both a file ({file}) and a command after -- ({shlex.join(command)}); "
+                        f"{usage}")
+    if command is None and file is None:
+        raise FlagError(f"nothing to run: {usage}")
+    if file is not None:
+        if flags.given():
+            raise FlagError(f"{', '.join(flags.given())}: these flags make a cluster for a "
+                            f"command after --; {file} says it all already (edit it instead)")
+        return file
+    if flags.hosts_file is not None:
+        flags = replace(flags, hosts_data=read_hosts_file(Path(flags.hosts_file)))
+    return spec_from_command(command, flags)

@@ -48,18 +48,39 @@ standby of the task's next attempt (`task_standby_started`); a restart that gets
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from orchestrator import wakeup
-from orchestrator.launch import TORN_DOWN, Launcher, TaskHandle, describe_exit
+from orchestrator import decide, wakeup
+from orchestrator.decide import (
+    JOB_TRANSITIONS,
+    STANDBY_AFTER_READY_SECONDS,
+    START_BACKOFF_MAX,
+    TASK_TRANSITIONS,
+    TEARDOWN_GRACE_SECONDS,
+    EndJob,
+    IllegalTransition,
+    JobState,
+    Restart,
+    TaskState,
+    Timing,
+    advance,
+)
+from orchestrator.launch import (
+    TORN_DOWN,
+    BatchLauncher,
+    Launcher,
+    TaskHandle,
+    describe_exit,
+    one_by_one,
+)
 from orchestrator.markers import (
     BadMarker,
     Evaluated,
@@ -72,28 +93,28 @@ from orchestrator.markers import (
     read_marker,
 )
 from orchestrator.plan import Plan, TaskPlan
-from orchestrator.policy import RestartPolicy, restart_allowed
+from orchestrator.policy import restart_allowed
 from orchestrator.rundir import RunDir, coordinator_identity
 from orchestrator.stall import (
     IDLE_CPU,
     Frame,
     Pace,
     Stall,
-    StallRule,
     Watched,
     blame_order,
     find_stalls,
     paced,
-    startup_over,
     stuck_thread,
     threads,
     where,
 )
-from orchestrator.strategy import RestartUnit
 from worker_entry import markers
 from worker_entry.markers import Role
 
-__all__ = ["JobState", "RunResult", "Supervisor", "TaskState", "restart_allowed", "tail"]
+__all__ = ["JOB_TRANSITIONS", "STANDBY_AFTER_READY_SECONDS", "START_BACKOFF_MAX",
+           "TASK_TRANSITIONS", "TEARDOWN_GRACE_SECONDS", "IllegalTransition",
+           "JobState", "RunResult", "Supervisor", "TaskState", "advance", "restart_allowed",
+           "tail"]
 
 POLL_SECONDS = 0.05  # handles without an exit fd
 IDLE_SECONDS = 0.25  # the longest the loop sleeps with nothing happening
@@ -111,106 +132,46 @@ SIGNAL_EXIT = {signal.SIGHUP: 129, signal.SIGINT: 130, signal.SIGTERM: 143}
 # them at once; a task whose main thread holds the GIL still answers: it is C code).
 STACKS_WAIT_SECONDS = 2.0
 STACKS_QUIET_SECONDS = 0.3  # a dump has ended when its task printed nothing more this long
-# A task that reports no progress (a script without worker_entry.progress) is taken to be
-# training this long after its ready marker (its port listens): then its warm spare starts.
-STANDBY_AFTER_READY_SECONDS = 5.0
-# A task in its teardown (the `exiting` marker) this long after a peer of its restart unit
-# exited 0, or after every peer said `exiting` too, is stopped. TensorFlow's own exit took
-# 1.0–2.9 s after the code ended here when it did not wait.
-TEARDOWN_GRACE_SECONDS = 3.0
 # A sidecar whose usage says this much CPU (percent of one core) is evaluating, not idle:
 # one waiting for a checkpoint (SidecarEvaluator polls once a second) uses about none.
 SIDECAR_BUSY_CPU = 10.0
-# The longest wait before starting again on a host that could not be reached.
-START_BACKOFF_MAX = 60.0
 T = TypeVar("T")
 
 
-class TaskState(str, Enum):
-    """One task across its attempts. Every transition, one a line (a test reads these):
+@dataclass
+class Work:
+    """How one attempt works, as its markers tell: the stall rules and the live view."""
 
-        PENDING ──start──▶ STARTING
-        PENDING ──could not start──▶ FAILED
-        STARTING ──ready marker, or its first step──▶ RUNNING
-        STARTING/RUNNING ──exit 0──▶ SUCCEEDED
-        STARTING/RUNNING ──stopped in its teardown (code over, a peer gone)──▶ SUCCEEDED
-        STARTING/RUNNING ──exit ≠ 0, signal, a server's exit──▶ FAILED
-        STARTING/RUNNING ──teardown (a stalled task's too)──▶ STOPPED
-        PENDING/FAILED/STOPPED/SUCCEEDED ──restart (attempt + 1)──▶ PENDING
-    """
-
-    PENDING = "pending"
-    STARTING = "starting"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-    @property
-    def live(self) -> bool:
-        return self in _LIVE  # a frozenset: the loop asks for every task each round
+    pace: Pace  # how its steps moved
+    busy_at: float  # monotonic time of its last sign of work: a line, or CPU in use
+    progress: Progress | None = None  # its last progress marker
+    steps_per_second: float | None = None  # between the last two progress markers
+    usage: Usage | None = None  # the wrapper's last measure of the task's processes
+    usage_at: float | None = None  # monotonic time of `usage`
+    stopped_since: float | None = None  # since when its usage says stopped (state T)
 
 
-_T = TaskState
-_LIVE = frozenset({_T.STARTING, _T.RUNNING})
-TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
-    _T.PENDING: frozenset({_T.STARTING, _T.FAILED, _T.PENDING}),
-    _T.STARTING: frozenset({_T.RUNNING, _T.SUCCEEDED, _T.FAILED, _T.STOPPED}),
-    _T.RUNNING: frozenset({_T.SUCCEEDED, _T.FAILED, _T.STOPPED}),
-    _T.SUCCEEDED: frozenset({_T.PENDING}),
-    _T.FAILED: frozenset({_T.PENDING}),
-    _T.STOPPED: frozenset({_T.PENDING}),
-}
+@dataclass
+class Attempt:
+    """What belongs to one attempt of a task: made fresh when it starts, so nothing of the
+    attempt before is carried over, and nothing is reset by hand."""
 
+    started_at: float  # monotonic time
+    work: Work = field(init=False)
+    last_marker: str = ""
+    returncode: int | None = None
+    exit_reason: str = ""  # how it ended, where its code says less (its handle's)
+    running_at: float | None = None  # monotonic time of its ready marker
+    sigterm: bool = False  # its wrapper got SIGTERM (preemption)
+    done: bool = False  # its entry or script returned: exiting (TF may take its time)
+    exiting_at: float | None = None  # monotonic time of its `exiting` marker
+    exiting_code: int | None = None  # the exit status that marker said its code ended with
+    ended_at: float | None = None  # monotonic time its exit was collected
+    torn_down: bool = False  # stopped by us in its teardown (its exit: its exiting_code)
+    standby_asked: bool = False  # a warm spare for its next attempt was asked for
 
-class JobState(str, Enum):
-    """The whole run. Every transition, one a line (a test reads these):
-
-        PENDING ──launch──▶ RUNNING
-        RUNNING/RESTARTING ──task lost or stalled, restart allowed and left──▶ RESTARTING
-        RUNNING/RESTARTING ──task preempted──▶ RESTARTING
-        RESTARTING ──relaunched after the backoff──▶ RUNNING
-        RUNNING/RESTARTING ──success policy met: wait for the sidecars──▶ FINISHING
-        FINISHING ──sidecars done, their time up, or a signal──▶ SUCCEEDED
-        RUNNING/RESTARTING ──lost/stalled, no restart left; startup timeout; deadline──▶ FAILED
-        RUNNING/RESTARTING/FINISHING ──supervisor error──▶ FAILED
-        RUNNING/RESTARTING ──SIGHUP/SIGINT/SIGTERM──▶ INTERRUPTED
-    """
-
-    PENDING = "pending"
-    RUNNING = "running"
-    RESTARTING = "restarting"
-    FINISHING = "finishing"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-
-
-_J = JobState
-JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    _J.PENDING: frozenset({_J.RUNNING}),
-    _J.RUNNING: frozenset({_J.RESTARTING, _J.FINISHING, _J.FAILED, _J.INTERRUPTED}),
-    _J.RESTARTING: frozenset({_J.RESTARTING, _J.RUNNING, _J.FINISHING, _J.FAILED,
-                              _J.INTERRUPTED}),
-    _J.FINISHING: frozenset({_J.SUCCEEDED, _J.FAILED}),
-    _J.SUCCEEDED: frozenset(),
-    _J.FAILED: frozenset(),
-    _J.INTERRUPTED: frozenset(),
-}
-TRANSITIONS: dict[type, dict[Any, frozenset[Any]]] = {TaskState: TASK_TRANSITIONS,
-                                                      JobState: JOB_TRANSITIONS}
-
-
-class IllegalTransition(Exception):
-    """A bug of ours: a state change the Enum's docstring does not draw."""
-
-
-def advance(current: TaskState | JobState, new: TaskState | JobState) -> Any:
-    """`new`, if the table next to the Enum allows current → new; raises otherwise."""
-    if new not in TRANSITIONS[type(current)][current]:
-        raise IllegalTransition(f"{type(current).__name__} {current.value} → {new.value} "
-                                "is not drawn in its docstring")
-    return new
+    def __post_init__(self) -> None:
+        self.work = Work(Pace(self.started_at), self.started_at)
 
 
 @dataclass
@@ -223,31 +184,13 @@ class TaskRecord:
     attempt: int = -1
     restarts: int = 0
     start_after: float = 0.0  # monotonic time; the restart backoff
-    started_at: float = 0.0
-    last_marker: str = ""
-    returncode: int | None = None
     log: IO[str] | None = None
-    progress: Progress | None = None  # the attempt's last progress marker
-    pace: Pace = field(default_factory=lambda: Pace(0.0))  # how its steps moved (stalls)
-    busy_at: float = 0.0  # monotonic time of its last sign of work: a line, or CPU in use
-    steps_per_second: float | None = None  # between the last two progress markers
     last_line: str = ""  # the last ordinary line the task printed (the live view)
-    usage: Usage | None = None  # the wrapper's last measure of the task's processes
-    usage_at: float | None = None  # monotonic time of `usage`
-    stopped_since: float | None = None  # since when its usage says stopped (state T)
-    sigterm: bool = False  # its wrapper got SIGTERM this attempt (preemption)
-    done: bool = False  # its entry or script returned: exiting (TF may take its time)
     stack_lines: list[str] | None = None  # its output while its stacks are asked for
-    running_at: float | None = None  # monotonic time of its ready marker, this attempt
-    exiting_at: float | None = None  # monotonic time of its `exiting` marker, this attempt
-    exiting_code: int | None = None  # the exit status that marker said its code ended with
-    ended_at: float | None = None  # monotonic time its exit was collected, this attempt
-    torn_down: bool = False  # stopped by us in its teardown (its exit: its exiting_code)
-    standby_asked: bool = False  # a warm spare for its next attempt was asked for
     said_at: float = 0.0  # monotonic time of its last ordinary line (a sidecar's idleness)
     cpu_busy_at: float = 0.0  # monotonic time its usage last said SIDECAR_BUSY_CPU or more
     start_failures: int = 0  # its starts that failed in a row (an unreachable host)
-    exit_reason: str = ""  # how its attempt ended, where its code says less (its handle's)
+    current: Attempt = field(default_factory=lambda: Attempt(0.0))  # the last started
 
     @property
     def name(self) -> str:
@@ -263,7 +206,7 @@ class TaskRecord:
     def torn_down_ok(self) -> bool:
         """Stopped in its teardown and its code ended well (0, or it did not say): a success,
         `teardown: true` in task_exited. With another code, that code is its exit."""
-        return self.torn_down and not self.exiting_code
+        return self.current.torn_down and not self.current.exiting_code
 
     @property
     def role(self) -> Role:
@@ -332,8 +275,13 @@ class Supervisor:
     def __init__(self, plan: Plan, start: Launcher,
                  echo: Callable[[str, str], None] | None = None,
                  watch: Callable[[Supervisor], None] | None = None,
-                 standby: Callable[[TaskPlan, int], int | None] | None = None) -> None:
-        self.plan, self._start, self._standby = plan, start, standby
+                 standby: Callable[[TaskPlan, int], int | None] | None = None,
+                 start_batch: BatchLauncher | None = None, timing: Timing | None = None
+                 ) -> None:
+        self.plan, self._standby, self._timing = plan, standby, timing or Timing()
+        # What is due in a round starts as one batch (Backends.start_batch); a caller that
+        # gives only `start` has its tasks started one by one.
+        self._start_many = start_batch or functools.partial(one_by_one, start)
         self.policy, self.rules = plan.policy, plan.rules
         self.echo = echo or _print_line
         # Called by the loop, on its thread, at most every WATCH_SECONDS: it may read the
@@ -347,7 +295,6 @@ class Supervisor:
         self.stalls: list[Stall] = []
         self.evaluation: dict[str, Any] | None = None
         self._ending: _Ending | None = None
-        self._finish_by = 0.0  # FINISHING: how long the sidecars are waited for
         self._finishing_at = 0.0  # monotonic time training finished (FINISHING began)
         self._signal: signal.Signals | None = None
         self._signal_count = 0
@@ -423,8 +370,9 @@ class Supervisor:
             state=end.state, exit_code=code, reason=end.reason, run_dir=self.plan.run_dir,
             restarts=self.restarts, failed_task=end.failed_task, evaluation=self.evaluation,
             stalls=self.stalls, preemptions=self.preemptions,
-            tasks=[TaskOutcome(r.name, r.state, r.returncode, r.restarts, r.task.log_path,
-                               r.task.host, r.progress, r.torn_down_ok, r.exit_reason)
+            tasks=[TaskOutcome(r.name, r.state, r.current.returncode, r.restarts, r.task.log_path,
+                               r.task.host, r.current.work.progress, r.torn_down_ok,
+                               r.current.exit_reason)
                    for r in self.records.values()],
         )
 
@@ -440,9 +388,8 @@ class Supervisor:
             self._poll_exits()
             return self._check_finished()
         now = time.monotonic()
-        deadline = self.policy.deadline_seconds
-        if deadline is not None and now - self._t0 > deadline:
-            return self._end(JobState.FAILED, f"deadline of {deadline:g} s reached; job stopped")
+        if (why := decide.deadline_passed(self.policy, now - self._t0)) is not None:
+            return self._end(JobState.FAILED, why)
         self._start_due(now)
         self._poll_exits()
         if self._ending is None:
@@ -528,54 +475,85 @@ class Supervisor:
     # ---- starting ---------------------------------------------------------------------
     def _prerequisites_ready(self, rec: TaskRecord) -> bool:
         """The roles that serve first (PS: ps and workers) are up before the others start."""
-        first = self.rules.serve_first
-        if not first or rec.role in first:
-            return True
-        return all(r.state is TaskState.RUNNING for r in self.records.values()
-                   if r.role in first)
+        first = decide.waits_for(rec.role, self.rules)
+        return not first or all(r.state is TaskState.RUNNING for r in self.records.values()
+                                if r.role in first)
 
     def _start_due(self, now: float) -> None:
-        # A task whose last start failed goes first: if its host still cannot be reached,
-        # its healthy peers are not started only to be stopped again.
-        for rec in sorted(self.records.values(), key=lambda r: -min(r.start_failures, 1)):
-            if rec.state is TaskState.PENDING and now >= rec.start_after \
-                    and self._prerequisites_ready(rec):
-                self._launch(rec)
-                if self._ending is not None or self._signal is not None:
-                    return
+        """Start what is due as one batch (the backend may start a host's tasks together).
+        After a failed start what is due is looked at again: the failure may have
+        scheduled a restart, or ended the job."""
+        while due := self._due(now):
+            if not self._start_batch(due):
+                break
+            if self._ending is not None or self._signal is not None:
+                return
+        if self._ending is not None or self._signal is not None:
+            return
         if self.state is JobState.RESTARTING and not any(
                 r.state is TaskState.PENDING for r in self.records.values()):
             self._set(None, JobState.RUNNING)
 
-    def _launch(self, rec: TaskRecord) -> None:
-        rec.attempt += 1
-        if rec.log is None:
-            rec.log = open(rec.task.log_path, "a", buffering=1)  # noqa: SIM115 (kept open)
-        rec.log.write(f"===== tfo: {rec.name} attempt {rec.attempt} =====\n")
+    def _due(self, now: float) -> list[TaskRecord]:
+        # A task whose last start failed goes first: if its host still cannot be reached,
+        # its healthy peers are not started only to be stopped again.
+        first = sorted(self.records.values(), key=lambda r: -min(r.start_failures, 1))
+        return [rec for rec in first if rec.state is TaskState.PENDING and now >= rec.start_after
+                and self._prerequisites_ready(rec)]
+
+    def _start_batch(self, due: list[TaskRecord]) -> bool:
+        """Start `due`, in order, as one batch, each answer carried out as it comes; stops at
+        the first failed start (True: look again), or when the run ends or a signal came.
+        A task's attempt begins (its number, its log's header) as the backend takes it."""
+
+        def items() -> Iterator[tuple[TaskPlan, int]]:
+            for rec in due:
+                self._in_start = False
+                rec.attempt += 1
+                if rec.log is None:
+                    rec.log = open(rec.task.log_path, "a", buffering=1)  # noqa: SIM115 (kept)
+                rec.log.write(f"===== tfo: {rec.name} attempt {rec.attempt} =====\n")
+                if self._signal is not None:
+                    raise Interrupted
+                self._in_start = True  # a signal now abandons the start (a host may not answer)
+                yield rec.task, rec.attempt
+
+        answers = self._start_many(items())
         try:
-            rec.handle = self._starting(self._start, rec.task, rec.attempt)
-        except Interrupted:  # the signal ends the run; this attempt never started
-            rec.handle = None
-            return
-        except Exception as e:  # noqa: BLE001 - e.g. a lab host dropped off the network
-            rec.handle = None
-            rec.start_failures += 1
-            self._set(rec, TaskState.FAILED)
-            self.events.write("task_start_failed", rec.name, attempt=rec.attempt, error=str(e))
-            self._task_lost(rec, None, f"{rec.name} could not start: {e}")
-            return
+            for rec in due:
+                try:
+                    self._in_start = True
+                    answer = next(answers)
+                except Interrupted:  # the signal ends the run; this attempt never started
+                    rec.handle = None
+                    return False
+                finally:
+                    self._in_start = False
+                if isinstance(answer, Exception):  # e.g. a lab host dropped off the network
+                    self._start_failed(rec, answer)
+                    return True
+                self._started(rec, answer)
+                if self._ending is not None or self._signal is not None:
+                    return False
+            return False
+        finally:
+            answers.close()
+
+    def _start_failed(self, rec: TaskRecord, error: Exception) -> None:
+        rec.handle = None
+        rec.start_failures += 1
+        self._set(rec, TaskState.FAILED)
+        self.events.write("task_start_failed", rec.name, attempt=rec.attempt, error=str(error))
+        self._task_lost(rec, None, f"{rec.name} could not start: {error}")
+
+    def _started(self, rec: TaskRecord, handle: TaskHandle) -> None:
+        rec.handle = handle
         rec.start_failures = 0
         self._set(rec, TaskState.STARTING)
-        rec.started_at, rec.last_marker, rec.returncode = time.monotonic(), "", None
-        rec.progress, rec.steps_per_second = None, None
-        rec.pace, rec.busy_at = Pace(rec.started_at), rec.started_at
-        rec.usage, rec.usage_at, rec.stopped_since, rec.sigterm = None, None, None, False
-        rec.done, rec.running_at, rec.standby_asked = False, None, False
-        rec.exiting_at, rec.ended_at, rec.torn_down = None, None, False
-        rec.exiting_code, rec.exit_reason = None, ""
-        self.events.write("task_started", rec.name, pid=rec.handle.pid, attempt=rec.attempt,
+        rec.current = Attempt(time.monotonic())  # fresh: nothing of the last one carries over
+        self.events.write("task_started", rec.name, pid=handle.pid, attempt=rec.attempt,
                           host=rec.task.host, port=rec.task.port,
-                          warm=getattr(rec.handle, "warm", False))
+                          warm=getattr(handle, "warm", False))
 
     def _make_standbys(self, now: float) -> None:
         """A warm spare for each running task's next attempt, once its start-up is over (so
@@ -583,16 +561,15 @@ class Supervisor:
         STANDBY_AFTER_READY_SECONDS after its ready marker for a task that reports none.
         Only while a restart may still need one."""
         for rec in self.records.values():
-            if rec.state is not TaskState.RUNNING or rec.standby_asked or rec.done \
-                    or rec.role in self.rules.servers or rec.running_at is None:
+            if rec.state is not TaskState.RUNNING or rec.current.standby_asked or rec.current.done \
+                    or decide.serving(rec.role, self.rules) or rec.current.running_at is None:
                 continue
-            if rec.progress is None and now - rec.running_at < STANDBY_AFTER_READY_SECONDS:
+            if rec.current.work.progress is None \
+                    and now - rec.current.running_at < self._timing.standby_after_ready:
                 continue
-            rec.standby_asked = True
-            if self.policy.restart[rec.role] is RestartPolicy.NEVER:
-                continue
-            restarts = rec.restarts if rec.role in self.rules.sidecars else self.restarts
-            if restarts < self.policy.max_restarts:
+            rec.current.standby_asked = True
+            if decide.standby_wanted(rec.role, self.policy, self.rules, rec.restarts,
+                                     self.restarts):
                 self._make_standby(rec)
 
     def _make_standby(self, rec: TaskRecord) -> None:
@@ -625,7 +602,7 @@ class Supervisor:
                 self.events.write("task_bad_marker", rec.name, **own, error=str(e))
                 marker = None
             if not isinstance(marker, Usage):
-                rec.busy_at = time.monotonic()  # a line: a sign of work (stalls, startup)
+                rec.current.work.busy_at = time.monotonic()  # a sign of work (stalls, startup)
             if marker is None:
                 rec.last_line, rec.said_at = line, time.monotonic()
                 if rec.stack_lines is not None:
@@ -635,17 +612,17 @@ class Supervisor:
             if isinstance(marker, Usage):  # every few seconds per task: state, not an event
                 self._measured(rec, marker)
                 continue
-            rec.last_marker = marker.event
+            rec.current.last_marker = marker.event
             if isinstance(marker, SigTerm):
-                rec.sigterm = True
-            rec.done = rec.done or marker.event == markers.DONE
+                rec.current.sigterm = True
+            rec.current.done = rec.current.done or marker.event == markers.DONE
             if isinstance(marker, Exiting):
-                rec.exiting_at, rec.exiting_code = time.monotonic(), marker.code
+                rec.current.exiting_at, rec.current.exiting_code = time.monotonic(), marker.code
             if isinstance(marker, Progress):
                 self._progressed(rec, marker)
             if marker.event == markers.READY and rec.state is TaskState.STARTING:
                 self._set(rec, TaskState.RUNNING)
-                rec.running_at = time.monotonic()
+                rec.current.running_at = time.monotonic()
             elif isinstance(marker, Evaluated):
                 self.evaluation = {"epoch": marker.epoch, "metrics": marker.metrics}
             self.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})
@@ -653,63 +630,67 @@ class Supervisor:
                 # It trains, so it is up: a one-process script (MirroredStrategy, the
                 # default strategy) opens no port for its wrapper to see.
                 self._set(rec, TaskState.RUNNING)
-                rec.running_at = time.monotonic()
+                rec.current.running_at = time.monotonic()
                 self.events.write("task_ready", rec.name, **own, what="training", by="step")
 
     def _measured(self, rec: TaskRecord, marker: Usage) -> None:
-        rec.usage, rec.usage_at = marker, time.monotonic()
+        work = rec.current.work
+        work.usage, work.usage_at = marker, time.monotonic()
         if marker.cpu >= IDLE_CPU:
-            rec.busy_at = rec.usage_at
+            work.busy_at = work.usage_at
         if marker.cpu >= SIDECAR_BUSY_CPU:
-            rec.cpu_busy_at = rec.usage_at
+            rec.cpu_busy_at = work.usage_at
         if not marker.stopped:
-            rec.stopped_since = None
-        elif rec.stopped_since is None:
-            rec.stopped_since = rec.usage_at
+            work.stopped_since = None
+        elif work.stopped_since is None:
+            work.stopped_since = work.usage_at
 
     def _progressed(self, rec: TaskRecord, marker: Progress) -> None:
-        now, before, moved_at = time.monotonic(), rec.progress, rec.pace.moved_at
+        work = rec.current.work
+        now, before, moved_at = time.monotonic(), work.progress, work.pace.moved_at
         if before is not None and marker.step > before.step and moved_at is not None \
                 and now > moved_at:
-            rec.steps_per_second = (marker.step - before.step) / (now - moved_at)
-        rec.pace = paced(rec.pace, now, marker.step, marker.epoch, marker.step_in_epoch,
-                         marker.steps, marker.epochs)
-        rec.progress = marker
+            work.steps_per_second = (marker.step - before.step) / (now - moved_at)
+        work.pace = paced(work.pace, now, marker.step, marker.epoch, marker.step_in_epoch,
+                          marker.steps, marker.epochs)
+        work.progress = marker
 
     # ---- exits and restarts -----------------------------------------------------------
     def _collect(self, rec: TaskRecord, rc: int | None) -> None:
         assert rec.handle is not None
         self._consume(rec, rec.handle.close())  # the handle also removes the task's temp dir
-        rec.returncode = rc
-        rec.exit_reason = getattr(rec.handle, "exit_reason", None) or ""
+        rec.current.returncode = rc
+        rec.current.exit_reason = getattr(rec.handle, "exit_reason", None) or ""
 
     def _on_exit(self, rec: TaskRecord, rc: int) -> None:
         """Every task's exit, the sidecars' too, and while finishing."""
         if rec.torn_down_ok:
             how = TORN_DOWN
-        elif rec.torn_down:
+        elif rec.current.torn_down:
             # Stopped in its teardown, but its code had ended with an exit status of its own
             # (42: preempted, saved; 1: an error): that is how it exited, not a success.
-            rc = rec.exiting_code or rc
+            rc = rec.current.exiting_code or rc
             how = f"{describe_exit(rc)} ({TORN_DOWN})"
         else:
             how = _how(rec.handle, rc)
+        # The state decided, recorded: readers (tfo status) never work it out again. A
+        # preemption (exit 42) is FAILED too, and restarts.
+        state = decide.exit_state(rc, rec.torn_down_ok, rec.role, self.rules)
         self.events.write("task_exited", rec.name, pid=rec.handle.pid if rec.handle else None,
-                          returncode=rc, attempt=rec.attempt, how=how,
+                          returncode=rc, attempt=rec.attempt, how=how, state=state.value,
                           **({"teardown": True} if rec.torn_down_ok else {}))
         self._collect(rec, rc)
-        rec.ended_at = time.monotonic()
+        rec.current.ended_at = time.monotonic()
         if rc == markers.EXIT_PREEMPTED and self.state is not JobState.FINISHING:
             self._pump()  # a peer's `sigterm` marker may still be on its way
             if self._preempted(rec):
                 return
-        # Servers never exit on their own: any exit of one is a loss.
-        lost = (rc != 0 and not rec.torn_down_ok) or rec.role in self.rules.servers
-        self._set(rec, TaskState.FAILED if lost else TaskState.SUCCEEDED)
+        lost = state is TaskState.FAILED
+        self._set(rec, state)
         if self.state is JobState.FINISHING:
             return  # training is done: nothing restarts, nothing changes the outcome
         if not lost:
-            if rec.role not in self.rules.sidecars:
+            if decide.training(rec.role, self.rules):
                 self.echo("tfo", f"{rec.name} finished")
             return
         reason = getattr(rec.handle, "exit_reason", None)
@@ -720,20 +701,18 @@ class Supervisor:
     def _not_preempted(self, rec: TaskRecord, rc: int | None) -> str:
         """Why an exit 42 (EXIT_PREEMPTED) was not taken as a preemption, if it was not."""
         unit = self._restart_unit(rec)
-        if rc != markers.EXIT_PREEMPTED or any(r.sigterm for r in unit):
-            return ""
-        return (f" (by itself: {markers.EXIT_PREEMPTED} is a preemption only after a SIGTERM, "
-                f"and none reached {', '.join(r.name for r in unit)})")
+        return decide.not_preempted_note(rc, [r.name for r in unit],
+                                         any(r.current.sigterm for r in unit))
 
     def _check_teardowns(self, now: float) -> None:
         """Stop a task left waiting in its teardown for a peer that is gone (module doc)."""
         for rec in self.records.values():
-            if not rec.state.live or rec.exiting_at is None or rec.torn_down \
-                    or rec.handle is None or rec.role in self.rules.servers:
+            if not rec.state.live or rec.current.exiting_at is None or rec.current.torn_down \
+                    or rec.handle is None or decide.serving(rec.role, self.rules):
                 continue
             since = self._teardown_since(rec)
-            if since is not None and now - since >= TEARDOWN_GRACE_SECONDS:
-                rec.torn_down = True
+            if since is not None and now - since >= self._timing.teardown_grace:
+                rec.current.torn_down = True
                 self.events.write("task_teardown_stopped", rec.name, pid=rec.handle.pid,
                                   attempt=rec.attempt, waited=round(now - since, 2))
                 rec.handle.kill()  # its code and atexit handlers are done: nothing to lose
@@ -745,23 +724,17 @@ class Supervisor:
 
         A peer that exits while the others wait (its own teardown ended first) does not
         restart the wait: they have waited for each other since the last `exiting`."""
-        assert rec.exiting_at is not None
-        peers = [r for r in self._restart_unit(rec) if r is not rec]
-        gone = [(r.exiting_at, r.ended_at) for r in peers
-                if r.finished and r.ended_at is not None]
-        over = [said if said is not None else ended for said, ended in gone]
-        over += [r.exiting_at for r in peers if r.state.live and r.exiting_at is not None]
-        since = [min(ended for _, ended in gone)] if gone else []
-        if peers and len(over) == len(peers):
-            since.append(max(over))
-        return max(rec.exiting_at, min(since)) if since else None
+        assert rec.current.exiting_at is not None
+        return decide.teardown_since(rec.current.exiting_at, [
+            (r.finished, r.state.live, r.current.exiting_at, r.current.ended_at)
+            for r in self._restart_unit(rec) if r is not rec])
 
     def _preempted(self, rec: TaskRecord) -> bool:
         """`rec` exited EXIT_PREEMPTED: if a SIGTERM reached it or its restart unit this
         attempt, restart the unit without counting it (unless the restart policy is never)."""
         unit = self._restart_unit(rec)
-        termed = [r.name for r in unit if r.sigterm]
-        if not termed or self.policy.restart[rec.role] is RestartPolicy.NEVER:
+        termed = [r.name for r in unit if r.current.sigterm]
+        if not decide.preempted(rec.role, markers.EXIT_PREEMPTED, self.policy, bool(termed)):
             return False
         self._set(rec, TaskState.FAILED)
         why = (f"{rec.name} preempted (exit code {markers.EXIT_PREEMPTED} after SIGTERM to "
@@ -773,37 +746,24 @@ class Supervisor:
         return True
 
     def _task_lost(self, rec: TaskRecord, rc: int | None, why: str) -> None:
-        policy, limit = self.policy.restart[rec.role], self.policy.max_restarts
-        sidecar = rec.role in self.rules.sidecars
-        if rc == markers.EXIT_PERMANENT:
-            why = (f"{rec.name}: {self.plan.job} cannot be found "
-                   f"(exit code {rc}: permanent, not restarted)")
-            if not sidecar:
-                return self._end(JobState.FAILED, why, rec.name)
-        if sidecar:
-            # Restarts alone, and fails the job only when the policy says so.
-            if restart_allowed(policy, rc) and rec.restarts < limit:
-                self._schedule_restart([rec], why)
-            elif self.policy.evaluator_required:
-                self._end(JobState.FAILED, why, rec.name)
-            else:
-                self.echo("tfo", f"{why}; the evaluator is a sidecar, the job goes on")
-            return None
-        if not restart_allowed(policy, rc):
-            return self._end(JobState.FAILED, f"{why} (restart policy {policy.value})", rec.name)
-        if self.restarts >= limit:
-            return self._end(JobState.FAILED, f"{why}; no restarts left (max_restarts {limit})",
-                             rec.name)
-        self.restarts += 1
-        self._schedule_restart(self._restart_unit(rec), why)
-        return None
+        """Carries out what decide.on_loss says: end the job, restart, or say so."""
+        action = decide.on_loss(rec.name, rec.role, rc, why, self.plan.job, self.policy,
+                                self.rules, rec.restarts, self.restarts)
+        if isinstance(action, EndJob):
+            self._end(JobState.FAILED, action.reason, action.task)
+        elif isinstance(action, Restart):
+            self.restarts += action.counted
+            self._schedule_restart([rec] if action.alone else self._restart_unit(rec),
+                                   action.reason)
+        else:
+            self.echo("tfo", action.text)
 
     def _restart_unit(self, rec: TaskRecord) -> list[TaskRecord]:
         """What goes down with a lost task (the strategy's rules): the task alone, or every
         training task (MWMS collectives need every worker)."""
-        if self.rules.restart_unit[rec.role] is RestartUnit.ALONE:
+        if decide.restarts_alone(rec.role, self.rules):
             return [rec]
-        return [r for r in self.records.values() if r.role not in self.rules.sidecars]
+        return [r for r in self.records.values() if decide.training(r.role, self.rules)]
 
     def _schedule_restart(self, unit: list[TaskRecord], why: str, counted: bool = True) -> None:
         """Tear `unit` down and start it again after the backoff. Not `counted`: a
@@ -813,9 +773,7 @@ class Supervisor:
         self._set(None, JobState.RESTARTING)
         # A host that could not be reached is given longer each time: 1, 2, 4 ... 60 s.
         failures = max(r.start_failures for r in unit)
-        backoff = self.policy.backoff_seconds
-        if failures:
-            backoff = min(max(backoff, 1.0) * 2 ** (failures - 1), START_BACKOFF_MAX)
+        backoff = decide.restart_backoff(self.policy, failures)
         self.echo("tfo", f"{why}; restarting {', '.join(r.name for r in unit)}"
                   + (f" in {backoff:g} s" if failures else ""))
         self._teardown([r for r in unit if r.state.live], "restart")
@@ -828,35 +786,33 @@ class Supervisor:
                               restarts=r.restarts, reason=why, backoff=backoff, counted=counted)
 
     def _watched(self, rec: TaskRecord) -> Watched:
-        return Watched(rec.name, rec.pace, rec.busy_at, rec.stopped_since, rec.usage_at,
-                       rec.usage.cpu if rec.usage else None, up=rec.state is TaskState.RUNNING,
-                       server=rec.role in self.rules.servers)
+        work = rec.current.work
+        return Watched(rec.name, work.pace, work.busy_at, work.stopped_since, work.usage_at,
+                       work.usage.cpu if work.usage else None, up=rec.state is TaskState.RUNNING,
+                       server=decide.serving(rec.role, self.rules))
 
     def _check_startup(self, now: float) -> None:
         """A task not up by the startup limit fails the attempt, unless it is working
         (orchestrator.stall.startup_over)."""
-        limit = self.policy.startup_seconds
         starting = [r for r in self.records.values() if r.state is TaskState.STARTING]
-        if not startup_over([self._watched(r) for r in starting], now, limit):
+        why = decide.startup_failed(self.policy, [
+            (r.name, r.current.last_marker, self._watched(r)) for r in starting], now)
+        if why is None:
             return
-        # Every task not up yet is named: one that hangs keeps its peers waiting too.
-        names = ", ".join(f"{r.name} (last: {r.last_marker or 'no output from tfo yet'})"
-                          for r in starting)
-        why = f"startup timeout ({limit:g} s): never came up: {names}"
         for r in starting:
             self.events.write("task_startup_timeout", r.name, attempt=r.attempt,
-                              pid=r.handle.pid if r.handle else None, last=r.last_marker)
+                              pid=r.handle.pid if r.handle else None, last=r.current.last_marker)
         self._task_lost(starting[0], None, why)
 
     def _check_stalls(self, now: float) -> None:
         """A stalled training task fails its attempt (orchestrator.stall); its stacks, and
         those of every task stuck with it that can answer, are asked for first."""
-        rule = self._stall_rule()
+        rule = decide.stall_rule(self.policy)
         if rule is None:
             return
         watched = [self._watched(r) for r in self.records.values()
-                   if r.state.live and r.handle is not None and not r.done
-                   and r.role not in self.rules.sidecars]
+                   if r.state.live and r.handle is not None and not r.current.done
+                   and decide.training(r.role, self.rules)]
         stalls = find_stalls(watched, now, rule)
         if not stalls:
             return
@@ -876,14 +832,6 @@ class Supervisor:
         self.stalls += stalls
         why = f"stalled ({stalls[0].limit}): " + "; ".join(s.describe() for s in stalls)
         self._task_lost(self.records[stalls[0].task], None, why)
-
-    def _stall_rule(self) -> StallRule | None:
-        seconds = self.policy.stall_seconds
-        if seconds is None:
-            return None
-        if seconds == "auto":
-            return StallRule(floor=self.policy.stall_min_seconds)
-        return StallRule(seconds=float(seconds))
 
     def _ask_stacks(self, stalls: list[Stall]) -> dict[str, list[list[Frame]]]:
         """Ask each stalled task that can answer (not stopped) for its stacks; wait until
@@ -912,26 +860,22 @@ class Supervisor:
 
     def _check_success(self) -> None:
         recs = list(self.records.values())
-        if not all(r.finished for r in recs if r.role in self.rules.done_when):
+        if not decide.training_done(self.rules, [(r.role, r.finished) for r in recs]):
             return
-        servers = [r for r in recs if r.role in self.rules.servers and r.state.live]
+        servers = [r for r in recs if decide.serving(r.role, self.rules) and r.state.live]
         self._teardown(servers, "the chief finished")  # servers never exit on their own
         self._set(None, JobState.FINISHING)
         self._finishing_at = time.monotonic()
-        self._finish_by = self._finishing_at + self.policy.evaluator_seconds
         waiting = self._sidecars_running()
         if waiting:
-            names, limit = ", ".join(r.name for r in waiting), self.policy.evaluator_seconds
-            idle = self.policy.evaluator_idle_seconds
             self.events.write("job_finishing", waiting=[r.name for r in waiting],
-                              evaluator_seconds=limit, evaluator_idle_seconds=idle)
-            self.echo("tfo", f"training finished; waiting up to {limit:g} s "
-                      f"(timeouts.evaluator_seconds) for {names} to evaluate the last "
-                      "checkpoint" + (f", or until it has been idle {idle:g} s" if idle else ""))
+                              **decide.finishing_fields("wait", self.policy))
+            self.echo("tfo", decide.finishing_words("wait", self.policy,
+                                                    ", ".join(r.name for r in waiting)))
         self._check_finished()
 
     def _sidecars_running(self) -> list[TaskRecord]:
-        return [r for r in self.records.values() if r.role in self.rules.sidecars
+        return [r for r in self.records.values() if not decide.training(r.role, self.rules)
                 and r.state.live]
 
     def _check_finished(self) -> None:
@@ -939,23 +883,18 @@ class Supervisor:
         until they exit, `evaluator_seconds` passed, or (`evaluator_idle_seconds`) each has
         printed nothing and used no CPU that long since training finished (a SidecarEvaluator
         never exits: it evaluated the last checkpoint and waits for the next)."""
-        waiting, now = self._sidecars_running(), time.monotonic()
-        idle = self.policy.evaluator_idle_seconds
-        if not waiting:
-            return self._end(JobState.SUCCEEDED, "all training tasks finished")
-        names = ", ".join(r.name for r in waiting)
-        if now >= self._finish_by:
-            self.echo("tfo", f"{names} still running {self.policy.evaluator_seconds:g} s after "
-                      "training finished (timeouts.evaluator_seconds): stopping it")
-            return self._end(JobState.SUCCEEDED, "all training tasks finished")
-        if idle is not None and all(
-                now - max(self._finishing_at, r.said_at, r.cpu_busy_at) >= idle for r in waiting):
+        waiting = self._sidecars_running()
+        verdict = decide.finishing(time.monotonic(), self._finishing_at, self.policy,
+                                   [max(r.said_at, r.cpu_busy_at) for r in waiting])
+        if verdict == "wait":
+            return None
+        if verdict == "idle":
             self.events.write("job_evaluators_idle", waiting=[r.name for r in waiting],
-                              idle_seconds=idle)
-            self.echo("tfo", f"{names} idle {idle:g} s after training finished, the last "
-                      "checkpoint evaluated: stopping it (timeouts.evaluator_idle_seconds)")
-            return self._end(JobState.SUCCEEDED, "all training tasks finished")
-        return None
+                              **decide.finishing_fields("idle", self.policy))
+        if verdict != "done":
+            self.echo("tfo", decide.finishing_words(verdict, self.policy,
+                                                    ", ".join(r.name for r in waiting)))
+        return self._end(JobState.SUCCEEDED, "all training tasks finished")
 
     # ---- teardown ---------------------------------------------------------------------
     def _teardown(self, recs: list[TaskRecord], why: str) -> None:
@@ -964,11 +903,11 @@ class Supervisor:
         if not live:
             return
         # A task whose code ended 42 before this SIGTERM: why that was no preemption.
-        notes = {r.name: self._not_preempted(r, r.exiting_code) for r in live}
+        notes = {r.name: self._not_preempted(r, r.current.exiting_code) for r in live}
         for r in live:
             self.events.write("task_stopping", r.name, pid=r.handle.pid, reason=why)
             r.handle.terminate()
-        grace = self.policy.grace_seconds
+        grace = decide.grace(self.policy)
         until = time.monotonic() + grace
         while time.monotonic() < until and self._signal_count < 2:
             self._pump()
@@ -985,15 +924,15 @@ class Supervisor:
                 _wait_exit(r.handle, 5.0)
             self._collect(r, r.handle.poll())
             self._set(r, TaskState.STOPPED)
-            how = _how(r.handle, r.returncode)
-            if r.exiting_code is not None and r.returncode is not None:
+            how = _how(r.handle, r.current.returncode)
+            if r.current.exiting_code is not None and r.current.returncode is not None:
                 # Its code had ended with a status of its own (the `exiting` marker) and it
                 # waited in its teardown: that status is how it ended, as in _on_exit.
-                how = (f"{describe_exit(r.exiting_code)}{notes[r.name]}, then stopped in its "
-                       f"teardown ({how})")
-                r.returncode = r.exiting_code
+                how = (f"{describe_exit(r.current.exiting_code)}{notes[r.name]}, then stopped "
+                       f"in its teardown ({how})")
+                r.current.returncode = r.current.exiting_code
             self.events.write("task_stopped", r.name, pid=r.handle.pid,
-                              returncode=r.returncode, how=how)
+                              returncode=r.current.returncode, how=how)
 
 
 def _how(handle: TaskHandle | None, rc: int | None) -> str:

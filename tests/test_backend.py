@@ -111,3 +111,29 @@ def test_this_machines_tensorflow_version_is_looked_up_where_compared_or_shown(
                         lambda name, *a: None if name == "tf_keras" else real(name, *a))
     assert rows(alone)["localhost"].problems == [
         f"localhost: tf_keras is not installed for {sys.executable}"]
+
+
+def test_a_batch_started_one_by_one_takes_each_task_once_the_last_is_answered():
+    """launch.one_by_one (every backend's batch today): a failed start is answered, not
+    raised, and a caller that stops there starts nothing more, nor takes the next item."""
+    from orchestrator.launch import one_by_one
+
+    taken, started = [], []
+
+    def items():
+        for name in ("a", "b", "c"):
+            taken.append(name)
+            yield name, 0
+
+    def start(task, attempt):  # noqa: ANN001, ANN202
+        started.append(task)
+        if task == "b":
+            raise OSError("lab2 unreachable")
+        return f"handle {task}"
+
+    answers = one_by_one(start, items())
+    assert next(answers) == "handle a"
+    failed = next(answers)
+    assert isinstance(failed, OSError) and str(failed) == "lab2 unreachable"
+    answers.close()
+    assert (taken, started) == (["a", "b"], ["a", "b"])

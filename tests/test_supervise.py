@@ -28,11 +28,25 @@ from orchestrator.supervise import (
     JobState,
     Supervisor,
     TaskState,
+    Timing,
     advance,
 )
+from tests import golden
 from worker_entry.markers import EXIT_PERMANENT
 
 READY = '@tfo {"event": "ready", "what": "training"}'
+
+
+@pytest.fixture(autouse=True)
+def golden_events(request, tmp_path):
+    """Each scenario's events.jsonl, times and pids stripped, stays as recorded in
+    tests/data/golden/supervise/ (tests/golden.py): the supervisor's refactor keeps its
+    behaviour. Checked after the test's own assertions."""
+    yield
+    runs = [[json.loads(line) for line in p.read_text().splitlines()]
+            for p in sorted(tmp_path.rglob("events.jsonl"))]
+    if runs:
+        golden.check("supervise", request.node.nodeid, runs, tmp_path)
 
 
 @dataclass
@@ -93,7 +107,8 @@ def planned(tmp_path: Path, spec: dict) -> Plan:
 
 
 def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script],
-              spares: list[tuple[str, int]] | None = None, echo=None):
+              spares: list[tuple[str, int]] | None = None, echo=None,
+              timing: Timing | None = None):
     """Run the scripted tasks. `spares`: warm spares are on, and each one asked for is
     appended there; a start that finds its (task, attempt) among them is `warm`. `echo`:
     what tfo prints, (task, line)."""
@@ -112,7 +127,7 @@ def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script],
         return 2000 + attempt
 
     sup = Supervisor(plan, start=start, echo=echo or (lambda task, line: None),
-                     standby=standby if spares is not None else None)
+                     standby=standby if spares is not None else None, timing=timing)
     result = sup.run()
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     return result, started, events
@@ -181,6 +196,29 @@ def test_exit_code_policy_does_not_retry_a_program_verdict(tmp_path):
 
 
 @pytest.mark.timeout(20)
+def test_the_tasks_due_in_a_round_reach_the_backend_as_one_batch(tmp_path):
+    """The first start and a group's restart are one batch each (a backend may start a
+    host's tasks together); each task is answered in order."""
+    batches: list[list[tuple[str, int]]] = []
+    scripts = {"worker:0": Script([(None, 0, True), (0, 0.2, True)]),
+               "worker:1": Script([(-9, 0.1, True), (0, 0.2, True)])}
+
+    def start_batch(items):
+        items = list(items)  # a backend that starts them together takes them all first
+        batches.append([(t.name, a) for t, a in items])
+        for t, a in items:
+            yield FakeHandle(t, a, scripts[t.name])
+
+    def start(task, attempt):
+        raise AssertionError("started alone")
+
+    result = Supervisor(planned(tmp_path, spec()), start=start, start_batch=start_batch,
+                        echo=lambda task, line: None).run()
+    assert result.state is JobState.SUCCEEDED and result.restarts == 1
+    assert batches == [[("worker:0", 0), ("worker:1", 0)], [("worker:0", 1), ("worker:1", 1)]]
+
+
+@pytest.mark.timeout(20)
 def test_ps_worker_restarts_alone_and_chief_decides(tmp_path):
     scripts = {"chief:0": Script([(0, 0.6, True)]),
                "worker:1": Script([(-9, 0.1, True), (None, 0, True)]),
@@ -191,6 +229,22 @@ def test_ps_worker_restarts_alone_and_chief_decides(tmp_path):
     assert started.count(("chief:0", 0)) == 1 and ("chief:0", 1) not in started
     # Servers never exit on their own: the supervisor stopped them after the chief.
     assert {t.name: t.state for t in result.tasks}["ps:0"] is TaskState.STOPPED
+
+
+@pytest.mark.timeout(20)
+def test_a_server_that_exits_0_is_failed_in_the_events_and_in_tfo_status(tmp_path):
+    """A server never exits on its own: exit 0 is a loss. events.jsonl says the state the
+    supervisor decided, and `tfo status` (rows_from_events) reads it, not exit 0's success."""
+    from orchestrator.liveview import rows_from_events
+
+    scripts = {"chief:0": Script([(None, 0, True)]), "worker:1": Script([(0, 0.1, True)]),
+               "worker:0": Script([(None, 0, True)]), "ps:0": Script([(None, 0, True)])}
+    result, _, events = supervise(tmp_path, spec("parameter_server", **PS), scripts)
+    # on-failure restarts no exit 0: the loss ends the job.
+    assert (result.state, result.failed_task) == (JobState.FAILED, "worker:1")
+    exited = [e for e in events if e["event"] == "task_exited" and e["task"] == "worker:1"]
+    assert [(e["returncode"], e["state"]) for e in exited] == [(0, "failed")]
+    assert {r.task: r.state for r in rows_from_events(events)}["worker:1"] == "failed"
 
 
 @pytest.mark.timeout(20)
@@ -685,11 +739,11 @@ def test_a_warm_spare_is_asked_for_at_first_progress_and_serves_the_restart(tmp_
 
 
 @pytest.mark.timeout(20)
-def test_a_task_without_progress_gets_its_spare_a_while_after_ready(tmp_path, monkeypatch):
-    monkeypatch.setattr("orchestrator.supervise.STANDBY_AFTER_READY_SECONDS", 0.3)
+def test_a_task_without_progress_gets_its_spare_a_while_after_ready(tmp_path):
     scripts = {"worker:0": Script([(0, 0.6, True)]), "worker:1": Script([(0, 0.1, True)])}
     spares: list[tuple[str, int]] = []
-    result, _, _ = supervise(tmp_path, spec(), scripts, spares)
+    result, _, _ = supervise(tmp_path, spec(), scripts, spares,
+                             timing=Timing(standby_after_ready=0.3))
     assert result.state is JobState.SUCCEEDED
     assert spares == [("worker:0", 1)]  # worker:1 was done before its while was up
 
@@ -711,16 +765,14 @@ DONE, EXITING = '@tfo {"event": "done"}', '@tfo {"event": "exiting"}'
 
 
 @pytest.mark.timeout(20)
-def test_a_task_left_in_its_teardown_by_a_gone_peer_is_stopped_and_succeeds(tmp_path,
-                                                                             monkeypatch):
+def test_a_task_left_in_its_teardown_by_a_gone_peer_is_stopped_and_succeeds(tmp_path):
     """worker:1's code and atexit handlers are over (`exiting`), but TensorFlow's teardown
     waits for worker:0, which has exited: stopped TEARDOWN_GRACE_SECONDS later, a success."""
-    monkeypatch.setattr("orchestrator.supervise.TEARDOWN_GRACE_SECONDS", 0.5)
     said = {0: [(0.1, DONE), (0.2, EXITING)]}
     scripts = {"worker:0": Script([(0, 0.4, True)], said),
                "worker:1": Script([(None, 0, True)], said)}
     t0 = time.monotonic()
-    result, _, events = supervise(tmp_path, spec(), scripts)
+    result, _, events = supervise(tmp_path, spec(), scripts, timing=Timing(teardown_grace=0.5))
     assert result.state is JobState.SUCCEEDED and result.restarts == 0
     assert time.monotonic() - t0 < 5
     assert {t.name: t.state for t in result.tasks} == {"worker:0": TaskState.SUCCEEDED,
@@ -730,42 +782,39 @@ def test_a_task_left_in_its_teardown_by_a_gone_peer_is_stopped_and_succeeds(tmp_
 
 
 @pytest.mark.timeout(20)
-def test_a_task_still_in_its_code_is_waited_for(tmp_path, monkeypatch):
+def test_a_task_still_in_its_code_is_waited_for(tmp_path):
     """Done but not `exiting` (its atexit handlers may still run), or not done at all: the
     job waits for its own exit, however long after its peers."""
-    monkeypatch.setattr("orchestrator.supervise.TEARDOWN_GRACE_SECONDS", 0.2)
     scripts = {"worker:0": Script([(0, 0.1, True)], {0: [(0.05, DONE), (0.06, EXITING)]}),
                "worker:1": Script([(0, 1.2, True)], {0: [(0.05, DONE)]})}
     t0 = time.monotonic()
-    result, _, events = supervise(tmp_path, spec(), scripts)
+    result, _, events = supervise(tmp_path, spec(), scripts, timing=Timing(teardown_grace=0.2))
     assert result.state is JobState.SUCCEEDED and time.monotonic() - t0 >= 1.2
     assert not [e for e in events if e["event"] == "task_teardown_stopped"]
 
 
 @pytest.mark.timeout(20)
-def test_tasks_that_all_wait_in_their_teardown_are_all_stopped(tmp_path, monkeypatch):
+def test_tasks_that_all_wait_in_their_teardown_are_all_stopped(tmp_path):
     """Every worker's code is over and each waits for the others in TensorFlow's teardown
     (measured: 10 s): all are stopped TEARDOWN_GRACE_SECONDS after the last got there."""
-    monkeypatch.setattr("orchestrator.supervise.TEARDOWN_GRACE_SECONDS", 0.5)
     scripts = {"worker:0": Script([(None, 0, True)], {0: [(0.1, DONE), (0.2, EXITING)]}),
                "worker:1": Script([(None, 0, True)], {0: [(0.1, DONE), (0.4, EXITING)]})}
     t0 = time.monotonic()
-    result, _, events = supervise(tmp_path, spec(), scripts)
+    result, _, events = supervise(tmp_path, spec(), scripts, timing=Timing(teardown_grace=0.5))
     assert result.state is JobState.SUCCEEDED and time.monotonic() - t0 < 5
     stopped = {e["task"]: e["waited"] for e in events if e["event"] == "task_teardown_stopped"}
     assert set(stopped) == {"worker:0", "worker:1"} and min(stopped.values()) >= 0.5
 
 
 @pytest.mark.timeout(20)
-def test_a_peer_that_exits_while_both_wait_does_not_restart_the_wait(tmp_path, monkeypatch):
+def test_a_peer_that_exits_while_both_wait_does_not_restart_the_wait(tmp_path):
     """Both workers' code is over at 0.2 s; worker:0's teardown ends at 0.6 s, worker:1's
     never: worker:1 is stopped TEARDOWN_GRACE_SECONDS after both were over, not after
     worker:0's exit (measured in the bench: run over 6.1 s after the code, not 3.0 s)."""
-    monkeypatch.setattr("orchestrator.supervise.TEARDOWN_GRACE_SECONDS", 0.5)
     said = {0: [(0.1, DONE), (0.2, EXITING)]}
     scripts = {"worker:0": Script([(0, 0.6, True)], said),
                "worker:1": Script([(None, 0, True)], said)}
-    result, _, events = supervise(tmp_path, spec(), scripts)
+    result, _, events = supervise(tmp_path, spec(), scripts, timing=Timing(teardown_grace=0.5))
     assert result.state is JobState.SUCCEEDED
     at = {(e["event"], e["task"]): e["time"] for e in events if e.get("task") == "worker:1"}
     waited = at[("task_teardown_stopped", "worker:1")] - at[("task_exiting", "worker:1")]
@@ -777,17 +826,16 @@ def exiting(code: int) -> str:
 
 
 @pytest.mark.timeout(20)
-def test_a_preempted_group_left_in_its_teardown_is_still_a_preemption(tmp_path, monkeypatch):
+def test_a_preempted_group_left_in_its_teardown_is_still_a_preemption(tmp_path):
     """Every worker saved and its code exited 42, then TensorFlow's teardown hung: stopped,
     they exited 42 (their `exiting` said so), and the group restarts uncounted. It was a
     success before: the job ended mid-training."""
-    monkeypatch.setattr("orchestrator.supervise.TEARDOWN_GRACE_SECONDS", 0.3)
     said = [(0.2, exiting(42))]
     scripts = {"worker:0": Script([(None, 0, True), (0, 0.2, True)], {0: said}),
                "worker:1": Script([(None, 0, True), (0, 0.2, True)],
                                   {0: [(0.1, SIGTERM), *said]})}
     result, started, events = supervise(tmp_path, spec(policy="exit-code", max_restarts=0),
-                                        scripts)
+                                        scripts, timing=Timing(teardown_grace=0.3))
     assert result.state is JobState.SUCCEEDED and result.preemptions == 1
     assert ("worker:0", 1) in started and ("worker:1", 1) in started
     exits = [e for e in events if e["event"] == "task_exited" and e["attempt"] == 0]
@@ -799,12 +847,11 @@ def test_a_preempted_group_left_in_its_teardown_is_still_a_preemption(tmp_path, 
 
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("code, state", [(0, JobState.SUCCEEDED), (3, JobState.FAILED)])
-def test_a_task_stopped_in_its_teardown_exits_as_its_code_said(tmp_path, monkeypatch, code,
-                                                                state):
-    monkeypatch.setattr("orchestrator.supervise.TEARDOWN_GRACE_SECONDS", 0.3)
+def test_a_task_stopped_in_its_teardown_exits_as_its_code_said(tmp_path, code, state):
     scripts = {"worker:0": Script([(0, 0.3, True)], {0: [(0.1, DONE), (0.2, EXITING)]}),
                "worker:1": Script([(None, 0, True)], {0: [(0.2, exiting(code))]})}
-    result, _, events = supervise(tmp_path, spec(policy="never"), scripts)
+    result, _, events = supervise(tmp_path, spec(policy="never"), scripts,
+                                  timing=Timing(teardown_grace=0.3))
     assert result.state is state
     exited = [e for e in events if e["event"] == "task_exited" and e["task"] == "worker:1"]
     assert [e["returncode"] for e in exited] == [code if code else -9]

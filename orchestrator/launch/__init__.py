@@ -14,7 +14,7 @@ in BACKENDS (orchestrator/launch/backends.py). The supervisor never asks where a
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -67,6 +67,26 @@ class Launcher(Protocol):
     def __call__(self, task: TaskPlan, attempt: int) -> TaskHandle: ...
 
 
+class BatchLauncher(Protocol):
+    """Starts tasks as one batch: for each (task, attempt), in order, its handle or the
+    error its start raised (the caller judges each: an unreachable host fails its task)."""
+
+    def __call__(self, items: Iterable[tuple[TaskPlan, int]]) -> Iterator[TaskHandle | Exception]:
+        ...
+
+
+def one_by_one(start: Launcher, items: Iterable[tuple[TaskPlan, int]]
+               ) -> Iterator[TaskHandle | Exception]:
+    """A batch started a task at a time, in order. The next item is taken only once the last
+    one is answered, so a caller that stops after a failure starts no more; an interrupt
+    (BaseException) ends the batch."""
+    for task, attempt in items:
+        try:
+            yield start(task, attempt)
+        except Exception as e:  # noqa: BLE001 - the caller's to judge, task by task
+            yield e
+
+
 class Backend(Protocol):
     """Starts the tasks of one placement kind. Made once per run from the spec's hosts;
     each method gets only the tasks of its kind."""
@@ -87,6 +107,9 @@ class Backend(Protocol):
 
     # Optional: `standby(task, attempt) -> int | None` starts a warm spare for that attempt,
     # which `start` then hands over (local.py, spares.py). A backend without it has none.
+    # Optional: `start_batch(items) -> Iterator[TaskHandle | Exception]` starts several of
+    # its tasks together (a host's, a node's) and answers each, in order; without it
+    # `Backends.start_batch` starts them one by one (`one_by_one`).
 
     def close(self) -> None:
         """The run is over: release what the backend holds (its warm spares too)."""

@@ -11,9 +11,10 @@ allocation, whose nodes `place` asks for before ports are allocated.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import itertools
+from collections.abc import Iterable, Iterator, Mapping
 
-from orchestrator.launch import Backend, TaskHandle
+from orchestrator.launch import Backend, TaskHandle, one_by_one
 from orchestrator.launch.gpus import GpuReport, auto_gpus, gpu_problem
 from orchestrator.launch.local import LocalBackend
 from orchestrator.launch.preflight import HostCheck, same_versions
@@ -123,6 +124,19 @@ class Backends:
 
     def start(self, task: TaskPlan, attempt: int) -> TaskHandle:
         return self.get(task.placement.kind).start(task, attempt)
+
+    def start_batch(self, items: Iterable[tuple[TaskPlan, int]]
+                    ) -> Iterator[TaskHandle | Exception]:
+        """Tasks to start together (the supervisor's starts of one round): each backend
+        that starts a batch gets its run of them at once, the others start theirs one by
+        one; each task answered in order (launch.BatchLauncher)."""
+        if not any(hasattr(cls, "start_batch") for cls in BACKENDS.values()):
+            yield from one_by_one(self.start, items)  # every backend today: lazily, in order
+            return
+        for kind, group in itertools.groupby(list(items), key=lambda i: i[0].placement.kind):
+            run, backend = list(group), self.get(kind)
+            make = getattr(backend, "start_batch", None)
+            yield from make(run) if make is not None else one_by_one(backend.start, run)
 
     def standby(self, task: TaskPlan, attempt: int,
                 wanted: frozenset[str] | None = None) -> int | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
+from orchestrator.decide import restarts_left, serving, training
 from orchestrator.plan import LOCAL
 from orchestrator.spec import LOCALHOST
 
@@ -100,10 +101,12 @@ def spares_wanted(plan: Plan, checks: Iterable[HostCheck]) -> frozenset[str]:
     host has room for its training tasks' standbys, from preflight's `checks` (its cores
     and available memory; local tasks share this machine's row; a Slurm node's row is the
     job's share of it). None without restarts."""
-    policy = plan.policy
-    if policy.max_restarts == 0 or policy.warm_spares is False:
+    policy, rules = plan.policy, plan.rules
+    # The restart budget's one rule (orchestrator.decide), before any restart was used.
+    if policy.warm_spares is False or not any(
+            restarts_left(t.role, policy, rules, 0, 0) for t in plan.tasks):
         return frozenset()
-    tasks = [t for t in plan.tasks if t.role not in plan.rules.servers]
+    tasks = [t for t in plan.tasks if not serving(t.role, rules)]
     if policy.warm_spares is True:
         return frozenset(t.name for t in tasks)
     rows = {LOCAL if c.host == LOCALHOST else c.host: c for c in checks}
@@ -113,8 +116,8 @@ def spares_wanted(plan: Plan, checks: Iterable[HostCheck]) -> frozenset[str]:
     wanted = set()
     for host, on_host in by_host.items():
         row = rows.get(host)
-        training = sum(1 for t in on_host if t.role not in plan.rules.sidecars)
+        trainers = sum(1 for t in on_host if training(t.role, rules))
         if row is not None and row.cpus and row.mem_available is not None \
-                and spares_pay_off(row.cpus, row.mem_available, training):
+                and spares_pay_off(row.cpus, row.mem_available, trainers):
             wanted.update(t.name for t in on_host)
     return frozenset(wanted)
