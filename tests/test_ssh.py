@@ -488,17 +488,23 @@ def test_ctrl_c_while_a_host_is_checked_is_answered_at_once(lab, run_dir: Path,
 @pytest.mark.timeout(240)
 def test_an_outage_and_a_lossy_link_are_ridden_out_by_the_default_lifeline(
         lab, run_dir: Path, tmp_path: Path):
-    """lab2's link down for 8 s, then 30 % of its packets lost both ways for 30 s: TCP
-    retransmits (after 0.2, 0.4, 0.8 ... s) and the default lifeline (30 s) waits for it; the
-    job runs through with no restart. Before: the fixed 5 s lifeline failed it at the outage
-    (`exit code 255`), and tripped within 40 s of 30 % loss in 1 of 1 runs."""
-    tfo = Tfo(quick_spec(lab, tmp_path, 45), run_dir)
+    """lab2's link down for 8 s; back for 10 s; then 30 % of its packets lost both ways for
+    20 s. TCP retransmits (after 0.2, 0.4, 0.8 ... s) and the default lifeline (30 s) waits
+    for it; the job runs through with no restart. Before: the fixed 5 s lifeline failed it at
+    the outage (`exit code 255`), and tripped within 40 s of 30 % loss in 1 of 1 runs.
+    The 10 s between them are the end of the outage's retransmission backoff (its next try
+    comes up to 12.8 s after the cut): loss that starts while TCP still backs off from the
+    outage doubles the same wait on: past 30 s once two more tries are lost (0.51 ** 2, about
+    one run in four by that arithmetic; seen once in a full make test, `no heartbeat reached
+    the task for 30 s`)."""
+    tfo = Tfo(quick_spec(lab, tmp_path, 55), run_dir)
     try:
         started_both(tfo)
         with sshlab.partition(lab[1].netns):
             time.sleep(8)
+        time.sleep(10)
         with sshlab.lossy(lab[1].netns, 0.3):
-            time.sleep(30)
+            time.sleep(20)
         code, err = tfo.finish(timeout=90)
     finally:
         stop(tfo)
