@@ -236,7 +236,7 @@ def test_lifeline_eof_on_partition_needs_client_alive(tmp_path):
 
 
 _COUNT_UDP = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
-              "s.bind(('0.0.0.0', 9999)); s.settimeout(2); n = 0\n"
+              "s.bind(('0.0.0.0', 9999)); s.settimeout(3); n = 0; print('ready', flush=True)\n"
               "try:\n    while True: s.recv(16); n += 1\nexcept OSError: print(n)")
 
 
@@ -247,7 +247,9 @@ def _udp_received(ns: str, address: str, count: int) -> int:
     listener = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c", _COUNT_UDP],
                                 stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)
+        # Sent once it listens: a python started in a namespace on a busy machine took more
+        # than the 1 s this waited before (0 of 2000 received, make test failed so once).
+        assert listener.stdout is not None and listener.stdout.readline() == "ready\n"
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             for _ in range(count):
                 s.sendto(b"x", (address, 9999))
