@@ -307,8 +307,11 @@ def test_a_killed_step_restarts_on_the_warm_spares_steps(lab: slurmlab.SlurmLab,
     assert rc == 0, err[-4000:]
     # srun tells of a killed step about a second late: worker:0, its peer gone, may exit 1
     # first, and tfo then finds worker:1 dead as it stops it. Either way: the SIGKILL.
+    # Where worker:0 had not exited by itself when tfo stopped it, it outlived the step's
+    # SIGTERM and was killed after grace_seconds (5 s): its restart came 7.6 s after the
+    # kill in 2 of 5 full make test runs here (under 5 s alone). Still the warm spares.
     assert_restart_served_by_spares(run_dir, killed_at, -signal.SIGKILL,
-                                    ended_by=("task_exited", "task_stopped"))
+                                    ended_by=("task_exited", "task_stopped"), within=5.0 + 5.0)
     assert not set(standbys(run_dir).values()) & set(lab.clients())  # no srun of theirs left
     _no_job_within(lab, job_id, 10)
 

@@ -179,10 +179,11 @@ def test_sigkill_restart_is_served_by_the_warm_spare(run_dir: Path, tmp_path: Pa
 
 
 def assert_restart_served_by_spares(run_dir: Path, killed_at: float, killed_rc: int,
-                                    ended_by: tuple[str, ...] = ("task_exited",)) -> None:
+                                    ended_by: tuple[str, ...] = ("task_exited",),
+                                    within: float = 5.0) -> None:
     """worker:1 was killed at `killed_at` (its attempt 0 ended by one of `ended_by`, with
-    `killed_rc`); both workers' attempt 1 were their standbys, resumed from the checkpoint,
-    and the job succeeded."""
+    `killed_rc`); both workers' attempt 1 were their standbys, started within `within` s of
+    the kill, resumed from the checkpoint, and the job succeeded."""
     ev = events(run_dir)
     ended = attempt_end(ev, "worker:1", 0, ended_by)
     assert ended is not None and ended["returncode"] == killed_rc, ended
@@ -191,7 +192,7 @@ def assert_restart_served_by_spares(run_dir: Path, killed_at: float, killed_rc: 
     for task in ("worker:0", "worker:1"):
         started = first(ev, "task_started", task, attempt=1)
         assert started["warm"] is True and started["pid"] == spares[(task, 1)]
-        assert started["time"] - killed_at < 5.0
+        assert started["time"] - killed_at < within
     resumed = [e["epoch"] for e in ev if e["event"] == "task_epoch" and e["attempt"] == 1]
     assert resumed and min(resumed) >= 1, resumed  # from its checkpoint, not the start
     assert ev[-1]["event"] == "job_finished" and ev[-1]["exit_code"] == 0
