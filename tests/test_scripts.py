@@ -430,6 +430,19 @@ def test_a_title_fits_the_room_of_the_command_line(room, shown):
     assert describe(env, "wrapper", room) == shown
 
 
+@pytest.mark.parametrize(("title", "name"), [
+    ("tfo worker:1 train.py [wrapper]", "tfo-worker:1"),
+    ("tfo evaluator:0 pkg.mod:evaluate", "tfo-evaluator:0"),  # 15 bytes: the kernel's most
+    ("tfo evaluator:12 x.py", "tfo-evaluator:1"),
+    ("tfo ps:0 server", "tfo-ps:0"),
+    ("tfo (x) y", "tfo-_x_"),  # no parentheses: stat's name is parsed between them
+    ("", "tfo"),
+])
+def test_a_task_s_short_name_is_one_word(title, name):
+    from worker_entry.title import short_name
+    assert short_name(title) == name
+
+
 def test_without_setproctitle_the_title_is_left_alone(monkeypatch):
     from worker_entry import title
     monkeypatch.setitem(__import__("sys").modules, "setproctitle", None)  # not installed
@@ -454,6 +467,12 @@ def test_ps_shows_the_task_and_its_script(tmp_path, run_dir):
                                                args(wrapper.children()[0])), 10), \
             args(wrapper.children()[0])
         assert re.fullmatch(rf"tfo worker:0 {script} \[wrapper\]", args(wrapper)), args(wrapper)
+        # /proc/PID/stat read as Slurm's proctrack/cgroup reads it (sscanf "%*d %*s %*s %d"):
+        # a name with a space hid the ppid, and the step's SIGTERM never reached the wrapper.
+        for p in (wrapper, wrapper.children()[0]):
+            stat = Path(f"/proc/{p.pid}/stat").read_text()
+            assert int(stat.split()[3]) == p.ppid(), stat[:60]
+            assert Path(f"/proc/{p.pid}/comm").read_text().strip() == "tfo-worker:0"
         assert "TFO_ATTEMPT" in wrapper.children()[0].environ()  # orphans.py still finds it
     finally:
         # Ctrl-C, as a user would: tfo ends its tasks before it exits. (A SIGKILL of the whole

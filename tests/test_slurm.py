@@ -286,7 +286,7 @@ def test_a_killed_step_restarts_on_the_warm_spares_steps(lab: slurmlab.SlurmLab,
                                                           tmp_path: Path):
     """warm_spares: true under Slurm: each worker's standby is a step of its own on its
     node, TensorFlow imported; worker:1's step killed, the restart gets both standbys."""
-    from tests.test_spares import assert_restart_served_by_spares, standbys
+    from tests.test_spares import assert_restart_served_by_spares, attempt_end, events, standbys
 
     spec = write_spec(tmp_path / "spares.yaml", job(
         epochs=5, sleep=2, max_restarts=1, restart=", warm_spares: true"))
@@ -307,11 +307,15 @@ def test_a_killed_step_restarts_on_the_warm_spares_steps(lab: slurmlab.SlurmLab,
     assert rc == 0, err[-4000:]
     # srun tells of a killed step about a second late: worker:0, its peer gone, may exit 1
     # first, and tfo then finds worker:1 dead as it stops it. Either way: the SIGKILL.
-    # Where worker:0 had not exited by itself when tfo stopped it, it outlived the step's
-    # SIGTERM and was killed after grace_seconds (5 s): its restart came 7.6 s after the
-    # kill in 2 of 5 full make test runs here (under 5 s alone). Still the warm spares.
     assert_restart_served_by_spares(run_dir, killed_at, -signal.SIGKILL,
-                                    ended_by=("task_exited", "task_stopped"), within=5.0 + 5.0)
+                                    ended_by=("task_exited", "task_stopped"))
+    # Where tfo stopped worker:0, its wrapper had the step's SIGTERM. It had none while the
+    # tasks' process names had spaces (proctrack/cgroup then signals only with SIGKILL), and
+    # worker:0, hung in its teardown after the failed collective, sat out the 5 s grace:
+    # the restart came 7.6 s after the kill (worker_entry/title.py).
+    stopped = attempt_end(events(run_dir), "worker:0", 0, ("task_stopped",))
+    if stopped is not None and "signal SIGKILL" in stopped["how"]:  # not its own exit
+        assert '"sigterm"' in (run_dir / "logs" / "worker-0.log").read_text(), stopped
     assert not set(standbys(run_dir).values()) & set(lab.clients())  # no srun of theirs left
     _no_job_within(lab, job_id, 10)
 

@@ -21,7 +21,9 @@ whose main thread only ever waits in select:
   with EXIT_PREEMPTED. Without one it SIGKILLs the task at once: TensorFlow's C++ runtime
   swallows SIGTERM, so waiting would only hold up every restart by the grace. The task
   tells the wrapper over a pipe whenever a SIGTERM handler is set (signal.signal is wrapped
-  in the task before any user code runs). SIGHUP (the SSH session is gone): SIGKILL at once.
+  in the task before any user code runs), and that none can help once its code is over
+  (its `exiting` marker: a teardown hung after a peer's death gets no grace). SIGHUP (the
+  SSH session is gone): SIGKILL at once.
 - Usage: every USAGE_SECONDS it measures the task's whole process tree from /proc (CPU,
   RSS, processes, any of them stopped: worker_entry.usage) and writes a `usage` marker. The
   wrapper is the one to do it: it runs on the task's host, local or SSH alike, and it keeps
@@ -371,6 +373,12 @@ def _say_exiting() -> None:
             markers.emit(markers.EXITING)
         else:
             markers.emit(markers.EXITING, code=_exit_code)
+    # The task's code is over: a SIGTERM handler can save nothing any more. What is left is
+    # the interpreter's and TensorFlow's teardown, which can hang for good after a collective
+    # failed (a peer's death); the wrapper then SIGKILLs at once rather than wait the grace.
+    if _handler_fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(_handler_fd, b"0")
 
 
 def _write(text: str) -> None:
@@ -400,9 +408,14 @@ def _exit_like(status: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status))
 
 
+_handler_fd: int | None = None  # the task's end of the pipe _report_sigterm_handlers writes
+
+
 def _report_sigterm_handlers(fd: int) -> None:
     """In the task: tell the wrapper (b"1"/b"0" on `fd`) whenever a Python SIGTERM handler
     is set or unset, so that it knows whether a SIGTERM can do any good (see the top)."""
+    global _handler_fd
+    _handler_fd = fd
     os.set_blocking(fd, False)  # a full pipe drops a report rather than block the task
     original = signal.signal
 

@@ -4,8 +4,15 @@
     title.set_title(title.describe(os.environ, "wrapper"))   # in its wrapper
 
 `setproctitle` (a dependency of the task side, `pip install tf-orchestrator[tf]`) rewrites
-the process's command line. A lab host without it keeps the plain one: nothing fails. It
-runs with SPT_NOENV, so it only uses the command line's own room and leaves the environment
+the process's command line. It also sets the kernel's short name (`comm`, 15 bytes, the
+second field of /proc/PID/stat) to the title's start, `tfo worker:0 tr`: with its spaces,
+Slurm's proctrack/cgroup could not read the ppid after it (it scans the stat line by
+whitespace), took the wrapper for no task of the step's, and sent it no `scancel --signal=TERM`
+(SIGKILL only), so a step stopped by tfo sat out its whole grace. The short name is
+`tfo-worker:0` instead: one word, as a process's name is expected to be.
+
+A lab host without setproctitle keeps the plain command line: nothing fails. It runs with
+SPT_NOENV, so it only uses the command line's own room and leaves the environment
 as it is in /proc/PID/environ, where tfo tells its tasks' processes apart (launch/orphans.py).
 """
 
@@ -66,16 +73,26 @@ def _from_tf_config(env: Mapping[str, str]) -> str:
         return "task"
 
 
+def short_name(title: str) -> str:
+    """The kernel's name for a titled process: `tfo-worker:0`, one word of at most 15 bytes
+    (see the top: tools that read /proc/PID/stat split it at whitespace)."""
+    words = title.split()
+    name = "-".join(words[:2]) if words[:1] == ["tfo"] else "".join(words[:1]) or "tfo"
+    return "".join(c if c.isprintable() and c not in "()" else "_" for c in name)[:15]
+
+
 def set_title(text: str) -> bool:
-    """The process's title, where setproctitle is installed (else False, nothing done)."""
+    """The process's title, where setproctitle is installed (else False, nothing done), and
+    its short name (`short_name`)."""
     had = os.environ.get(_NOENV)
     os.environ[_NOENV] = "1"  # read as the module loads: keep /proc/PID/environ readable
     try:
-        from setproctitle import setproctitle
+        from setproctitle import setproctitle, setthreadtitle
     except ImportError:
         return False
     else:
         setproctitle(text)
+        setthreadtitle(short_name(text))  # the main thread's name is the process's `comm`
         return True
     finally:
         if had is None:
