@@ -275,6 +275,22 @@ class _EpochProgress(tf.keras.callbacks.Callback):
         self._scalars.write({f"epoch_{k}": v for k, v in (logs or {}).items()}, step=epoch)
 
 
+def summed_replicas(model: Any) -> int:
+    """tf-keras hands callbacks a step's metrics summed over the strategy's replicas (its
+    `distribute_reduction_method` "auto" is "sum" but on TPU), each replica's its own running
+    mean: with 2 workers the logged loss was twice the one Keras prints at the epoch's end,
+    which is the metric's own result. Their count, to divide by (1 where not summed)."""
+    method = getattr(model, "distribute_reduction_method", "auto")
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is None or method not in ("auto", "sum") \
+            or (method == "auto" and "TPU" in type(strategy).__name__):
+        return 1
+    try:
+        return max(int(strategy.num_replicas_in_sync), 1)
+    except (AttributeError, TypeError, ValueError):
+        return 1
+
+
 class Progress(_EpochProgress):
     """Also reports the first training step as soon as it ends, and every step (throttled:
     worker_entry.progress) with its epoch and loss; the chief writes that loss to TensorBoard
@@ -288,7 +304,11 @@ class Progress(_EpochProgress):
     def __init__(self) -> None:
         super().__init__()
         self._epoch = 0
+        self._replicas = 1  # how many replicas' values a step's logged loss is the sum of
         self._reporter = progress.Reporter(emit=self._emit)
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._replicas = summed_replicas(self.model)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
@@ -304,7 +324,8 @@ class Progress(_EpochProgress):
         loss = (logs or {}).get("loss")
         self._reporter.report(epoch=self._epoch, epochs=self.params.get("epochs"),
                               step_in_epoch=batch + 1, steps=self.params.get("steps"),
-                              loss=None if loss is None else lambda: float(loss))
+                              loss=None if loss is None else
+                              lambda: float(loss) / self._replicas)
 
     def _emit(self, event: str, **fields: Any) -> None:
         markers.emit(event, **fields)
