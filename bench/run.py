@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -197,6 +198,13 @@ def timeline(text: str, attempt: int | None = None) -> dict[str, list[float]]:
 def throughput(tl: dict[str, list[float]], steps_per_epoch: int) -> float:
     ends = tl["epoch"]
     return steps_per_epoch * (len(ends) - 1) / (ends[-1] - ends[0])
+
+
+def steady_throughput(tl: dict[str, list[float]], steps_per_epoch: int) -> float:
+    """Steps per second of the median epoch: an epoch slowed by something else on the
+    machine moves it less than the mean (a pair's ratio ranged 0.80-1.06 with the mean)."""
+    ends = tl["epoch"]
+    return statistics.median(steps_per_epoch / (b - a) for a, b in itertools.pairwise(ends))
 
 
 def children_cpu() -> float:
@@ -463,22 +471,27 @@ def bench_progress(s: Setting, tmp: Path) -> None:
     joins its fit) and without (TFO_AUTO_PROGRESS=0), alternating after a warm-up of each;
     throughput with ÷ without per pair. Then bench/progress_cost.py's figures in one process
     (the full setting only: it imports TensorFlow)."""
-    print(f"progress: {s.pairs} × (automatic progress on, off)", flush=True)
+    # Longer arms and more pairs than the other paired figures: the difference looked for
+    # is a few tenths of a percent (bench/progress_cost.py), far under one short run's noise.
+    pairs, epochs = (s.pairs, s.epochs) if s.fake else (s.pairs + 4, 3 * s.epochs)
+    print(f"progress: {pairs} × (automatic progress on, off), {epochs} epochs each",
+          flush=True)
 
     def arm(i: int, auto: bool) -> float:
         rd = tmp / f"progress-{'on' if auto else 'off'}-{i}"
-        path = spec(tmp / f"progress-{i}-{auto}.json", "bench-progress", job_args(s), 2,
+        path = spec(tmp / f"progress-{i}-{auto}.json", "bench-progress",
+                    job_args(s, epochs=epochs), 2,
                     env=None if auto else {"TFO_AUTO_PROGRESS": "0"})
         if wait(tfo("run", str(path), "--run-dir", str(rd)), 600, "tfo run") != 0:
             raise RuntimeError(f"tfo run failed; see {rd}")
-        speed = statistics.mean(throughput(timeline(text), s.steps_per_epoch)
+        speed = statistics.mean(steady_throughput(timeline(text), s.steps_per_epoch)
                                 for text in task_logs(rd).values())
         if i >= 0:
             detail(f"progress {'on' if auto else 'off'} steps_per_s", speed)
         return speed
 
     arm(-1, True), arm(-1, False)
-    for i in range(s.pairs):
+    for i in range(pairs):
         got = {auto: arm(i, auto) for auto in ((True, False) if i % 2 == 0 else (False, True))}
         add("progress_ratio", got[True] / got[False])
     if s.fake:
