@@ -147,11 +147,13 @@ def _warnings(spec: ClusterSpec) -> list[str]:
             out.append(f"hosts.{with_env[0]}.env: not carried over (a pod has no host); move "
                        "what every task needs into the top-level env:")
     if spec.backend is not None:
-        request = [f for f in spec.backend.options.model_fields_set if f != "gpus_per_task"]
-        dropped = f" ({', '.join(sorted(request))})" if request else ""
-        out.append(f"backend.{spec.backend.kind}: not carried over{dropped}: Kubernetes "
-                   "schedules the pods; each role's count is kept, and the GPUs each task "
-                   "was to get become each pod's nvidia.com/gpu limit")
+        options = spec.backend.options
+        request = sorted(f for f in options.model_fields_set if f != "gpus_per_task")
+        gpus = ", and gpus_per_task becomes each pod's nvidia.com/gpu limit" \
+            if "gpus_per_task" in type(options).model_fields else ""
+        out.append(f"backend.{spec.backend.kind}: not carried over"
+                   f"{' (' + ', '.join(request) + ')' if request else ''}: Kubernetes schedules "
+                   f"the pods; each role's count is kept{gpus}")
     unit = RULES[spec.strategy].restart_unit
     restarted = [r for r in _roles(spec) if unit[r] is RestartUnit.GROUP
                  and spec.restart.for_role(r, spec.strategy) is not RestartPolicy.NEVER]

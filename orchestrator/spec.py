@@ -762,7 +762,7 @@ def cluster_schema() -> dict[str, Any]:
 
     # `backend:` as the registry's schedulers make it: one key, a kind, with its options.
     one = create_model("SchedulerSpec", __base__=_OneScheduler, __doc__=SchedulerSpec.__doc__,
-                       **{k: (m | None, None) for k, m in scheduler_options().items()})
+                       **{k: (m, None) for k, m in scheduler_options().items()})
     cluster = create_model("ClusterSpec", __base__=ClusterSpec, backend=(one | None, None))
     schema = cluster.model_json_schema(mode="validation")
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
