@@ -648,10 +648,11 @@ class ClusterSpec(_Model):
                                + ", ".join(missing) + " task")
         if self.backend is not None:
             kind, options = self.backend.kind, self.backend.options
-            if self.job.gpus_per_task:
+            if self.job.gpus_per_task:  # the scheduler gives the GPUs, or none
+                instead = f"set backend.{kind}.gpus_per_task instead" if "gpus_per_task" in \
+                    type(options).model_fields else "it takes none; remove it"
                 raise _field_error("job.gpus_per_task", (
-                    f"a {options.title} job asks {options.title} for GPUs: set "
-                    f"backend.{kind}.gpus_per_task instead"))
+                    f"a {options.title} job asks {options.title} for GPUs: {instead}"))
             if problem := options.job_problem(kind, sum(1 for _ in t.all())):
                 raise _field_error(*problem)
             return self
