@@ -22,7 +22,7 @@ from typing import Any
 from orchestrator.plan import JOB_KINDS, job_env
 from orchestrator.policy import RestartPolicy
 from orchestrator.rundir import BACKUP, TMP
-from orchestrator.spec import GPU_ROLES, ClusterSpec, SpecError
+from orchestrator.spec import ClusterSpec, SpecError
 from orchestrator.strategy import RULES, START_ORDER, RestartUnit
 from worker_entry.markers import Role, Strategy
 
@@ -125,9 +125,7 @@ def _replica(spec: ClusterSpec, role: Role, count: int, image: str) -> dict[str,
         "env": [{"name": k, "value": v.replace("$", "$$")} for k, v in env.items()],
         "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT}],
     }
-    slurm = spec.backend.slurm if spec.backend is not None else None
-    gpus = (slurm.gpus_per_task if role in GPU_ROLES else 0) if slurm is not None \
-        else spec.job.gpus_for(role)
+    gpus = spec.gpus_for(role)  # the job's, or what a scheduler was asked for
     if gpus:
         container["resources"] = {"limits": {GPU_RESOURCE: gpus}}
     pod = {"terminationGracePeriodSeconds": math.ceil(spec.timeouts.grace_seconds),
@@ -148,10 +146,14 @@ def _warnings(spec: ClusterSpec) -> list[str]:
         if with_env:
             out.append(f"hosts.{with_env[0]}.env: not carried over (a pod has no host); move "
                        "what every task needs into the top-level env:")
-    if spec.backend is not None and spec.backend.slurm is not None:
-        out.append("backend.slurm: not carried over (partition, time, account, extra_args): "
-                   "Kubernetes schedules the pods; each role's count is kept, and "
-                   "gpus_per_task becomes each pod's nvidia.com/gpu limit")
+    if spec.backend is not None:
+        options = spec.backend.options
+        request = sorted(f for f in options.model_fields_set if f != "gpus_per_task")
+        gpus = ", and gpus_per_task becomes each pod's nvidia.com/gpu limit" \
+            if "gpus_per_task" in type(options).model_fields else ""
+        out.append(f"backend.{spec.backend.kind}: not carried over"
+                   f"{' (' + ', '.join(request) + ')' if request else ''}: Kubernetes schedules "
+                   f"the pods; each role's count is kept{gpus}")
     unit = RULES[spec.strategy].restart_unit
     restarted = [r for r in _roles(spec) if unit[r] is RestartUnit.GROUP
                  and spec.restart.for_role(r, spec.strategy) is not RestartPolicy.NEVER]

@@ -69,15 +69,16 @@ def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
     look for them. Only located and parsed, never imported: user code could import
     TensorFlow, or do anything."""
     from orchestrator.entry import EntryError, check_entry, check_module, check_script
-    from orchestrator.spec import LOCALHOST, SLURM
+    from orchestrator.spec import LOCALHOST
 
     job = spec.job
     try:
         if job.script is not None:  # run here, or synced from here: it must be here
             check_script(job.script, workdir)
             return
-        # Slurm's nodes run the tasks here too: in this directory, with this python.
-        local = any(a.host in (LOCALHOST, SLURM) for _, _, a in spec.tasks.all())
+        # A scheduler's nodes run the tasks here too: in this directory, with this python.
+        local = spec.scheduler is not None or any(
+            a.host == LOCALHOST for _, _, a in spec.tasks.all())
         shipped = job.package == "worker_entry" or (workdir / job.package).exists() \
             or (workdir / f"{job.package}.py").exists()
         if not (local or shipped):
@@ -176,7 +177,7 @@ def prepare(source: Source, run_dir: Path | None, dry_run: bool = False,
     try:
         # A scheduler's nodes first (Slurm: the allocation), then ports on them.
         nodes = backends.place(spec, dry_run, say)
-        if ports is None or nodes:  # a Slurm job's ports are the new nodes' own
+        if ports is None or nodes:  # a scheduler's ports are the new nodes' own
             ports = backends.allocate(spec)
         gpus = backends.gpus(spec, ask_hosts)
         for name, report in gpus.items():

@@ -26,7 +26,6 @@ from orchestrator.rundir import RunDir
 from orchestrator.spec import (
     LOCALHOST,
     MAX_ARG_STRLEN,
-    SLURM,
     ClusterSpec,
     Int,
     Port,
@@ -44,7 +43,7 @@ class Placement:
     """Where a task runs and who starts it."""
 
     kind: str  # the backend that starts it: a key of orchestrator.launch.BACKENDS
-    host: str  # "localhost" or a name under `hosts:`
+    host: str  # "localhost", a name under `hosts:`, or the node a scheduler gave
     address: str  # how the other tasks reach this one
 
     def to_json(self) -> dict[str, str]:
@@ -52,13 +51,12 @@ class Placement:
 
 
 def placement(spec: ClusterSpec, host: str, node: str | None = None) -> Placement:
-    """`node`: the Slurm node the allocation gave the task (launch/slurm.py)."""
+    """`node`: the node a scheduler gave the task (Backend.place); until then a scheduler's
+    task has its kind for host and address (enough to pick the backend that allocates)."""
     if host == LOCALHOST:
         return Placement(LOCAL, LOCALHOST, LOCALHOST)
-    if host == SLURM:
-        if node is None:
-            return Placement(SLURM, SLURM, SLURM)  # not placed yet: for allocating ports
-        return Placement(SLURM, node, node)
+    if host == spec.scheduler:
+        return Placement(host, node or host, node or host)
     return Placement(spec.hosts[host].backend, host, spec.hosts[host].address)
 
 
@@ -319,9 +317,9 @@ def make_plan(
     in the tasks whose port is `auto` (the backends find free ones). Remote tasks run in
     their host's `workdir` with the run directory mirrored under it. `gpus` gives the GPUs
     of hosts whose gpus are `auto` (launch/gpus.py asks them); devices.py has the rest.
-    `nodes` gives each task of a Slurm job its node (task name → node, from the allocation);
-    those tasks run as local ones do, in `workdir` with this python: a Slurm cluster's nodes
-    share its file system.
+    `nodes` gives each task of a scheduler's job its node (task name → node, Backend.place:
+    Slurm's allocation); those tasks run as local ones do, in `workdir` with this python: a
+    scheduler's nodes share the coordinator's file system (a Slurm cluster's do).
     """
     ports = dict(ports or {})
     run_dir, workdir = str(run_dir), str(workdir)
@@ -333,8 +331,8 @@ def make_plan(
         if port is None:
             raise ValueError(f"{name}: port is 'auto' and no port was assigned")
         node = (nodes or {}).get(name)
-        if addr.host == SLURM and node is None:
-            raise ValueError(f"{name}: a Slurm task and no node was assigned")
+        if addr.host == spec.scheduler and node is None:
+            raise ValueError(f"{name}: a {spec.scheduler} task and no node was assigned")
         resolved.append((role, index, placement(spec, addr.host, node), port))
 
     cluster: dict[str, list[str]] = {}

@@ -255,23 +255,30 @@ class SlurmFlags:
                 if f.name != "on" and getattr(self, f.name) not in (None, ())]
 
 
-def on_slurm(spec: dict[str, Any], flags: SlurmFlags) -> dict[str, Any]:
-    """The same job as a Slurm job: each role's tasks become a count (Slurm picks the hosts;
-    `hosts:` and `localhost:` go), and the flags are backend.slurm (over the file's own)."""
+def on_scheduler(spec: dict[str, Any], flags: SlurmFlags) -> dict[str, Any]:
+    """The same job handed to the scheduler `--on` names (a kind with options in
+    launch.backends.BACKENDS): each role's tasks become a count (the scheduler picks the
+    hosts; `hosts:` and `localhost:` go), and the flags are its request, `backend.KIND` (over
+    the file's own; its options model names a flag it does not take)."""
     if flags.on is None:
         if flags.given():
             raise FlagError(f"{', '.join(flags.given())}: Slurm's request; add --on slurm")
         return spec
-    if flags.on != "slurm":
-        raise FlagError(f"--on {flags.on}: the one scheduler tfo can hand a job to is slurm")
+    from orchestrator.launch.backends import schedulers
+
+    kinds = sorted(schedulers())
+    if flags.on not in kinds:
+        said = (f"the one scheduler tfo can hand a job to is {kinds[0]}" if len(kinds) == 1
+                else f"the schedulers tfo can hand a job to are {', '.join(kinds)}")
+        raise FlagError(f"--on {flags.on}: {said}")
     tasks = spec.get("tasks")
     if not isinstance(tasks, dict):
         return spec  # parse_spec names what is wrong with it
     counts = {role: _count(value) for role, value in tasks.items()}
     old = spec.get("backend") if isinstance(spec.get("backend"), dict) else {}
-    request = {**(old.get("slurm") or {}), **flags.request()}
+    request = {**(old.get(flags.on) or {}), **flags.request()}
     out = {k: v for k, v in spec.items() if k not in ("hosts", "localhost", "tasks", "backend")}
-    return {**out, "tasks": counts, "backend": {"slurm": request}}
+    return {**out, "tasks": counts, "backend": {flags.on: request}}
 
 
 def _count(value: Any) -> Any:
@@ -322,8 +329,8 @@ USAGE = ("give a cluster file (tfo {0} clusters/localhost.yaml) or a command aft
 def source_from(command: list[str] | None, file: Path | None, flags: QuickFlags,
                 slurm: SlurmFlags | None = None, verb: str = "run") -> Path | dict:
     """What `tfo VERB` runs: FILE, or the cluster file the flags and the command after `--`
-    make; with `--on slurm`, that job as a Slurm job. Raises SpecError (a FlagError where
-    the flags or the command are wrong) with the user's message."""
+    make; with `--on KIND` (`--on slurm`), that job as that scheduler's. Raises SpecError (a
+    FlagError where the flags or the command are wrong) with the user's message."""
     source = _file_or_command(command, file, flags, verb)
     if slurm is None or (slurm.on is None and not slurm.given()):
         return source
@@ -334,7 +341,7 @@ def source_from(command: list[str] | None, file: Path | None, flags: QuickFlags,
             if isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys():
                 raise FlagError(f"--on: {source} is a run's plan.json, already placed; give "
                                 "the cluster file")
-        return on_slurm(data, slurm)
+        return on_scheduler(data, slurm)
     except SpecFileError as e:
         raise SpecError(str(e)) from None
 

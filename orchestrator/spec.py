@@ -18,7 +18,7 @@ import string
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -39,13 +39,12 @@ from orchestrator.stall import FLOOR_SECONDS
 from orchestrator.strategy import CLUSTER_ROLES, RULES, START_ORDER
 from worker_entry.markers import HEARTBEAT_SECONDS, LIFELINE_SECONDS, Role, Strategy
 
-__all__ = ["RestartPolicy", "Role", "Strategy", "ClusterSpec", "SlurmSpec", "SpecError",
+__all__ = ["RestartPolicy", "Role", "Strategy", "ClusterSpec", "SchedulerOptions",
+           "SpecError",
            "cluster_schema",
            "load_spec", "parse_spec"]
 ROLES = tuple(Role)
 LOCALHOST = "localhost"
-# The host of a task under `backend: {slurm: …}`: Slurm picks the node when it grants the job.
-SLURM = "slurm"
 _ENTRY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -342,10 +341,8 @@ def _addresses(value: Any) -> Any:
     if value is None:
         return []
     if isinstance(value, int) and not isinstance(value, bool):
-        # A count: the hosts come from a scheduler's allocation (backend: {slurm: …}).
-        if not 0 <= value <= MAX_TASKS_PER_ROLE:
-            raise ValueError(f"a count of tasks is 0 to {MAX_TASKS_PER_ROLE}, got {value}")
-        return [{"host": SLURM, "port": None}] * value
+        # A count is a scheduler's (backend: {slurm: …}): ClusterSpec made it addresses.
+        raise ValueError(f"a count ({value}) is for a job a scheduler places (backend:)")
     if isinstance(value, str | dict):
         return [value]
     if not isinstance(value, list):
@@ -495,52 +492,75 @@ class HostSpec(_Model):
         return address
 
 
-# Slurm's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; or UNLIMITED.
-_SLURM_TIME = re.compile(r"^(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2}|UNLIMITED|INFINITE)$")
-_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+class SchedulerOptions(_Model):
+    """The options of `backend: {KIND: {…}}`, a scheduler's request for the whole job. Each
+    scheduler's backend (orchestrator/launch/) names its model as its `options`; the spec
+    finds it by the kind, in the registry (launch.backends.BACKENDS)."""
+
+    title: ClassVar[str] = "scheduler"  # its name in messages: "Slurm"
+
+    def gpus_for(self, role: str) -> int:
+        """The GPUs the scheduler gives each task of the role (0: none asked)."""
+        return 0
+
+    def job_problem(self, kind: str, tasks: int) -> tuple[str, str] | None:
+        """Why the request cannot hold the job's `tasks`: (field, message), or None."""
+        return None
 
 
-class SlurmSpec(_Model):
-    """One Slurm allocation for the whole job (`salloc`); each task is a job step in it.
-    None: Slurm's default (the default partition, the partition's time limit)."""
+def scheduler_options() -> dict[str, type[SchedulerOptions]]:
+    """Every scheduler's options model by kind (the registry's; imported only for a job
+    that names one, so a cluster file without `backend:` loads no backend)."""
+    from orchestrator.launch.backends import schedulers
 
-    partition: str | None = None
-    time: str | None = None  # --time, in Slurm's formats: 30, 1:00:00, 1-12
-    nodes: Int | None = Field(default=None, ge=1)  # default: enough for tasks_per_node
-    tasks_per_node: Int = Field(default=1, ge=1)
-    gpus_per_task: Int = Field(default=0, ge=0)
-    account: str | None = None
-    extra_args: list[str] = Field(default_factory=list)  # more salloc options, as given
+    return {k: cls.options for k, cls in schedulers().items()}
 
-    @field_validator("partition", "account")
+
+def _scheduler_kind(data: Any) -> str | None:
+    """The kind a raw `backend:` names, if it names exactly one."""
+    backend = data.get("backend") if isinstance(data, dict) else None
+    if isinstance(backend, dict) and len(backend) == 1:
+        return str(next(iter(backend)))
+    return None
+
+
+class SchedulerSpec(_Model):
+    """`backend: {KIND: {…}}`: a scheduler places the tasks, not the cluster file. Read
+    and written as that one-key mapping; `kind` and `options` (the kind's own model, from
+    the registry) name its parts, and `backend.slurm` is the options too."""
+
+    # The one key is the kind, its value the kind's options: an extra field of this model.
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    @model_validator(mode="before")
     @classmethod
-    def _name(cls, value: str | None) -> str | None:
-        if value is not None and not _SLURM_NAME.match(value):
-            raise ValueError(f"expected a Slurm name (letters, digits, _ . -), got {value!r}")
-        return value
+    def _one_kind(cls, data: Any) -> Any:
+        if isinstance(data, SchedulerSpec):
+            return data
+        models = scheduler_options()
+        kinds = ", ".join(sorted(models)) or "none"
+        if not (isinstance(data, dict) and len(data) == 1):
+            raise ValueError(f"names one scheduler by its kind, its request below it "
+                             f"(backend: {{slurm: {{partition: …}}}}); kinds: {kinds}; got "
+                             f"{data!r}")
+        kind, raw = next(iter(data.items()))
+        if kind not in models:
+            raise ValueError(f"unknown kind {kind!r}; the schedulers' kinds are "
+                             f"{kinds} (a host's backend goes under hosts: NAME: backend:)")
+        try:
+            return {kind: models[kind].model_validate(raw)}
+        except ValidationError as err:
+            raise ValueError(format_validation_error(err, f"backend.{kind}")) from None
 
-    @field_validator("time")
-    @classmethod
-    def _time(cls, value: str | None) -> str | None:
-        if value is not None and not _SLURM_TIME.match(value):
-            raise ValueError(f"expected a Slurm time limit (minutes, HH:MM:SS or D-HH:MM:SS, "
-                             f"e.g. 30 or 1:00:00), got {value!r}")
-        return value
+    @property
+    def kind(self) -> str:
+        assert self.__pydantic_extra__ is not None
+        return next(iter(self.__pydantic_extra__))
 
-    @field_validator("extra_args")
-    @classmethod
-    def _options(cls, args: list[str]) -> list[str]:
-        for arg in args:
-            if not arg.startswith("-"):
-                raise ValueError(f"each is one salloc option starting with - "
-                                 f"(['--qos=debug', '--constraint=v100']), got {arg!r}")
-        return args
-
-
-class BackendSpec(_Model):
-    """Who places the tasks when it is not the cluster file: `backend: {slurm: {…}}`."""
-
-    slurm: SlurmSpec
+    @property
+    def options(self) -> SchedulerOptions:
+        assert self.__pydantic_extra__ is not None
+        return self.__pydantic_extra__[self.kind]
 
 
 class LocalhostSpec(_Model):
@@ -560,24 +580,50 @@ class ClusterSpec(_Model):
     timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
     env: Env = Field(default_factory=dict)
     evaluator_required: bool = False
-    backend: BackendSpec | None = None
+    backend: SchedulerSpec | None = None
+
+    @property
+    def scheduler(self) -> str | None:
+        """The kind of the scheduler that places the tasks (`backend:`); None: the cluster
+        file names the hosts. A scheduler's tasks all have the kind as their host until it
+        places them (plan.placement)."""
+        return self.backend.kind if self.backend is not None else None
+
+    def gpus_for(self, role: str) -> int:
+        """How many GPUs each task of the role gets: the scheduler's, else the job's."""
+        return self.backend.options.gpus_for(role) if self.backend is not None \
+            else self.job.gpus_for(role)
 
     @model_validator(mode="before")
     @classmethod
-    def _slurm_takes_counts(cls, data: Any) -> Any:
-        """Before the addresses are read: a Slurm job's tasks are counts (`worker: 2`)."""
+    def _a_scheduler_takes_counts(cls, data: Any) -> Any:
+        """Before the addresses are read: a scheduler's tasks are counts (`worker: 2`), each
+        task's host the scheduler's kind until it places them."""
         if not isinstance(data, dict) or not isinstance(data.get("tasks"), dict):
             return data
-        slurm = isinstance(data.get("backend"), dict) and "slurm" in data["backend"]
-        for role, value in data["tasks"].items():
-            if slurm and not (isinstance(value, int) and not isinstance(value, bool)):
-                raise _field_error(f"tasks.{role}", f"Slurm picks the hosts of a backend.slurm "
-                                   f"job: give a count ({role}: 2), got {value!r}")
-            if not slurm and isinstance(value, int) and not isinstance(value, bool):
-                raise _field_error(f"tasks.{role}", f"a count ({value}) is for a Slurm job "
-                                   f"(backend: {{slurm: {{partition: …}}}}); otherwise list "
-                                   "addresses ('host:port')")
-        return data
+        kind = _scheduler_kind(data)
+        if kind is None and data.get("backend") is not None:
+            return data  # SchedulerSpec says what is wrong with `backend:`
+        tasks = dict(data["tasks"])
+        for role, value in tasks.items():
+            count = isinstance(value, int) and not isinstance(value, bool)
+            if kind is not None and not count:
+                model = scheduler_options().get(kind)
+                raise _field_error(f"tasks.{role}", f"{model.title if model else kind} picks "
+                                   f"the hosts of a backend.{kind} job: give a count "
+                                   f"({role}: 2), got {value!r}")
+            if kind is None and count:
+                models = scheduler_options()
+                raise _field_error(f"tasks.{role}", (
+                    f"a count ({value}) is for a {' or '.join(m.title for m in models.values())} "
+                    f"job (backend: {{{next(iter(models), 'KIND')}: {{…}}}}); otherwise list "
+                    "addresses ('host:port')"))
+            if count:
+                if not 0 <= value <= MAX_TASKS_PER_ROLE:
+                    raise _field_error(f"tasks.{role}", f"a count of tasks is 0 to "
+                                       f"{MAX_TASKS_PER_ROLE}, got {value}")
+                tasks[role] = [{"host": kind, "port": None}] * value
+        return {**data, "tasks": tasks}
 
     @model_validator(mode="after")
     def _cluster_rules(self) -> ClusterSpec:
@@ -601,16 +647,14 @@ class ClusterSpec(_Model):
             raise _field_error("tasks", f"a {self.strategy.value} job needs "
                                + ", ".join(missing) + " task")
         if self.backend is not None:
-            if self.job.gpus_per_task:
-                raise _field_error("job.gpus_per_task", "a Slurm job asks Slurm for GPUs: "
-                                   "set backend.slurm.gpus_per_task instead")
-            slurm = self.backend.slurm
-            count = sum(1 for _ in t.all())
-            if slurm.nodes is not None and slurm.nodes * slurm.tasks_per_node < count:
-                raise _field_error("backend.slurm.nodes", (
-                    f"{slurm.nodes} node(s) × tasks_per_node {slurm.tasks_per_node} hold "
-                    f"{slurm.nodes * slurm.tasks_per_node} task(s), the job has {count}; "
-                    "raise nodes or tasks_per_node, or leave nodes out"))
+            kind, options = self.backend.kind, self.backend.options
+            if self.job.gpus_per_task:  # the scheduler gives the GPUs, or none
+                instead = f"set backend.{kind}.gpus_per_task instead" if "gpus_per_task" in \
+                    type(options).model_fields else "it takes none; remove it"
+                raise _field_error("job.gpus_per_task", (
+                    f"a {options.title} job asks {options.title} for GPUs: {instead}"))
+            if problem := options.job_problem(kind, sum(1 for _ in t.all())):
+                raise _field_error(*problem)
             return self
         for role, index, address in t.all():
             if address.host != LOCALHOST and address.host not in self.hosts:
@@ -672,8 +716,8 @@ def _field_error(field: str, message: str) -> _FieldError:
     return _FieldError(field, message)
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
+def _loc(loc: tuple[int | str, ...], prefix: str = "") -> str:
+    out = prefix
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
@@ -688,13 +732,15 @@ def _loc(loc: tuple[int | str, ...]) -> str:
 _MODEL_FIELDS = ("tasks", "job", "env.", "hosts.", "backend.", "timeouts.")
 
 
-def format_validation_error(err: ValidationError) -> str:
+def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """One line per field, each naming it; `prefix`: where the model validated sits in the
+    cluster file (`backend.slurm`)."""
     lines: dict[str, str] = {}
     for e in err.errors():
-        loc, msg = _loc(e["loc"]), e["msg"].removeprefix("Value error, ")
+        loc, msg = _loc(e["loc"], prefix), e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = f"unknown key {e['loc'][-1]!r}"
-            loc = _loc(e["loc"][:-1])
+            loc = _loc(e["loc"][:-1], prefix)
         elif e["type"] == "missing":
             msg = "is required"
         elif ": " in msg and msg.split(": ", 1)[0].startswith(_MODEL_FIELDS):
@@ -705,11 +751,21 @@ def format_validation_error(err: ValidationError) -> str:
     return "\n".join(lines.values())
 
 
+class _OneScheduler(_Model):
+    model_config = ConfigDict(json_schema_extra={"minProperties": 1, "maxProperties": 1})
+
+
 def cluster_schema() -> dict[str, Any]:
     """The cluster file's JSON Schema (`tfo schema`), for editors: what a file may hold, from
     the models themselves. Rules across fields (two chiefs, duplicate addresses) are the
     models' alone."""
-    schema = ClusterSpec.model_json_schema(mode="validation")
+    from pydantic import create_model
+
+    # `backend:` as the registry's schedulers make it: one key, a kind, with its options.
+    one = create_model("SchedulerSpec", __base__=_OneScheduler, __doc__=SchedulerSpec.__doc__,
+                       **{k: (m, None) for k, m in scheduler_options().items()})
+    cluster = create_model("ClusterSpec", __base__=ClusterSpec, backend=(one | None, None))
+    schema = cluster.model_json_schema(mode="validation")
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
             "title": "tfo cluster file", **{k: v for k, v in schema.items() if k != "title"}}
 

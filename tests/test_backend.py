@@ -11,6 +11,7 @@ import pytest
 import typer
 
 from orchestrator import cli
+from orchestrator.errors import SpecError
 from orchestrator.launch.backends import BACKENDS
 from orchestrator.launch.preflight import HostCheck
 from tests import fake_backend
@@ -137,3 +138,90 @@ def test_a_batch_started_one_by_one_takes_each_task_once_the_last_is_answered():
     assert isinstance(failed, OSError) and str(failed) == "lab2 unreachable"
     answers.close()
     assert (taken, started) == (["a", "b"], ["a", "b"])
+
+
+# A job a scheduler places: counts, no hosts. Made from a localhost job by `--on fakesched`.
+LISTED = {"name": "sched", "job": {"script": "tests/scripts/show_env.py"},
+          "tasks": {"worker": ["localhost:auto"] * 3}}
+
+
+@pytest.mark.timeout(60)
+def test_a_scheduler_is_one_class_and_one_registry_line(tmp_path: Path, monkeypatch, capsys):
+    """tests/fake_backend.py's FakeScheduler decides where the tasks go, as Slurm does:
+    registered in one line, `--on fakesched` hands it a job, and the pipeline places,
+    allocates, checks, syncs and starts through it; the tasks run for real."""
+    from orchestrator.pipeline import run
+    from orchestrator.quick import SlurmFlags, on_scheduler
+    from tests.test_pipeline import shown
+
+    monkeypatch.setitem(BACKENDS, "fakesched", fake_backend.FakeScheduler)  # the one line
+    monkeypatch.chdir(REPO)
+    fake_backend.STARTED.clear()
+    job = on_scheduler(LISTED, SlurmFlags(on="fakesched"))
+    assert (job["tasks"], job["backend"]) == ({"worker": 3}, {"fakesched": {}})
+    said: list[str] = []
+
+    result = run(job, tmp_path / "run", say=said.append)
+
+    assert (result.state.value, result.exit_code) == ("succeeded", 0), result.reason
+    assert "fakesched: 3 task(s) on 2 node(s)" in said  # its place(), with its default
+    assert "fakesched: 3 task(s) share this file system" in said  # its sync()
+    # Placement: the scheduler's nodes, in its own order, in the plan and in the result.
+    placed = {"worker:0": "127.0.0.3", "worker:1": "127.0.0.2", "worker:2": "127.0.0.3"}
+    assert placed == fake_backend.FakeScheduler.PLACED
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert {t["name"]: t["placement"] for t in plan["tasks"]} == {
+        name: {"kind": "fakesched", "host": node, "address": node} for name, node in placed.items()}
+    assert {t.name: t.host for t in result.tasks} == placed
+    # Ports: the scheduler's allocation, in every task's TF_CONFIG.
+    ports = fake_backend.FakeScheduler.PORTS
+    assert sorted(ports) == sorted(placed)
+    assert {t["name"]: t["port"] for t in plan["tasks"]} == ports
+    cluster = [f"{placed[f'worker:{i}']}:{ports[f'worker:{i}']}" for i in range(3)]
+    # Results: each task ran once, as a real process, and saw its own TF_CONFIG.
+    assert sorted(name for name, _, _ in fake_backend.STARTED) == sorted(placed)
+    assert [(t.state.value, t.returncode) for t in result.tasks] == [("succeeded", 0)] * 3
+    seen = {s["env"]["TFO_TASK"]: json.loads(s["env"]["TF_CONFIG"])
+            for s in shown(capsys.readouterr().out)}
+    assert sorted(seen) == sorted(placed)
+    for name, tf_config in seen.items():
+        assert tf_config["cluster"] == {"worker": cluster}
+        assert tf_config["task"] == {"type": "worker", "index": int(name.split(":")[1])}
+
+
+def test_a_backend_kind_the_registry_lacks_is_a_field_named_error(monkeypatch):
+    """`backend:` names a scheduler by its kind; what is not one is named, the kinds listed,
+    and a registered scheduler's request is checked by its own model, field by field."""
+    from orchestrator.quick import FlagError, SlurmFlags, on_scheduler
+    from orchestrator.spec import parse_spec
+
+    job = {**LISTED, "tasks": {"worker": 2}}
+    cases = {"pbs": "backend: unknown kind 'pbs'; the schedulers' kinds are slurm",
+             "ssh": "backend: unknown kind 'ssh'; the schedulers' kinds are slurm (a host's "
+                    "backend goes under hosts:"}
+    for kind, needle in cases.items():
+        with pytest.raises(SpecError) as err:
+            parse_spec({**job, "backend": {kind: {}}})
+        assert needle in str(err.value)
+    for backend in ({}, "slurm", {"slurm": {}, "pbs": {}}):
+        with pytest.raises(SpecError, match="backend: names one scheduler by its kind"):
+            parse_spec({**job, "backend": backend})
+    with pytest.raises(FlagError, match="--on fakesched: the one scheduler tfo can hand a "
+                                        "job to is slurm"):
+        on_scheduler(LISTED, SlurmFlags(on="fakesched"))
+
+    monkeypatch.setitem(BACKENDS, "fakesched", fake_backend.FakeScheduler)
+    assert parse_spec({**job, "backend": {"fakesched": {"nodes": 3}}}).backend.fakesched.nodes == 3
+    with pytest.raises(SpecError) as err:
+        parse_spec({**job, "backend": {"fakesched": {"nodes": 0, "queue": "x"}}})
+    assert str(err.value).splitlines()[1:] == [
+        "backend.fakesched.nodes: Input should be greater than or equal to 1 (got 0)",
+        "backend.fakesched: unknown key 'queue'"]
+    with pytest.raises(SpecError, match="the schedulers' kinds are fakesched, slurm"):
+        parse_spec({**job, "backend": {"pbs": {}}})
+    with pytest.raises(SpecError, match=r"tasks.worker: Fakesched picks the hosts of a "
+                                        r"backend.fakesched job: give a count"):
+        parse_spec({**LISTED, "backend": {"fakesched": {}}})
+    # A plan.json keeps `backend:` as the file wrote it.
+    spec = parse_spec({**job, "backend": {"fakesched": {"nodes": 3}}})
+    assert spec.model_dump(mode="json")["backend"] == {"fakesched": {"nodes": 3}}

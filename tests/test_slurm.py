@@ -18,6 +18,7 @@ import yaml
 
 from orchestrator.launch.slurm import (
     SlurmBackend,
+    SlurmSpec,
     allocation_room,
     assign_nodes,
     count_ids,
@@ -25,8 +26,9 @@ from orchestrator.launch.slurm import (
     fit_problems,
     salloc_argv,
 )
-from orchestrator.quick import FlagError, SlurmFlags, on_slurm
-from orchestrator.spec import SlurmSpec, parse_spec
+from orchestrator.quick import FlagError, SlurmFlags
+from orchestrator.quick import on_scheduler as on_slurm
+from orchestrator.spec import parse_spec
 from tests import slurmlab
 from tests.conftest import (
     REPO,

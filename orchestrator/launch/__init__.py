@@ -1,26 +1,34 @@
 """Starting tasks: one Backend per placement kind, the same TaskHandle from each.
 
     backends = Backends(spec.hosts)              # the registry below picks each kind's class
+    nodes = backends.place(spec, dry_run, say)   # a scheduler's nodes (`backend:`), or {}
     ports = backends.allocate(spec)              # `port: auto` tasks
+    gpus = backends.gpus(spec, ask_hosts=True)   # hosts whose gpus are `auto`
     rows = backends.check(plan)                  # preflight: one HostCheck per host
     backends.sync(plan)                          # the job's code where it must go
     handle = backends.start(task, attempt=0)     # by task.placement.kind
     backends.close()
 
 A new backend is one class with the Backend methods, in a module of its own, and one line
-in BACKENDS (orchestrator/launch/backends.py). The supervisor never asks where a task runs.
+in BACKENDS (orchestrator/launch/backends.py): a host backend (local, ssh) starts tasks on
+the hosts the cluster file names; a scheduler (slurm) has `options`, the model of its
+`backend: {KIND: {…}}` request, and places the tasks itself. The supervisor never asks
+where a task runs.
 """
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
+    from orchestrator.launch.gpus import GpuReport
     from orchestrator.launch.preflight import HostCheck
     from orchestrator.plan import Plan, TaskPlan
-    from orchestrator.spec import HostSpec
+    from orchestrator.spec import ClusterSpec, HostSpec, SchedulerOptions
+
+Say = Callable[[str], None]
 
 
 class TaskHandle(Protocol):
@@ -89,12 +97,26 @@ def one_by_one(start: Launcher, items: Iterable[tuple[TaskPlan, int]]
 
 class Backend(Protocol):
     """Starts the tasks of one placement kind. Made once per run from the spec's hosts;
-    each method gets only the tasks of its kind."""
+    each method gets only the tasks (hosts) of its kind. In a run's order: place, allocate,
+    gpus, check, sync, start (standby), close."""
+
+    # A scheduler's request, `backend: {KIND: {…}}` (spec.SchedulerOptions); None: a host
+    # backend, named by `hosts.NAME.backend`, whose tasks go where the cluster file says.
+    options: ClassVar[type[SchedulerOptions] | None]
 
     def __init__(self, hosts: Mapping[str, HostSpec]) -> None: ...
 
+    def place(self, spec: ClusterSpec, dry_run: bool, say: Say) -> dict[str, str]:
+        """Where a scheduler puts each of the job's tasks (task name → node, the task's host
+        and address), asked before ports; what it waits for goes to `say`. A dry run asks
+        no scheduler. A host backend places nothing: {}."""
+
     def allocate(self, names: list[str], avoid: set[int]) -> dict[str, int]:
         """A free port for each task (by name) whose port is `auto`, none in `avoid`."""
+
+    def gpus(self, hosts: list[str], ask: bool) -> dict[str, GpuReport]:
+        """What `nvidia-smi -L` reports on these hosts (their gpus are `auto`); a host that
+        cannot tell, or that only `ask` may reach (a dry run connects nowhere), is left out."""
 
     def check(self, tasks: list[TaskPlan]) -> list[HostCheck]:
         """Preflight: can each host run its tasks? One row per host, problems named."""
@@ -110,9 +132,21 @@ class Backend(Protocol):
     # Optional: `start_batch(items) -> Iterator[TaskHandle | Exception]` starts several of
     # its tasks together (a host's, a node's) and answers each, in order; without it
     # `Backends.start_batch` starts them one by one (`one_by_one`).
+    # Optional: `sync_fits(plan, hosts) -> {host: problem}`, the preflight's question for a
+    # backend that copies code (ssh.py): does it fit there?
 
     def close(self) -> None:
         """The run is over: release what the backend holds (its warm spares too)."""
+
+
+class HostBackend:
+    """What a host backend (local, ssh) has in common: no request, and it places nothing,
+    the cluster file did."""
+
+    options: ClassVar[type[SchedulerOptions] | None] = None
+
+    def place(self, spec: ClusterSpec, dry_run: bool, say: Say) -> dict[str, str]:
+        return {}
 
 
 class BackendError(Exception):

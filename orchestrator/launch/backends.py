@@ -5,8 +5,9 @@
     backends.standby(task, attempt)    # a warm spare for that attempt, where the kind has them
 
 `local` runs tasks on this machine; a host under `hosts:` names its own (`backend: ssh`,
-the default); `slurm` runs the tasks of a `backend: {slurm: …}` job as steps of one
-allocation, whose nodes `place` asks for before ports are allocated.
+the default). A kind whose class has `options` is a scheduler: `backend: {KIND: {…}}` names
+it, and its `place` puts the tasks on its nodes before ports are allocated (`slurm`: steps of
+one allocation). A new backend is its module and one line here (tests/fake_backend.py).
 """
 
 from __future__ import annotations
@@ -14,22 +15,25 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
 
-from orchestrator.launch import Backend, TaskHandle, one_by_one
-from orchestrator.launch.gpus import GpuReport, auto_gpus, gpu_problem
+from orchestrator.launch import Backend, Say, TaskHandle, one_by_one
+from orchestrator.launch.gpus import GpuReport, auto_hosts, gpu_problem
 from orchestrator.launch.local import LocalBackend
 from orchestrator.launch.preflight import HostCheck, same_versions
-from orchestrator.launch.slurm import Say, SlurmBackend
+from orchestrator.launch.slurm import SLURM, SlurmBackend
 from orchestrator.launch.ssh import SshBackend
 from orchestrator.plan import Plan, TaskPlan, placement, task_name
-from orchestrator.spec import SLURM, ClusterSpec, HostSpec, SpecError
+from orchestrator.spec import ClusterSpec, HostSpec, SpecError
 
 BACKENDS: dict[str, type[Backend]] = {
     "local": LocalBackend,
     "ssh": SshBackend,
     SLURM: SlurmBackend,
 }
-# Kinds that place tasks themselves (a scheduler), never named by a host.
-_PLACING = {SLURM}
+
+
+def schedulers() -> dict[str, type[Backend]]:
+    """The kinds that place tasks themselves (a `backend:` of the spec), never a host's."""
+    return {kind: cls for kind, cls in BACKENDS.items() if cls.options is not None}
 
 
 class Backends:
@@ -38,14 +42,15 @@ class Backends:
     def __init__(self, hosts: Mapping[str, HostSpec]) -> None:
         self._hosts = hosts
         self._made: dict[str, Backend] = {}
+        hosts_kinds = ", ".join(sorted(set(BACKENDS) - set(schedulers())))
         for name, host in hosts.items():
-            if host.backend in _PLACING:
+            if host.backend in schedulers():
                 raise SpecError(f"hosts.{name}.backend: {host.backend} picks its own hosts; "
-                                f"write backend: {{{host.backend}: {{partition: …}}}} at the "
+                                f"write backend: {{{host.backend}: {{…}}}} at the "
                                 "top level and give counts under tasks:")
             if host.backend not in BACKENDS:
                 raise SpecError(f"hosts.{name}.backend: unknown backend {host.backend!r}; "
-                                f"backends are {', '.join(sorted(set(BACKENDS) - _PLACING))}")
+                                f"backends are {hosts_kinds}")
 
     def get(self, kind: str) -> Backend:
         if kind not in self._made:
@@ -58,14 +63,20 @@ class Backends:
             kinds.setdefault(t.placement.kind, []).append(t)
         return kinds
 
+    def _kinds(self, spec: ClusterSpec, hosts: Iterable[str]) -> dict[str, list[str]]:
+        """The hosts by the kind of their backend, in order."""
+        kinds: dict[str, list[str]] = {}
+        for host in hosts:
+            kinds.setdefault(placement(spec, host).kind, []).append(host)
+        return kinds
+
     def place(self, spec: ClusterSpec, dry_run: bool, say: Say) -> dict[str, str]:
         """The node of each task a scheduler places (task name → node): {} for a job whose
         cluster file names the hosts. A dry run asks no scheduler."""
-        if spec.backend is None:
-            return {}
-        slurm = self.get(SLURM)
-        assert isinstance(slurm, SlurmBackend)
-        return slurm.place(spec, dry_run, say)
+        nodes: dict[str, str] = {}
+        for kind in self._kinds(spec, dict.fromkeys(a.host for _, _, a in spec.tasks.all())):
+            nodes.update(self.get(kind).place(spec, dry_run, say))
+        return nodes
 
     def allocate(self, spec: ClusterSpec) -> dict[str, int]:
         """Ports for the `auto` tasks, each from its own backend, all distinct."""
@@ -111,11 +122,14 @@ class Backends:
         return same_versions(rows, shown=versions)
 
     def gpus(self, spec: ClusterSpec, ask_hosts: bool) -> dict[str, GpuReport]:
-        """What nvidia-smi -L reports on each host whose gpus are `auto`: this machine
-        always, lab hosts only with `ask_hosts` (a dry run does not connect)."""
-        ssh = self.get("ssh") if ask_hosts and any(
-            h.backend == "ssh" for h in spec.hosts.values()) else None
-        return auto_gpus(spec, ssh)
+        """What nvidia-smi -L reports on each host whose gpus are `auto`, asked by its
+        backend: this machine always, lab hosts only with `ask_hosts` (a dry run does not
+        connect). In the spec's order."""
+        wanted = auto_hosts(spec)
+        found: dict[str, GpuReport] = {}
+        for kind, hosts in self._kinds(spec, wanted).items():
+            found.update(self.get(kind).gpus(hosts, ask_hosts))
+        return {host: found[host] for host in wanted if host in found}
 
     def sync(self, plan: Plan) -> Iterator[str]:
         """What each kind's sync says, as it says it."""

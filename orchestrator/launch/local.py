@@ -27,7 +27,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from orchestrator.launch import loopback, orphans
+from orchestrator.launch import HostBackend, loopback, orphans
+from orchestrator.launch.gpus import GpuReport, local_gpus
 from orchestrator.launch.output import TaskOutput, close_pipes, pipe_output, send_lifeline
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, check_local
@@ -142,7 +143,7 @@ class LocalHandle:
             self._pidfd = None
 
 
-class LocalBackend:
+class LocalBackend(HostBackend):
     """Tasks on this machine."""
 
     def __init__(self, hosts: Mapping[str, HostSpec]) -> None:
@@ -161,6 +162,9 @@ class LocalBackend:
 
     def allocate(self, names: list[str], avoid: set[int]) -> dict[str, int]:
         return dict(zip(names, free_ports(len(names), avoid=avoid), strict=True))
+
+    def gpus(self, hosts: list[str], ask: bool) -> dict[str, GpuReport]:
+        return {host: local_gpus() for host in hosts}  # localhost: always asked (cached)
 
     def check(self, tasks: list[TaskPlan]) -> list[HostCheck]:
         return [check_local(tasks)]

@@ -44,20 +44,79 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
+from typing import ClassVar
 
-from orchestrator.launch import BackendError
+from pydantic import Field, field_validator
+
+from orchestrator.launch import BackendError, Say
+from orchestrator.launch.gpus import GpuReport
 from orchestrator.launch.output import TaskOutput, close_pipes, pipe_output, send_lifeline
 from orchestrator.launch.preflight import HostCheck
 from orchestrator.launch.spares import DISCARD_SECONDS, Spares
 from orchestrator.plan import Plan, TaskPlan, task_name
-from orchestrator.spec import SLURM, ClusterSpec, HostSpec, SlurmSpec, SpecError
+from orchestrator.spec import GPU_ROLES, ClusterSpec, HostSpec, Int, SchedulerOptions, SpecError
 from worker_entry import markers
 
 COMMAND_TIMEOUT = 30.0  # squeue, scontrol, scancel: the controller answers or is down
 QUEUE_REPORT_SECONDS = 5.0  # how often a pending job's reason is looked up
 _NODES_PREFIX = "@tfo-nodes "
 _GRANTED = re.compile(r"(?:Granted|Pending) job allocation (\d+)")
-Say = Callable[[str], None]
+SLURM = "slurm"  # the kind: `backend: {slurm: …}`, and its tasks' placement
+
+# Slurm's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; or UNLIMITED.
+_SLURM_TIME = re.compile(r"^(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2}|UNLIMITED|INFINITE)$")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class SlurmSpec(SchedulerOptions):
+    """`backend: {slurm: {…}}`: one Slurm allocation for the whole job (`salloc`); each task
+    is a job step in it. None: Slurm's default (the default partition, the partition's time
+    limit)."""
+
+    title: ClassVar[str] = "Slurm"
+
+    partition: str | None = None
+    time: str | None = None  # --time, in Slurm's formats: 30, 1:00:00, 1-12
+    nodes: Int | None = Field(default=None, ge=1)  # default: enough for tasks_per_node
+    tasks_per_node: Int = Field(default=1, ge=1)
+    gpus_per_task: Int = Field(default=0, ge=0)
+    account: str | None = None
+    extra_args: list[str] = Field(default_factory=list)  # more salloc options, as given
+
+    @field_validator("partition", "account")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_NAME.match(value):
+            raise ValueError(f"expected a Slurm name (letters, digits, _ . -), got {value!r}")
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TIME.match(value):
+            raise ValueError(f"expected a Slurm time limit (minutes, HH:MM:SS or D-HH:MM:SS, "
+                             f"e.g. 30 or 1:00:00), got {value!r}")
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _options(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            if not arg.startswith("-"):
+                raise ValueError(f"each is one salloc option starting with - "
+                                 f"(['--qos=debug', '--constraint=v100']), got {arg!r}")
+        return args
+
+    def gpus_for(self, role: str) -> int:
+        return self.gpus_per_task if role in GPU_ROLES else 0
+
+    def job_problem(self, kind: str, tasks: int) -> tuple[str, str] | None:
+        if self.nodes is not None and self.nodes * self.tasks_per_node < tasks:
+            return (f"backend.{kind}.nodes", (
+                f"{self.nodes} node(s) × tasks_per_node {self.tasks_per_node} hold "
+                f"{self.nodes * self.tasks_per_node} task(s), the job has {tasks}; "
+                "raise nodes or tasks_per_node, or leave nodes out"))
+        return None
 
 
 class SlurmError(BackendError):
@@ -388,7 +447,9 @@ class SlurmHandle:
 
 
 class SlurmBackend:
-    """The job's one allocation and its steps."""
+    """The job's one allocation and its steps: a scheduler, so it places the tasks itself."""
+
+    options = SlurmSpec
 
     def __init__(self, hosts: Mapping[str, HostSpec]) -> None:
         self._spec: ClusterSpec | None = None
@@ -405,14 +466,16 @@ class SlurmBackend:
 
     def _slurm(self) -> SlurmSpec:
         assert self._spec is not None and self._spec.backend is not None, "place() first"
-        return self._spec.backend.slurm
+        options = self._spec.backend.options
+        assert isinstance(options, SlurmSpec)
+        return options
 
     def place(self, spec: ClusterSpec, dry_run: bool, say: Say) -> dict[str, str]:
         """Ask Slurm for the job's nodes (salloc; waits while the job is queued, reporting
         why) and map each task to one. A dry run asks nothing: nodes are named node1, …"""
         self._spec = spec
         slurm = self._slurm()
-        names = [task_name(r, i) for r, i, a in spec.tasks.all() if a.host == SLURM]
+        names = [task_name(r, i) for r, i, _ in spec.tasks.all()]  # every one is ours
         count = node_count(slurm, len(names))
         if dry_run:
             say(f"slurm: {count} node(s) named node1… and ports 20000… stand in for what the "
@@ -444,6 +507,9 @@ class SlurmBackend:
         self._detail = shown.stdout if shown.returncode == 0 else ""
         self._cpus = cpus_per_task(self._detail)
         return self._nodes
+
+    def gpus(self, hosts: list[str], ask: bool) -> dict[str, GpuReport]:
+        return {}  # a task's GPUs are the step's, from gpus_per_task: no host lists `auto`
 
     def allocate(self, names: list[str], avoid: set[int]) -> dict[str, int]:
         """Free ports on each task's node, asked there (one step over all nodes)."""

@@ -44,7 +44,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from orchestrator.launch import BackendError
+from orchestrator.launch import BackendError, HostBackend
+from orchestrator.launch.gpus import GpuReport, remote_gpus
 from orchestrator.launch.output import TaskOutput
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, check_remote
@@ -494,7 +495,7 @@ def job_packages(plan: Plan) -> list[tuple[Path, Path]]:
     return pkgs
 
 
-class SshBackend:
+class SshBackend(HostBackend):
     """The coordinator's connections to the lab machines named in the spec."""
 
     def __init__(self, hosts: Mapping[str, HostSpec]) -> None:
@@ -533,6 +534,17 @@ class SshBackend:
     def _handle(self, task: TaskPlan, attempt: int, standby: bool = False) -> SshHandle:
         return SshHandle(task, attempt, self.connection(task.host), self.hosts[task.host],
                          lambda: self.drop(task.host), standby=standby)
+
+    def gpus(self, hosts: list[str], ask: bool) -> dict[str, GpuReport]:
+        """Asked only with `ask`; a host that cannot be reached stays unknown: the preflight
+        reports it."""
+        reports = {}
+        for name in hosts if ask else []:
+            try:
+                reports[name] = remote_gpus(self.connection(name))
+            except BackendError:
+                continue
+        return reports
 
     def allocate(self, names: list[str], avoid: set[int]) -> dict[str, int]:
         # Free here, and checked on the host by preflight.
