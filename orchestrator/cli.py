@@ -115,6 +115,9 @@ GUIDE_PAGES = (("hosts", "lab.md"), ("host", "lab.md"), ("--hosts", "lab.md"),
                ("job.gpus_per_task", "gpus.md"), ("job.collective", "gpus.md"),
                ("localhost.gpus", "gpus.md"), ("restart", "faults.md"),
                ("timeouts", "faults.md"), ("job", "scripts.md"), ("tasks", "cluster-file.md"))
+# Before the fields: a task on a host not under hosts:, a host's GPUs.
+GUIDE_WORDS = (("under hosts:", "lab.md"), ("from the lab hosts", "lab.md"),
+               ("gpus_per_task", "gpus.md"), (".gpus", "gpus.md"))
 app = typer.Typer(**HELP,
                   help="Run multi-worker TensorFlow jobs on this machine or on a lab's machines.",
                   epilog=f"The guide: README.md, and a page per topic under {GUIDE} (every "
@@ -123,10 +126,10 @@ app = typer.Typer(**HELP,
 
 def guide_page(message: str) -> str | None:
     """The guide's page for an error: by the fields its lines start with (`hosts.gpu1.port: …`,
-    `host gpu1: …`), the first of GUIDE_PAGES one is under; a task on a host not under hosts:
-    is lab.md's."""
-    if "under hosts:" in message or "from the lab hosts" in message:
-        return GUIDE + "lab.md"
+    `host gpu1: …`), the first of GUIDE_PAGES one is under; GUIDE_WORDS in it decide first."""
+    for words, page in GUIDE_WORDS:
+        if words in message:
+            return GUIDE + page
     lines = message.splitlines()
     lines = lines[1:] or lines  # a first line of several says which file: "c.yaml: invalid …"
     fields = [line.strip().split(": ", 1)[0] for line in lines if ": " in line]

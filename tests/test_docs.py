@@ -8,8 +8,9 @@ How an example is marked (README.md's own examples are the model):
     <!-- example: run tf -->           `$ command` runs, and the lines under it must appear in
                                        its output (stdout and stderr), in order
 
-Every run block of a page runs in a new empty directory holding that page's files, with
-`tfo` on PATH, as a user's shell would run it. In an expected line `…` stands for anything
+Every run block of a page runs in a new directory holding that page's files (and the README's
+train.py), and a copy of the project's clusters/ (the examples' `clusters/localhost.yaml`), with `tfo` on PATH, as a
+user's shell would run it. In an expected line `…` stands for anything
 (a run id, a time), and a line that is `…` alone only says lines were cut. `run tf` blocks
 start TensorFlow and are marked `tf`, as the other TensorFlow tests.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,13 +51,17 @@ class Example:
 
 
 def _fenced(lines: list[str], start: int, where: str) -> tuple[list[str], int]:
-    """The fenced block that starts at lines[start]; its lines and the index past it."""
-    if start >= len(lines) or not lines[start].startswith("```"):
+    """The fenced block that starts at lines[start] (indented too, in a list item); its
+    lines, without the fence's indent, and the index past it."""
+    fence = lines[start] if start < len(lines) else ""
+    if not fence.lstrip().startswith("```"):
         raise ValueError(f"{where}: an example marker must be followed by a fenced block")
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("```")), None)
+    indent = fence[:len(fence) - len(fence.lstrip())]
+    end = next((i for i in range(start + 1, len(lines))
+                if lines[i].lstrip().startswith("```")), None)
     if end is None:
         raise ValueError(f"{where}: the fenced block is not closed")
-    return lines[start + 1:end], end + 1
+    return [line.removeprefix(indent) for line in lines[start + 1:end]], end + 1
 
 
 def examples(page: Path) -> list[Example]:
@@ -79,7 +85,12 @@ def examples(page: Path) -> list[Example]:
 
 
 def _all_examples() -> list[Example]:
-    return [e for page in PAGES for e in examples(page)]
+    """Every page's examples; a page's run in a directory that holds the README's files
+    (its train.py) too, unless the page writes its own."""
+    readme = examples(PAGES[0])
+    base = readme[0].files if readme else {}
+    return readme + [Example(e.page, e.line, e.tf, e.body, {**base, **e.files})
+                     for page in PAGES[1:] for e in examples(page)]
 
 
 def _params() -> list:
@@ -109,7 +120,9 @@ def missing_line(expected: list[str], output: str) -> str | None:
         want = want.rstrip()
         if want.strip() in ("", "…"):
             continue
-        pattern = re.compile(".*".join(re.escape(part) for part in want.split("…")))
+        parts = want.split("…")  # the space before a `…` may be the end of a wrapped line
+        pattern = re.compile(".*".join([re.escape(p.rstrip()) for p in parts[:-1]]
+                                       + [re.escape(parts[-1])]))
         hit = next((i for i in range(at, len(got)) if pattern.fullmatch(got[i])), None)
         if hit is None:
             return want
@@ -136,6 +149,7 @@ def _shell(command: str, cwd: Path) -> str:
 @pytest.mark.parametrize("example", _params())
 def test_example(example: Example, tmp_path: Path) -> None:
     """What a reader would see running the example: the lines it shows, in order."""
+    shutil.copytree(REPO / "clusters", tmp_path / "clusters")
     for name, text in example.files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
@@ -161,6 +175,7 @@ def test_every_page_has_its_examples_parsed() -> None:
     (["run …: 2 tasks"], "run train-1: 2 tasks  \n", None),
     (["…", "run …: 2 tasks"], "run train-1: 3 tasks\n", "run …: 2 tasks"),
     (["worker:0"], "worker:0 localhost\n", "worker:0"),  # the whole line, not a part
+    (["a; …"], "a; \nb\n", None),  # rich wraps after a space, and trailing spaces go
 ])
 def test_missing_line(expected: list[str], output: str, missing: str | None) -> None:
     assert missing_line(expected, output) == missing
