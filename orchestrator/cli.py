@@ -491,7 +491,7 @@ def export_tfjob(
             show_default=False)] = None) -> None:
     """Write a Kubeflow TFJob (kubeflow.org/v1) that runs FILE's tasks as pods: one replica
     spec per role, the restart section as restartPolicy and backoffLimit. What does not carry
-    over is a warning on stderr (README: Kubernetes)."""
+    over is a warning on stderr (docs/guide/kubernetes.md)."""
     from orchestrator.export import tfjob
 
     try:

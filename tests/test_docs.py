@@ -8,11 +8,11 @@ How an example is marked (README.md's own examples are the model):
     <!-- example: run tf -->           `$ command` runs, and the lines under it must appear in
                                        its output (stdout and stderr), in order
 
-Every run block of a page runs in a new directory holding that page's files (and the README's
-train.py), and a copy of the project's clusters/ (the examples' `clusters/localhost.yaml`), with `tfo` on PATH, as a
-user's shell would run it. In an expected line `…` stands for anything
-(a run id, a time), and a line that is `…` alone only says lines were cut. `run tf` blocks
-start TensorFlow and are marked `tf`, as the other TensorFlow tests.
+Every run block of a page runs in a new directory holding that page's files (and the
+README's train.py) and a copy of the project's clusters/, with `tfo` on PATH, as a user's
+shell would run it. In an expected line `…` stands for anything (a run id, a time), and a
+line that is `…` alone only says lines were cut. `run tf` blocks start TensorFlow and are
+marked `tf`, as the other TensorFlow tests.
 """
 
 from __future__ import annotations
@@ -163,7 +163,8 @@ def test_example(example: Example, tmp_path: Path) -> None:
 
 
 def test_every_page_has_its_examples_parsed() -> None:
-    """The README has its five checked examples, and every marker is well formed."""
+    """The README is short, has its five checked examples, and every marker is well formed."""
+    assert len((REPO / "README.md").read_text().splitlines()) <= 200
     readme = examples(REPO / "README.md")
     assert len(readme) >= 5, [e.name for e in readme]
     assert sum(e.tf for e in readme) <= 2  # the TensorFlow ones cost 15-20 s each
