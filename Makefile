@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint clean sshd slurm pyc
+.PHONY: run test bench lint clean sshd slurm pyc docs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -46,6 +46,11 @@ test: $(STAMP) pyc sshd slurm
 bench: $(STAMP) pyc
 	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/run.py
+
+# make docs: docs/reference/cluster-file.md (from the cluster file's models) and
+# docs/reference/cli.md (every command's --help); tests/test_docs.py fails when they are stale.
+docs: $(STAMP)
+	$(BIN)/python -m orchestrator.docgen
 
 lint: $(STAMP)
 	$(BIN)/ruff check orchestrator worker_entry tests bench

@@ -143,8 +143,10 @@ GPU_ROLES = (Role.CHIEF, Role.WORKER)
 class Address(_Model):
     """Where one task listens. `port=None` means: take a free port at launch (`port: auto`)."""
 
-    host: str
-    port: Int | None = None
+    host: str = Field(description="'localhost', or a name under hosts:")
+    port: Int | None = Field(default=None, description=(
+        "the task's port, 1-65535; null (written 'host:auto' or just 'host'): a free port "
+        "taken at launch"))
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port if self.port is not None else 'auto'}"
@@ -190,19 +192,34 @@ class JobSpec(_Model):
     `script` (a .py file) or `module` (as `python -m`) runs as `__main__` with `sys.argv`
     [script, *args], as the user would run it by hand."""
 
-    entry: str | None = None
-    script: str | None = None
-    module: str | None = None
+    entry: str | None = Field(default=None, description=(
+        "module:function, called in every training task with a TaskContext "
+        "(worker_entry.examples.digits:train); one of entry, script, module"))
+    script: str | None = Field(default=None, description=(
+        "a .py file run as __main__ with sys.argv [script, *args], as `python train.py` "
+        "would; one of entry, script, module"))
+    module: str | None = Field(default=None, description=(
+        "a module run as `python -m pkg.train` would; one of entry, script, module"))
     # An entry's kwargs (a mapping); a script's or module's command-line arguments (a list).
-    args: dict[str, Any] | list[str] = Field(default_factory=dict)
+    args: dict[str, Any] | list[str] = Field(default_factory=dict, description=(
+        "an entry's keyword arguments (a mapping, ctx.args), or a script's or module's "
+        "command-line arguments (a list of strings); default {} for an entry, [] otherwise"))
     # The directory synced to lab hosts: by default the script's directory, or the entry's or
     # module's top-level package.
-    code: str | None = None
+    code: str | None = Field(default=None, description=(
+        "the directory copied to lab hosts' workdirs; default: the script's directory, or "
+        "the entry's or module's top-level package"))
     # {run_id} and {run_dir} are filled in by the plan; relative paths are under the workdir.
-    model_dir: str = "{run_dir}/model"
+    model_dir: str = Field(default="{run_dir}/model", description=(
+        "where the chief saves the model (TFO_MODEL_DIR, ctx.model_dir); {run_id} and "
+        "{run_dir} are filled in, a relative path is under the workdir"))
     # GPUs per task: an int for every chief and worker, or per role; see devices.py.
-    gpus_per_task: GpusPerTask = 0
-    collective: Collective = Collective.AUTO
+    gpus_per_task: GpusPerTask = Field(default=0, description=(
+        "GPUs for each task: a number for every chief and worker (ps and evaluator get 0), "
+        "or a map of role to number; tasks on a host get disjoint ones from its gpus"))
+    collective: Collective = Field(default=Collective.AUTO, description=(
+        "MultiWorkerMirrored's all-reduce (CommunicationOptions): auto, ring, or nccl "
+        "(needs GPUs)"))
 
     @model_validator(mode="before")
     @classmethod
@@ -358,10 +375,17 @@ Addresses = Annotated[list[TaskAddress], BeforeValidator(
 
 
 class TasksSpec(_Model):
-    chief: Addresses = Field(default_factory=list)
-    worker: Addresses = Field(default_factory=list)
-    ps: Addresses = Field(default_factory=list)
-    evaluator: Addresses = Field(default_factory=list)
+    """Each role's tasks: a list of addresses ('host:port', 'host:auto', 'host'), or under
+    backend.slurm a count."""
+
+    chief: Addresses = Field(default_factory=list, description=(
+        "at most one: the chief (under parameter_server, exactly one: the coordinator)"))
+    worker: Addresses = Field(default_factory=list, description=(
+        "the workers: they train (under parameter_server, TF servers the chief drives)"))
+    ps: Addresses = Field(default_factory=list, description=(
+        "parameter servers, holding the variables: parameter_server only, at least one"))
+    evaluator: Addresses = Field(default_factory=list, description=(
+        "at most one: a sidecar that evaluates the chief's checkpoints"))
 
     @model_validator(mode="before")
     @classmethod
@@ -397,10 +421,18 @@ class RestartSpec(_Model):
     # One policy for every role, or a map by role. A role it does not name (all of them when
     # unset) gets its strategy's default (strategy.RULES: a parameter_server job's ps and
     # workers and any evaluator on-failure, the rest never).
-    policy: RestartPolicy | dict[str, RestartPolicy] | None = None
-    max_restarts: Int = Field(default=3, ge=0)
-    backoff_seconds: Seconds = Field(default=1.0, ge=0)
-    warm_spares: WarmSpares = "auto"
+    policy: RestartPolicy | dict[str, RestartPolicy] | None = Field(default=None, description=(
+        "never, on-failure, always or exit-code (1-127 permanent, 128-255 and signals "
+        "retried), or a map of role to policy; a role not named gets its strategy's default "
+        "(on-failure for a parameter_server job's ps and workers and for the evaluator, never "
+        "for the rest)"))
+    max_restarts: Int = Field(default=3, ge=0, description=(
+        "restarts over the whole job; preemptions (exit 42 after SIGTERM) do not count"))
+    backoff_seconds: Seconds = Field(default=1.0, ge=0, description=(
+        "the wait before a restart"))
+    warm_spares: WarmSpares = Field(default="auto", description=(
+        "standbys with TensorFlow imported, started ahead for each task's next attempt: "
+        "true, false, or auto (on where the host has the cores and memory to spare)"))
 
     @field_validator("policy")
     @classmethod
@@ -441,9 +473,15 @@ StallSeconds = Annotated[Annotated[float, Strict(), Field(ge=0)] | Literal["auto
 
 
 class TimeoutSpec(_Model):
-    startup_seconds: Seconds = Field(default=300.0, gt=0)
-    deadline_seconds: Seconds | None = Field(default=None, gt=0)
-    grace_seconds: Seconds = Field(default=10.0, ge=0)
+    """Limits, in seconds."""
+
+    startup_seconds: Seconds = Field(default=300.0, gt=0, description=(
+        "an attempt whose tasks are not training or serving by then, and idle, fails"))
+    deadline_seconds: Seconds | None = Field(default=None, gt=0, description=(
+        "the whole job: stopped, and failed, after this long; null: no limit"))
+    grace_seconds: Seconds = Field(default=10.0, ge=0, description=(
+        "between SIGTERM and SIGKILL when a task is stopped: a task that handles SIGTERM "
+        "may save then"))
     evaluator_seconds: Seconds = Field(default=60.0, ge=0, description=(
         "Once the training tasks are done, how long an evaluator still running is waited "
         "for (its last evaluation) before it is stopped; default 60"))
@@ -452,8 +490,12 @@ class TimeoutSpec(_Model):
         "SidecarEvaluator) is stopped once it has printed nothing and used no CPU this long "
         "after the training tasks are done: it has evaluated the last checkpoint and waits "
         "for another; default 5, null or 0: wait evaluator_seconds"))
-    stall_seconds: StallSeconds = "auto"
-    stall_min_seconds: Seconds = Field(default=FLOOR_SECONDS, gt=0)  # auto's floor
+    stall_seconds: StallSeconds = Field(default="auto", description=(
+        "a training task whose steps stopped (or that is stopped, or whose whole group "
+        "idles) this long has hung and fails its attempt; auto: 10 times the longest wait "
+        "between steps seen, at least stall_min_seconds; null or 0: off"))
+    stall_min_seconds: Seconds = Field(default=FLOOR_SECONDS, gt=0, description=(
+        "auto's floor: stall_seconds: auto is never less"))
 
     @model_validator(mode="after")
     def _min_for_auto(self) -> TimeoutSpec:
@@ -467,22 +509,36 @@ class TimeoutSpec(_Model):
 class HostSpec(_Model):
     """A lab machine reached over SSH."""
 
-    address: str
+    address: str = Field(description="host name or IP address to SSH to")
     # What starts its tasks: a key of orchestrator.launch.BACKENDS.
-    backend: str = Field(default="ssh", pattern=r"^[a-z][a-z0-9_]*$")
-    port: Port = 22
-    user: str | None = None
-    key: str | None = None
-    python: str = "python3"
-    workdir: str = "~/tfo"
-    env: Env = Field(default_factory=dict)
-    check_host_key: bool = True  # known_hosts checking; false trusts any host key
-    known_hosts: str | None = None  # default ~/.ssh/known_hosts
-    connect_timeout_seconds: Seconds = Field(default=10.0, gt=0)
+    backend: str = Field(default="ssh", pattern=r"^[a-z][a-z0-9_]*$", description=(
+        "what starts its tasks there: ssh (a host backend's kind)"))
+    port: Port = Field(default=22, description="SSH port")
+    user: str | None = Field(default=None, description=(
+        "SSH user; default: ~/.ssh/config's User, else your login name"))
+    key: str | None = Field(default=None, description=(
+        "private key file (~/.ssh/id_ed25519); default: your SSH agent's keys and ~/.ssh/id_*"))
+    python: str = Field(default="python3", description=(
+        "the interpreter with TensorFlow on that host (/opt/venvs/tf/bin/python)"))
+    workdir: str = Field(default="~/tfo", description=(
+        "where the job's code is copied and its tasks run on that host"))
+    env: Env = Field(default_factory=dict, description="extra environment for its tasks")
+    check_host_key: bool = Field(default=True, description=(
+        "check the host's key against known_hosts; false trusts any key"))
+    known_hosts: str | None = Field(default=None, description=(
+        "the known_hosts file; default ~/.ssh/known_hosts"))
+    connect_timeout_seconds: Seconds = Field(default=10.0, gt=0, description=(
+        "the bound on every call to the host, not only the connect"))
     # Silence (no heartbeat either way) that means the host or the network is gone: its
     # tasks stop themselves, and tfo reports them lost. A lossy link needs more than a cut.
-    lifeline_seconds: Seconds = Field(default=LIFELINE_SECONDS, ge=3 * HEARTBEAT_SECONDS)
-    gpus: Gpus = Field(default_factory=list)
+    lifeline_seconds: Seconds = Field(default=LIFELINE_SECONDS, ge=3 * HEARTBEAT_SECONDS,
+                                      description=(
+        "silence (no heartbeat either way) after which the host's tasks stop themselves and "
+        "tfo reports them lost: raise it for a lossy link, lower it to notice a dead host "
+        "sooner"))
+    gpus: Gpus = Field(default_factory=list, description=(
+        "GPU ids its tasks may use, as nvidia-smi numbers them ([0, 1]), or auto "
+        "(what nvidia-smi -L reports there); default: none"))
 
     @field_validator("address")
     @classmethod
@@ -566,21 +622,35 @@ class SchedulerSpec(_Model):
 class LocalhostSpec(_Model):
     """This machine, for the tasks on `localhost`."""
 
-    gpus: Gpus = Field(default_factory=list)
+    gpus: Gpus = Field(default_factory=list, description=(
+        "GPU ids its tasks may use, as nvidia-smi numbers them ([0, 1]), or auto; "
+        "default: none"))
 
 
 class ClusterSpec(_Model):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
-    strategy: Strategy = Strategy.MULTI_WORKER_MIRRORED
-    job: JobSpec
-    tasks: TasksSpec
-    hosts: dict[str, HostSpec] = Field(default_factory=dict)
-    localhost: LocalhostSpec = Field(default_factory=LocalhostSpec)
-    restart: RestartSpec = Field(default_factory=RestartSpec)
-    timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec)
-    env: Env = Field(default_factory=dict)
-    evaluator_required: bool = False
-    backend: SchedulerSpec | None = None
+    """A cluster file: the job, its tasks, where they run, and how they are watched."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$", description=(
+        "the job's name: letters, digits, _ . -; the run directories are named for it"))
+    strategy: Strategy = Field(default=Strategy.MULTI_WORKER_MIRRORED, description=(
+        "multi_worker_mirrored (every chief and worker trains) or parameter_server "
+        "(the chief coordinates, ps and worker tasks are TF servers)"))
+    job: JobSpec = Field(description="what the training tasks run")
+    tasks: TasksSpec = Field(description="the tasks, by role")
+    hosts: dict[str, HostSpec] = Field(default_factory=dict, description=(
+        "lab machines reached over SSH, by the name tasks use"))
+    localhost: LocalhostSpec = Field(default_factory=LocalhostSpec, description=(
+        "this machine, for the tasks on localhost"))
+    restart: RestartSpec = Field(default_factory=RestartSpec, description=(
+        "what happens when a task is lost"))
+    timeouts: TimeoutSpec = Field(default_factory=TimeoutSpec, description="limits, in seconds")
+    env: Env = Field(default_factory=dict, description=(
+        "extra environment for every task (not CUDA_VISIBLE_DEVICES: tfo sets it)"))
+    evaluator_required: bool = Field(default=False, description=(
+        "true: the evaluator's failure fails the job; false: it restarts alone"))
+    backend: SchedulerSpec | None = Field(default=None, description=(
+        "a scheduler that places the tasks, by kind: {slurm: {...}}; default: none, "
+        "the tasks name their hosts"))
 
     @property
     def scheduler(self) -> str | None:

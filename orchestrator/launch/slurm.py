@@ -75,13 +75,19 @@ class SlurmSpec(SchedulerOptions):
 
     title: ClassVar[str] = "Slurm"
 
-    partition: str | None = None
-    time: str | None = None  # --time, in Slurm's formats: 30, 1:00:00, 1-12
-    nodes: Int | None = Field(default=None, ge=1)  # default: enough for tasks_per_node
-    tasks_per_node: Int = Field(default=1, ge=1)
-    gpus_per_task: Int = Field(default=0, ge=0)
-    account: str | None = None
-    extra_args: list[str] = Field(default_factory=list)  # more salloc options, as given
+    partition: str | None = Field(default=None, description=(
+        "default: the cluster's default partition"))
+    time: str | None = Field(default=None, description=(
+        "--time, in Slurm's formats: minutes, HH:MM:SS or D-HH:MM:SS (30, 1:00:00, 1-12); "
+        "default: the partition's limit"))
+    nodes: Int | None = Field(default=None, ge=1, description=(
+        "nodes to ask for; default: enough for tasks_per_node"))
+    tasks_per_node: Int = Field(default=1, ge=1, description="tasks on one node")
+    gpus_per_task: Int = Field(default=0, ge=0, description="Slurm's --gpus-per-task")
+    account: str | None = Field(default=None, description=(
+        "the account to charge; default: yours"))
+    extra_args: list[str] = Field(default_factory=list, description=(
+        "more salloc options, as given ([--qos=normal, --cpus-per-task=8])"))
 
     @field_validator("partition", "account")
     @classmethod
