@@ -7,6 +7,9 @@ One rule, one place:
 - "is this a training task" (`training`: not a sidecar) and "a server" (`serving`);
 - an exit's state (`exit_state`: a server's any exit, else an exit not 0 and not a good
   teardown, is a loss);
+- an exit's words (`exited_how`, `stopped_how`, `lost_why`): the backends report a code and
+  a lost contact, and what a user reads of them is decided here;
+- a sign of work (`busy_cpu`: the CPU a usage must say, a sidecar's bar higher);
 - the restart budget (`restarts_left`: a sidecar's own restarts, a training task's the job's,
   against max_restarts), which the loss (`on_loss`), the warm spares (`standby_wanted`,
   and launch/spares.spares_wanted) and a preemption (`preempted`) all ask;

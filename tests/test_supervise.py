@@ -197,6 +197,52 @@ def test_started_is_called_once_every_task_was_started(tmp_path):
     assert seen == [["worker:0", "worker:1"]]
 
 
+class Stubborn(FakeHandle):
+    """A task that outlives its SIGTERM (TensorFlow's C++ runtime swallows it)."""
+
+    termed_at: float | None = None
+    killed_at: float | None = None
+
+    def terminate(self) -> None:
+        self.termed_at = self._clock()
+
+    def kill(self) -> None:
+        self.killed_at = self._clock()
+        super().kill()
+
+
+@pytest.mark.timeout(20)
+def test_a_task_that_outlives_its_sigterm_is_stopping_until_its_kill_deadline(tmp_path):
+    """worker:1 fails and worker:0 ignores its SIGTERM: worker:0 is STOPPING, the loop goes on
+    meanwhile (the live view is drawn) and wakes at the kill deadline, grace_seconds after
+    the SIGTERM, to SIGKILL it; then the group restarts."""
+    data = spec(max_restarts=1)
+    data["timeouts"] = {**data["timeouts"], "grace_seconds": 3.0}
+    clock = FakeClock()
+    scripts = {"worker:0": Script([(None, 0, True), (0, 0.1, True)]),
+               "worker:1": Script([(3, 0.2, True), (0, 0.1, True)])}
+    handles: list[FakeHandle] = []
+
+    def start(task: TaskPlan, attempt: int) -> FakeHandle:
+        kind = Stubborn if (task.name, attempt) == ("worker:0", 0) else FakeHandle
+        handles.append(kind(task, attempt, scripts[task.name], clock))
+        return handles[-1]
+
+    seen: list[TaskState] = []
+    result = Supervisor(planned(tmp_path, data), start=start, echo=lambda task, line: None,
+                        watch=lambda job: seen.append(job.records["worker:0"].state),
+                        clock=clock, waiter=FakeWaiter(clock)).run()
+    assert result.state is JobState.SUCCEEDED and result.restarts == 1
+    stubborn = handles[0]
+    assert isinstance(stubborn, Stubborn) and stubborn.termed_at and stubborn.killed_at
+    assert 3.0 <= stubborn.killed_at - stubborn.termed_at < 3.1
+    assert TaskState.STOPPING in seen  # the loop went on while it was stopping
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    killed = [e for e in events if e["event"] == "task_killed"]
+    assert [(e["task"], e["reason"]) for e in killed] == [
+        ("worker:0", "still running 3 s after SIGTERM")]
+
+
 @pytest.mark.timeout(20)
 def test_mwms_loss_restarts_the_whole_group(tmp_path):
     scripts = {"worker:0": Script([(None, 0, True), (0, 0.1, True)]),
