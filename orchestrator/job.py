@@ -15,9 +15,11 @@ from orchestrator import decide
 from orchestrator.decide import JobState, TaskState, advance
 from orchestrator.launch import TaskHandle
 from orchestrator.plan import Plan
+from orchestrator.policy import Policy
 from orchestrator.records import TaskRecord
-from orchestrator.rundir import RunDir
+from orchestrator.rundir import EventLog
 from orchestrator.stall import Stall, Watched
+from orchestrator.strategy import StrategyRules
 
 Clock = Callable[[], float]  # monotonic seconds: time.monotonic, or a test's
 
@@ -46,9 +48,9 @@ class Interrupted(BaseException):
 
 
 class Job:
-    def __init__(self, plan: Plan, echo: Callable[[str, str], None], timing: decide.Timing,
-                 clock: Clock | None) -> None:
-        self.plan, self.policy, self.rules, self.echo = plan, plan.policy, plan.rules, echo
+    def __init__(self, plan: Plan, events: EventLog, echo: Callable[[str, str], None],
+                 timing: decide.Timing, clock: Clock | None) -> None:
+        self.plan, self.events, self.echo = plan, events, echo
         self.timing, self.clock = timing, clock or time.monotonic
         self.state = JobState.PENDING
         self.records = {t.name: TaskRecord(t) for t in plan.tasks}
@@ -61,10 +63,14 @@ class Job:
         self.signal: signal.Signals | None = None
         self.signal_count = 0
         self.in_start = False  # a signal now raises Interrupted (a backend's start waits)
-        # Made, with plan.json, before anything starts (pipeline.make_run_dir): a bad place or
-        # a full disk is the user's error there, and plan.json is not serialized twice.
-        self.run_dir = RunDir(plan.run_dir)
-        self.events = self.run_dir.open_events()
+
+    @property
+    def policy(self) -> Policy:
+        return self.plan.policy
+
+    @property
+    def rules(self) -> StrategyRules:
+        return self.plan.rules
 
     def set(self, rec: TaskRecord | None, new: TaskState | JobState) -> None:
         """Every state change, of a task (`rec`) or of the job (None), comes through here."""

@@ -85,7 +85,7 @@ from orchestrator.launch import BatchLauncher, Launcher, TaskHandle, one_by_one
 from orchestrator.plan import Plan
 from orchestrator.policy import restart_allowed
 from orchestrator.records import RunResult, TaskOutcome, TaskRecord, tail
-from orchestrator.rundir import coordinator_identity
+from orchestrator.rundir import RunDir, coordinator_identity
 from orchestrator.starts import Standby, Starts
 from orchestrator.stopping import stop, teardown_waits
 
@@ -115,7 +115,11 @@ class Supervisor:
         """`clock` and `waiter` are the loop's time and its one sleep (a test's fake clock
         and a waiter that moves it); `timing` the loop's own limits (decide.Timing)."""
         self.plan = plan
-        self.job = job = Job(plan, echo or _print_line, timing or Timing(), clock)
+        # Made, with plan.json, before anything starts (pipeline.make_run_dir): a bad place or
+        # a full disk is the user's error there, and plan.json is not serialized twice.
+        self.run_dir = RunDir(plan.run_dir)
+        self.job = job = Job(plan, self.run_dir.open_events(), echo or _print_line,
+                             timing or Timing(), clock)
         self.intake = Intake(job)
         self.exits = Exits(job, self.intake)
         # What is due in a round starts as one batch (Backends.start_batch); a caller that
@@ -155,7 +159,7 @@ class Supervisor:
                 if job.ending is None:
                     self._wait()
         except Exception as e:  # a bug of ours: still tear down, and say where to look
-            crash_log = Path(job.run_dir.crash_log)
+            crash_log = Path(self.run_dir.crash_log)
             crash_log.write_text(traceback.format_exc())
             job.end(JobState.FAILED, f"supervisor error {e!r}; traceback in {crash_log}")
         finally:
@@ -174,7 +178,7 @@ class Supervisor:
         job.events.write("job_finished", state=end.state.value, exit_code=code,
                          reason=end.reason, failed_task=end.failed_task, restarts=job.restarts)
         job.events.close()
-        job.run_dir.remove_tmp()  # empty once every task cleaned up
+        self.run_dir.remove_tmp()  # empty once every task cleaned up
         for rec in job.records.values():
             if rec.log:
                 rec.log.close()
