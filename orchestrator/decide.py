@@ -17,7 +17,8 @@ One rule, one place:
 - what the policy's limits and the strategy's rules say: who waits for the servers
   (`waits_for`), the startup limit (`startup_failed`), the stall rule, the deadline, when
   training is done, and the end of FINISHING (`finishing`, its words and event fields). The
-  loop reads no policy or rule itself (tests/test_decide.py checks supervise.py's source).
+  loop reads no policy or rule itself, and never sleeps (tests/test_decide.py checks the
+  source of supervise.py and of each module it acts through).
 
 This module imports nothing of time, signal, orchestrator.launch or the run directory (and
 nothing that does): tests/test_decide.py checks it, and decides with no process and no clock.
