@@ -366,9 +366,10 @@ def make_plan(
         tfo_job = job_env(spec, role, job_fields, args_json, model_dir=model_dir, run_id=run_id,
                           run_dir=task_run.path, tmp_dir=tmp_dir, backup_dir=backup_dir)
         env = {
-            # What a task's own code can rely on (docs/guide/scripts.md's table); TFO_ATTEMPT comes from
-            # the backend. TF_USE_LEGACY_KERAS=1 is the task's default unless the spec or the
-            # environment tfo (or a lab host) runs in sets it (worker_entry/defaults.py).
+            # What a task's own code can rely on (docs/guide/scripts.md's table); TFO_ATTEMPT
+            # comes from the backend. TF_USE_LEGACY_KERAS=1 is the task's default unless the
+            # spec or the environment tfo (or a lab host) runs in sets it
+            # (worker_entry/defaults.py).
             "TFO_IS_CHIEF": "1" if is_chief(role, index, cluster) else "0",
             "TFO_MODEL_DIR": model_dir,
             "TFO_BACKUP_DIR": backup_dir,
