@@ -129,3 +129,26 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_what_a_killed_task_left_is_killed_and_its_neighbours_are_not():
+    """A task SIGKILLed with its group leaves a child in a session of its own: it comes to
+    the agent (a subreaper), which kills it; the host's other task, and its child, run on."""
+    spawn = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+             "'import time; time.sleep(60)'], start_new_session={detach}); "
+             "print(p.pid, flush=True); time.sleep(60)")
+    agent = Agent()
+    try:
+        agent.start(1, spawn.format(detach=True))
+        agent.start(2, spawn.format(detach=False))
+        pids = {s: int(agent.wait(frames.STARTED, s)) for s in (1, 2)}
+        until = time.monotonic() + 15
+        while not all(agent.output(s).strip() for s in (1, 2)) and time.monotonic() < until:
+            agent.pump()
+        left, neighbour = (int(agent.output(s)) for s in (1, 2))
+        agent.send(frames.SIGNAL, 1, b"KILL")
+        assert agent.wait(frames.EXITED, 1) == str(-signal.SIGKILL).encode()
+        assert wait_until(lambda: not _alive(left), 5), "the detached child outlived its task"
+        assert _alive(pids[2]) and _alive(neighbour)
+    finally:
+        agent.close()

@@ -144,14 +144,15 @@ class Agent:
     def kill_orphans(self) -> None:
         """A wrapper killed by a signal could not kill what its task started: what of it
         detached came to us (the subreaper). Our only children are wrappers."""
-        from worker_entry.lifeline import descendants
+        from worker_entry.lifeline import children, descendants
 
         ours = {t.proc.pid for t in self.tasks.values() if t.code is None}
-        for pid in descendants(os.getpid()):
-            if pid in ours:
+        for child in children(os.getpid()):
+            if child in ours:  # a live wrapper: its tree is its own to end
                 continue
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+            for pid in [child, *descendants(child)]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
     def read_task(self, slot: int, task: _Task) -> None:
         assert task.out is not None

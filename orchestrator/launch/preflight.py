@@ -81,6 +81,7 @@ class HostCheck:
     gpus: GpuReport | None = None  # what nvidia-smi -L reports there
     cpus: int | None = None
     mem_available: int | None = None  # bytes
+    sessions: int | None = None  # SSH sessions tfo holds there at most at once (its agent's)
     problems: list[str] = field(default_factory=list)
 
 

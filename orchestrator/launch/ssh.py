@@ -62,6 +62,7 @@ if TYPE_CHECKING:  # fabric and paramiko cost 0.16 s to import: only when a host
     import fabric
     import paramiko
 
+SESSIONS = 2  # at most at once on a host, whatever its tasks: the agent's, and one more
 FAN_OUT = 64  # hosts worked on at once: 500 hosts do not open 500 connections in an instant
 PROBE_SECONDS = 60.0  # a command's own run on the host (the preflight's probe, a mkdir)
 T = TypeVar("T")
@@ -281,13 +282,15 @@ class SshBackend:
         """The host's preflight, bounded: fabric's `run` waits an hour for a channel."""
         host = self.hosts[name]
         try:
-            return _bounded(lambda: check_remote(name, host, tasks,
-                                                 lambda: self.connection(name)),
-                            2 * host.connect_timeout_seconds + PROBE_SECONDS,
-                            f"host {name} ({host.address})", lambda: self.drop(name))
+            row = _bounded(lambda: check_remote(name, host, tasks,
+                                                lambda: self.connection(name)),
+                           2 * host.connect_timeout_seconds + PROBE_SECONDS,
+                           f"host {name} ({host.address})", lambda: self.drop(name))
         except SshError as e:
-            return HostCheck(name, host.address, ports=[t.port for t in tasks],
-                             problems=[f"{e} while checking it"])
+            row = HostCheck(name, host.address, ports=[t.port for t in tasks],
+                            problems=[f"{e} while checking it"])
+        row.sessions = SESSIONS
+        return row
 
     def sync(self, plan: Plan, tasks: list[TaskPlan]) -> Iterator[str]:
         """Each host's copy at once; what to say, as it comes (a big file is named before
