@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shlex
 import threading
 import time
@@ -170,20 +171,22 @@ class HostAgent:
                 self._lose(why)
                 answers.append(SshError(f"host {self.name} ({self.host.address}): could not "
                                         f"start {handle.task.name}: {why}"))
-                self._forget(handle.slot)
+                self._forget(handle)
             elif said.isdigit():
                 handle.pid = int(said)
                 answers.append(handle)
             else:
-                self._forget(handle.slot)
+                self._forget(handle)
                 answers.append(SshError(f"host {self.name}: could not start "
                                         f"{handle.task.name}: "
                                         f"{said[1:].decode(errors='replace')[:300]}"))
         return answers
 
-    def _forget(self, slot: int) -> None:
+    def _forget(self, handle: AgentTask) -> None:
+        """No more frames for it: it ended, was discarded, or never started."""
         with self._lock:
-            self._tasks.pop(slot, None)
+            self._tasks.pop(handle.slot, None)
+        handle._close_exit_fd()
 
     def close(self) -> None:
         """QUIT (the agent kills its tasks and exits) and close the channel."""
@@ -211,6 +214,7 @@ class HostAgent:
             try:
                 data = self._chan.recv(65536)
             except TimeoutError:
+                self.check_silence()
                 continue
             except OSError:
                 data = b""
@@ -273,6 +277,9 @@ class AgentTask:
         self.exit_reason: str | None = None
         self._returncode: int | None = None
         self._lock = threading.Lock()
+        # Readable once it exited or its host is lost: the supervisor sleeps on it (polling
+        # 128 handles every 50 ms cost an idle coordinator more than its tasks' beats).
+        self._exit_fd: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._early = bytearray()  # a standby's output before GO
         self._output: TaskOutput | None = None if standby else self._new_output()
 
@@ -291,19 +298,37 @@ class AgentTask:
         with self._lock:
             if self._returncode is None:
                 self._returncode = code
+                self._signal_exit()
             if self._output is not None:
                 self._output.end()
+
+    def _signal_exit(self) -> None:
+        """Under the lock: the exit fd turns readable (it is closed under the lock too)."""
+        if self._exit_fd is not None:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self._exit_fd, 1)
 
     def host_lost(self, why: str) -> None:
         with self._lock:
             if self._returncode is not None:
                 return
             self._returncode, self.exit_reason = EXIT_LOST, why
+            self._signal_exit()
             if self._output is not None:
                 self._output.note(f"[tfo] {why}; the task stops itself on its side")
                 self._output.end()
 
+    def _close_exit_fd(self) -> None:
+        with self._lock:
+            if self._exit_fd is not None:
+                os.close(self._exit_fd)
+                self._exit_fd = None
+
     # ---- the TaskHandle -------------------------------------------------------------
+    @property
+    def exit_fd(self) -> int | None:
+        return self._exit_fd
+
     def poll(self) -> int | None:
         if self._returncode is None:
             self._agent.check_silence()
@@ -336,11 +361,11 @@ class AgentTask:
     def discard(self) -> None:
         """End a standby that was never used. Its temp dir is the running attempt's."""
         self.kill()
-        self._agent._forget(self.slot)
+        self._agent._forget(self)
 
     def close(self, timeout: float = 1.0) -> list[str]:
         assert self._output is not None, "a standby that never ran is discarded, not closed"
         rest = self._output.close(timeout)
         self._agent.send(frames.CLEAN, self.slot, self.task.tmp_dir.encode())
-        self._agent._forget(self.slot)
+        self._agent._forget(self)
         return rest
