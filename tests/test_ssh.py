@@ -205,9 +205,11 @@ tasks:
                 if line.startswith("│")}
         assert set(rows) == {"good", "badkey", "nopython", "ghost", "busy"}
         assert "ok" in rows["good"] and "2.21" in rows["good"]
-        # Its cores and free memory, as the host says (`warm_spares: auto` asks them).
+        # Its cores and free memory, as the host says (`warm_spares: auto` asks them), and
+        # the SSH sessions tfo holds there at most at once (its agent's, and one more).
         cells = [c.strip() for c in rows["good"].split("│")]
-        assert cells[9] == str(os.cpu_count()) and cells[10].endswith(" GiB"), cells
+        assert cells[10] == str(os.cpu_count()) and cells[11].endswith(" GiB"), cells
+        assert cells[4] == "≤ 2", cells
         assert "problem" in rows["badkey"] and "problem" in rows["ghost"]
         assert "host badkey (127.0.0.1): authentication failed" in res.stderr
         assert "host nopython: python '/nonexistent/python3' not found" in res.stderr

@@ -47,11 +47,11 @@ class SshError(BackendError):
     """A host could not be reached, authenticated or used; the message names the host."""
 
 
-def refused(name: str, host: HostSpec, error: BaseException) -> SshError:
+def refused(name: str, address: str, error: BaseException) -> SshError:
     """A session sshd would not open (`ChannelException`: its MaxSessions, or sessions
     turned off), said so: the host, what sshd said, what to change."""
     said = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    return SshError(f"host {name} ({host.address}): sshd refused a new session ({said}); tfo "
+    return SshError(f"host {name} ({address}): sshd refused a new session ({said}); tfo "
                     "holds at most 2 sessions on a host at once: set `MaxSessions` to 2 or "
                     "more in the host's sshd_config (its default is 10)")
 
@@ -63,7 +63,7 @@ def open_session(transport: paramiko.Transport, name: str, host: HostSpec,
     try:
         return transport.open_session(timeout=timeout)
     except paramiko.ChannelException as e:
-        raise refused(name, host, e) from None
+        raise refused(name, host.address, e) from None
 
 
 def agent_command(host: HostSpec) -> str:

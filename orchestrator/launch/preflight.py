@@ -133,7 +133,8 @@ def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan],
     except Exception as e:  # noqa: BLE001 - any failure is this host's problem to report
         import paramiko  # loaded: the connection is paramiko's
 
-        row.problems.append(str(refused(name, h, e)) if isinstance(e, paramiko.ChannelException)
+        refusal = isinstance(e, paramiko.ChannelException)
+        row.problems.append(str(refused(name, h.address, e)) if refusal
                             else f"host {name}: probe failed: {e}")
         return row
     if res.exited == 127 or "No such file" in res.stderr or "not found" in res.stderr:

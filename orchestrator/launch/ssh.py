@@ -50,6 +50,7 @@ from orchestrator.launch.hostagent import (
     HostAgent,
     SshError,
     _remote_path,
+    refused,
 )
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, check_remote
@@ -135,27 +136,44 @@ def connect(name: str, host: HostSpec) -> fabric.Connection:
     return conn
 
 
-def _remote_exec(conn: fabric.Connection, command: str, timeout: float = 5.0) -> int | None:
-    """Run a short command on the host, bounded in time even over a cut network (fabric's
-    `run` can wait an hour for a channel there). Its exit status, or None (no answer)."""
+def _run_remote(conn: fabric.Connection, command: str, timeout: float,
+                give_up: Callable[[], None] = lambda: None, name: str = ""
+                ) -> tuple[int | None, str, str]:
+    """A short command on the host, on a session of its own, bounded in time even over a
+    cut network (fabric's `run` can wait an hour for a channel there, and its runner's
+    threads cost more than the command here): (exit status, stdout, stderr); status None
+    where it did not end in `timeout`. A session sshd refuses raises `refused`'s SshError."""
     import paramiko
 
     transport = conn.client.get_transport()
     if transport is None or not transport.is_active():
-        return None
+        raise SshError("connection lost")
 
-    def run() -> int | None:
-        chan = transport.open_session(timeout=timeout)
-        chan.exec_command(command)
-        until = time.monotonic() + timeout
-        while not chan.exit_status_ready() and time.monotonic() < until:
-            time.sleep(0.02)
-        status = chan.recv_exit_status() if chan.exit_status_ready() else None
-        chan.close()
-        return status
+    def run() -> tuple[int | None, str, str]:
+        try:
+            chan = transport.open_session(timeout=timeout)
+        except paramiko.ChannelException as e:
+            raise refused(name or conn.host, conn.host, e) from None
+        try:
+            chan.settimeout(timeout)
+            chan.exec_command(command)
+            out, err = chan.makefile("rb").read(), chan.makefile_stderr("rb").read()
+            status = chan.recv_exit_status() if chan.exit_status_ready() else None
+            return status, out.decode(errors="replace"), err.decode(errors="replace")
+        except OSError:  # socket.timeout: no end in time
+            return None, "", ""
+        finally:
+            chan.close()
+
+    return _bounded(run, timeout + 1, "remote command", give_up)
+
+
+def _remote_exec(conn: fabric.Connection, command: str, timeout: float = 5.0) -> int | None:
+    """`_run_remote`'s exit status, or None (no answer, or no session)."""
+    import paramiko
 
     try:
-        return _bounded(run, timeout + 1, "remote command", lambda: None)
+        return _run_remote(conn, command, timeout)[0]
     except (paramiko.SSHException, OSError, EOFError, SshError):
         return None
 
@@ -199,6 +217,7 @@ class SshBackend:
         self._cancel = threading.Event()  # the code sync was interrupted
         self._partials: set[tuple[str, str]] = set()  # (host, file) being written now
         self._agents: dict[str, HostAgent] = {}
+        self._planned: dict[str, tuple[tuple, str, list[tuple[Path, str, int]]]] = {}
         self._starting: dict[str, threading.Lock] = {}  # by host: one agent started at once
         self._spares = Spares(lambda task, attempt: self._launch(
             [(task, attempt, True)])[0])
@@ -305,8 +324,7 @@ class SshBackend:
                        f"({len(names)}); move it out of the job's code directory if the tasks "
                        "do not need it")
         try:
-            copied = in_parallel(lambda n: self.sync_code(n, files, self.hosts[n].workdir),
-                                 names)
+            copied = in_parallel(lambda n: self._sync_and_start_agent(n, files), names)
         except BaseException:
             self._cancel.set()
             until = time.monotonic() + 2.0  # the copies stop and remove their partial files
@@ -318,6 +336,16 @@ class SshBackend:
             raise
         for name, count in zip(names, copied, strict=True):
             yield f"{name}: code synced ({count} file(s) copied)"
+
+    def _sync_and_start_agent(self, name: str, files: list[tuple[Path, str, int, str]]
+                              ) -> int:
+        """The host's code, then its agent, warm before the first start (its python's start
+        overlaps the other hosts' syncs). An agent that does not start here is tried again,
+        and named, at the start."""
+        copied = self.sync_code(name, files, self.hosts[name].workdir)
+        with contextlib.suppress(SshError):
+            self.agent(name)
+        return copied
 
     def start(self, task: TaskPlan, attempt: int) -> TaskHandle:
         """The task's warm spare for this attempt, if one waits; else a new task."""
@@ -348,7 +376,15 @@ class SshBackend:
         mtime already match; first check that what will be written fits there. Each file
         goes to a `.tfo-partial` name and is renamed when whole: a copy that fails or is
         interrupted removes its partial file. Returns files copied."""
-        conn, sftp, root, todo = self._to_copy(host, files, workdir)
+        planned = self._planned.pop(host, None)
+        if planned is not None and planned[0] == _files_key(files, workdir):
+            root, todo = planned[1], planned[2]  # sync_fits looked a moment ago
+        else:
+            root, todo = self._to_copy(host, files, workdir)
+        if not todo:
+            return 0
+        conn = self.connection(host)
+        sftp = self._sftp(host, conn)
         try:
             for path, rel, size in todo:
                 self._put(host, conn, sftp, path, f"{root}/{rel}", size)
@@ -366,7 +402,7 @@ class SshBackend:
 
         def fits(host: str) -> str | None:
             try:
-                self._to_copy(host, files, self.hosts[host].workdir)[1].close()
+                self._to_copy(host, files, self.hosts[host].workdir)
             except SshError as e:
                 return str(e)
             return None
@@ -375,37 +411,55 @@ class SshBackend:
         return {h: problem for h, problem in zip(hosts, found, strict=True) if problem}
 
     def _to_copy(self, host: str, files: list[tuple[Path, str, int, str]], workdir: str
-                 ) -> tuple[fabric.Connection, paramiko.SFTPClient, str,
-                            list[tuple[Path, str, int]]]:
-        """(connection, sftp, the workdir's path there, the files to copy: not there with
-        the same size and mtime); SshError where they do not fit in its free space."""
+                 ) -> tuple[str, list[tuple[Path, str, int]]]:
+        """(the workdir's path there, the files to copy: not there with the same size and
+        mtime), kept for the sync that follows; SshError where they do not fit in its
+        free space."""
         timeout = self.hosts[host].connect_timeout_seconds
         conn = self.connection(host)
         where = f"{_remote_path(workdir)}"
-        res = _bounded(lambda: conn.run(f"mkdir -p {where} && cd {where} && pwd && df -Pk .",
-                                        hide=True, warn=True, in_stream=False),
-                       timeout + PROBE_SECONDS, f"host {host}: preparing the workdir",
-                       lambda: self.drop(host))
-        if res.exited != 0:
+        # The files' sizes and mtimes there in the same command (GNU stat), where the list
+        # fits in one argument; else one sftp stat each (a round trip each).
+        listed = " ".join(shlex.quote(rel) for _, rel, _, _ in files)
+        stat_them = len(listed) < _STAT_ARGS_MAX
+        status, out, err = _run_remote(
+            conn, f"mkdir -p {where} && cd {where} && pwd && df -Pk . && echo {_STATS} && "
+            f"{{ stat -c '%s %Y %n' -- {listed if stat_them else '.'} 2>/dev/null; true; }}",
+            timeout + PROBE_SECONDS, lambda: self.drop(host), host)
+        if status != 0:
             raise SshError(f"host {host}: cannot use workdir {workdir}: "
-                           f"{res.stderr.strip()[-200:]} (hosts.{host}.workdir)")
-        root, free = res.stdout.splitlines()[0].strip(), _df_free(res.stdout)
+                           f"{err.strip()[-200:] or 'no answer'} (hosts.{host}.workdir)")
+        head, _, stats = out.partition(f"{_STATS}\n")
+        root, free = head.splitlines()[0].strip(), _df_free(head)
+        there: dict[str, tuple[int, int]] = {}
+        for line in stats.splitlines():
+            with contextlib.suppress(ValueError):
+                size, mtime, rel = line.split(" ", 2)
+                there[rel] = (int(size), int(mtime))
+        if not stat_them:
+            sftp = self._sftp(host, conn)
+            try:
+                for _, rel, _, _ in files:
+                    with contextlib.suppress(OSError):
+                        rst = sftp.stat(f"{root}/{rel}")
+                        there[rel] = (rst.st_size or 0, int(rst.st_mtime or 0))
+            finally:
+                sftp.close()
+        todo = [(path, rel, size) for path, rel, size, _ in files
+                if there.get(rel) != (size, int(path.stat().st_mtime))]
+        need = sum(size for _, _, size in todo)
+        if free is not None and need > free:
+            raise SshError(f"host {host}: no space left in {root}: the code sync writes "
+                           f"{_size(need)} there, {_size(free)} free (hosts.{host}.workdir)")
+        self._planned[host] = (_files_key(files, workdir), root, todo)
+        return root, todo
+
+    def _sftp(self, host: str, conn: fabric.Connection) -> paramiko.SFTPClient:
+        timeout = self.hosts[host].connect_timeout_seconds
         sftp = _bounded(conn.client.open_sftp, timeout, f"host {host}: opening sftp",
                         lambda: self.drop(host))
         sftp.get_channel().settimeout(timeout + PROBE_SECONDS)  # each request's answer
-        todo = []
-        for path, rel, size, _ in files:
-            with contextlib.suppress(OSError):
-                rst = sftp.stat(f"{root}/{rel}")
-                if rst.st_size == size and int(rst.st_mtime) == int(path.stat().st_mtime):
-                    continue
-            todo.append((path, rel, size))
-        need = sum(size for _, _, size in todo)
-        if free is not None and need > free:
-            sftp.close()
-            raise SshError(f"host {host}: no space left in {root}: the code sync writes "
-                           f"{_size(need)} there, {_size(free)} free (hosts.{host}.workdir)")
-        return conn, sftp, root, todo
+        return sftp
 
     def _put(self, host: str, conn: fabric.Connection, sftp: paramiko.SFTPClient, path: Path,
              remote: str, size: int) -> None:
@@ -444,6 +498,15 @@ class SshBackend:
         agents, self._agents = self._agents, {}
         in_parallel(lambda n: agents[n].close(), agents)
         in_parallel(self.drop, list(self._conns))
+
+
+_STATS = "--tfo-stats--"
+_STAT_ARGS_MAX = 100_000  # Linux takes 128 KiB in one argument (the command is one)
+
+
+def _files_key(files: list[tuple[Path, str, int, str]], workdir: str) -> tuple:
+    """What a host's list of files to copy depends on here: the files as they are now."""
+    return workdir, tuple((rel, size, int(path.stat().st_mtime)) for path, rel, size, _ in files)
 
 
 BIG_FILE = 64 << 20  # a file the sync names: it goes to every host, whole
