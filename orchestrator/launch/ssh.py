@@ -158,7 +158,7 @@ def _run_remote(conn: fabric.Connection, command: str, timeout: float,
             chan.settimeout(timeout)
             chan.exec_command(command)
             out, err = chan.makefile("rb").read(), chan.makefile_stderr("rb").read()
-            status = chan.recv_exit_status() if chan.exit_status_ready() else None
+            status = chan.recv_exit_status()  # comes after the output's end: bounded above
             return status, out.decode(errors="replace"), err.decode(errors="replace")
         except OSError:  # socket.timeout: no end in time
             return None, "", ""
