@@ -127,7 +127,7 @@ class HostAgent:
                                f"{self.host.workdir}): {said[0][:300] or 'no answer'}")
             seen += data or b""
         rest = seen.split(frames.SYNC, 1)[1]
-        self._chan.settimeout(0.25)
+        self._chan.settimeout(HEARTBEAT_SECONDS / 2)  # our beats are due every second
         if rest:
             self._dispatch(rest)
 

@@ -66,6 +66,7 @@ if TYPE_CHECKING:  # fabric and paramiko cost 0.16 s to import: only when a host
 SESSIONS = 2  # at most at once on a host, whatever its tasks: the agent's, and one more
 FAN_OUT = 64  # hosts worked on at once: 500 hosts do not open 500 connections in an instant
 PROBE_SECONDS = 60.0  # a command's own run on the host (the preflight's probe, a mkdir)
+_TRANSPORT_WAKE_SECONDS = 1.0  # paramiko's own: 0.1 (its close does not wait for it)
 T = TypeVar("T")
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", RUNS, ".pytest_cache", ".ruff_cache"}
 
@@ -133,6 +134,9 @@ def connect(name: str, host: HostSpec) -> fabric.Connection:
         why = e.strerror or str(e) or type(e).__name__
         raise SshError(f"host {name} ({host.address}:{host.port}): unreachable: tried to "
                        f"connect for {timeout:g} s (connect_timeout_seconds): {why}") from None
+    transport = conn.client.get_transport()
+    if transport is not None:  # its thread looks for a close every 0.1 s, idle or not: 1 s
+        transport.sock.settimeout(_TRANSPORT_WAKE_SECONDS)
     return conn
 
 
