@@ -87,3 +87,22 @@ def test_console_hides_tensorflow_chatter_unless_verbose():
             echo(task, line)
         assert shown == [f"[{task}] {line}" for task, line, hidden in CHATTER
                          if verbose or not hidden]
+
+
+def test_a_batch_the_caller_stops_taking_discards_what_it_did_not_take():
+    """A batch backend starts all of a round at once; the supervisor stops taking answers at
+    the first failed start: the tasks it never took are killed, not left running."""
+    from orchestrator.launch import answered
+
+    class Handle:
+        discarded = False
+
+        def discard(self) -> None:
+            self.discarded = True
+
+    started = [Handle(), OSError("host lab2 unreachable"), Handle(), Handle()]
+    answers = answered(started)
+    assert next(answers) is started[0]
+    assert isinstance(next(answers), OSError)
+    answers.close()
+    assert [getattr(h, "discarded", None) for h in started] == [False, None, True, True]

@@ -43,9 +43,9 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from orchestrator.launch import BackendError
+from orchestrator.launch import BackendError, answered
 from orchestrator.launch.output import TaskOutput, close_pipes, pipe_output, send_lifeline
 from orchestrator.launch.preflight import HostCheck
 from orchestrator.launch.spares import DISCARD_SECONDS, Spares
@@ -518,6 +518,19 @@ class SlurmBackend:
         return self._spares.take(task, attempt) or \
             SlurmHandle(task, attempt, self._job_for(task), self._slurm().gpus_per_task,
                         self._cpus)
+
+    def start_batch(self, items: Iterable[tuple[TaskPlan, int]]
+                    ) -> Iterator[SlurmHandle | Exception]:
+        """A round's steps (a node's tasks, a restarted group) together: every `srun` is
+        forked before the first is answered, none waits for another's step; each answered
+        in order (launch.BatchLauncher)."""
+        started: list[SlurmHandle | Exception] = []
+        for task, attempt in items:
+            try:
+                started.append(self.start(task, attempt))
+            except Exception as e:  # noqa: BLE001 - the caller's to judge, task by task
+                started.append(e)
+        yield from answered(started)
 
     def standby(self, task: TaskPlan, attempt: int) -> int | None:
         """A warm spare's step for the task's `attempt`; its srun's pid, None if one already

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from orchestrator.launch import TaskHandle
+from orchestrator.launch import TaskHandle, answered
 from orchestrator.launch.hostagent import (
     AgentTask,
     HostAgent,
@@ -366,8 +366,7 @@ class SshBackend:
         warm = [self._spares.take(task, attempt) for task, attempt in items]
         cold = [(t, a, False) for (t, a), w in zip(items, warm, strict=True) if w is None]
         started = iter(self._launch(cold))
-        for w in warm:
-            yield w if w is not None else next(started)
+        yield from answered([w if w is not None else next(started) for w in warm])
 
     def standby(self, task: TaskPlan, attempt: int) -> int | None:
         """Start a warm spare for the task's `attempt` on its host; its pid there, None if
