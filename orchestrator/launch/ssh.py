@@ -223,8 +223,7 @@ class SshBackend:
         self._agents: dict[str, HostAgent] = {}
         self._planned: dict[str, tuple[tuple, str, list[tuple[Path, str, int]]]] = {}
         self._starting: dict[str, threading.Lock] = {}  # by host: one agent started at once
-        self._spares = Spares(lambda task, attempt: self._launch(
-            [(task, attempt, True)])[0])
+        self._spares = Spares(self._start_standby)
 
     def connection(self, name: str) -> fabric.Connection:
         """The host's open connection, made if need be. One connect per host at a time, and
@@ -270,6 +269,12 @@ class SshBackend:
                              lambda: self.drop(name))
             self._agents[name] = agent
             return agent
+
+    def _start_standby(self, task: TaskPlan, attempt: int) -> AgentTask:
+        answer = self._launch([(task, attempt, True)])[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
     def _launch(self, items: list[tuple[TaskPlan, int, bool]]) -> list[AgentTask | Exception]:
         """(task, attempt, standby) started, each host's in one request to its agent, all
