@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests import sshlab
@@ -656,6 +657,8 @@ def test_a_failing_task_tears_down_ten_tasks_over_at_most_two_sessions(run_dir: 
                 tfo.wait_event("task_ready", f"worker:{i}", timeout=90)
             run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
             assert len(run_processes(run_id)) >= 20  # ten wrappers and their tasks
+            # The coordinator's threads grow with hosts, not tasks (two per task, before).
+            assert psutil.Process(tfo.proc.pid).num_threads() <= 2 * 1 + 10
             os.kill(task_pids(run_dir)["worker:3"], signal.SIGKILL)
             code, err = tfo.finish(timeout=60)
         finally:
