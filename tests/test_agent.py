@@ -152,3 +152,24 @@ def test_what_a_killed_task_left_is_killed_and_its_neighbours_are_not():
         assert _alive(pids[2]) and _alive(neighbour)
     finally:
         agent.close()
+
+
+def test_a_host_reader_never_waits_on_one_tasks_lines(tmp_path):
+    """An SSH task's output is fed by its host's one reader (no thread of its own): a task
+    whose lines the supervisor has not taken must not stop its neighbours' output. Past
+    the queue's size the lines are dropped for the supervisor, counted; the log has all."""
+    from orchestrator.launch.output import FLOOD_LINES, QUEUE_CHARS, TaskOutput
+
+    log = tmp_path / "t.log"
+    out = TaskOutput(str(log), None, "fed")
+    line = b"x" * 60_000 + b"\n"  # under the flood's line count, over the queue's size
+    count = QUEUE_CHARS // 60_000 + 20
+    assert count < FLOOD_LINES
+    for _ in range(count):
+        out.feed(line)  # returns at once: nothing takes the lines meanwhile
+    out.end()
+    assert out.done
+    got = out.lines()
+    assert got[-1].startswith("[tfo] ") and "lines not shown" in got[-1]
+    assert len(got) - 1 + int(got[-1].split()[1]) == count
+    assert log.read_bytes() == line * count
