@@ -104,12 +104,12 @@ class HostAgent:
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise SshError(f"host {name} ({host.address}): could not start its agent: "
                            f"{e or type(e).__name__}") from None
-        self._sync(paramiko)
+        self._sync()
         self.heard = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"agent-{name}", daemon=True)
         self._thread.start()
 
-    def _sync(self, paramiko: object) -> None:
+    def _sync(self) -> None:
         """Skip what comes before SYNC; SshError with what the host said instead."""
         seen = b""
         until = time.monotonic() + max(FIRST_BEAT_SECONDS, self._timeout)
