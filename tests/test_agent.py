@@ -3,6 +3,7 @@ in, frames out; a task's output cannot pass for a frame."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -66,9 +67,15 @@ class Agent:
         return b"".join(p for k, s, p in self.got if k == frames.OUTPUT and s == slot)
 
     def close(self) -> None:
+        """QUIT: the agent kills its tasks (each in a session of its own) and exits."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(5)
+            with contextlib.suppress(OSError):
+                self.send(frames.QUIT)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
 
 
 def test_a_task_cannot_forge_frames_for_another_task_or_the_agent():
