@@ -804,9 +804,16 @@ def plot(path: Path) -> str | None:
     return None
 
 
+def bench_lab(s: Setting, tmp: Path) -> None:
+    """bench/lab.py: 16 SSH lab hosts × 8 light tasks against an OpenSSH fan-out."""
+    from bench.lab import bench_lab as lab
+
+    lab(s, tmp)
+
+
 SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
     "cli": bench_cli, "light": bench_light, "paired": bench_paired, "resume": bench_resume,
-    "progress": bench_progress}
+    "progress": bench_progress, "lab": bench_lab}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -869,4 +876,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.modules.setdefault("bench.run", sys.modules[__name__])  # one FIGURES for the sections
     sys.exit(main())

@@ -96,11 +96,12 @@ def preflight_table(rows: list[HostCheck]) -> Table:
     from rich.text import Text
 
     table = Table(title="preflight", title_justify="left")
-    for col in ("host", "address", "ssh", "python", "tensorflow", "tf_keras", "ports", "gpus",
-                "cpus", "mem free", "ok"):
+    for col in ("host", "address", "ssh", "sessions", "python", "tensorflow", "tf_keras",
+                "ports", "gpus", "cpus", "mem free", "ok"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r.host, r.address, "ok" if r.reachable else "FAILED", r.python or "-",
+        table.add_row(r.host, r.address, "ok" if r.reachable else "FAILED",
+                      "-" if r.sessions is None else f"≤ {r.sessions}", r.python or "-",
                       r.versions.get("tensorflow") or "-", r.versions.get("tf_keras") or "-",
                       ",".join(map(str, r.ports)), str(r.gpus) if r.gpus else "-",
                       str(r.cpus or "-"), _gib(r.mem_available),

@@ -15,7 +15,7 @@ start_sshd(workdir, address='127.0.0.1', port=None, netns=None, *, name=None,
            extra_config=(), start_timeout=10.0, kill_sessions=True)
                                                   -> contextmanager[SshHost]
 lab_network(prefix='tfo', count=2)                -> contextmanager[list[(netns, address)]]
-lab_hosts(workdir, prefix='tfo', count=2, **sshd_kwargs)
+lab_hosts(workdir, prefix='tfo', count=2, subnet=LAB_SUBNET, **sshd_kwargs)
                                                   -> contextmanager[list[SshHost]]
 partition(netns)                                  -> contextmanager (veth down/up)
 lossy(netns, share)                               -> contextmanager (drop a share of packets)
@@ -303,8 +303,6 @@ def _write_sshd_config(path: Path, *, address: str, port: int, host_key: str,
         "KbdInteractiveAuthentication no",
         "PermitRootLogin prohibit-password",
         "PubkeyAuthentication yes",
-        "MaxStartups 100:30:200",
-        "MaxSessions 100",
         "MaxAuthTries 10",
         "LoginGraceTime 30",
         "UseDNS no",
@@ -652,9 +650,11 @@ def cleanup_stale(prefix: str = "tfo") -> list[str]:
 
 
 @contextlib.contextmanager
-def lab_hosts(workdir, prefix: str = "tfo", count: int = 2, **sshd_kwargs
+def lab_hosts(workdir, prefix: str = "tfo", count: int = 2,
+              subnet: ipaddress.IPv4Network = LAB_SUBNET, **sshd_kwargs
               ) -> Iterator[list[SshHost]]:
-    """Two (or `count`) namespaces, each running sshd on <addr>:22.
+    """Two (or `count`) namespaces, each running sshd on <addr>:22 with sshd's stock limits
+    (MaxSessions 10, MaxStartups 10:30:100), as a lab machine has them.
 
     All hosts share one client key / wrong key / authorized_keys and one
     known_hosts file containing every host's (distinct) host key.
@@ -665,7 +665,8 @@ def lab_hosts(workdir, prefix: str = "tfo", count: int = 2, **sshd_kwargs
     keys = make_keys(wd / "keys")
     known_hosts = wd / "known_hosts"
     known_hosts.write_text("")
-    with lab_network(prefix, count=count) as net, contextlib.ExitStack() as stack:
+    with lab_network(prefix, count=count, subnet=subnet) as net, \
+            contextlib.ExitStack() as stack:
         hosts = []
         for i, (ns, addr) in enumerate(net, start=1):
             name = f"lab{i}"

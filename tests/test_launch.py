@@ -2,41 +2,34 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 from pathlib import Path
 
 from orchestrator.launch import describe_exit
-from orchestrator.launch.ssh import remote_command
-from orchestrator.plan import make_plan
+from orchestrator.launch.hostagent import agent_command
 from orchestrator.spec import parse_spec
 
 PWNED = Path("/tmp/tfo-pwned")
 NASTY = "it's $(touch /tmp/tfo-pwned) `id` ; rm -rf / \"quoted\" ~"
 
 
-def test_spec_values_reach_the_remote_shell_quoted(tmp_path):
+def test_host_values_reach_the_remote_shell_quoted(tmp_path):
+    """The one shell line tfo sends a lab host starts its agent: the host's python and
+    workdir, quoted; a task's command and environment then travel as JSON, past any shell."""
     PWNED.unlink(missing_ok=True)
     spec = parse_spec({
-        "name": "q", "job": {"entry": "worker_entry.examples.digits:train",
-                             "args": {"note": NASTY}},
-        "hosts": {"lab": {"address": "10.0.0.1", "workdir": str(tmp_path / "w d"),
-                          "python": "/usr/bin/env", "env": {"NOTE": NASTY}}},
+        "name": "q", "job": {"entry": "worker_entry.examples.digits:train"},
+        "hosts": {"lab": {"address": "10.0.0.1", "workdir": str(tmp_path / NASTY),
+                          "python": "/bin/echo"}},
         "tasks": {"worker": ["lab:1234"]},
     })
-    task = make_plan(spec, run_id="r", run_dir="/r", workdir="/w").tasks[0]
-    # Run what the remote shell would run, with `env` instead of python: it prints the env.
-    task = task.__class__(**{**task.__dict__, "command": ["/usr/bin/env"]})
-    out = subprocess.run(["bash", "-c", remote_command(task, {"TFO_ATTEMPT": "0"})],
+    out = subprocess.run(["bash", "-c", agent_command(spec.hosts["lab"])],
                          capture_output=True, text=True, timeout=10)
     assert out.returncode == 0, out.stderr
-    env = dict(line.split("=", 1) for line in out.stdout.splitlines()[1:] if "=" in line)
-    assert env["NOTE"] == NASTY
-    assert json.loads(env["TFO_JOB"])["args"]["note"] == NASTY
-    assert out.stdout.startswith("@tfo-pid ")
+    assert out.stdout == "-m worker_entry.agent 30\n"
     assert not PWNED.exists()
-    assert (tmp_path / "w d").is_dir()  # the workdir, made and entered
+    assert (tmp_path / NASTY).is_dir()  # the workdir, made and entered
 
 
 def test_describe_exit():
@@ -96,18 +89,20 @@ def test_console_hides_tensorflow_chatter_unless_verbose():
                          if verbose or not hidden]
 
 
-def test_an_ssh_task_ends_as_sshd_says():
-    """sshd's exit status, or the signal that ended the wrapper (as locally), or nothing: a
-    lost connection; the wrapper's EXIT_LIFELINE is lost contact (it heard no heartbeat)."""
-    from orchestrator.launch.ssh import exit_of
-    from worker_entry.markers import EXIT_LIFELINE
+def test_a_batch_the_caller_stops_taking_discards_what_it_did_not_take():
+    """A batch backend starts all of a round at once; the supervisor stops taking answers at
+    the first failed start: the tasks it never took are killed, not left running."""
+    from orchestrator.launch import answered
 
-    assert exit_of(0, None, "lab2", 30) == (0, None)
-    assert exit_of(3, None, "lab2", 30) == (3, None)
-    assert exit_of(-1, "KILL", "lab2", 30) == (-signal.SIGKILL, None)
-    assert describe_exit(exit_of(-1, "TERM", "lab2", 30)[0]) == "signal SIGTERM"
-    assert exit_of(-1, None, "lab2", 30) == (255, "lost contact with lab2: the connection "
-                                                  "dropped")
-    assert exit_of(EXIT_LIFELINE, None, "lab2", 5) == (
-        EXIT_LIFELINE, "lost contact with lab2: no heartbeat reached the task for 5 s")
-    assert exit_of(-1, "WEIRD", "lab2", 30) == (255, "signal SIGWEIRD")
+    class Handle:
+        discarded = False
+
+        def discard(self) -> None:
+            self.discarded = True
+
+    started = [Handle(), OSError("host lab2 unreachable"), Handle(), Handle()]
+    answers = answered(started)
+    assert next(answers) is started[0]
+    assert isinstance(next(answers), OSError)
+    answers.close()
+    assert [getattr(h, "discarded", None) for h in started] == [False, None, True, True]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests import sshlab
@@ -204,9 +206,11 @@ tasks:
                 if line.startswith("│")}
         assert set(rows) == {"good", "badkey", "nopython", "ghost", "busy"}
         assert "ok" in rows["good"] and "2.21" in rows["good"]
-        # Its cores and free memory, as the host says (`warm_spares: auto` asks them).
+        # Its cores and free memory, as the host says (`warm_spares: auto` asks them), and
+        # the SSH sessions tfo holds there at most at once (its agent's, and one more).
         cells = [c.strip() for c in rows["good"].split("│")]
-        assert cells[9] == str(os.cpu_count()) and cells[10].endswith(" GiB"), cells
+        assert cells[10] == str(os.cpu_count()) and cells[11].endswith(" GiB"), cells
+        assert cells[4] == "≤ 2", cells
         assert "problem" in rows["badkey"] and "problem" in rows["ghost"]
         assert "host badkey (127.0.0.1): authentication failed" in res.stderr
         assert "host nopython: python '/nonexistent/python3' not found" in res.stderr
@@ -603,3 +607,111 @@ def test_a_big_sparse_file_is_named_and_a_sigterm_in_the_sync_is_said_and_cleane
     assert "big.img is 200.0 MiB (sparse" in out
     left = [p for p in workdir.glob("big.img*") if p.stat().st_size != 200 << 20]
     assert not left, left
+
+
+# ---- labs as they are: many tasks on a host, sshd's stock limits (issue 26) --------------
+
+def many_spec(tmp_path: Path, host: sshlab.SshHost, count: int, seconds: float,
+              extra: str = "", **over: object) -> Path:
+    """`count` light workers (tests/scripts/listen_sleep.py, no TensorFlow) on one host."""
+    ports = ", ".join(f"lab1:{20000 + i}" for i in range(count))
+    return write_spec(tmp_path / "many.yaml", f"""\
+name: lab-many
+job: {{script: tests/scripts/listen_sleep.py, args: ["{seconds}"]}}
+hosts:
+{host_yaml("lab1", host, tmp_path / "lab1", **over)}\
+tasks:
+  worker: [{ports}]
+{extra}""")
+
+
+CHANNEL_ERRORS = re.compile(r"(?i)channel|connect failed|administratively|traceback")
+
+
+@pytest.mark.timeout(180)
+def test_twelve_tasks_on_one_host_with_stock_sshd(lab, run_dir: Path, tmp_path: Path):
+    """sshd's stock MaxSessions is 10; one session per task failed the 10th (issue 26)."""
+    spec = many_spec(tmp_path, lab[0], 12, 3)
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=150)
+    assert res.returncode == 0, res.output[-3000:]
+    assert not CHANNEL_ERRORS.search(res.output), res.output[-3000:]
+    started = {e["task"] for e in events(run_dir) if e["event"] == "task_started"}
+    assert started == {f"worker:{i}" for i in range(12)}
+    for i in range(12):
+        log = (run_dir / "logs" / f"worker-{i}.log").read_text()
+        assert f"listening on {20000 + i}" in log and "done" in log, log
+
+
+@pytest.mark.timeout(180)
+def test_a_failing_task_tears_down_ten_tasks_over_at_most_two_sessions(run_dir: Path,
+                                                                       tmp_path: Path):
+    """Ten tasks on a host whose sshd allows 2 sessions (stricter than stock: tfo holds at
+    most 2 on a host, whatever it does there); one is killed, the job fails, and the other
+    nine are stopped over the same session: no channel errors, nothing left."""
+    with sshlab.start_sshd(tmp_path / "sshd", extra_config=["MaxSessions 2"]) as h:
+        spec = many_spec(tmp_path, h, 10, 300, "restart: {policy: never}\n"
+                         "timeouts: {grace_seconds: 2}\n")
+        tfo = Tfo(spec, run_dir)
+        try:
+            for i in range(10):
+                tfo.wait_event("task_ready", f"worker:{i}", timeout=90)
+            run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+            assert len(run_processes(run_id)) >= 20  # ten wrappers and their tasks
+            # The coordinator's threads grow with hosts, not tasks (two per task, before).
+            assert psutil.Process(tfo.proc.pid).num_threads() <= 2 * 1 + 10
+            os.kill(task_pids(run_dir)["worker:3"], signal.SIGKILL)
+            code, err = tfo.finish(timeout=60)
+        finally:
+            stop(tfo)
+    assert code == 1, err[-3000:]
+    assert "worker:3 exited with signal SIGKILL" in " ".join(err.split()), err[-3000:]
+    assert not CHANNEL_ERRORS.search(err), err[-3000:]
+    stopped = {e["task"] for e in events(run_dir) if e["event"] == "task_stopped"}
+    assert stopped == {f"worker:{i}" for i in range(10)} - {"worker:3"}
+    assert wait_until(lambda: not run_processes(run_id), 10), run_processes(run_id)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(420)
+def test_eight_tasks_with_warm_spares_on_one_host(lab, run_dir: Path, tmp_path: Path):
+    """8 tasks and their 8 standbys on one host (16 sessions, one per process, before):
+    one task killed, the restart (all 8: one restart unit) served by the standbys."""
+    from tests.test_faults import kill_task
+    from tests.test_spares import standbys
+
+    lab1 = lab[0]
+    spec = many_spec(tmp_path, lab1, 8, 600, "restart: {policy: on-failure, max_restarts: 1, "
+                     "backoff_seconds: 0, warm_spares: true}\ntimeouts: {grace_seconds: 2}\n")
+    tfo = Tfo(spec, run_dir)
+    try:
+        for i in range(8):
+            tfo.wait_event("task_standby_started", f"worker:{i}", attempt=1, timeout=300)
+        spares = standbys(run_dir)
+        assert {spares[(f"worker:{i}", 1)] for i in range(8)} <= netns_pids(lab1.netns)
+        killed_at = kill_task(tfo, "worker:5")
+        for i in range(8):
+            started = tfo.wait_event("task_started", f"worker:{i}", attempt=1, timeout=60)
+            assert started["warm"] is True and started["pid"] == spares[(f"worker:{i}", 1)]
+            assert started["time"] - killed_at < 10
+        for i in range(8):
+            tfo.wait_event("task_ready", f"worker:{i}", attempt=1, timeout=60)
+        run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+        tfo.proc.send_signal(signal.SIGINT)
+        code, err = tfo.finish(timeout=60)
+        assert code == 130, err[-3000:]
+        assert not CHANNEL_ERRORS.search(err), err[-3000:]
+        assert wait_until(lambda: not run_processes(run_id), 10), run_processes(run_id)
+    finally:
+        stop(tfo)
+
+
+@pytest.mark.timeout(120)
+def test_a_host_that_refuses_sessions_is_named_with_what_to_change(run_dir: Path,
+                                                                   tmp_path: Path):
+    with sshlab.start_sshd(tmp_path / "sshd", extra_config=["MaxSessions 0"]) as h:
+        spec = many_spec(tmp_path, h, 1, 1)
+        res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=60)
+    said = " ".join(res.stderr.split())
+    assert res.returncode == 2, res.output[-3000:]
+    assert "host lab1 (127.0.0.1): sshd refused a new session" in said, said
+    assert "MaxSessions" in said and "sshd_config" in said and "Traceback" not in said

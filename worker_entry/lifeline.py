@@ -98,13 +98,29 @@ def _follow_parent(sig: signal.Signals) -> None:
         os._exit(128 + sig)
 
 
+def children(root: int) -> list[int]:
+    """The processes whose parent is `root`, from /proc."""
+    return _children_map().get(root, [])
+
+
 def descendants(root: int) -> list[int]:
     """Every process below `root`, from /proc (Linux; elsewhere none are found)."""
+    children = _children_map()
+    found, todo = [], [root]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _children_map() -> dict[int, list[int]]:
+    """Each live process's children, by parent pid."""
     children: dict[int, list[int]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
-        return []
+        return {}
     for name in names:
         if not name.isdigit():
             continue
@@ -117,12 +133,7 @@ def descendants(root: int) -> list[int]:
         # state, ppid, ...
         ppid = int(stat[stat.rfind(b")") + 2:].split()[1])
         children.setdefault(ppid, []).append(int(name))
-    found, todo = [], [root]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
+    return children
 
 
 _READY_POLL_SECONDS = 0.2  # worker_entry.listen: a check costs 0.07 ms of CPU

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from orchestrator.launch.gpus import GpuReport
@@ -93,6 +93,26 @@ def one_by_one(start: Launcher, items: Iterable[tuple[TaskPlan, int]]
             yield start(task, attempt)
         except Exception as e:  # noqa: BLE001 - the caller's to judge, task by task
             yield e
+
+
+class Discardable(Protocol):
+    def discard(self) -> None: ...
+
+
+H = TypeVar("H", bound=Discardable)
+
+
+def answered(started: list[H | Exception]) -> Iterator[H | Exception]:
+    """A batch started all at once, answered in order. A caller that stops early (after a
+    failed start) never takes the rest: they are discarded (killed), not left running."""
+    for i, answer in enumerate(started):
+        try:
+            yield answer
+        except GeneratorExit:
+            for rest in started[i + 1:]:
+                if not isinstance(rest, Exception):
+                    rest.discard()
+            raise
 
 
 class Backend(Protocol):

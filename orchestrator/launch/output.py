@@ -54,6 +54,10 @@ def flood_note(hidden: int) -> str:
     return f"[tfo] {hidden} lines not shown (more than {FLOOD_LINES} a second): the log has them"
 
 
+def dropped_note(count: int) -> str:
+    return f"[tfo] {count} lines not shown (tfo fell behind reading them): the log has them"
+
+
 def _redraws(line: bytearray, part: bytes) -> bool:
     return any(c in part or c in line for c in (b"\r", b"\b"))
 
@@ -62,8 +66,10 @@ class _LineQueue:
     """Lines from the reader thread to the supervisor; `put` waits while the queue is full,
     and drops the line once the supervisor stopped reading (the log has it)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, block: bool = True) -> None:
         self._limit = limit
+        self._block = block  # False: a full queue drops the line (counted) instead
+        self._dropped = 0
         self._lines: deque[str] = deque()
         self._size = 0
         self._open = True
@@ -72,6 +78,9 @@ class _LineQueue:
 
     def put(self, line: str) -> None:
         with self._cond:
+            if not self._block and self._lines and self._size + len(line) > self._limit:
+                self._dropped += 1
+                return
             while self._open and self._lines and self._size + len(line) > self._limit:
                 self.full = True
                 self._cond.wait()
@@ -90,6 +99,9 @@ class _LineQueue:
             lines = list(self._lines)
             self._lines.clear()
             self._size = 0
+            if self._dropped:
+                lines.append(dropped_note(self._dropped))
+                self._dropped = 0
             self._cond.notify_all()
             return lines
 
@@ -105,10 +117,14 @@ class TaskOutput:
     `read` returns the next bytes, or b"" at the end (it may raise OSError: the end too).
     """
 
-    def __init__(self, log_path: str, read: Callable[[], bytes], name: str) -> None:
+    def __init__(self, log_path: str, read: Callable[[], bytes] | None, name: str) -> None:
+        """`read` None: no thread of its own; the caller `feed`s the bytes and calls `end`
+        (an SSH host's one reader, launch/hostagent.py, for all its tasks). It must never
+        wait on one task's lines, so a full queue drops lines for the supervisor (the log
+        has them, and a line says how many)."""
         self._read = read
         self._log: BinaryIO | None = open(log_path, "ab")  # noqa: SIM115
-        self._queue = _LineQueue(QUEUE_CHARS)
+        self._queue = _LineQueue(QUEUE_CHARS, block=read is not None)
         self._line = bytearray()  # the current line, up to LINE_CAP bytes
         self._more = 0  # bytes of the current line beyond LINE_CAP: in the log only
         self._ended_line = True  # the log ends with a newline
@@ -118,13 +134,23 @@ class TaskOutput:
         self._window_at = time.monotonic()  # the flood budget's window: since when
         self._window_lines = 0  # lines the task printed in it
         self._hidden = 0  # lines of a flood not passed on, to be told (flood_note)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._ended = threading.Event()
+        if read is not None:
+            threading.Thread(target=self._run, name=name, daemon=True).start()
 
     @property
     def done(self) -> bool:
         """The output ended (EOF) and every line is queued."""
-        return not self._thread.is_alive()
+        return self._ended.is_set()
+
+    def feed(self, data: bytes) -> None:
+        """The task's next bytes (without a thread of its own)."""
+        self._feed(data)
+
+    def end(self) -> None:
+        """The task's output ended (without a thread of its own)."""
+        if not self._ended.is_set():
+            self._finish()
 
     @property
     def waiting(self) -> bool:
@@ -149,7 +175,7 @@ class TaskOutput:
             got = self._queue.take()
             rest += got
             size += sum(map(len, got))
-            self._thread.join(0.02)
+            self._ended.wait(0.02)
         return rest + self._queue.shut()
 
     # ---- the reader thread --------------------------------------------------------------
@@ -162,6 +188,9 @@ class TaskOutput:
             if not data:
                 break
             self._feed(data)
+        self._finish()
+
+    def _finish(self) -> None:
         if self._marker is not None:
             self._end_marker()
         if self._line or self._more:
@@ -171,11 +200,12 @@ class TaskOutput:
             self._write(b"\n")  # the next attempt's header starts a line of its own
         if self._held:
             self._write(b"".join(self._held))
-        wakeup.notify()  # the output ended: `done`
         with self._log_lock:
             log, self._log = self._log, None
         if log is not None:
             log.close()
+        self._ended.set()
+        wakeup.notify()  # the output ended: `done`
 
     def _write(self, data: bytes | str) -> None:
         raw = data.encode() if isinstance(data, str) else data

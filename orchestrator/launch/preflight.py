@@ -23,6 +23,7 @@ from typing import Any
 from orchestrator.console import printable
 from orchestrator.launch import BackendError
 from orchestrator.launch.gpus import GpuReport, local_gpus, remote_gpus
+from orchestrator.launch.hostagent import refused
 from orchestrator.launch.ports import port_problem
 from orchestrator.plan import TaskPlan
 from orchestrator.spec import LOCALHOST, HostSpec
@@ -80,6 +81,7 @@ class HostCheck:
     gpus: GpuReport | None = None  # what nvidia-smi -L reports there
     cpus: int | None = None
     mem_available: int | None = None  # bytes
+    sessions: int | None = None  # SSH sessions tfo holds there at most at once (its agent's)
     problems: list[str] = field(default_factory=list)
 
 
@@ -129,7 +131,11 @@ def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan],
     try:
         res = conn.run(cmd, hide=True, warn=True, in_stream=False, timeout=60)
     except Exception as e:  # noqa: BLE001 - any failure is this host's problem to report
-        row.problems.append(f"host {name}: probe failed: {e}")
+        import paramiko  # loaded: the connection is paramiko's
+
+        refusal = isinstance(e, paramiko.ChannelException)
+        row.problems.append(str(refused(name, h.address, e)) if refusal
+                            else f"host {name}: probe failed: {e}")
         return row
     if res.exited == 127 or "No such file" in res.stderr or "not found" in res.stderr:
         # What the host said (exit and last line): a "not found" can be something else.

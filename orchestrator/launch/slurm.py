@@ -43,12 +43,12 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from orchestrator.launch import BackendError, Say
+from orchestrator.launch import BackendError, Say, answered
 from orchestrator.launch.gpus import GpuReport
 from orchestrator.launch.output import TaskOutput, close_pipes, pipe_output, send_lifeline
 from orchestrator.launch.preflight import HostCheck
@@ -590,6 +590,19 @@ class SlurmBackend:
         return self._spares.take(task, attempt) or \
             SlurmHandle(task, attempt, self._job_for(task), self._slurm().gpus_per_task,
                         self._cpus)
+
+    def start_batch(self, items: Iterable[tuple[TaskPlan, int]]
+                    ) -> Iterator[SlurmHandle | Exception]:
+        """A round's steps (a node's tasks, a restarted group) together: every `srun` is
+        forked before the first is answered, none waits for another's step; each answered
+        in order (launch.BatchLauncher)."""
+        started: list[SlurmHandle | Exception] = []
+        for task, attempt in items:
+            try:
+                started.append(self.start(task, attempt))
+            except Exception as e:  # noqa: BLE001 - the caller's to judge, task by task
+                started.append(e)
+        yield from answered(started)
 
     def standby(self, task: TaskPlan, attempt: int) -> int | None:
         """A warm spare's step for the task's `attempt`; its srun's pid, None if one already

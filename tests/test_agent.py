@@ -1,0 +1,182 @@
+"""The host agent (worker_entry.agent) on its own, over pipes as sshd would give it: frames
+in, frames out; a task's output cannot pass for a frame."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, wait_until
+from worker_entry import frames
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Agent:
+    def __init__(self, lifeline: float = 30.0) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "worker_entry.agent", str(lifeline)],
+                                     cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     start_new_session=True)
+        self.reader = frames.Reader(frames.TO_COORDINATOR)
+        self.got: list[tuple[bytes, int, bytes]] = []
+        assert self.proc.stdout is not None
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self.synced = False
+        self.buf = b""
+
+    def send(self, kind: bytes, slot: int = 0, payload: bytes = b"") -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(frames.frame(kind, slot, payload))
+        self.proc.stdin.flush()
+
+    def start(self, slot: int, code: str, **env: str) -> None:
+        self.send(frames.START, slot, json.dumps({
+            "command": [sys.executable, "-c", code], "env": env, "cwd": str(REPO)}).encode())
+
+    def pump(self) -> None:
+        assert self.proc.stdout is not None
+        try:
+            data = os.read(self.proc.stdout.fileno(), 65536)
+        except BlockingIOError:
+            return
+        if not self.synced:
+            self.buf += data
+            if frames.SYNC not in self.buf:
+                return
+            self.synced, data = True, self.buf.split(frames.SYNC, 1)[1]
+        self.got += self.reader.feed(data)
+
+    def wait(self, kind: bytes, slot: int, timeout: float = 20) -> bytes:
+        until = time.monotonic() + timeout
+        while time.monotonic() < until:
+            self.pump()
+            for got in self.got:
+                if got[0] == kind and got[1] == slot:
+                    return got[2]
+            time.sleep(0.01)
+        raise AssertionError(f"no {kind!r} for slot {slot}: {self.got}")
+
+    def output(self, slot: int) -> bytes:
+        return b"".join(p for k, s, p in self.got if k == frames.OUTPUT and s == slot)
+
+    def close(self) -> None:
+        """QUIT: the agent kills its tasks (each in a session of its own) and exits."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.send(frames.QUIT)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+
+def test_a_task_cannot_forge_frames_for_another_task_or_the_agent():
+    agent = Agent()
+    try:
+        forged = (frames.frame(frames.EXITED, 2, b"0") + frames.frame(frames.OUTPUT, 2, b"pwn")
+                  + frames.frame(frames.ALIVE) + frames.SYNC)
+        agent.start(1, f"import os; os.write(1, {forged!r}); import time; time.sleep(0.3)")
+        agent.start(2, "import time; time.sleep(1.5); print('honest')")
+        assert agent.wait(frames.STARTED, 1).isdigit()
+        assert agent.wait(frames.EXITED, 1) == b"0"
+        assert agent.output(1) == forged  # its bytes, as it printed them, and only its own
+        assert agent.wait(frames.EXITED, 2) == b"0"
+        assert agent.output(2) == b"honest\n"
+        exits = [(k, s) for k, s, _ in agent.got if k == frames.EXITED]
+        assert exits == [(frames.EXITED, 1), (frames.EXITED, 2)]
+    finally:
+        agent.close()
+
+
+def test_signals_reach_the_task_and_its_exit_says_which():
+    agent = Agent()
+    try:
+        agent.start(7, "import time; print('up', flush=True); time.sleep(60)")
+        agent.wait(frames.STARTED, 7)
+        until = time.monotonic() + 10
+        while b"up" not in agent.output(7) and time.monotonic() < until:
+            agent.pump()
+        agent.send(frames.SIGNAL, 7, b"KILL")
+        assert agent.wait(frames.EXITED, 7) == str(-signal.SIGKILL).encode()
+        agent.start(8, "raise SystemExit(3)")
+        assert agent.wait(frames.EXITED, 8) == b"3"
+        agent.send(frames.START, 9, json.dumps({"command": ["/nonexistent/python"], "env": {},
+                                                "cwd": str(REPO)}).encode())
+        assert b"/nonexistent/python" in agent.wait(frames.FAILED, 9)
+    finally:
+        agent.close()
+
+
+def test_silence_from_the_coordinator_ends_every_task_and_the_agent():
+    agent = Agent(lifeline=2)
+    try:
+        agent.start(1, "import time; time.sleep(60)")
+        agent.start(2, "import time; time.sleep(60)")
+        pids = [int(agent.wait(frames.STARTED, s)) for s in (1, 2)]
+        # No BEAT frames from us: after 2 s the agent takes us for gone.
+        assert wait_until(lambda: agent.proc.poll() is not None, 15), "the agent outlived it"
+        for pid in pids:
+            assert wait_until(lambda p=pid: not _alive(p), 5), f"task {pid} outlived it"
+    finally:
+        agent.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_what_a_killed_task_left_is_killed_and_its_neighbours_are_not():
+    """A task SIGKILLed with its group leaves a child in a session of its own: it comes to
+    the agent (a subreaper), which kills it; the host's other task, and its child, run on."""
+    spawn = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+             "'import time; time.sleep(60)'], start_new_session={detach}); "
+             "print(p.pid, flush=True); time.sleep(60)")
+    agent = Agent()
+    try:
+        agent.start(1, spawn.format(detach=True))
+        agent.start(2, spawn.format(detach=False))
+        pids = {s: int(agent.wait(frames.STARTED, s)) for s in (1, 2)}
+        until = time.monotonic() + 15
+        while not all(agent.output(s).strip() for s in (1, 2)) and time.monotonic() < until:
+            agent.pump()
+        left, neighbour = (int(agent.output(s)) for s in (1, 2))
+        agent.send(frames.SIGNAL, 1, b"KILL")
+        assert agent.wait(frames.EXITED, 1) == str(-signal.SIGKILL).encode()
+        assert wait_until(lambda: not _alive(left), 5), "the detached child outlived its task"
+        assert _alive(pids[2]) and _alive(neighbour)
+    finally:
+        agent.close()
+
+
+def test_a_host_reader_never_waits_on_one_tasks_lines(tmp_path):
+    """An SSH task's output is fed by its host's one reader (no thread of its own): a task
+    whose lines the supervisor has not taken must not stop its neighbours' output. Past
+    the queue's size the lines are dropped for the supervisor, counted; the log has all."""
+    from orchestrator.launch.output import FLOOD_LINES, QUEUE_CHARS, TaskOutput
+
+    log = tmp_path / "t.log"
+    out = TaskOutput(str(log), None, "fed")
+    line = b"x" * 60_000 + b"\n"  # under the flood's line count, over the queue's size
+    count = QUEUE_CHARS // 60_000 + 20
+    assert count < FLOOD_LINES
+    for _ in range(count):
+        out.feed(line)  # returns at once: nothing takes the lines meanwhile
+    out.end()
+    assert out.done
+    got = out.lines()
+    assert got[-1].startswith("[tfo] ") and "lines not shown" in got[-1]
+    assert len(got) - 1 + int(got[-1].split()[1]) == count
+    assert log.read_bytes() == line * count

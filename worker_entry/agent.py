@@ -1,0 +1,286 @@
+"""`python -m worker_entry.agent SECONDS`: one per lab host and run, over one SSH session.
+
+sshd's stock `MaxSessions 10` caps the sessions of one connection, and a session per task
+(and per standby, per remote kill) ran out at 9 tasks on a host. As Open MPI's daemon does,
+this agent forks the host's tasks itself (each `python -m worker_entry`, its wrapper, in a
+session of its own: the process group tfo signals) and carries all of them over its one
+channel: their output, exits, signals, stacks requests, standbys' GO (worker_entry.frames).
+It never imports TensorFlow, and its one thread waits in select.
+
+Per task nothing changes for the wrapper (worker_entry.lifeline): its stdin is a pipe from
+here (lifeline "stdin": EOF means gone), its stdout and stderr one pipe to here; PDEATHSIG
+ends it when the agent dies. The coordinator's lifeline is the agent's: a BEAT frame at
+least every HEARTBEAT_SECONDS down the channel, one back as often. On EOF, or silence for
+SECONDS (a cut network), the agent closes every task's stdin, so each wrapper kills its task
+and all it started at once, SIGKILLs what is left after CLEANUP_SECONDS, and exits.
+
+The agent is a child subreaper: what a SIGKILLed wrapper leaves (the task's own children
+that detached) comes to it, not to init, and is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from worker_entry import frames
+from worker_entry.markers import HEARTBEAT_SECONDS
+
+CLEANUP_SECONDS = 5.0  # after the lifeline ends: wrappers still running then are SIGKILLed
+DRAIN_SECONDS = 2.0  # after a wrapper exits: its output's last bytes (a straggler holds it)
+OUT_LIMIT = 4 << 20  # bytes waiting for the channel: task pipes are not read past it
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+
+
+@dataclass
+class _Task:
+    proc: subprocess.Popen
+    out: int | None  # its output pipe, until EOF
+    code: int | None = None  # once reaped
+    reaped_at: float = 0.0
+    extra: list[int] = field(default_factory=list)
+
+
+def _expand(value: str) -> str:
+    return os.path.expanduser(value) if value == "~" or value.startswith("~/") else value
+
+
+def _prctl(option: int, value: int) -> None:
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+class Agent:
+    def __init__(self, lifeline: float) -> None:
+        self.lifeline = lifeline
+        self.tasks: dict[int, _Task] = {}
+        self.out = bytearray(frames.SYNC)
+        self.reader = frames.Reader(frames.TO_AGENT)
+        self.heard = self.beat_at = time.monotonic()
+        self.lost_at: float | None = None  # the lifeline ended
+        self.quit = False
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.wake_r, self.wake_w, 1):
+            os.set_blocking(fd, False)
+
+    def send(self, kind: bytes, slot: int = 0, payload: bytes = b"") -> None:
+        self.out += frames.frame(kind, slot, payload)
+
+    # ---- requests --------------------------------------------------------------------
+    def handle(self, kind: bytes, slot: int, payload: bytes) -> None:
+        if kind == frames.START:
+            self.start(slot, json.loads(payload))
+        elif kind == frames.SIGNAL:
+            self.signal(slot, payload.decode())
+        elif kind == frames.INPUT:
+            task = self.tasks.get(slot)
+            if task is not None and task.proc.stdin is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    os.write(task.proc.stdin.fileno(), payload)
+        elif kind == frames.CLEAN:
+            tmp = _expand(payload.decode())
+            shutil.rmtree(tmp, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(tmp))
+        elif kind == frames.QUIT:
+            self.quit = True
+            for slot in self.tasks:
+                self.signal(slot, "KILL")
+
+    def start(self, slot: int, spec: dict) -> None:
+        env = {**os.environ, **{k: _expand(v) for k, v in spec["env"].items()}}
+        cwd = _expand(spec["cwd"])
+        try:
+            os.makedirs(cwd, exist_ok=True)
+            proc = subprocess.Popen(spec["command"], cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True, bufsize=0)
+        except (OSError, ValueError, subprocess.SubprocessError) as e:
+            why = getattr(e, "strerror", None) or str(e)
+            self.send(frames.FAILED, slot, f"{why}: {spec['command'][0]}".encode())
+            return
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)
+        self.tasks[slot] = _Task(proc, proc.stdout.fileno())
+        self.send(frames.STARTED, slot, str(proc.pid).encode())
+
+    def signal(self, slot: int, name: str) -> None:
+        task = self.tasks.get(slot)
+        sig = getattr(signal, f"SIG{name}", None)
+        if task is not None and task.code is None and isinstance(sig, signal.Signals):
+            with contextlib.suppress(OSError):
+                os.killpg(task.proc.pid, sig)
+
+    # ---- the loop --------------------------------------------------------------------
+    def reap(self) -> None:
+        by_pid = {t.proc.pid: t for t in self.tasks.values()}
+        orphans = False
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            task = by_pid.get(pid)
+            if task is None:
+                continue  # an orphan of a wrapper's tree, adopted and now reaped
+            task.code, task.reaped_at = os.waitstatus_to_exitcode(status), time.monotonic()
+            task.proc.returncode = task.code  # Popen must not wait for it again
+            orphans |= task.code < 0
+        if orphans:
+            self.kill_orphans()
+
+    def kill_orphans(self) -> None:
+        """A wrapper killed by a signal could not kill what its task started: what of it
+        detached came to us (the subreaper). Our only children are wrappers."""
+        from worker_entry.lifeline import children, descendants
+
+        ours = {t.proc.pid for t in self.tasks.values() if t.code is None}
+        for child in children(os.getpid()):
+            if child in ours:  # a live wrapper: its tree is its own to end
+                continue
+            for pid in [child, *descendants(child)]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def read_task(self, slot: int, task: _Task) -> None:
+        assert task.out is not None
+        try:
+            data = os.read(task.out, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.send(frames.OUTPUT, slot, data)
+        else:
+            self.close_output(task)
+
+    @staticmethod
+    def close_output(task: _Task) -> None:
+        if task.proc.stdout is not None:
+            with contextlib.suppress(OSError):
+                task.proc.stdout.close()
+        task.out = None
+
+    def report_exits(self, now: float) -> None:
+        for slot, task in list(self.tasks.items()):
+            if task.code is None or (task.out is not None and now - task.reaped_at
+                                     < DRAIN_SECONDS):
+                continue
+            if task.out is not None:
+                self.close_output(task)
+            if task.proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    task.proc.stdin.close()
+            self.send(frames.EXITED, slot, str(task.code).encode())
+            del self.tasks[slot]
+
+    def lose(self) -> None:
+        """The coordinator is gone (EOF, silence, a signal): every wrapper's lifeline ends."""
+        if self.lost_at is not None:
+            return
+        self.lost_at = time.monotonic()
+        for task in self.tasks.values():
+            if task.proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    task.proc.stdin.close()
+
+    def run(self) -> None:
+        while True:
+            now = time.monotonic()
+            if self.lost_at is None and now - self.heard > self.lifeline:
+                self.lose()
+            if self.lost_at is not None or self.quit:
+                live = [t for t in self.tasks.values() if t.code is None]
+                if not live:
+                    return
+                if self.lost_at is not None and now - self.lost_at > CLEANUP_SECONDS:
+                    for t in live:
+                        with contextlib.suppress(OSError):
+                            os.killpg(t.proc.pid, signal.SIGKILL)
+            readers = [self.wake_r] + ([0] if self.lost_at is None else [])
+            if len(self.out) < OUT_LIMIT:
+                readers += [t.out for t in self.tasks.values() if t.out is not None]
+            writers = [1] if self.out and self.lost_at is None else []
+            wait = max(0.0, min(self.beat_at + HEARTBEAT_SECONDS - now, 0.5))
+            try:
+                ready, can_write, _ = select.select(readers, writers, [], wait)
+            except InterruptedError:
+                continue
+            now = time.monotonic()
+            if self.wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self.wake_r, 512):
+                        pass
+                self.reap()
+            if 0 in ready:
+                self.read_coordinator(now)
+            for slot, task in list(self.tasks.items()):
+                if task.out is not None and task.out in ready:
+                    self.read_task(slot, task)
+            self.report_exits(now)
+            if now - self.beat_at >= HEARTBEAT_SECONDS:
+                self.beat_at = now
+                self.send(frames.ALIVE)
+            if can_write and self.out:
+                try:
+                    n = os.write(1, self.out)
+                except BlockingIOError:
+                    n = 0
+                except OSError:  # the channel is gone
+                    self.out.clear()
+                    self.lose()
+                    continue
+                del self.out[:n]
+
+    def read_coordinator(self, now: float) -> None:
+        try:
+            data = os.read(0, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.lose()
+            return
+        self.heard = now
+        try:
+            requests = self.reader.feed(data)
+        except frames.FrameError:
+            self.lose()
+            return
+        for kind, slot, payload in requests:
+            self.handle(kind, slot, payload)
+
+
+def main(argv: list[str]) -> None:
+    lifeline = float(argv[0]) if argv else 30.0
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGHUP)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    agent = Agent(lifeline)
+    os.set_blocking(0, False)
+
+    def on_signal(signum: int, frame: object) -> None:
+        agent.lose()
+
+    signal.set_wakeup_fd(agent.wake_w)  # SIGCHLD wakes the select
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    agent.run()
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+    sys.exit(0)
