@@ -7,6 +7,9 @@ One rule, one place:
 - "is this a training task" (`training`: not a sidecar) and "a server" (`serving`);
 - an exit's state (`exit_state`: a server's any exit, else an exit not 0 and not a good
   teardown, is a loss);
+- an exit's words (`exited_how`, `stopped_how`, `lost_why`): the backends report a code and
+  a lost contact, and what a user reads of them is decided here;
+- a sign of work (`busy_cpu`: the CPU a usage must say, a sidecar's bar higher);
 - the restart budget (`restarts_left`: a sidecar's own restarts, a training task's the job's,
   against max_restarts), which the loss (`on_loss`), the warm spares (`standby_wanted`,
   and launch/spares.spares_wanted) and a preemption (`preempted`) all ask;
@@ -27,7 +30,7 @@ from enum import Enum
 from typing import Any
 
 from orchestrator.policy import Policy, RestartPolicy, restart_allowed
-from orchestrator.stall import StallRule, Watched, startup_over
+from orchestrator.stall import IDLE_CPU, StallRule, Watched, startup_over
 from orchestrator.strategy import RestartUnit, StrategyRules
 from worker_entry.markers import EXIT_PERMANENT, EXIT_PREEMPTED, Role
 
@@ -40,6 +43,9 @@ STANDBY_AFTER_READY_SECONDS = 5.0
 # exited 0, or after every peer said `exiting` too, is stopped. TensorFlow's own exit took
 # 1.0–2.9 s after the code ended here when it did not wait.
 TEARDOWN_GRACE_SECONDS = 3.0
+# A sidecar whose usage says this much CPU (percent of one core) is evaluating, not idle:
+# one waiting for a checkpoint (SidecarEvaluator polls once a second) uses about none.
+SIDECAR_BUSY_CPU = 10.0
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,8 @@ class TaskState(str, Enum):
         STARTING/RUNNING ──exit 0──▶ SUCCEEDED
         STARTING/RUNNING ──stopped in its teardown (code over, a peer gone)──▶ SUCCEEDED
         STARTING/RUNNING ──exit ≠ 0, signal, a server's exit──▶ FAILED
-        STARTING/RUNNING ──teardown (a stalled task's too)──▶ STOPPED
+        STARTING/RUNNING ──teardown (a stalled task's too): SIGTERM, a kill deadline──▶ STOPPING
+        STOPPING ──exited, or killed at the deadline──▶ STOPPED
         PENDING/FAILED/STOPPED/SUCCEEDED ──restart (attempt + 1)──▶ PENDING
     """
 
@@ -69,6 +76,7 @@ class TaskState(str, Enum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    STOPPING = "stopping"
     STOPPED = "stopped"
 
     @property
@@ -80,8 +88,9 @@ _T = TaskState
 _LIVE = frozenset({_T.STARTING, _T.RUNNING})
 TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     _T.PENDING: frozenset({_T.STARTING, _T.FAILED, _T.PENDING}),
-    _T.STARTING: frozenset({_T.RUNNING, _T.SUCCEEDED, _T.FAILED, _T.STOPPED}),
-    _T.RUNNING: frozenset({_T.SUCCEEDED, _T.FAILED, _T.STOPPED}),
+    _T.STARTING: frozenset({_T.RUNNING, _T.SUCCEEDED, _T.FAILED, _T.STOPPING}),
+    _T.RUNNING: frozenset({_T.SUCCEEDED, _T.FAILED, _T.STOPPING}),
+    _T.STOPPING: frozenset({_T.STOPPED}),
     _T.SUCCEEDED: frozenset({_T.PENDING}),
     _T.FAILED: frozenset({_T.PENDING}),
     _T.STOPPED: frozenset({_T.PENDING}),
@@ -156,6 +165,44 @@ def exit_state(rc: int, torn_down_ok: bool, role: Role, rules: StrategyRules) ->
     is a success."""
     lost = (rc != 0 and not torn_down_ok) or serving(role, rules)
     return TaskState.FAILED if lost else TaskState.SUCCEEDED
+
+
+def busy_cpu(role: Role, rules: StrategyRules) -> float:
+    """The CPU (percent of one core) a task's usage must say to count as a sign of work: a
+    training task's IDLE_CPU (one blocked in a collective reads 0.0), a sidecar's
+    SIDECAR_BUSY_CPU (one waiting for a checkpoint polls, and uses about none)."""
+    return IDLE_CPU if training(role, rules) else SIDECAR_BUSY_CPU
+
+
+# ---- how an exit is told ----------------------------------------------------------------
+# The backends report facts: an exit code (-N: signal N; its words are launch.describe_exit)
+# and, where the code says less, a lost contact (`lost contact with lab2: ...`). Which words
+# a user reads is decided here, once: task_exited, task_stopped, a loss's reason, the tables.
+TORN_DOWN = "stopped in teardown"
+
+
+def exited_how(code: str, lost: str = "", torn_down: bool = False,
+               code_said: str | None = None) -> str:
+    """How an exit is told (task_exited's `how`, the tables' exit cell), from its `code` in
+    words and a `lost` contact: a task stopped in its teardown is TORN_DOWN, after the status
+    its code said (`code_said`) where that was not a success; else a lost contact, else its
+    code."""
+    if torn_down:
+        return f"{code_said} ({TORN_DOWN})" if code_said else TORN_DOWN
+    return lost or code
+
+
+def stopped_how(code: str, lost: str = "", code_said: str | None = None, note: str = "") -> str:
+    """How a task we stopped ended (task_stopped's `how`): a lost contact, else its code; one
+    whose code had ended with a status of its own (`code_said`, its `exiting` marker) and
+    waited in its teardown is told by that status first, with why a 42 was no preemption."""
+    how = lost or code
+    return f"{code_said}{note}, then stopped in its teardown ({how})" if code_said else how
+
+
+def lost_why(name: str, code: str, lost: str = "", note: str = "") -> str:
+    """A lost task's reason (the restart line, the job's failure)."""
+    return f"{name} {lost}" if lost else f"{name} exited with {code}{note}"
 
 
 def restarts_left(role: Role, policy: Policy, rules: StrategyRules, task_restarts: int,

@@ -3,7 +3,7 @@ summary, `tfo status`), from the same rows.
 
     view = LiveView(writer, fd)              # writer: the run's ConsoleWriter
     echo = console_echo(writer.write, verbose, seen=view.seen)  # each task's last line
-    Supervisor(plan, start=..., echo=echo, watch=view)  # view(supervisor) once a second
+    Supervisor(plan, start=..., echo=echo, watch=view)  # view(supervisor.job) once a second
     view.close()                             # erases the table; the summary follows
 
     rows_from_events(events)                 # tfo status: the rows a finished run ended with
@@ -21,16 +21,18 @@ import io
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.console import ConsoleWriter, printable
-from orchestrator.launch import TORN_DOWN, describe_exit
+from orchestrator.decide import exited_how
+from orchestrator.launch import describe_exit
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from orchestrator.supervise import Supervisor, TaskOutcome, TaskRecord
+    from orchestrator.job import Job
+    from orchestrator.records import TaskOutcome, TaskRecord
 
 DUMB_TERMS = ("dumb", "unknown")
 
@@ -38,6 +40,21 @@ DUMB_TERMS = ("dumb", "unknown")
 def is_live_terminal(fd: int) -> bool:
     """A terminal that can redraw: not a pipe or file (CI, `| tee`), not TERM=dumb."""
     return os.isatty(fd) and os.environ.get("TERM", "") not in DUMB_TERMS
+
+
+@dataclass(frozen=True)
+class Trained:
+    """How far a task's training got, as its last progress marker says."""
+
+    epoch: int | None = None  # 0-based, as the progress marker has it
+    epochs: int | None = None
+    step: int | None = None  # steps this attempt
+    step_in_epoch: int | None = None
+    steps: int | None = None  # per epoch
+    loss: float | None = None
+
+
+TRAINED = ("epoch", "epochs", "step", "step_in_epoch", "steps", "loss")
 
 
 @dataclass(frozen=True)
@@ -52,13 +69,8 @@ class Row:
     uptime: float | None = None  # seconds this attempt has run
     cpu: float | None = None  # percent of one core (the wrapper's `usage` marker)
     rss: int | None = None  # bytes
-    epoch: int | None = None  # 0-based, as the progress marker has it
-    epochs: int | None = None
-    step: int | None = None  # steps this attempt
-    step_in_epoch: int | None = None
-    steps: int | None = None  # per epoch
+    trained: Trained = field(default_factory=lambda: Trained())  # its last progress
     steps_per_second: float | None = None
-    loss: float | None = None
     exit: int | None = None
     torn_down: bool = False  # stopped in its teardown after its peers left: a success
     exit_reason: str = ""  # how it ended where the exit code says less (a lab host lost)
@@ -68,8 +80,7 @@ class Row:
 def _progress(progress: Any) -> dict[str, Any]:
     if progress is None:
         return {}
-    return {k: getattr(progress, k) for k in
-            ("epoch", "epochs", "step", "step_in_epoch", "steps", "loss")}
+    return {"trained": Trained(**{k: getattr(progress, k) for k in TRAINED})}
 
 
 def row_from_record(rec: TaskRecord, now: float, last: str | None = None) -> Row:
@@ -114,13 +125,11 @@ def rows_from_events(events: Iterable[dict[str, Any]]) -> list[Row]:
             t["last"] = kind
         if kind == "task_started":
             t.update(pid=_int(e.get("pid")), host=str(e.get("host") or "-"), state="starting",
-                     exit=None, exit_reason="", **dict.fromkeys((
-                         "epoch", "epochs", "step", "step_in_epoch", "steps", "loss")))
+                     exit=None, exit_reason="", trained=Trained())
         elif kind == "task_ready":
             t["state"] = "running"
         elif kind == "task_progress":
-            t.update({k: _number(e.get(k)) for k in
-                      ("epoch", "epochs", "step", "step_in_epoch", "steps", "loss")})
+            t["trained"] = Trained(**{k: _number(e.get(k)) for k in TRAINED})
         elif kind == "task_restarted":
             t.update(restarts=_int(e.get("restarts")) or 0, state="pending")
         elif kind in ("task_exited", "task_stopped"):
@@ -171,15 +180,17 @@ def _bytes(n: int | None) -> str:
 
 
 def _epoch(r: Row) -> str:
-    if r.epoch is None:
+    t = r.trained
+    if t.epoch is None:
         return "-"
-    return f"{r.epoch + 1}/{r.epochs}" if r.epochs else str(r.epoch + 1)
+    return f"{t.epoch + 1}/{t.epochs}" if t.epochs else str(t.epoch + 1)
 
 
 def _step(r: Row) -> str:
-    if r.step_in_epoch is not None and r.steps:
-        return f"{r.step_in_epoch}/{r.steps}"
-    return _dash(r.step)
+    t = r.trained
+    if t.step_in_epoch is not None and t.steps:
+        return f"{t.step_in_epoch}/{t.steps}"
+    return _dash(t.step)
 
 
 CELLS: dict[str, Any] = {
@@ -194,9 +205,9 @@ CELLS: dict[str, Any] = {
     "epoch": _epoch,
     "step": _step,
     "steps/s": lambda r: "-" if r.steps_per_second is None else f"{r.steps_per_second:.1f}",
-    "loss": lambda r: "-" if r.loss is None else f"{r.loss:.4g}",
-    "exit": lambda r: "-" if r.exit is None else TORN_DOWN if r.torn_down
-    else r.exit_reason or describe_exit(r.exit),
+    "loss": lambda r: "-" if r.trained.loss is None else f"{r.trained.loss:.4g}",
+    "exit": lambda r: "-" if r.exit is None
+    else exited_how(describe_exit(r.exit), r.exit_reason, r.torn_down),
     "last line": lambda r: r.last or "-",
     "last event": lambda r: r.last or "-",
 }
@@ -280,12 +291,12 @@ class LiveView:
     def seen(self, task: str, line: str) -> None:
         self._last[task] = line
 
-    def __call__(self, sup: Supervisor) -> None:
+    def __call__(self, job: Job) -> None:
         now = time.monotonic()
         rows = [row_from_record(rec, now, self._last.get(rec.name, ""))
-                for rec in sup.records.values()]
-        title = (f"{sup.plan.run_id}: {sup.state.value}, {duration(now - self._t0)}, "
-                 f"restarts {sup.restarts}/{sup.policy.max_restarts}")
+                for rec in job.records.values()]
+        title = (f"{job.plan.run_id}: {job.state.value}, {duration(now - self._t0)}, "
+                 f"restarts {job.restarts}/{job.policy.max_restarts}")
         self._writer.set_footer(lambda: self._render(rows, title))
 
     def _render(self, rows: list[Row], title: str) -> str:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from orchestrator.launch.preflight import HostCheck
     from orchestrator.plan import Plan
-    from orchestrator.supervise import RunResult
+    from orchestrator.records import RunResult
 
 
 def _console(stderr: bool) -> Console:
@@ -121,7 +121,9 @@ def print_summary(result: RunResult) -> None:
     if result.failed_task:
         failed = next(t for t in result.tasks if t.name == result.failed_task)
         # No exit code: it never started (its start failed), so it cannot be "still running".
-        how = failed.exit_reason or describe_exit(failed.returncode) \
+        from orchestrator.decide import exited_how
+
+        how = exited_how(describe_exit(failed.returncode), failed.exit_reason) \
             if failed.returncode is not None else "could not start"
         err.print(labeled(f"{failed.name} failed: {how};", "bold red",
                            f"last lines of {failed.log_path}:"), soft_wrap=True)
@@ -147,7 +149,7 @@ def _last_lines(task: str, log_path: str, n: int) -> list[str]:
     """The end of a task's log as the console showed it: no markers, no TensorFlow chatter,
     escaped (a task's output is untrusted)."""
     from orchestrator.markers import is_marker
-    from orchestrator.supervise import tail
+    from orchestrator.records import tail
 
     chatter = ChatterFilter()
     shown = [printable(line) for line in tail(log_path, 50 * n)

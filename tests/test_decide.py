@@ -73,6 +73,49 @@ def test_exit_state(rules, role, rc, torn_down_ok, state):
     assert decide.exit_state(rc, torn_down_ok, role, rules) is state
 
 
+LOST = "lost contact with lab2: the connection dropped"
+
+
+@pytest.mark.parametrize("code, lost, torn_down, code_said, how", [
+    ("exit code 0", "", False, None, "exit code 0"),
+    ("signal SIGKILL", "", False, None, "signal SIGKILL"),
+    ("exit code 255", LOST, False, None, LOST),  # the lost contact says more than 255
+    ("signal SIGKILL", "", True, None, "stopped in teardown"),  # its code ended well
+    ("exit code 42", "", True, "exit code 42", "exit code 42 (stopped in teardown)"),
+    ("exit code 3", LOST, True, "exit code 3", "exit code 3 (stopped in teardown)")])
+def test_how_an_exit_is_told(code, lost, torn_down, code_said, how):
+    assert decide.exited_how(code, lost, torn_down, code_said) == how
+
+
+@pytest.mark.parametrize("code, lost, code_said, note, how", [
+    ("signal SIGTERM", "", None, "", "signal SIGTERM"),
+    ("exit code 255", LOST, None, "", LOST),
+    ("signal SIGKILL", "", "exit code 0", "", "exit code 0, then stopped in its teardown "
+     "(signal SIGKILL)"),
+    ("signal SIGTERM", "", "exit code 42", " (by itself)", "exit code 42 (by itself), then "
+     "stopped in its teardown (signal SIGTERM)")])
+def test_how_a_stopped_task_is_told(code, lost, code_said, note, how):
+    assert decide.stopped_how(code, lost, code_said, note) == how
+
+
+@pytest.mark.parametrize("code, lost, note, why", [
+    ("signal SIGKILL", "", "", "worker:1 exited with signal SIGKILL"),
+    ("exit code 42", "", " (by itself)", "worker:1 exited with exit code 42 (by itself)"),
+    ("exit code 255", LOST, "", f"worker:1 {LOST}")])
+def test_a_loss_s_reason(code, lost, note, why):
+    assert decide.lost_why("worker:1", code, lost, note) == why
+
+
+@pytest.mark.parametrize("rules, role, cpu, busy", [
+    (MWMS, W, 2.0, True), (MWMS, W, 1.9, False),  # a worker blocked in a collective: 0.0
+    (MWMS, E, 5.0, False), (MWMS, E, 10.0, True),  # a SidecarEvaluator polling: about none
+    (PS_RULES, P, 2.0, True), (PS_RULES, E, 9.9, False)])
+def test_a_sign_of_work_is_one_rule_with_a_sidecar_s_bar_higher(rules, role, cpu, busy):
+    """One notion of a sign of work (the stalls, the startup limit, a sidecar's idleness once
+    training is done): the CPU a usage must say, per role."""
+    assert (cpu >= decide.busy_cpu(role, rules)) is busy
+
+
 @pytest.mark.parametrize("role, task_restarts, job_restarts, left", [
     (W, 0, 0, True), (W, 0, 1, True), (W, 5, 2, False),  # the job's budget, not the task's
     (E, 0, 2, True), (E, 1, 9, True), (E, 2, 0, False)])  # a sidecar's own
@@ -227,14 +270,23 @@ def test_stall_rule(seconds, rule):
                                      stall_min_seconds=60.0)) == rule
 
 
-def test_the_loop_reads_no_policy_or_strategy_rule():
-    """supervise.py hands `policy` and `rules` to decide.py, and reads neither itself: no
-    `.policy.x`, `.rules.x` or `policy[role]` there."""
-    tree = ast.parse((REPO / "orchestrator" / "supervise.py").read_text())
+# The loop: supervise.py and the modules it carries decide's answers out through.
+LOOP = ("supervise", "job", "intake", "exits", "stopping", "stacks", "starts", "checks")
+
+
+@pytest.mark.parametrize("module", LOOP)
+def test_the_loop_reads_no_policy_or_strategy_rule_and_never_sleeps(module):
+    """The loop hands `policy` and `rules` to decide.py, and reads neither itself: no
+    `.policy.x`, `.rules.x` or `policy[role]` there. And every timed wait is a deadline it
+    wakes for: no `sleep` is called anywhere in it."""
+    tree = ast.parse((REPO / "orchestrator" / f"{module}.py").read_text())
     reads = [f"line {n.lineno}: {ast.unparse(n)}" for n in ast.walk(tree)
              if isinstance(n, ast.Attribute | ast.Subscript)
              and isinstance(n.value, ast.Attribute) and n.value.attr in ("policy", "rules")]
     assert reads == []
+    sleeps = [f"line {n.lineno}: {ast.unparse(n)}" for n in ast.walk(tree)
+              if isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] == "sleep"]
+    assert sleeps == []
 
 
 def test_spares_follow_the_restart_budget():

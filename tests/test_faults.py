@@ -19,6 +19,7 @@ import pytest
 
 from orchestrator.spec import RestartPolicy
 from orchestrator.supervise import restart_allowed
+from tests import golden
 from tests.conftest import (
     FIXED_PORTS,
     REPO,
@@ -34,6 +35,18 @@ from tests.conftest import (
 )
 
 pytestmark = [FIXED_PORTS]  # see tests/conftest.py
+
+
+@pytest.fixture(autouse=True)
+def golden_events(request, tmp_path):
+    """What the supervisor decided in each scenario (its starts, exits, stops, restarts, the
+    job's end; not the epochs a real job prints, which depend on the load) stays as recorded
+    in tests/data/golden/faults/ (tests/golden.py). Checked after the test's own assertions."""
+    yield
+    runs = [[json.loads(line) for line in p.read_text().splitlines()]
+            for p in sorted(tmp_path.rglob("events.jsonl"))]
+    if runs:
+        golden.check("faults", request.node.nodeid, runs, tmp_path, decisions_only=True)
 
 MWMS = """\
 name: faults

@@ -20,7 +20,15 @@ from pathlib import Path
 import pytest
 
 from orchestrator.console import ConsoleWriter, console_echo, printable
-from orchestrator.liveview import FINAL, LIVE, Row, render, rows_from_events, table
+from orchestrator.liveview import (
+    FINAL,
+    LIVE,
+    Row,
+    Trained,
+    render,
+    rows_from_events,
+    table,
+)
 from tests.conftest import ENDED, REPO, kill_tree, run_processes, run_tfo, tfo_cmd
 
 SCRIPT = REPO / "tests" / "scripts" / "live_progress.py"
@@ -294,9 +302,10 @@ def test_rows_from_events_take_each_task_s_last_attempt():
 
 
 def test_cells_are_text_never_markup_or_escapes():
-    row = Row(task="worker:0", state="running", cpu=153.4, rss=3 << 30, epoch=0, epochs=2,
-              step=7, step_in_epoch=3, steps=10, steps_per_second=12.345, loss=0.123456,
-              uptime=3725, last="\x1b]52;c;aGk=\x07 [red]x[/] \x1b[2J")
+    row = Row(task="worker:0", state="running", cpu=153.4, rss=3 << 30,
+              trained=Trained(epoch=0, epochs=2, step=7, step_in_epoch=3, steps=10,
+                              loss=0.123456), steps_per_second=12.345, uptime=3725,
+              last="\x1b]52;c;aGk=\x07 [red]x[/] \x1b[2J")
     text = render(table([row], LIVE), width=200)
     assert "\x1b" not in text and "\x07" not in text
     assert "\\x1b]52;c;aGk=\\x07 [red]x[/] \\x1b[2J" in text

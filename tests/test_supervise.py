@@ -10,6 +10,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,11 +63,39 @@ class Script:
         return self.attempts[min(n, len(self.attempts) - 1)] if self.attempts else (0, 0, True)
 
 
+class FakeClock:
+    """The loop's time in a scripted run: it moves only when the loop waits (FakeWaiter),
+    by exactly what the loop asked to wait, so what a test asserts of durations is what
+    the loop decided, however loaded the machine (honcho's tests' fake clock)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeWaiter:
+    """wakeup.Waiter for scripted handles (no exit fds): each wait moves the clock on."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+
+    def watch(self, fds: set[int]) -> None:
+        assert not fds, "a fake clock's run has no exit fds to poll"
+
+    def wait(self, seconds: float, output: bool = True) -> tuple[set[int], bool]:
+        self.clock.now += max(0.0, seconds)
+        return set(), False
+
+
 class FakeHandle:
-    def __init__(self, task: TaskPlan, attempt: int, script: Script) -> None:
+    def __init__(self, task: TaskPlan, attempt: int, script: Script,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.task, self.attempt = task, attempt
         self.code, self.after, ready = script.for_attempt(attempt)
-        self._t0 = time.monotonic()
+        self._clock = clock
+        self._t0 = clock()
         self._lines = [READY] if ready else ["booting"]
         self._timed = sorted(script.output.get(attempt, []))
         self._stacks = script.stacks
@@ -75,7 +104,7 @@ class FakeHandle:
 
     def poll(self) -> int | None:
         if self._rc is None and self.code is not None and \
-                time.monotonic() - self._t0 >= self.after:
+                self._clock() - self._t0 >= self.after:
             self._rc = self.code
         return self._rc
 
@@ -89,7 +118,7 @@ class FakeHandle:
         self._lines += self._stacks
 
     def lines(self) -> list[str]:
-        now = time.monotonic() - self._t0
+        now = self._clock() - self._t0
         while self._timed and self._timed[0][0] <= now and self._rc is None:
             self._lines.append(self._timed.pop(0)[1])
         out, self._lines = self._lines, []
@@ -108,16 +137,17 @@ def planned(tmp_path: Path, spec: dict) -> Plan:
 
 def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script],
               spares: list[tuple[str, int]] | None = None, echo=None,
-              timing: Timing | None = None):
+              timing: Timing | None = None, clock: FakeClock | None = None):
     """Run the scripted tasks. `spares`: warm spares are on, and each one asked for is
     appended there; a start that finds its (task, attempt) among them is `warm`. `echo`:
-    what tfo prints, (task, line)."""
+    what tfo prints, (task, line). `clock`: the loop and the tasks on a fake clock."""
     plan = planned(tmp_path, spec)
     started: list[tuple[str, int]] = []
 
     def start(task: TaskPlan, attempt: int) -> FakeHandle:
         started.append((task.name, attempt))
-        handle = FakeHandle(task, attempt, scripts.get(task.name, Script()))
+        handle = FakeHandle(task, attempt, scripts.get(task.name, Script()),
+                            clock or time.monotonic)
         handle.warm = spares is not None and (task.name, attempt) in spares
         return handle
 
@@ -127,7 +157,8 @@ def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script],
         return 2000 + attempt
 
     sup = Supervisor(plan, start=start, echo=echo or (lambda task, line: None),
-                     standby=standby if spares is not None else None, timing=timing)
+                     standby=standby if spares is not None else None, timing=timing,
+                     clock=clock, waiter=FakeWaiter(clock) if clock else None)
     result = sup.run()
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     return result, started, events
@@ -164,6 +195,52 @@ def test_started_is_called_once_every_task_was_started(tmp_path):
     result = sup.run(started=lambda: seen.append(sorted(started)))
     assert result.state is JobState.SUCCEEDED
     assert seen == [["worker:0", "worker:1"]]
+
+
+class Stubborn(FakeHandle):
+    """A task that outlives its SIGTERM (TensorFlow's C++ runtime swallows it)."""
+
+    termed_at: float | None = None
+    killed_at: float | None = None
+
+    def terminate(self) -> None:
+        self.termed_at = self._clock()
+
+    def kill(self) -> None:
+        self.killed_at = self._clock()
+        super().kill()
+
+
+@pytest.mark.timeout(20)
+def test_a_task_that_outlives_its_sigterm_is_stopping_until_its_kill_deadline(tmp_path):
+    """worker:1 fails and worker:0 ignores its SIGTERM: worker:0 is STOPPING, the loop goes on
+    meanwhile (the live view is drawn) and wakes at the kill deadline, grace_seconds after
+    the SIGTERM, to SIGKILL it; then the group restarts."""
+    data = spec(max_restarts=1)
+    data["timeouts"] = {**data["timeouts"], "grace_seconds": 3.0}
+    clock = FakeClock()
+    scripts = {"worker:0": Script([(None, 0, True), (0, 0.1, True)]),
+               "worker:1": Script([(3, 0.2, True), (0, 0.1, True)])}
+    handles: list[FakeHandle] = []
+
+    def start(task: TaskPlan, attempt: int) -> FakeHandle:
+        kind = Stubborn if (task.name, attempt) == ("worker:0", 0) else FakeHandle
+        handles.append(kind(task, attempt, scripts[task.name], clock))
+        return handles[-1]
+
+    seen: list[TaskState] = []
+    result = Supervisor(planned(tmp_path, data), start=start, echo=lambda task, line: None,
+                        watch=lambda job: seen.append(job.records["worker:0"].state),
+                        clock=clock, waiter=FakeWaiter(clock)).run()
+    assert result.state is JobState.SUCCEEDED and result.restarts == 1
+    stubborn = handles[0]
+    assert isinstance(stubborn, Stubborn) and stubborn.termed_at and stubborn.killed_at
+    assert 3.0 <= stubborn.killed_at - stubborn.termed_at < 3.1
+    assert TaskState.STOPPING in seen  # the loop went on while it was stopping
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    killed = [e for e in events if e["event"] == "task_killed"]
+    assert [(e["task"], e["reason"]) for e in killed] == [
+        ("worker:0", "still running 3 s after SIGTERM")]
 
 
 @pytest.mark.timeout(20)
@@ -381,7 +458,7 @@ def test_an_illegal_transition_in_the_loop_fails_the_run_and_tears_down(tmp_path
         return handles[-1]
 
     sup = Supervisor(plan, start=start, echo=lambda task, line: None)
-    sup._check_success = lambda: sup._set(sup.records["worker:0"], TaskState.PENDING)
+    sup.checks.success = lambda: sup.job.set(sup.job.records["worker:0"], TaskState.PENDING)
     result = sup.run()
     assert result.state is JobState.FAILED and "→ pending is not drawn" in result.reason
     assert (tmp_path / "run" / "supervisor-error.log").exists()
@@ -535,15 +612,26 @@ def test_auto_waits_a_multiple_of_the_longest_step(tmp_path):
     scripts = {n: Script([(None, 0, True)], {0: steps(2.5)}) for n in ("worker:0", "worker:1")}
     s = stall_spec(None, max_restarts=0)
     s["timeouts"].update(stall_seconds="auto", stall_min_seconds=0.5)
-    result, _, events = supervise(tmp_path, s, scripts)
+    clock, asked = FakeClock(), []  # the loop's time, and when (after its start) each was asked
+
+    class Asked(FakeHandle):  # its stacks are asked for at the moment its stall is found
+        def request_stacks(self) -> None:
+            asked.append(self._clock() - self._t0)
+            super().request_stacks()
+
+    result = Supervisor(planned(tmp_path, s), clock=clock, waiter=FakeWaiter(clock),
+                        start=lambda task, attempt: Asked(task, attempt, scripts[task.name],
+                                                          clock),
+                        echo=lambda task, line: None).run()
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert result.state is JobState.FAILED
     stalled = next(e for e in events if e["event"] == "task_stalled")
     limit = float(re.fullmatch(r"auto: ([\d.]+) s", stalled["stall_seconds"])[1])
-    assert 1.0 <= limit <= 1.6, stalled  # 10 x 0.1 s, and what a busy machine adds to a wait
+    assert 1.0 <= limit <= 1.6, stalled  # 10 x 0.1 s, and what the loop's rounds add to a wait
     assert re.match(rf"stalled \(auto: {limit:g} s\): worker:0 no progress for [\d.]+ s "
                     r"\(step 25\)", result.reason), result.reason
-    last = max(e["time"] for e in events if e["event"] == "task_progress")
-    assert limit <= stalled["time"] - last < limit + 0.5
+    last = 2.5  # its last step, after its start
+    assert asked and limit <= asked[0] - last < limit + 0.5
 
 
 @pytest.mark.timeout(20)
@@ -771,10 +859,12 @@ def test_a_task_left_in_its_teardown_by_a_gone_peer_is_stopped_and_succeeds(tmp_
     said = {0: [(0.1, DONE), (0.2, EXITING)]}
     scripts = {"worker:0": Script([(0, 0.4, True)], said),
                "worker:1": Script([(None, 0, True)], said)}
-    t0 = time.monotonic()
-    result, _, events = supervise(tmp_path, spec(), scripts, timing=Timing(teardown_grace=0.5))
+    clock = FakeClock()
+    t0 = clock()
+    result, _, events = supervise(tmp_path, spec(), scripts, timing=Timing(teardown_grace=0.5),
+                                  clock=clock)
     assert result.state is JobState.SUCCEEDED and result.restarts == 0
-    assert time.monotonic() - t0 < 5
+    assert clock() - t0 < 5
     assert {t.name: t.state for t in result.tasks} == {"worker:0": TaskState.SUCCEEDED,
                                                       "worker:1": TaskState.SUCCEEDED}
     stopped = [e for e in events if e["event"] == "task_teardown_stopped"]
@@ -787,9 +877,11 @@ def test_a_task_still_in_its_code_is_waited_for(tmp_path):
     job waits for its own exit, however long after its peers."""
     scripts = {"worker:0": Script([(0, 0.1, True)], {0: [(0.05, DONE), (0.06, EXITING)]}),
                "worker:1": Script([(0, 1.2, True)], {0: [(0.05, DONE)]})}
-    t0 = time.monotonic()
-    result, _, events = supervise(tmp_path, spec(), scripts, timing=Timing(teardown_grace=0.2))
-    assert result.state is JobState.SUCCEEDED and time.monotonic() - t0 >= 1.2
+    clock = FakeClock()
+    t0 = clock()
+    result, _, events = supervise(tmp_path, spec(), scripts, timing=Timing(teardown_grace=0.2),
+                                  clock=clock)
+    assert result.state is JobState.SUCCEEDED and clock() - t0 >= 1.2
     assert not [e for e in events if e["event"] == "task_teardown_stopped"]
 
 
@@ -799,9 +891,11 @@ def test_tasks_that_all_wait_in_their_teardown_are_all_stopped(tmp_path):
     (measured: 10 s): all are stopped TEARDOWN_GRACE_SECONDS after the last got there."""
     scripts = {"worker:0": Script([(None, 0, True)], {0: [(0.1, DONE), (0.2, EXITING)]}),
                "worker:1": Script([(None, 0, True)], {0: [(0.1, DONE), (0.4, EXITING)]})}
-    t0 = time.monotonic()
-    result, _, events = supervise(tmp_path, spec(), scripts, timing=Timing(teardown_grace=0.5))
-    assert result.state is JobState.SUCCEEDED and time.monotonic() - t0 < 5
+    clock = FakeClock()
+    t0 = clock()
+    result, _, events = supervise(tmp_path, spec(), scripts, timing=Timing(teardown_grace=0.5),
+                                  clock=clock)
+    assert result.state is JobState.SUCCEEDED and clock() - t0 < 5
     stopped = {e["task"]: e["waited"] for e in events if e["event"] == "task_teardown_stopped"}
     assert set(stopped) == {"worker:0", "worker:1"} and min(stopped.values()) >= 0.5
 
@@ -892,10 +986,11 @@ def test_an_evaluator_that_never_exits_is_stopped_once_idle(tmp_path, job, outpu
     scripts = {"worker:0": Script([(0, 0.3, True)]),
                "evaluator:0": Script([(None, 0, True)], output={0: output})}
     said: list[str] = []
-    t0 = time.monotonic()
-    result, _, ev = supervise(tmp_path, data, scripts,
+    clock = FakeClock()
+    t0 = clock()
+    result, _, ev = supervise(tmp_path, data, scripts, clock=clock,
                               echo=lambda task, line: said.append(line) if task == "tfo" else None)
-    took = time.monotonic() - t0
+    took = clock() - t0
     assert result.state is JobState.SUCCEEDED and least <= took <= most, took
     assert said[0] == "worker:0 finished"
     finishing = next(e for e in ev if e["event"] == "job_finishing")

@@ -1,0 +1,102 @@
+"""What the tasks print, taken in: each handle's lines (its reader already wrote them to
+the log) are markers, which change the task's attempt and are written as events, or
+ordinary lines, which go to the console. Output is untrusted: a line that only looks like
+a marker is an ordinary line."""
+
+from __future__ import annotations
+
+from orchestrator import decide
+from orchestrator.decide import TaskState
+from orchestrator.job import Job
+from orchestrator.markers import (
+    BadMarker,
+    Evaluated,
+    Exiting,
+    FirstStep,
+    Progress,
+    SigTerm,
+    Usage,
+    read_marker,
+)
+from orchestrator.records import TaskRecord
+from orchestrator.stall import paced
+from worker_entry import markers
+
+
+class Intake:
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    def pump(self) -> None:
+        for rec in self.job.records.values():
+            if rec.handle is not None and (lines := rec.handle.lines()):
+                self.consume(rec, lines)
+
+    def collect(self, rec: TaskRecord, rc: int | None) -> None:
+        """An exit: the handle's last lines, then its code and what it says of how it ended."""
+        assert rec.handle is not None
+        self.consume(rec, rec.handle.close())  # the handle also removes the task's temp dir
+        rec.current.returncode = rc
+        rec.current.exit_reason = getattr(rec.handle, "exit_reason", None) or ""
+
+    def consume(self, rec: TaskRecord, lines: list[str]) -> None:
+        job = self.job
+        for line in lines:
+            own = {"attempt": rec.attempt, "pid": rec.pid}
+            try:
+                marker = read_marker(line)
+            except BadMarker as e:
+                job.events.write("task_bad_marker", rec.name, **own, error=str(e))
+                marker = None
+            if isinstance(marker, Usage):  # every few seconds per task: state, not an event
+                self._measured(rec, marker)
+                continue
+            rec.current.work.busy_at = job.clock()  # a sign of work (stalls, startup, sidecars)
+            if marker is None:
+                rec.last_line = line
+                if rec.stack_lines is not None:
+                    rec.stack_lines.append(line)
+                job.echo(rec.name, line)
+                continue
+            rec.current.last_marker = marker.event
+            if isinstance(marker, SigTerm):
+                rec.current.sigterm = True
+            rec.current.done = rec.current.done or marker.event == markers.DONE
+            if isinstance(marker, Exiting):
+                rec.current.exiting_at, rec.current.exiting_code = job.clock(), marker.code
+            if isinstance(marker, Progress):
+                self._progressed(rec, marker)
+            if marker.event == markers.READY and rec.state is TaskState.STARTING:
+                self._up(rec)
+            elif isinstance(marker, Evaluated):
+                job.evaluation = {"epoch": marker.epoch, "metrics": marker.metrics}
+            job.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})
+            if isinstance(marker, Progress | FirstStep) and rec.state is TaskState.STARTING:
+                # It trains, so it is up: a one-process script (MirroredStrategy, the
+                # default strategy) opens no port for its wrapper to see.
+                self._up(rec)
+                job.events.write("task_ready", rec.name, **own, what="training", by="step")
+
+    def _up(self, rec: TaskRecord) -> None:
+        self.job.set(rec, TaskState.RUNNING)
+        rec.current.running_at = self.job.clock()
+
+    def _measured(self, rec: TaskRecord, marker: Usage) -> None:
+        work = rec.current.work
+        work.usage, work.usage_at = marker, self.job.clock()
+        if marker.cpu >= decide.busy_cpu(rec.role, self.job.rules):
+            work.busy_at = work.usage_at
+        if not marker.stopped:
+            work.stopped_since = None
+        elif work.stopped_since is None:
+            work.stopped_since = work.usage_at
+
+    def _progressed(self, rec: TaskRecord, marker: Progress) -> None:
+        work = rec.current.work
+        now, before, moved_at = self.job.clock(), work.progress, work.pace.moved_at
+        if before is not None and marker.step > before.step and moved_at is not None \
+                and now > moved_at:
+            work.steps_per_second = (marker.step - before.step) / (now - moved_at)
+        work.pace = paced(work.pace, now, marker.step, marker.epoch, marker.step_in_epoch,
+                          marker.steps, marker.epochs)
+        work.progress = marker
