@@ -95,14 +95,14 @@ class Group:
     lost: frozenset[str] = frozenset()
     resizes: int = 0
 
-    def hosts(self, places: Sequence[Place]) -> list[str]:
-        return [places[s].host for s in self.members]
+
+def _most(elastic: ElasticSpec, places: Sequence[Place]) -> int:
+    return elastic.max_workers if elastic.max_workers is not None else len(places)
 
 
 def first_group(elastic: ElasticSpec, places: Sequence[Place]) -> Group:
     """The group a run starts with: the first max_workers places listed."""
-    most = elastic.max_workers if elastic.max_workers is not None else len(places)
-    return Group(members=tuple(p.slot for p in places[:most]))
+    return Group(members=tuple(p.slot for p in places[:_most(elastic, places)]))
 
 
 def to_probe(places: Sequence[Place], group: Group) -> list[str]:
@@ -137,10 +137,6 @@ class NoResize:
 Decision = Resize | NoResize
 
 
-def _most(elastic: ElasticSpec, places: Sequence[Place]) -> int:
-    return elastic.max_workers if elastic.max_workers is not None else len(places)
-
-
 def _resize(places: Sequence[Place], old: Group, members: list[int], lost: frozenset[str],
             reason: str, hosts: Collection[str]) -> Resize:
     new = Group(members=tuple(members), lost=lost, resizes=old.resizes + 1)
@@ -161,7 +157,7 @@ def on_lost(elastic: ElasticSpec, places: Sequence[Place], group: Group,
     dropped = [s for s in group.members if places[s].host in lost]
     if not dropped:
         return NoResize(dataclasses.replace(group, lost=now_lost),
-                    f"{', '.join(sorted(lost))}: no worker of the group on it")
+                        f"{', '.join(sorted(lost))}: no worker of the group on it")
     what = "; ".join(f"{host} lost: {why.words(elastic)}" for host, why in sorted(lost.items())
                      if any(places[s].host == host for s in dropped))
     kept = [s for s in group.members if s not in dropped]
@@ -196,7 +192,7 @@ def on_answer(elastic: ElasticSpec, places: Sequence[Place], group: Group,
         return NoResize(dataclasses.replace(group, lost=still_lost), "no place to add")
     if room <= 0:
         return NoResize(dataclasses.replace(group, lost=still_lost),
-                    f"{len(group.members)} workers already (elastic.max_workers)")
+                        f"{len(group.members)} workers already (elastic.max_workers)")
     if group.resizes >= elastic.max_resizes:
         return NoResize(dataclasses.replace(group, lost=still_lost), (
             f"no resize left (elastic.max_resizes {elastic.max_resizes}): stays at "
