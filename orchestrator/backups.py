@@ -1,0 +1,73 @@
+"""A task's BackupAndRestore directory, read and filled by the coordinator (without
+TensorFlow): what an elastic resize needs (orchestrator/elastic.py decides, this acts).
+
+Every task keeps its own (TFO_BACKUP_DIR, worker_entry.context._TaskBackup), laid out as
+tf-keras lays out the chief's, which a tutorial script's `BackupAndRestore(backup_dir=…)`
+writes too:
+
+    BACKUP_DIR/chief/checkpoint                     # text: which backups there are
+    BACKUP_DIR/chief/ckpt-3.index                   # one backup: its save number, 3
+    BACKUP_DIR/chief/ckpt-3.data-00000-of-00001
+
+The save number is the Checkpoint's save counter: the same on every worker for the same
+backup (they save together), and carried by a copy.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+SUBDIR = "chief"  # tf-keras's name for the directory it keeps
+STATE = "checkpoint"  # tf.train.CheckpointManager's list of backups
+_PATHS = re.compile(r'^(?:all_)?model_checkpoint_paths?: "([^"]*)"', re.M)
+
+
+def held(backup_dir: str | Path) -> frozenset[int]:
+    """The save numbers of the complete backups in a task's backup directory: named by its
+    `checkpoint` file (paths relative or absolute, as the tasks write them) and with their
+    `.index` file there (written last)."""
+    directory = Path(backup_dir) / SUBDIR
+    try:
+        text = (directory / STATE).read_text(errors="replace")
+    except (FileNotFoundError, NotADirectoryError):
+        return frozenset()
+    found = set()
+    for path in _PATHS.findall(text):
+        name = os.path.basename(path)
+        number = name.rpartition("-")[2]
+        if name.startswith("ckpt-") and number.isdigit() and \
+                (directory / f"{name}.index").is_file():
+            found.add(int(number))
+    return frozenset(found)
+
+
+def copy_backup(source: str | Path, target: str | Path, save: int) -> None:
+    """Make `target` a backup directory holding backup `save`, copied from `source`'s: its
+    files, and a `checkpoint` file naming it by a relative path (a copied absolute one would
+    point back at the source). Built beside the target, which is replaced only once the copy
+    is whole. On this machine; raises OSError.
+
+    A lab host's (resize over SSH): the same steps run there, through the host's
+    connection: within one host `cp` into `chief.tfo-partial`, then the `checkpoint` file
+    and `mv`; from a peer host the files come over the lab's own network (the hosts reach
+    each other: their tasks talk gRPC) with `scp -r PEER:SOURCE …` on the target, or through
+    the coordinator (fabric `get`, then `put`) where the hosts hold no keys for each other."""
+    src, dst = Path(source) / SUBDIR, Path(target) / SUBDIR
+    files = sorted(p for p in src.glob(f"ckpt-{save}.*") if p.is_file())
+    if not any(p.name == f"ckpt-{save}.index" for p in files):
+        raise FileNotFoundError(f"{src}: no backup ckpt-{save} to copy")
+    partial = dst.with_name(f"{SUBDIR}.tfo-partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        for path in files:
+            shutil.copy2(path, partial / path.name)
+        (partial / STATE).write_text(f'model_checkpoint_path: "ckpt-{save}"\n'
+                                     f'all_model_checkpoint_paths: "ckpt-{save}"\n')
+        shutil.rmtree(dst, ignore_errors=True)
+        partial.rename(dst)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
