@@ -30,7 +30,7 @@ from enum import Enum
 from typing import Any
 
 from orchestrator.plan import Plan, make_plan, task_name
-from orchestrator.spec import SLURM, Address, ClusterSpec, ElasticSpec
+from orchestrator.spec import Address, ClusterSpec, ElasticSpec
 from worker_entry.markers import NUM_WORKERS_ENV, Role
 
 
@@ -81,7 +81,7 @@ def pool(spec: ClusterSpec, ports: Mapping[str, int],
     for slot, address in enumerate(spec.tasks.worker):
         name = task_name(Role.WORKER, slot)
         port = address.port if address.port is not None else ports[name]
-        node = (nodes or {}).get(name) if address.host == SLURM else None
+        node = (nodes or {}).get(name) if address.host == spec.scheduler else None
         places.append(Place(slot, node or address.host, port, node))
     return tuple(places)
 
@@ -210,11 +210,12 @@ def plan_for(plan: Plan, places: Sequence[Place], group: Group, **kwargs: Any) -
     task's env has TFO_NUM_WORKERS. `kwargs` go to make_plan (`python`, `gpus`: what the
     first plan was made with). The plan's spec stays the run's (the whole pool)."""
     spec = plan.spec
-    workers = [Address(host=SLURM if places[s].node else places[s].host, port=places[s].port)
-               for s in group.members]
+    workers = [Address(host=spec.scheduler if places[s].node and spec.scheduler else places[s].host,
+                       port=places[s].port) for s in group.members]
     sized = spec.model_copy(update={"tasks": spec.tasks.model_copy(update={"worker": workers})})
     others = [t for t in plan.tasks if t.role is not Role.WORKER]
-    nodes = {t.name: t.placement.host for t in others if t.placement.kind == SLURM}
+    nodes = {t.name: t.placement.host for t in others
+             if spec.scheduler and t.placement.kind == spec.scheduler}
     nodes |= {task_name(Role.WORKER, i): places[s].node for i, s in enumerate(group.members)
               if places[s].node}
     new = make_plan(sized, run_id=plan.run_id, run_dir=plan.run_dir, workdir=plan.workdir,
