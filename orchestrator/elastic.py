@@ -30,7 +30,7 @@ from enum import Enum
 from typing import Any
 
 from orchestrator.plan import Plan, make_plan, task_name
-from orchestrator.spec import Address, ClusterSpec, ElasticSpec
+from orchestrator.spec import LOCALHOST, Address, ClusterSpec, ElasticSpec
 from worker_entry.markers import NUM_WORKERS_ENV, Role
 
 
@@ -60,6 +60,24 @@ def lost_why(elastic: ElasticSpec, *, start_failed: bool = False, lifeline_cut: 
     return None
 
 
+def failures_in_row(before: int, trained: bool) -> int:
+    """A place's failures in a row, one more failed: a failure after its task's first step
+    starts a new row (it trained there, so the place worked); one before it adds to it."""
+    return 1 if trained else before + 1
+
+
+def probe_due(now: float, probed_at: float | None, elastic: ElasticSpec) -> bool:
+    """Time to ask the lost and spare hosts again (every probe_seconds)."""
+    return probed_at is None or now - probed_at >= elastic.probe_seconds
+
+
+def at_epoch_boundary(seen: int | None, epoch: int | None) -> bool:
+    """Worker 0's progress says a new epoch began since the loop last looked (`seen`: the
+    epoch it saw then): the backup of the one before is written, a graceful stop loses
+    at most the new epoch's first steps."""
+    return seen is not None and epoch is not None and epoch > seen
+
+
 @dataclass(frozen=True)
 class Place:
     """One listed worker place: `tasks.worker[slot]`, on `host` (a name under hosts:,
@@ -70,6 +88,12 @@ class Place:
     host: str
     port: int
     node: str | None = None  # a Slurm place's node (`host` is then the node too)
+
+    @property
+    def where(self) -> str:
+        """What is lost as a whole: its host; on this machine the place alone
+        (`localhost:PORT`): the coordinator's own machine is never lost, a place on it is."""
+        return f"{LOCALHOST}:{self.port}" if self.host == LOCALHOST else self.host
 
 
 def pool(spec: ClusterSpec, ports: Mapping[str, int],
@@ -108,8 +132,8 @@ def first_group(elastic: ElasticSpec, places: Sequence[Place]) -> Group:
 def to_probe(places: Sequence[Place], group: Group) -> list[str]:
     """The hosts to ask every probe_seconds whether they answer: lost ones, and those of
     places not in use."""
-    used = {places[s].host for s in group.members}
-    spare = [p.host for p in places if p.slot not in group.members and p.host not in used]
+    used = {places[s].where for s in group.members}
+    spare = [p.where for p in places if p.slot not in group.members and p.where not in used]
     return sorted(set(spare) | set(group.lost))
 
 
@@ -141,7 +165,7 @@ def _resize(places: Sequence[Place], old: Group, members: list[int], lost: froze
             reason: str, hosts: Collection[str]) -> Resize:
     new = Group(members=tuple(members), lost=lost, resizes=old.resizes + 1)
     if old.members and old.members[0] != members[0]:
-        reason += f"; worker 0 (the chief) is now on {places[members[0]].host}"
+        reason += f"; worker 0 (the chief) is now on {places[members[0]].where}"
     event = {"from": len(old.members), "to": len(members), "reason": reason,
              "hosts": sorted(set(hosts))}
     return Resize(new, event, f"{len(old.members)} → {len(members)} workers: {reason}")
@@ -154,15 +178,15 @@ def on_lost(elastic: ElasticSpec, places: Sequence[Place], group: Group,
     left). Spare places whose hosts answered the last probe (`answering`) fill in, up to
     max_workers. Below min_workers, or with max_resizes spent: the restart policy decides."""
     now_lost = group.lost | frozenset(lost)
-    dropped = [s for s in group.members if places[s].host in lost]
+    dropped = [s for s in group.members if places[s].where in lost]
     if not dropped:
         return NoResize(dataclasses.replace(group, lost=now_lost),
                         f"{', '.join(sorted(lost))}: no worker of the group on it")
     what = "; ".join(f"{host} lost: {why.words(elastic)}" for host, why in sorted(lost.items())
-                     if any(places[s].host == host for s in dropped))
+                     if any(places[s].where == host for s in dropped))
     kept = [s for s in group.members if s not in dropped]
     spares = [p.slot for p in places if p.slot not in group.members
-              and p.host in answering and p.host not in now_lost]
+              and p.where in answering and p.where not in now_lost]
     members = kept + spares[:max(0, _most(elastic, places) - len(kept))]
     if group.resizes >= elastic.max_resizes:
         return NoResize(dataclasses.replace(group, lost=now_lost), (
@@ -172,10 +196,10 @@ def on_lost(elastic: ElasticSpec, places: Sequence[Place], group: Group,
         return NoResize(dataclasses.replace(group, lost=now_lost), (
             f"{what}; {len(members)} worker(s) left, fewer than elastic.min_workers "
             f"{elastic.min_workers}: the restart policy decides"), follow_policy=True)
-    joined = [places[s].host for s in members if s not in kept]
+    joined = [places[s].where for s in members if s not in kept]
     if joined:
         what += f"; {', '.join(dict.fromkeys(joined))} takes its place"
-    left = {places[s].host for s in dropped}
+    left = {places[s].where for s in dropped}
     return _resize(places, group, members, now_lost, what, left | set(joined))
 
 
@@ -187,7 +211,7 @@ def on_answer(elastic: ElasticSpec, places: Sequence[Place], group: Group,
     back = frozenset(answering)
     still_lost = group.lost - back
     room = _most(elastic, places) - len(group.members)
-    joining = [p.slot for p in places if p.slot not in group.members and p.host in back]
+    joining = [p.slot for p in places if p.slot not in group.members and p.where in back]
     if not joining:
         return NoResize(dataclasses.replace(group, lost=still_lost), "no place to add")
     if room <= 0:
@@ -198,7 +222,7 @@ def on_answer(elastic: ElasticSpec, places: Sequence[Place], group: Group,
             f"no resize left (elastic.max_resizes {elastic.max_resizes}): stays at "
             f"{len(group.members)} workers"))
     joined = joining[:room]
-    hosts = list(dict.fromkeys(places[s].host for s in joined))
+    hosts = list(dict.fromkeys(places[s].where for s in joined))
     return _resize(places, group, [*group.members, *joined], still_lost,
                    f"{', '.join(hosts)} answered again", hosts)
 
@@ -282,5 +306,6 @@ def resume_from(wanted: Mapping[str, Dir], had: Mapping[str, Dir | None],
 
 
 __all__ = ["NUM_WORKERS_ENV", "Decision", "Group", "NoResize", "Place", "Resize",
-           "Resume", "Why", "backup_dirs", "first_group", "lost_why", "on_answer", "on_lost",
-           "plan_for", "pool", "previous_dirs", "resume_from", "to_probe"]
+           "Resume", "Why", "at_epoch_boundary", "backup_dirs", "failures_in_row",
+           "first_group", "lost_why", "on_answer", "on_lost", "plan_for", "pool",
+           "previous_dirs", "probe_due", "resume_from", "to_probe"]

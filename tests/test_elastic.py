@@ -375,10 +375,10 @@ def test_a_smaller_group_resumes_from_the_bigger_one_s_backup(tmp_path: Path) ->
     assert all("stopping at epoch 2" in out for out in outs), outs[0][-3000:]
     assert backups.held(backup) == {2}  # ckpt-2: after epochs 0 and 1
     shrunk = on_lost(spec.elastic, places, first_group(spec.elastic, places),
-                     {"localhost": Why.LIFELINE})
-    # One host holds them all here: losing it would leave nobody.
-    assert isinstance(shrunk, NoResize) and shrunk.follow_policy
-    two = plan_for(three, places, Group((0, 2), resizes=1))
+                     {places[1].where: Why.LIFELINE})
+    # On this machine a place is lost alone (localhost:PORT), not the machine.
+    assert isinstance(shrunk, Resize) and shrunk.group == Group((0, 2), resizes=1)
+    two = plan_for(three, places, shrunk.group)
     assert [t.port for t in two.tasks] == [places[0].port, places[2].port]
     # Restored from a copy, as a worker on a new index restores from its filled directory:
     # TensorFlow reads what copy_backup writes.
