@@ -1,6 +1,6 @@
 """Elastic multi_worker_mirrored jobs (issue 27): which places train, decided as pure functions
-of the group's state; no I/O, no clock. The loop (orchestrator/supervise.py) will carry the
-answers out: docs/architecture.md, "Elastic jobs", says where.
+of the group's state; no I/O, no clock. The loop carries the answers out
+(orchestrator/resizing.py; docs/architecture.md, "Elastic jobs").
 
     places = pool(spec, ports)                  # tasks.worker: every place a worker may take
     group = first_group(spec.elastic, places)   # the first max_workers of them
