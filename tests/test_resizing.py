@@ -134,6 +134,41 @@ def test_a_place_back_joins_at_the_next_epoch_boundary(tmp_path) -> None:
 
 
 @pytest.mark.timeout(20)
+def test_the_chief_s_place_lost_worker_0_moves_to_the_first_left(tmp_path) -> None:
+    """worker:0's place fails twice in a row: the group restarts as the places 2 and 3,
+    worker 0 (the chief) now at localhost:2, in a TF_CONFIG of 2."""
+    scripts = {"worker:0": Script([(3, 0.1, False), (3, 0.1, False), (0, 0.5, True)]),
+               "worker:1": Script([(None, 0, True), (None, 0, True), (0, 0.5, True)]),
+               "worker:2": Script([(None, 0, True)])}
+    result, started, events, _ = run_scripted(tmp_path, elastic_spec(probe_seconds=3600),
+                                              scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    resized = [e for e in events if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"], e["hosts"]) for e in resized] == [(3, 2, ["localhost:1"])]
+    assert "worker 0 (the chief) is now on localhost:2" in resized[0]["reason"]
+    tf_config = json.loads([env for n, a, env in started if (n, a) == ("worker:0", 2)][0][
+        "TF_CONFIG"])
+    assert tf_config["cluster"]["worker"] == ["localhost:2", "localhost:3"]
+    assert tf_config["task"] == {"type": "worker", "index": 0}
+
+
+@pytest.mark.timeout(20)
+def test_a_flapping_place_stops_at_max_resizes(tmp_path) -> None:
+    """max_resizes 2: lost (1), back at the next epoch (2), lost again: no resize left, the
+    restart policy decides, and its restarts run out."""
+    scripts = {"worker:0": Script([(None, 0, True)], output={
+                   n: epochs((0.2, 0), (3.0, 1)) for n in range(8)}),
+               "worker:1": Script([(None, 0, True)]),
+               "worker:2": Script([(3, 0.1, False)])}
+    result, _, events, lines = run_scripted(
+        tmp_path, elastic_spec(probe_seconds=1, max_resizes=2), scripts)
+    assert result.state is JobState.FAILED
+    assert [(e["from"], e["to"]) for e in events if e["event"] == "job_resized"] == [
+        (3, 2), (2, 3)]
+    assert any("no resize left (elastic.max_resizes 2)" in line for line in lines), lines
+
+
+@pytest.mark.timeout(20)
 def test_below_min_workers_the_restart_policy_decides(tmp_path) -> None:
     """min_workers 3 of 3: a lost place cannot shrink the group, and the restart policy
     (max_restarts 2) ends the job as for a fixed-size one."""
