@@ -24,12 +24,15 @@ A place's host moves between these states (what `Group` holds, as sets):
 from __future__ import annotations
 
 import dataclasses
+import json
+import posixpath
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from orchestrator.plan import Plan, make_plan, task_name
+from orchestrator.rundir import task_file
 from orchestrator.spec import LOCALHOST, Address, ClusterSpec, ElasticSpec
 from worker_entry.markers import NUM_WORKERS_ENV, Role
 
@@ -245,17 +248,34 @@ def plan_for(plan: Plan, places: Sequence[Place], group: Group, **kwargs: Any) -
     new = make_plan(sized, run_id=plan.run_id, run_dir=plan.run_dir, workdir=plan.workdir,
                     ports={t.name: t.port for t in others}, nodes=nodes, **kwargs)
     size = str(len(group.members))
-    tasks = [dataclasses.replace(t, env={**t.env, NUM_WORKERS_ENV: size}) for t in new.tasks]
+    tasks = [dataclasses.replace(t, env=_place_backup({**t.env, NUM_WORKERS_ENV: size},
+                                                      group.members[t.index]))
+             if t.role is Role.WORKER else
+             dataclasses.replace(t, env={**t.env, NUM_WORKERS_ENV: size}) for t in new.tasks]
     return dataclasses.replace(new, spec=spec, tasks=tasks)
+
+
+def _place_backup(env: dict[str, str], slot: int) -> dict[str, str]:
+    """A worker's backup directory is its place's (backup/worker-SLOT on the place's host),
+    whatever its index: after a shrink every remaining worker finds its own backups where it
+    left them, on its own host, with nothing to copy (a lab host's too)."""
+    old = env[BACKUP_DIR_ENV]
+    mine = posixpath.join(posixpath.dirname(old), task_file(Role.WORKER, slot))
+    if mine == old:
+        return env
+    job = env["TFO_JOB"].replace(f'"backup_dir": {json.dumps(old)}',
+                                 f'"backup_dir": {json.dumps(mine)}')
+    return {**env, BACKUP_DIR_ENV: mine, "TFO_JOB": job}
 
 
 # ---- which backup the resized group resumes from --------------------------------------
 Dir = tuple[str, str]  # a backup directory: (host, its path there)
+BACKUP_DIR_ENV = "TFO_BACKUP_DIR"
 
 
 def backup_dirs(plan: Plan) -> dict[str, Dir]:
     """Each worker's backup directory in `plan`: task name → (host, path on that host)."""
-    return {t.name: (t.host, t.env["TFO_BACKUP_DIR"]) for t in plan.tasks
+    return {t.name: (t.host, t.env[BACKUP_DIR_ENV]) for t in plan.tasks
             if t.role is Role.WORKER}
 
 

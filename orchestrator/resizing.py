@@ -10,7 +10,7 @@ decides who trains, this acts on the loop's Job, as exits.py acts on decide's an
 A resize is a restart of the whole training group at a new size, not counted against
 max_restarts: the group is stopped (SIGTERM, the grace, SIGKILL: a grow's stop is a
 preemption the tasks save at), `job_resized` is written, the backups are filled where a
-worker takes a new index (backups.copy_backup), and the records follow the new plan (a
+joining worker lacks the group's (backups.copy_backup), and the records follow the new plan (a
 name gone is set aside, one back takes its record again: its attempts go on counting).
 
 A place is lost (elastic.Why) when a start on it failed, its lifeline was cut (exit
@@ -188,10 +188,12 @@ class Resizing:
 
     def _fill_backups(self, old_plan: Plan, old: Group, new_plan: Plan,
                       new: Group) -> int | None:
-        """The backup the new group resumes from (None: none in common), copied into the
-        directories of workers that lack it. On this machine only: a lab host's directory is
-        read and filled through its connection (backups.copy_backup's docstring), not yet
-        wired, so its workers agree on a backup among themselves (_TaskBackup)."""
+        """The backup the new group resumes from (None: none in common, or not known),
+        copied into the directories of workers that lack it. Each worker's directory is its
+        place's (elastic.plan_for), so after a shrink none lacks it; a place joining may. On
+        this machine only: a lab host's directory would be read and filled through its
+        connection (backups.copy_backup's docstring), not yet wired; its workers agree on a
+        backup among themselves (_TaskBackup)."""
         wanted = elastic.backup_dirs(new_plan)
         had = elastic.previous_dirs(old_plan, old, new_plan, new)
         local = {t.name for t in new_plan.tasks if t.placement.host == LOCALHOST}

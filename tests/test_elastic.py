@@ -186,8 +186,11 @@ def test_plan_for_the_new_size() -> None:
         assert t.env[NUM_WORKERS_ENV] == "2"
     assert [t.env["TFO_IS_CHIEF"] for t in plan.tasks] == ["1", "0", "0"]
     assert plan.spec is SPEC  # the run's pool, for a rerun
-    assert backup_dirs(plan) == {"worker:0": ("lab2", "/w2/runs/r1/backup/worker-0"),
-                                 "worker:1": ("lab3", "/w3/runs/r1/backup/worker-1")}
+    # Each worker's backup directory is its place's, whatever its index: nothing to copy.
+    assert backup_dirs(plan) == {"worker:0": ("lab2", "/w2/runs/r1/backup/worker-1"),
+                                 "worker:1": ("lab3", "/w3/runs/r1/backup/worker-2")}
+    job = json.loads(plan.tasks[0].env["TFO_JOB"])
+    assert job["backup_dir"] == "/w2/runs/r1/backup/worker-1"  # what the task reads
 
 
 @pytest.mark.parametrize(("env", "size"), [
@@ -295,9 +298,10 @@ def test_copy_backup_fills_a_directory_that_reads_back(tmp_path: Path) -> None:
 
 
 def test_a_shrink_end_to_end_on_directories(tmp_path: Path) -> None:
-    """Place 1 lost: place 2's worker becomes worker:1, whose directory holds an older
-    backup only; its own old one (worker-2) fills it, and every worker then holds the same
-    newest backup."""
+    """Place 1 lost: place 2's worker becomes worker:1 and keeps its place's directory
+    (worker-2), which holds the newest backup every remaining worker holds: nothing to copy.
+    Place 1 back: it joins as worker:2 with its old directory, one backup behind, and a
+    peer's newest is copied in, so every worker holds the same newest backup."""
     local = local_spec(3)
     places = pool(local, PORTS)
     old = first_group(local.elastic, places)
@@ -305,17 +309,25 @@ def test_a_shrink_end_to_end_on_directories(tmp_path: Path) -> None:
                                 ports=PORTS), places, old)
     for i, saves in enumerate([[3, 4], [3], [3, 4]]):  # place 1's: 3 only
         write_backup(Path(backup_dirs(before)[f"worker:{i}"][1]), saves)
-    # The host of place 1 is lost (all places are localhost here: dropped by slot).
     new = Group((0, 2), resizes=1)
     after = plan_for(before, places, new)
     had = previous_dirs(before, old, after, new)
     held = {d: backups.held(d[1]) for d in {*backup_dirs(after).values(), *had.values()}}
     r = resume_from(backup_dirs(after), had, held)
-    assert r.save == 4
-    assert r.fills == {"worker:1": ("localhost", str(tmp_path / "r" / "backup" / "worker-2"))}
+    assert (r.save, r.fills) == (4, {})
+    back = Group((0, 2, 1), resizes=2)
+    grown = plan_for(after, places, back)
+    had = previous_dirs(after, new, grown, back)
+    assert had["worker:2"] is None  # joining
+    held = {d: backups.held(d[1]) for d in {*backup_dirs(grown).values(),
+                                             *(x for x in had.values() if x)}}
+    r = resume_from(backup_dirs(grown), had, held)
+    worker_1 = ("localhost", str(tmp_path / "r" / "backup" / "worker-1"))
+    assert r.save == 4 and set(r.fills) == {"worker:2"} and backup_dirs(grown)["worker:2"] == \
+        worker_1
     for task, (_, source) in r.fills.items():
-        backups.copy_backup(source, backup_dirs(after)[task][1], r.save)
-    assert all(4 in backups.held(d) for _, d in backup_dirs(after).values())
+        backups.copy_backup(source, backup_dirs(grown)[task][1], r.save)
+    assert all(4 in backups.held(d) for _, d in backup_dirs(grown).values())
 
 
 # --- the premise, with TensorFlow -----------------------------------------------------------
@@ -377,7 +389,7 @@ def test_a_smaller_group_resumes_from_the_bigger_one_s_backup(tmp_path: Path) ->
     shrunk = on_lost(spec.elastic, places, first_group(spec.elastic, places),
                      {places[1].where: Why.LIFELINE})
     # On this machine a place is lost alone (localhost:PORT), not the machine.
-    assert isinstance(shrunk, Resize) and shrunk.group == Group((0, 2), resizes=1)
+    assert isinstance(shrunk, Resize) and shrunk.group.members == (0, 2)
     two = plan_for(three, places, shrunk.group)
     assert [t.port for t in two.tasks] == [places[0].port, places[2].port]
     # Restored from a copy, as a worker on a new index restores from its filled directory:
