@@ -47,8 +47,12 @@ class Why(str, Enum):
     def words(self, elastic: ElasticSpec) -> str:
         return {Why.UNREACHABLE: "did not answer or refused a start",
                 Why.LIFELINE: "its lifeline went silent",
-                Why.FAILURES: f"its tasks failed {elastic.lost_after_failures} times in a "
-                              "row (elastic.lost_after_failures)"}[self]
+                Why.FAILURES: f"its tasks failed {_times(elastic.lost_after_failures)} in "
+                              "a row (elastic.lost_after_failures)"}[self]
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
 
 
 def lost_why(elastic: ElasticSpec, *, start_failed: bool = False, lifeline_cut: bool = False,

@@ -219,3 +219,41 @@ def test_an_elastic_job_loses_a_failing_place_and_finishes_with_2_workers(tmp_pa
     assert max(first_epochs) == 3
     saved = [e["task"] for e in events if e["event"] == "task_saved" and e.get("chief")]
     assert saved == ["worker:0"]  # the chief's model, written once
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(400)
+def test_an_elastic_job_grows_back_at_the_next_epoch_from_the_same_backup(tmp_path) -> None:
+    """lost_after_failures 1: worker:2 exits 3 after epoch 0 (first attempt only): its place
+    is lost, 2 workers resume at epoch 1 from backup 1; the place answers its probe
+    (probe_seconds 1: this machine always answers), and at worker 0's next epoch the group
+    is stopped (SIGTERM) and restarts as 3, the joining worker's directory filled from a
+    peer's: it resumes where the 2 stopped, and finishes every epoch; the chief saves once."""
+    from orchestrator.pipeline import run
+
+    data = {"name": "elastic", "job": {"entry": "tests.jobs.faulty:train",
+                                       "args": {"epochs": 5, "fail_task": "worker:2",
+                                                "fail_epoch": 0}},
+            "tasks": {"worker": ["localhost:auto"] * 3},
+            "elastic": {"min_workers": 2, "lost_after_failures": 1, "probe_seconds": 1},
+            "restart": {"policy": "on-failure", "max_restarts": 2, "backoff_seconds": 0},
+            "timeouts": {"grace_seconds": 10}}
+    result = run(data, tmp_path / "run")
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert result.state is JobState.SUCCEEDED, result.reason
+    resized = [e for e in events if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"]) for e in resized] == [(3, 2), (2, 3)], resized
+    assert result.restarts == 0 and [t.name for t in result.tasks] == [
+        "worker:0", "worker:1", "worker:2"]
+    shrunk, grown = (events.index(e) for e in resized)
+
+    def epochs_of(task: str, since: int) -> list[int]:
+        return [e["epoch"] for e in events[since:] if e["event"] == "task_progress"
+                and e["task"] == task and e.get("epoch") is not None]
+
+    two, three = epochs_of("worker:0", shrunk)[0], epochs_of("worker:2", grown)[0]
+    assert two == resized[0]["save"] >= 1  # backup N is after N epochs: epoch N next
+    assert three == resized[1]["save"] > two, (two, three)  # where the 2 had got to
+    assert max(epochs_of("worker:2", grown)) == 4
+    saved = [e["task"] for e in events if e["event"] == "task_saved" and e.get("chief")]
+    assert saved == ["worker:0"]
