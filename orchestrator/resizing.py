@@ -25,6 +25,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable, Collection
+from typing import NamedTuple
 
 from orchestrator import backups, decide, elastic
 from orchestrator.decide import JobState, TaskState
@@ -40,7 +41,13 @@ from worker_entry.markers import EXIT_LIFELINE, Role
 Probe = Callable[[str], bool]  # a place's `where` → does it answer
 
 
-def first(plan: Plan) -> tuple[Plan, tuple[Place, ...], Group]:
+class First(NamedTuple):
+    plan: Plan  # the first group's
+    places: tuple[Place, ...]
+    group: Group
+
+
+def first(plan: Plan) -> First:
     """The run's plan (of the whole pool: plan.json's) → the plan of the first group, the
     places and the group."""
     spec = plan.spec
@@ -49,7 +56,7 @@ def first(plan: Plan) -> tuple[Plan, tuple[Place, ...], Group]:
     places = elastic.pool(spec, plan.ports(), nodes)
     assert spec.elastic is not None
     group = elastic.first_group(spec.elastic, places)
-    return elastic.plan_for(plan, places, group), places, group
+    return First(elastic.plan_for(plan, places, group), places, group)
 
 
 def reachable(spec: ClusterSpec, where: str) -> bool:
@@ -164,7 +171,10 @@ class Resizing:
             f"; resuming from backup {save}" if save is not None else ""))
         names = {t.name for t in new.tasks}
         for name in [n for n in job.records if n not in names]:
-            self.gone[name] = job.records.pop(name)
+            rec = self.gone[name] = job.records.pop(name)
+            if rec.log is not None:  # reopened (appended to) if the name comes back
+                rec.log.close()
+                rec.log = None
         records = {}
         for t in new.tasks:
             rec = job.records.get(t.name) or self.gone.pop(t.name, None) or TaskRecord(t)

@@ -117,9 +117,9 @@ class Supervisor:
         and a waiter that moves it); `timing` the loop's own limits (decide.Timing). An
         elastic job (`spec.elastic`) starts as its first group (resizing.first); `probe` asks
         whether a lost or spare place answers (default resizing.reachable)."""
-        elastic = None
-        if plan.spec.elastic is not None:
-            plan, *elastic = resizing.first(plan)
+        first = resizing.first(plan) if plan.spec.elastic is not None else None
+        if first is not None:
+            plan = first.plan
         self.plan = plan
         # Made, with plan.json, before anything starts (pipeline.make_run_dir): a bad place or
         # a full disk is the user's error there, and plan.json is not serialized twice.
@@ -133,8 +133,8 @@ class Supervisor:
         self.starts = Starts(job, self.exits, start_batch or functools.partial(one_by_one, start),
                              standby)
         self.checks = Checks(job, self.intake, self.exits)
-        self.resizing = None if elastic is None else resizing.Resizing(
-            job, self.intake, *elastic, probe=probe)
+        self.resizing = None if first is None else resizing.Resizing(
+            job, self.intake, first.places, first.group, probe=probe)
         if self.resizing is not None:
             self.exits.resize = self.resizing.lost
         # Called by the loop, on its thread, at most every WATCH_SECONDS: it may read the

@@ -1,0 +1,68 @@
+"""Elastic jobs on the SSH lab (issue 27): three lab hosts in network namespaces, each with
+its own sshd; one host's link goes down mid-training and the job goes on with the other
+two. Run under `flock /tmp/tfo-sshlab.lock` (the lab's subnet is fixed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests import sshlab
+from tests.conftest import SSH_LAB, events, run_processes, write_spec
+from tests.test_faults import Tfo
+from tests.test_ssh import host_yaml, stop
+
+pytestmark = [pytest.mark.ssh, SSH_LAB]
+
+
+@pytest.fixture(scope="module")
+def lab3(tmp_path_factory):
+    ok, reason = sshlab.netns_supported()
+    if not ok:
+        pytest.skip(f"network namespaces are not permitted here: {reason}")
+    sshlab.ensure_openssh()
+    with sshlab.lab_hosts(tmp_path_factory.mktemp("lab"), count=3) as hosts:
+        yield hosts
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(400)
+def test_a_lab_host_whose_link_goes_down_leaves_the_group(lab3, run_dir: Path,
+                                                          tmp_path: Path) -> None:
+    """lab3's link goes down in epoch 1: its worker's lifeline (5 s) is cut, lab3 is lost,
+    and the job restarts as 2 workers on lab1 and lab2 from the backup each holds in its
+    own place's directory (nothing copied), finishes every epoch, the chief saves once."""
+    hosts = "".join(host_yaml(f"lab{i}", h, tmp_path / f"lab{i}", lifeline_seconds=5)
+                    for i, h in enumerate(lab3, start=1))
+    spec = write_spec(tmp_path / "lab.yaml", f"""\
+name: lab-elastic
+job: {{entry: "tests.jobs.faulty:train", args: {{epochs: 6, epoch_sleep: 1}}}}
+hosts:
+{hosts}\
+tasks:
+  worker: [lab1:20000, lab2:20000, lab3:20000]
+elastic: {{min_workers: 2, probe_seconds: 3600}}
+restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
+""")
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_epoch", "worker:2", epoch=0, timeout=240)
+        with sshlab.partition(lab3[2].netns):
+            resized = tfo.wait_event("job_resized", timeout=90)
+        code, err = tfo.finish(timeout=240)
+        assert code == 0, err[-4000:]
+    finally:
+        stop(tfo)
+    assert (resized["from"], resized["to"], resized["hosts"]) == (3, 2, ["lab3"]), resized
+    assert "lab3 lost: its lifeline went silent" in resized["reason"]
+    evs = events(run_dir)
+    after = evs.index(next(e for e in evs if e["event"] == "job_resized"))
+    epochs = [e["epoch"] for e in evs[after:] if e["event"] == "task_epoch"
+              and e["task"] == "worker:0"]
+    assert epochs and epochs[0] >= 1 and epochs[-1] == 5, epochs  # from the backup, not 0
+    assert [e["task"] for e in evs if e["event"] == "task_saved" and e.get("chief")] == [
+        "worker:0"]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert run_processes(plan["run_id"]) == []
