@@ -58,6 +58,18 @@ def test_a_place_on_this_machine_is_lost_alone() -> None:
                                           "tasks": {"worker": ["localhost:1"]}}), "localhost:3")
 
 
+@pytest.mark.parametrize(("elastic", "workers", "note"), [
+    (None, 3, ""), ({"min_workers": 2}, 2, ", 2 workers (2-3)"),
+    ({"min_workers": 1, "max_workers": 2}, 2, ", 2 workers (1-2)")])
+def test_the_live_table_s_title_shows_an_elastic_job_s_size(elastic, workers, note) -> None:
+    from orchestrator.liveview import size_note
+
+    spec = parse_spec({"name": "e", "job": {"entry": "a.b:c"}, "tasks": {
+        "worker": ["localhost:1", "localhost:2", "localhost:3"]},
+        **({"elastic": elastic} if elastic else {})})
+    assert size_note(spec, workers) == note
+
+
 # ---- through the loop, scripted ----------------------------------------------------------
 def elastic_spec(**elastic_fields) -> dict:
     return {"name": "t", "job": {"entry": "a.b:c"},
