@@ -85,6 +85,14 @@ def at_epoch_boundary(seen: int | None, epoch: int | None) -> bool:
     return seen is not None and epoch is not None and epoch > seen
 
 
+def unfilled_joiners(places: Sequence[Place], old: Group, new: Group) -> list[str]:
+    """The hosts of places joining `new` whose backup directory the coordinator cannot fill
+    yet (not on this machine): there a stale directory would leave the group no backup in
+    common, and it would start over, so the group does not grow onto them."""
+    return list(dict.fromkeys(places[s].host for s in new.members
+                              if s not in old.members and places[s].host != LOCALHOST))
+
+
 @dataclass(frozen=True)
 class Place:
     """One listed worker place: `tasks.worker[slot]`, on `host` (a name under hosts:,
@@ -332,4 +340,4 @@ def resume_from(wanted: Mapping[str, Dir], had: Mapping[str, Dir | None],
 __all__ = ["NUM_WORKERS_ENV", "Decision", "Group", "NoResize", "Place", "Resize",
            "Resume", "Why", "at_epoch_boundary", "backup_dirs", "failures_in_row",
            "first_group", "lost_why", "on_answer", "on_lost", "plan_for", "pool",
-           "previous_dirs", "probe_due", "resume_from", "to_probe"]
+           "previous_dirs", "probe_due", "resume_from", "to_probe", "unfilled_joiners"]

@@ -91,6 +91,7 @@ class Resizing:
         self.seen_epoch: int | None = None  # worker 0's epoch when the loop last looked
         self.gone: dict[str, TaskRecord] = {}  # records of names a shrink dropped
         self.resized: list[dict] = []  # each job_resized's fields (RunResult.resizes)
+        self._not_grown: set[str] = set()  # lab hosts back that a grow was refused, said once
 
     # ---- shrink -------------------------------------------------------------------------
     def where(self, rec: TaskRecord) -> str:
@@ -142,10 +143,16 @@ class Resizing:
         if not boundary or not self.answering or self.job.state is not JobState.RUNNING:
             return
         d = elastic.on_answer(self.elastic, self.places, self.group, self.answering)
-        if isinstance(d, Resize):
-            self.resize(d, d.words)
-        else:
+        if not isinstance(d, Resize):
             self.group = d.group
+        elif far := elastic.unfilled_joiners(self.places, self.group, d.group):
+            if set(far) - self._not_grown:
+                self._not_grown |= set(far)
+                self.job.echo("tfo", f"{', '.join(far)} answered again; not grown onto it: "
+                              "its backup directory cannot be filled from here yet, and the "
+                              "group would start over")
+        else:
+            self.resize(d, d.words)
 
     def _probe(self, wanted: Collection[str]) -> None:
         self._answers = frozenset(w for w in wanted if self.probe(w))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import backups
+from orchestrator import backups, elastic
 from orchestrator.elastic import (
     NUM_WORKERS_ENV,
     Group,
@@ -136,6 +136,15 @@ def test_grow(group, answering, kind, members, lost, event) -> None:  # noqa: AN
     if isinstance(d, Resize):
         assert (d.event["from"], d.event["to"], d.event["hosts"]) == event
         assert "worker 0" not in d.words  # growing never moves the chief
+
+
+def test_a_grow_onto_a_lab_host_waits_for_its_backups_to_be_fillable() -> None:
+    """The coordinator fills a joining worker's backup directory on this machine only: a
+    joining lab host is named (its stale backups would make the group start over)."""
+    assert elastic.unfilled_joiners(PLACES, LOST2, Group((0, 2, 1))) == ["lab2"]
+    assert elastic.unfilled_joiners(PLACES, FULL, Group((0, 1))) == []  # a shrink: none
+    local = pool(local_spec(3), PORTS)
+    assert elastic.unfilled_joiners(local, Group((0, 1)), Group((0, 1, 2))) == []
 
 
 def test_grow_by_more_than_one_up_to_max() -> None:
