@@ -32,16 +32,27 @@ def held(backup_dir: str | Path) -> frozenset[int]:
     directory = Path(backup_dir) / SUBDIR
     try:
         text = (directory / STATE).read_text(errors="replace")
+        names = {p.name for p in directory.iterdir() if p.is_file()}
     except (FileNotFoundError, NotADirectoryError):
         return frozenset()
+    return saves_in(text, names)
+
+
+def saves_in(state: str, names: set[str]) -> frozenset[int]:
+    """The save numbers a `checkpoint` file's text names whose `.index` file is among
+    `names` (the directory's files): held's reading, for a directory read elsewhere."""
     found = set()
-    for path in _PATHS.findall(text):
+    for path in _PATHS.findall(state):
         name = os.path.basename(path)
         number = name.rpartition("-")[2]
-        if name.startswith("ckpt-") and number.isdigit() and \
-                (directory / f"{name}.index").is_file():
+        if name.startswith("ckpt-") and number.isdigit() and f"{name}.index" in names:
             found.add(int(number))
     return frozenset(found)
+
+
+def state_text(save: int) -> str:
+    """The `checkpoint` file of a directory holding backup `save` only."""
+    return f'model_checkpoint_path: "ckpt-{save}"\nall_model_checkpoint_paths: "ckpt-{save}"\n'
 
 
 def copy_backup(source: str | Path, target: str | Path, save: int) -> None:
@@ -65,8 +76,7 @@ def copy_backup(source: str | Path, target: str | Path, save: int) -> None:
     try:
         for path in files:
             shutil.copy2(path, partial / path.name)
-        (partial / STATE).write_text(f'model_checkpoint_path: "ckpt-{save}"\n'
-                                     f'all_model_checkpoint_paths: "ckpt-{save}"\n')
+        (partial / STATE).write_text(state_text(save))
         shutil.rmtree(dst, ignore_errors=True)
         partial.rename(dst)
     finally:

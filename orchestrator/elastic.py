@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import posixpath
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -85,12 +85,14 @@ def at_epoch_boundary(seen: int | None, epoch: int | None) -> bool:
     return seen is not None and epoch is not None and epoch > seen
 
 
-def unfilled_joiners(places: Sequence[Place], old: Group, new: Group) -> list[str]:
+def unfilled_joiners(places: Sequence[Place], old: Group, new: Group,
+                     fillable: Callable[[str], bool]) -> list[str]:
     """The hosts of places joining `new` whose backup directory the coordinator cannot fill
-    yet (not on this machine): there a stale directory would leave the group no backup in
-    common, and it would start over, so the group does not grow onto them."""
+    (`fillable(host)`: this machine's and a lab host's it can): there a stale directory
+    would leave the group no backup in common, and it would start over, so the group does
+    not grow onto them."""
     return list(dict.fromkeys(places[s].host for s in new.members
-                              if s not in old.members and places[s].host != LOCALHOST))
+                              if s not in old.members and not fillable(places[s].host)))
 
 
 @dataclass(frozen=True)

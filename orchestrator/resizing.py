@@ -27,11 +27,12 @@ import threading
 from collections.abc import Callable, Collection
 from typing import NamedTuple
 
-from orchestrator import backups, decide, elastic
+from orchestrator import decide, elastic
 from orchestrator.decide import JobState, TaskState
 from orchestrator.elastic import Group, NoResize, Place, Resize
 from orchestrator.intake import Intake
 from orchestrator.job import Job
+from orchestrator.launch.backupstore import BackupStore
 from orchestrator.plan import Plan
 from orchestrator.records import TaskRecord
 from orchestrator.spec import LOCALHOST, ClusterSpec
@@ -78,8 +79,9 @@ def reachable(spec: ClusterSpec, where: str) -> bool:
 
 class Resizing:
     def __init__(self, job: Job, intake: Intake, places: tuple[Place, ...], group: Group,
-                 probe: Probe | None = None) -> None:
+                 probe: Probe | None = None, store: BackupStore | None = None) -> None:
         self.job, self.intake, self.places, self.group = job, intake, places, group
+        self.store = store or BackupStore()  # this machine's backups only
         assert job.plan.spec.elastic is not None
         self.elastic = job.plan.spec.elastic
         self.probe = probe or (lambda where: reachable(job.plan.spec, where))
@@ -145,11 +147,12 @@ class Resizing:
         d = elastic.on_answer(self.elastic, self.places, self.group, self.answering)
         if not isinstance(d, Resize):
             self.group = d.group
-        elif far := elastic.unfilled_joiners(self.places, self.group, d.group):
+        elif far := elastic.unfilled_joiners(self.places, self.group, d.group,
+                                             self.store.reaches):
             if set(far) - self._not_grown:
                 self._not_grown |= set(far)
                 self.job.echo("tfo", f"{', '.join(far)} answered again; not grown onto it: "
-                              "its backup directory cannot be filled from here yet, and the "
+                              "its backup directory cannot be filled from here, and the "
                               "group would start over")
         else:
             self.resize(d, d.words)
@@ -213,15 +216,18 @@ class Resizing:
         backup among themselves (_TaskBackup)."""
         wanted = elastic.backup_dirs(new_plan)
         had = elastic.previous_dirs(old_plan, old, new_plan, new)
-        local = {t.name for t in new_plan.tasks if t.placement.host == LOCALHOST}
-        if any(name not in local for name in wanted):
-            return None
         dirs = set(wanted.values()) | {x for x in had.values() if x is not None}
-        r = elastic.resume_from(wanted, had, {x: backups.held(x[1]) for x in dirs})
+        if not all(self.store.reaches(host) for host, _ in dirs):
+            return None
+        try:
+            r = elastic.resume_from(wanted, had, {x: self.store.held(x) for x in dirs})
+        except Exception as e:  # noqa: BLE001 - a host gone mid-resize: the tasks agree
+            self.job.events.write("job_backups_not_read", error=str(e))
+            return None
         for task, source in r.fills.items():
             try:
-                backups.copy_backup(source[1], wanted[task][1], r.save)  # type: ignore[arg-type]
-            except OSError as e:
-                self.job.events.write("task_backup_not_copied", task, source=source[1],
+                self.store.copy(source, wanted[task], r.save)  # type: ignore[arg-type]
+            except Exception as e:  # noqa: BLE001 - as above
+                self.job.events.write("task_backup_not_copied", task, source=list(source),
                                       error=str(e))
         return r.save

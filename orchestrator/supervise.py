@@ -82,6 +82,7 @@ from orchestrator.exits import Exits
 from orchestrator.intake import Intake
 from orchestrator.job import Clock, Interrupted, Job
 from orchestrator.launch import BatchLauncher, Launcher, TaskHandle, one_by_one
+from orchestrator.launch.backupstore import BackupStore
 from orchestrator.plan import Plan
 from orchestrator.policy import restart_allowed
 from orchestrator.records import RunResult, TaskOutcome, TaskRecord, tail
@@ -112,11 +113,13 @@ class Supervisor:
                  standby: Standby | None = None,
                  start_batch: BatchLauncher | None = None, timing: Timing | None = None,
                  clock: Clock | None = None, waiter: wakeup.Waiter | None = None,
-                 probe: resizing.Probe | None = None) -> None:
+                 probe: resizing.Probe | None = None,
+                 backup_store: BackupStore | None = None) -> None:
         """`clock` and `waiter` are the loop's time and its one sleep (a test's fake clock
         and a waiter that moves it); `timing` the loop's own limits (decide.Timing). An
         elastic job (`spec.elastic`) starts as its first group (resizing.first); `probe` asks
-        whether a lost or spare place answers (default resizing.reachable)."""
+        whether a lost or spare place answers (default resizing.reachable); `backup_store`
+        reads and fills the backups on resizes (default: this machine's only)."""
         first = resizing.first(plan) if plan.spec.elastic is not None else None
         if first is not None:
             plan = first.plan
@@ -134,7 +137,7 @@ class Supervisor:
                              standby)
         self.checks = Checks(job, self.intake, self.exits)
         self.resizing = None if first is None else resizing.Resizing(
-            job, self.intake, first.places, first.group, probe=probe)
+            job, self.intake, first.places, first.group, probe=probe, store=backup_store)
         if self.resizing is not None:
             self.exits.resize = self.resizing.lost
         # Called by the loop, on its thread, at most every WATCH_SECONDS: it may read the

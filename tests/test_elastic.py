@@ -139,12 +139,14 @@ def test_grow(group, answering, kind, members, lost, event) -> None:  # noqa: AN
 
 
 def test_a_grow_onto_a_lab_host_waits_for_its_backups_to_be_fillable() -> None:
-    """The coordinator fills a joining worker's backup directory on this machine only: a
-    joining lab host is named (its stale backups would make the group start over)."""
-    assert elastic.unfilled_joiners(PLACES, LOST2, Group((0, 2, 1))) == ["lab2"]
-    assert elastic.unfilled_joiners(PLACES, FULL, Group((0, 1))) == []  # a shrink: none
+    """A joining worker whose backup directory the coordinator cannot fill is named (its
+    stale backups would make the group start over)."""
+    local_only = lambda host: host == "localhost"  # noqa: E731
+    assert elastic.unfilled_joiners(PLACES, LOST2, Group((0, 2, 1)), local_only) == ["lab2"]
+    assert elastic.unfilled_joiners(PLACES, LOST2, Group((0, 2, 1)), lambda h: True) == []
+    assert elastic.unfilled_joiners(PLACES, FULL, Group((0, 1)), local_only) == []  # a shrink
     local = pool(local_spec(3), PORTS)
-    assert elastic.unfilled_joiners(local, Group((0, 1)), Group((0, 1, 2))) == []
+    assert elastic.unfilled_joiners(local, Group((0, 1)), Group((0, 1, 2)), local_only) == []
 
 
 def test_grow_by_more_than_one_up_to_max() -> None:
@@ -409,3 +411,31 @@ def test_a_smaller_group_resumes_from_the_bigger_one_s_backup(tmp_path: Path) ->
         assert re.findall(r"^begin epoch (\d+) of 2 workers", out, re.M) == ["2", "3"], \
             out[-3000:]
         assert "iterations=20" in out, out[-3000:]
+
+
+@pytest.mark.parametrize(("path", "shell", "sftp"), [
+    ("~/tfo/runs/r/backup/worker-1", '"$HOME"/tfo/runs/r/backup/worker-1',
+     "tfo/runs/r/backup/worker-1"),
+    ("/w 1/backup", "'/w 1/backup'", "/w 1/backup"),
+    ("~", '"$HOME"', "~"),
+])
+def test_a_lab_host_s_backup_paths(path: str, shell: str, sftp: str) -> None:
+    """A workdir under ~ is the login's home for the shell and for sftp; nothing unquoted."""
+    from orchestrator.launch.backupstore import _sftp, _sh
+
+    assert (_sh(path), _sftp(path)) == (shell, sftp)
+
+
+def test_the_store_reads_and_fills_this_machine_s_directories(tmp_path: Path) -> None:
+    from orchestrator.launch.backupstore import BackupStore, for_lab
+
+    write_backup(tmp_path / "a", [2, 3])
+    store = BackupStore()
+    assert store.held(("localhost", str(tmp_path / "a"))) == {2, 3}
+    store.copy(("localhost", str(tmp_path / "a")), ("localhost", str(tmp_path / "b")), 3)
+    assert backups.held(tmp_path / "b") == {3}
+    assert store.reaches("localhost") and not store.reaches("lab1")
+    with pytest.raises(OSError, match="lab1: no connection"):
+        store.held(("lab1", "/w1/backup/worker-0"))
+    lab = for_lab(SPEC.hosts, lambda: None)
+    assert lab.reaches("lab1") and not lab.reaches("node7")  # a scheduler's node: no

@@ -73,3 +73,52 @@ restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
         "worker:0"]
     plan = json.loads((run_dir / "plan.json").read_text())
     assert run_processes(plan["run_id"]) == []
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(500)
+def test_a_lab_host_back_rejoins_at_the_next_epoch_with_the_group_s_backup(
+        lab3, run_dir: Path, tmp_path: Path) -> None:
+    """lab3's link down after epoch 0 → 3 → 2 (its lifeline); the link back up: lab3
+    answers its probe (probe_seconds 2) and at worker 0's next epoch the group restarts as
+    3, lab3's stale backup directory filled from lab1's through the coordinator (sftp):
+    every worker resumes where the 2 had got to; job_resized twice."""
+    hosts = "".join(host_yaml(f"lab{i}", h, tmp_path / f"lab{i}", lifeline_seconds=5)
+                    for i, h in enumerate(lab3, start=1))
+    spec = write_spec(tmp_path / "lab.yaml", f"""\
+name: lab-elastic
+job: {{entry: "tests.jobs.faulty:train", args: {{epochs: 10, epoch_sleep: 2}}}}
+hosts:
+{hosts}\
+tasks:
+  worker: [lab1:20000, lab2:20000, lab3:20000]
+elastic: {{min_workers: 2, probe_seconds: 2}}
+restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
+""")
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_epoch", "worker:2", epoch=0, timeout=240)
+        run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+        dirs = [tmp_path / f"lab{i + 1}" / "runs" / run_id / "backup" / f"worker-{i}"
+                for i in range(3)]
+        assert wait_until(lambda: all(1 in backups.held(d) for d in dirs), 60), dirs
+        with sshlab.partition(lab3[2].netns):
+            tfo.wait_event("job_resized", timeout=90)
+        grown = tfo.wait_event("job_resized", timeout=150, to=3)
+        code, err = tfo.finish(timeout=300)
+        assert code == 0, err[-4000:]
+    finally:
+        stop(tfo)
+    evs = events(run_dir)
+    resized = [e for e in evs if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"], e["hosts"]) for e in resized] == [
+        (3, 2, ["lab3"]), (2, 3, ["lab3"])], resized
+    assert grown["save"] is not None and grown["save"] > resized[0]["save"], resized
+    after = evs.index(resized[1])
+    for task in ("worker:0", "worker:2"):
+        epochs = [e["epoch"] for e in evs[after:] if e["event"] == "task_epoch"
+                  and e["task"] == task]
+        assert epochs and epochs[0] == grown["save"] and epochs[-1] == 9, (task, epochs)
+    assert not [e for e in evs if e["event"] == "task_backup_not_copied"]
+    assert [e["task"] for e in evs if e["event"] == "task_saved" and e.get("chief")] == [
+        "worker:0"]
