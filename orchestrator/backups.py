@@ -61,11 +61,8 @@ def copy_backup(source: str | Path, target: str | Path, save: int) -> None:
     point back at the source). Built beside the target, which is replaced only once the copy
     is whole. On this machine; raises OSError.
 
-    A lab host's (resize over SSH): the same steps run there, through the host's
-    connection: within one host `cp` into `chief.tfo-partial`, then the `checkpoint` file
-    and `mv`; from a peer host the files come over the lab's own network (the hosts reach
-    each other: their tasks talk gRPC) with `scp -r PEER:SOURCE …` on the target, or through
-    the coordinator (fabric `get`, then `put`) where the hosts hold no keys for each other."""
+    A lab host's (resize over SSH): orchestrator/launch/backupstore.py, the same steps
+    through the host's connection."""
     src, dst = Path(source) / SUBDIR, Path(target) / SUBDIR
     files = sorted(p for p in src.glob(f"ckpt-{save}.*") if p.is_file())
     if not any(p.name == f"ckpt-{save}.index" for p in files):

@@ -28,6 +28,13 @@ def lab3(tmp_path_factory):
         yield hosts
 
 
+def training_again(evs: list[dict], since: dict) -> float:
+    """Seconds from the event `since` to the first step of any task after it."""
+    after = evs.index(since)
+    step = next(e for e in evs[after:] if e["event"] in ("task_progress", "task_first_step"))
+    return step["time"] - since["time"]
+
+
 @pytest.mark.tf
 @pytest.mark.timeout(400)
 def test_a_lab_host_whose_link_goes_down_leaves_the_group(lab3, run_dir: Path,
@@ -71,6 +78,8 @@ restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
     assert epochs and epochs[0] >= 1 and epochs[-1] == 5, epochs  # from the backup, not 0
     assert [e["task"] for e in evs if e["event"] == "task_saved" and e.get("chief")] == [
         "worker:0"]
+    lost = next(e for e in evs if e["event"] == "task_exited" and e["task"] == "worker:2")
+    print(f"lab3 lost → training again with 2 workers: {training_again(evs, lost):.1f} s")
     plan = json.loads((run_dir / "plan.json").read_text())
     assert run_processes(plan["run_id"]) == []
 
@@ -120,5 +129,8 @@ restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
                   and e["task"] == task]
         assert epochs and epochs[0] == grown["save"] and epochs[-1] == 9, (task, epochs)
     assert not [e for e in evs if e["event"] == "task_backup_not_copied"]
+    lost = next(e for e in evs if e["event"] == "task_exited" and e["task"] == "worker:2")
+    print(f"lab3 lost → training again with 2 workers: {training_again(evs, lost):.1f} s; "
+          f"grown → training with 3: {training_again(evs, resized[1]):.1f} s")
     assert [e["task"] for e in evs if e["event"] == "task_saved" and e.get("chief")] == [
         "worker:0"]
