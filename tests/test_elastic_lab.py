@@ -37,11 +37,14 @@ def training_again(evs: list[dict], since: dict) -> float:
 
 @pytest.mark.tf
 @pytest.mark.timeout(400)
-def test_a_lab_host_whose_link_goes_down_leaves_the_group(lab3, run_dir: Path,
-                                                          tmp_path: Path) -> None:
-    """lab3's link goes down after epoch 0: its worker's lifeline (5 s) is cut, lab3 is lost,
-    and the job restarts as 2 workers on lab1 and lab2 from the backup each holds in its
-    own place's directory (nothing copied), finishes every epoch, the chief saves once."""
+@pytest.mark.parametrize("lost", [3, 1], ids=["a worker's host", "the chief's host"])
+def test_a_lab_host_whose_link_goes_down_leaves_the_group(lab3, run_dir: Path, tmp_path: Path,
+                                                          lost: int) -> None:
+    """A host's link goes down after epoch 0: its worker's lifeline (5 s) is cut, the host
+    is lost, and the job restarts as 2 workers on the other two from the backup each holds
+    in its own place's directory (nothing copied), finishes every epoch, the chief saves
+    once. The chief's host lost: worker 0's role moves to lab2's worker."""
+    name, task = f"lab{lost}", f"worker:{lost - 1}"
     hosts = "".join(host_yaml(f"lab{i}", h, tmp_path / f"lab{i}", lifeline_seconds=5)
                     for i, h in enumerate(lab3, start=1))
     spec = write_spec(tmp_path / "lab.yaml", f"""\
@@ -63,14 +66,16 @@ restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
         dirs = [tmp_path / f"lab{i + 1}" / "runs" / run_id / "backup" / f"worker-{i}"
                 for i in range(3)]
         assert wait_until(lambda: all(1 in backups.held(d) for d in dirs), 60), dirs
-        with sshlab.partition(lab3[2].netns):
+        with sshlab.partition(lab3[lost - 1].netns):
             resized = tfo.wait_event("job_resized", timeout=90)
         code, err = tfo.finish(timeout=240)
         assert code == 0, err[-4000:]
     finally:
         stop(tfo)
-    assert (resized["from"], resized["to"], resized["hosts"]) == (3, 2, ["lab3"]), resized
-    assert "lab3 lost: its lifeline went silent" in resized["reason"]
+    assert (resized["from"], resized["to"], resized["hosts"]) == (3, 2, [name]), resized
+    assert f"{name} lost: its lifeline went silent" in resized["reason"]
+    if lost == 1:
+        assert "worker 0 (the chief) is now on lab2" in resized["reason"]
     evs = events(run_dir)
     after = evs.index(next(e for e in evs if e["event"] == "job_resized"))
     epochs = [e["epoch"] for e in evs[after:] if e["event"] == "task_epoch"
@@ -78,8 +83,8 @@ restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
     assert epochs and epochs[0] >= 1 and epochs[-1] == 5, epochs  # from the backup, not 0
     assert [e["task"] for e in evs if e["event"] == "task_saved" and e.get("chief")] == [
         "worker:0"]
-    lost = next(e for e in evs if e["event"] == "task_exited" and e["task"] == "worker:2")
-    print(f"lab3 lost → training again with 2 workers: {training_again(evs, lost):.1f} s")
+    gone = next(e for e in evs if e["event"] == "task_exited" and e["task"] == task)
+    print(f"{name} lost → training again with 2 workers: {training_again(evs, gone):.1f} s")
     plan = json.loads((run_dir / "plan.json").read_text())
     assert run_processes(plan["run_id"]) == []
 
