@@ -269,3 +269,42 @@ def test_an_elastic_job_grows_back_at_the_next_epoch_from_the_same_backup(tmp_pa
     assert max(epochs_of("worker:2", grown)) == 4
     saved = [e["task"] for e in events if e["event"] == "task_saved" and e.get("chief")]
     assert saved == ["worker:0"]
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(400)
+def test_tensorflow_s_tutorial_script_unmodified_goes_on_with_2_workers(tmp_path) -> None:
+    """The tutorial's script (its own BackupAndRestore on one directory, num_workers from
+    TF_CONFIG), 3 workers on this machine, lost_after_failures 1: worker:2 is SIGKILLed
+    after epoch 1; the group restarts as 2 with a TF_CONFIG of 2, resumes from the
+    script's own backup, not epoch 0, and the chief saves the model."""
+    from tests.conftest import REPO, write_spec
+    from tests.test_faults import Tfo, kill_task
+
+    out, run_dir = tmp_path / "out", tmp_path / "run"
+    spec = write_spec(tmp_path / "c.yaml", f"""\
+name: tutorial
+job:
+  script: {REPO}/tests/scripts/mwms_keras.py
+  args: [--epochs, "10", --backup_dir, "{out}/backup", --model_path, "{out}/model"]
+tasks:
+  worker: [localhost:auto, localhost:auto, localhost:auto]
+elastic: {{min_workers: 2, lost_after_failures: 1, probe_seconds: 3600}}
+restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
+""")
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_epoch", "worker:2", epoch=1, timeout=240)
+        kill_task(tfo, "worker:2")
+        code, err = tfo.finish(timeout=300)
+        assert code == 0, err[-4000:]
+    finally:
+        tfo.close()
+    evs = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    resized = [e for e in evs if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"]) for e in resized] == [(3, 2)], resized
+    after = evs.index(resized[0])
+    epochs = [e["epoch"] for e in evs[after:] if e["event"] == "task_epoch"
+              and e["task"] == "worker:0"]
+    assert epochs and epochs[0] >= 1 and epochs[-1] == 9, epochs  # from its backup
+    assert (out / "model" / "saved_model.pb").exists()
