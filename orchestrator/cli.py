@@ -82,6 +82,7 @@ from orchestrator.report import (
     preflight_table,
     print_plan,
     print_summary,
+    resize_lines,
     runs_table,
 )
 from orchestrator.rundir import (
@@ -382,6 +383,8 @@ def status(run_ref: RunArg = None) -> None:
     except OSError as e:
         raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
     out.print(table(rows_from_events(events), STATUS, title=f"{rd.name}: {job_line(events)}"))
+    for line in resize_lines([e for e in events if e["event"] == "job_resized"]):
+        out.print(printable(line), soft_wrap=True, highlight=False, markup=False)
     if skipped:
         err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)")
 

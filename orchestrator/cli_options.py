@@ -25,8 +25,10 @@ RunDirOpt = Annotated[Path | None, typer.Option(
 
 _COMMAND = "tfo.command"  # where _CommandAfterDashes leaves the command in ctx.meta
 _QUICK = "cluster without a file (with a command after --)"
-WorkersOpt = Annotated[int | None, typer.Option(
-    "--workers", help="worker tasks [default: 1]", rich_help_panel=_QUICK, show_default=False)]
+WorkersOpt = Annotated[str | None, typer.Option(
+    "--workers", help="worker tasks [default: 1]; MIN:MAX (2:4) for an elastic job, as "
+    "torchrun's --nnodes: MAX workers, going on with as few as MIN when hosts are lost",
+    rich_help_panel=_QUICK, show_default=False)]
 ChiefOpt = Annotated[bool, typer.Option(
     "--chief", help="a chief task too (always one under parameter_server)",
     rich_help_panel=_QUICK)]

@@ -5,6 +5,8 @@ the backoff."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from orchestrator import decide
 from orchestrator.decide import EndJob, JobState, Restart, TaskState
 from orchestrator.intake import Intake
@@ -18,6 +20,8 @@ from worker_entry import markers
 class Exits:
     def __init__(self, job: Job, intake: Intake) -> None:
         self.job, self.intake = job, intake
+        # An elastic job's (resizing.Resizing.lost): True when a loss resized the group.
+        self.resize: Callable[[TaskRecord, int | None, str], bool] | None = None
 
     def exited(self, rec: TaskRecord, rc: int) -> None:
         """Every task's exit, the sidecars' too, and while finishing."""
@@ -71,6 +75,8 @@ class Exits:
     def lost(self, rec: TaskRecord, rc: int | None, why: str) -> None:
         """Carries out what decide.on_loss says: end the job, restart, or say so."""
         job = self.job
+        if self.resize is not None and self.resize(rec, rc, why):
+            return
         action = decide.on_loss(rec.name, rec.role, rc, why, job.plan.job, job.policy,
                                 job.rules, rec.restarts, job.restarts)
         if isinstance(action, EndJob):

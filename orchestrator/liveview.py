@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from orchestrator.job import Job
     from orchestrator.records import TaskOutcome, TaskRecord
+    from orchestrator.spec import ClusterSpec
 
 DUMB_TERMS = ("dumb", "unknown")
 
@@ -279,6 +280,15 @@ def render(renderable: Any, width: int, color: bool = False) -> str:
     return buf.getvalue()
 
 
+def size_note(spec: ClusterSpec, workers: int) -> str:
+    """An elastic job's size in the live table's title: the workers now, and its bounds."""
+    e = spec.elastic
+    if e is None:
+        return ""
+    most = e.max_workers if e.max_workers is not None else len(spec.tasks.worker)
+    return f", {workers} workers ({e.min_workers}-{most})"
+
+
 class LiveView:
     """The table under the tasks' lines on a terminal, redrawn once a second (the loop's
     `watch`). Rows that do not fit the terminal's height are left out, and counted."""
@@ -296,7 +306,8 @@ class LiveView:
         rows = [row_from_record(rec, now, self._last.get(rec.name, ""))
                 for rec in job.records.values()]
         title = (f"{job.plan.run_id}: {job.state.value}, {duration(now - self._t0)}, "
-                 f"restarts {job.restarts}/{job.policy.max_restarts}")
+                 f"restarts {job.restarts}/{job.policy.max_restarts}"
+                 + size_note(job.plan.spec, len(job.plan.cluster.get("worker", []))))
         self._writer.set_footer(lambda: self._render(rows, title))
 
     def _render(self, rows: list[Row], title: str) -> str:

@@ -222,6 +222,7 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
     `stage(what)` is told what is under way (for a message if a signal cuts it short);
     `started(plan)` is called once the tasks are started. A dict source is written into the
     run directory as cluster.yaml (`made_by` its first comment)."""
+    from orchestrator.launch.backupstore import for_lab
     from orchestrator.launch.spares import spares_wanted
     from orchestrator.supervise import Supervisor
 
@@ -248,7 +249,9 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
             standby = functools.partial(backends.standby, wanted=wanted) if wanted else None
             stage("supervising")
             return Supervisor(p, start=backends.start, echo=echo, watch=watch,
-                              standby=standby, start_batch=backends.start_batch).run(
+                              standby=standby, start_batch=backends.start_batch,
+                              backup_store=for_lab(p.spec.hosts, lambda: backends.get("ssh"))
+                              if p.spec.elastic else None).run(
                 started=functools.partial(started, p) if started else None)
     finally:
         backends.close()

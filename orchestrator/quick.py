@@ -57,7 +57,7 @@ class FlagError(SpecError):
 class QuickFlags:
     """`tfo run`'s cluster flags, as given (None: not given)."""
 
-    workers: int | None = None
+    workers: int | str | None = None  # a count, or MIN:MAX (an elastic job, as torchrun's)
     chief: bool = False
     ps: int | None = None
     evaluator: bool = False
@@ -128,21 +128,49 @@ def _strategy(flags: QuickFlags) -> Strategy:
                         + ", ".join(STRATEGIES)) from None
 
 
+def worker_range(workers: int | str | None) -> tuple[int | None, int | None]:
+    """`--workers`: N (min None), or MIN:MAX as torchrun's `--nnodes`: an elastic job of
+    MAX places that trains on as few as MIN. Returns (min, max); N:N is N."""
+    if workers is None or isinstance(workers, int):
+        return None, workers
+    low, sep, high = workers.strip().partition(":")
+    if not all(p.strip().isascii() and p.strip().isdigit() for p in (low, high)[:1 + bool(sep)]):
+        raise FlagError(f"--workers {workers}: expected a number of workers (2), or MIN:MAX "
+                        "(2:4) for an elastic job")
+    if not sep:
+        return None, int(low)
+    least, most = int(low), int(high)
+    if least < 1:
+        raise FlagError(f"--workers {workers}: at least 1 worker (MIN of MIN:MAX)")
+    if least > most:
+        raise FlagError(f"--workers {workers}: MIN {least} is more than MAX {most}")
+    return (None if least == most else least), most
+
+
 def _roles(flags: QuickFlags, strategy: Strategy) -> dict[Role, int]:
     """How many tasks of each role: under parameter_server the chief is the coordinator
-    (always one) and at least one ps serves the variables."""
-    if flags.workers is not None and flags.workers < 1:
+    (always one) and at least one ps serves the variables. An elastic job (`--workers
+    MIN:MAX`) lists MAX workers."""
+    least, workers = worker_range(flags.workers)
+    if workers is not None and workers < 1:
         raise FlagError(f"--workers {flags.workers}: at least 1")
+    if least is not None and strategy is not Strategy.MULTI_WORKER_MIRRORED:
+        raise FlagError(f"--workers {flags.workers}: MIN:MAX (an elastic job) is for "
+                        "--strategy multi_worker_mirrored; give a number of workers")
+    if least is not None and flags.chief:
+        raise FlagError(f"--workers {flags.workers} with --chief: an elastic job has no chief "
+                        "task (worker 0 is the chief, and the role moves when its host is "
+                        "lost); drop --chief")
     if flags.ps is not None and flags.ps < 1:
         raise FlagError(f"--ps {flags.ps}: at least 1 (or leave it out)")
-    for flag, count in (("--workers", flags.workers), ("--ps", flags.ps)):
+    for flag, count in (("--workers", workers), ("--ps", flags.ps)):
         if count is not None and count > MAX_TASKS_PER_ROLE:  # before a list of that size
             raise FlagError(f"{flag} {count}: at most {MAX_TASKS_PER_ROLE}")
     ps = strategy is Strategy.PARAMETER_SERVER
     if flags.ps and not ps:
         raise FlagError(f"--ps {flags.ps}: ps tasks are for --strategy parameter_server; "
                         "add it, or drop --ps")
-    counts = {Role.CHIEF: int(flags.chief or ps), Role.WORKER: flags.workers or 1,
+    counts = {Role.CHIEF: int(flags.chief or ps), Role.WORKER: workers or 1,
               Role.PS: (flags.ps or 1) if ps else 0, Role.EVALUATOR: int(flags.evaluator)}
     return {role: n for role, n in counts.items() if n}
 
@@ -217,6 +245,9 @@ def spec_from_command(command: list[str], flags: QuickFlags) -> dict[str, Any]:
                             "job": job, "tasks": _tasks(roles, names)}
     if hosts:
         spec["hosts"] = hosts
+    least, most = worker_range(flags.workers)
+    if least is not None:
+        spec["elastic"] = {"min_workers": least, "max_workers": most}
     restart: dict[str, Any] = {}
     if flags.restart is not None:
         values = [p.value for p in RestartPolicy]

@@ -122,6 +122,7 @@ class RunResult:
     evaluation: dict[str, Any] | None = None  # the evaluator's last: {"epoch", "metrics"}
     stalls: list[Stall] = field(default_factory=list)  # every stall, in order, cause first
     preemptions: int = 0  # restarts after a preemption (not in `restarts`)
+    resizes: list[dict[str, Any]] = field(default_factory=list)  # job_resized's, in order
 
 
 def tail(path: str, n: int = 20) -> list[str]:

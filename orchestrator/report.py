@@ -141,6 +141,8 @@ def print_summary(result: RunResult) -> None:
     if Path(board).is_dir():
         err.print(f"tensorboard: {board} (to view: tensorboard --logdir {shlex.quote(board)})",
                   soft_wrap=True)
+    for line in resize_lines(result.resizes):
+        err.print(line, soft_wrap=True, highlight=False, markup=False)
     preempted = f", preemptions: {result.preemptions}" if result.preemptions else ""
     err.print(f"run directory: {result.run_dir} (restarts: {result.restarts}{preempted})",
               soft_wrap=True)
@@ -208,6 +210,13 @@ def runs_table(found: list[RunInfo]) -> Table:
                       duration(r.duration), r.outcome.value,
                       "-" if r.restarts is None else str(r.restarts))
     return table
+
+
+def resize_lines(resized: list[dict[str, Any]]) -> list[str]:
+    """An elastic job's resizes (job_resized's fields), a line each, in order."""
+    return [f"resized: {r.get('from')} → {r.get('to')} workers: {r.get('reason', '')}"
+            + (f" (from backup {r['save']})" if r.get("save") is not None else "")
+            for r in resized]
 
 
 def job_line(events: list[dict[str, Any]]) -> str:

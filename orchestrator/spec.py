@@ -619,6 +619,28 @@ class SchedulerSpec(_Model):
         return self.__pydantic_extra__[self.kind]
 
 
+class ElasticSpec(_Model):
+    """An elastic multi_worker_mirrored job (orchestrator/elastic.py): `tasks.worker` lists
+    the pool of worker places; the group trains on max_workers of them, goes on with fewer
+    (contiguous indices, worker 0 the chief) when a host is lost, never below min_workers,
+    and grows back at an epoch boundary when a lost host or a spare place answers again."""
+
+    min_workers: Int = Field(ge=1, description="never fewer workers than this")
+    max_workers: Int | None = Field(default=None, ge=1, description=(
+        "never more workers than this; default: every place listed"))
+    # How often lost hosts, and listed places not in use, are asked whether they answer.
+    probe_seconds: Seconds = Field(default=30.0, gt=0)
+    # A host lost and back is two resizes; 10 is five such outages in one run. A host that
+    # flaps more costs a restart (and the work since the last backup) each time: past this
+    # bound the group stops resizing (a loss then follows the restart policy, a host back
+    # waits).
+    max_resizes: Int = Field(default=10, ge=0)
+    # A host whose tasks failed this many times in a row (each a restart under the restart
+    # policy) counts as lost: 3, so one bad start or a crash in the job's code is not
+    # blamed on the host, and the default max_restarts (3) still has a restart left then.
+    lost_after_failures: Int = Field(default=3, ge=1)
+
+
 class LocalhostSpec(_Model):
     """This machine, for the tasks on `localhost`."""
 
@@ -651,6 +673,9 @@ class ClusterSpec(_Model):
     backend: SchedulerSpec | None = Field(default=None, description=(
         "a scheduler that places the tasks, by kind: {slurm: {...}}; default: none, "
         "the tasks name their hosts"))
+    elastic: ElasticSpec | None = Field(default=None, description=(
+        "multi_worker_mirrored only: train on fewer workers when a host is lost, more when "
+        "it is back (docs/guide/faults.md)"))
 
     @property
     def scheduler(self) -> str | None:
@@ -772,6 +797,43 @@ class ClusterSpec(_Model):
                 "(and the hosts' gpus), or use ring or auto"))
         return self
 
+    @model_validator(mode="after")
+    def _elastic_rules(self) -> ClusterSpec:
+        """What an elastic job needs: MWMS workers only (a place each), and bounds the
+        pool can hold."""
+        e = self.elastic
+        if e is None:
+            return self
+        if self.strategy is not Strategy.MULTI_WORKER_MIRRORED:
+            raise _field_error("elastic", (
+                f"resizes a multi_worker_mirrored job's workers; a {self.strategy.value} job "
+                "rides out a lost worker already (its workers restart alone, restart policy "
+                "on-failure): remove elastic"))
+        if self.tasks.chief:
+            raise _field_error("elastic", (
+                "an elastic job has no chief task: worker 0 is the chief, and the role passes "
+                "to the next worker when its host is lost; list the chief's place first under "
+                "tasks.worker"))
+        places = len(self.tasks.worker)
+        most = e.max_workers if e.max_workers is not None else places
+        if e.min_workers > most:
+            field = "elastic.min_workers"
+            bound = (f"max_workers {e.max_workers}" if e.max_workers is not None
+                     else f"the {places} place(s) tasks.worker lists")
+            raise _field_error(field, f"{e.min_workers} is more than {bound}")
+        if most > places:
+            raise _field_error("elastic.max_workers", (
+                f"{most}, but tasks.worker lists {places} place(s): list a place per worker "
+                "(a host twice, as host:auto, for two workers on it)"))
+        policy = self.restart.for_role(Role.WORKER, self.strategy)
+        if policy is not RestartPolicy.NEVER and \
+                e.lost_after_failures - 1 > self.restart.max_restarts:
+            raise _field_error("elastic.lost_after_failures", (
+                f"{e.lost_after_failures} failures in a row make a host lost, but "
+                f"restart.max_restarts {self.restart.max_restarts} ends the job after "
+                f"{self.restart.max_restarts + 1}: lower it, or raise max_restarts"))
+        return self
+
     def _machine(self, host: str) -> str:
         return self.hosts[host].address if host in self.hosts else LOCALHOST
 
@@ -799,7 +861,7 @@ def _loc(loc: tuple[int | str, ...], prefix: str = "") -> str:
 
 
 # The fields our model-level checks name at the start of their message.
-_MODEL_FIELDS = ("tasks", "job", "env.", "hosts.", "backend.", "timeouts.")
+_MODEL_FIELDS = ("tasks", "job", "env.", "hosts.", "backend.", "timeouts.", "elastic")
 
 
 def format_validation_error(err: ValidationError, prefix: str = "") -> str:

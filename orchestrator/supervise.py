@@ -64,7 +64,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator import decide, wakeup
+from orchestrator import decide, resizing, wakeup
 from orchestrator.checks import Checks
 from orchestrator.decide import (
     JOB_TRANSITIONS,
@@ -82,6 +82,7 @@ from orchestrator.exits import Exits
 from orchestrator.intake import Intake
 from orchestrator.job import Clock, Interrupted, Job
 from orchestrator.launch import BatchLauncher, Launcher, TaskHandle, one_by_one
+from orchestrator.launch.backupstore import BackupStore
 from orchestrator.plan import Plan
 from orchestrator.policy import restart_allowed
 from orchestrator.records import RunResult, TaskOutcome, TaskRecord, tail
@@ -111,9 +112,17 @@ class Supervisor:
                  watch: Callable[[Job], None] | None = None,
                  standby: Standby | None = None,
                  start_batch: BatchLauncher | None = None, timing: Timing | None = None,
-                 clock: Clock | None = None, waiter: wakeup.Waiter | None = None) -> None:
+                 clock: Clock | None = None, waiter: wakeup.Waiter | None = None,
+                 probe: resizing.Probe | None = None,
+                 backup_store: BackupStore | None = None) -> None:
         """`clock` and `waiter` are the loop's time and its one sleep (a test's fake clock
-        and a waiter that moves it); `timing` the loop's own limits (decide.Timing)."""
+        and a waiter that moves it); `timing` the loop's own limits (decide.Timing). An
+        elastic job (`spec.elastic`) starts as its first group (resizing.first); `probe` asks
+        whether a lost or spare place answers (default resizing.reachable); `backup_store`
+        reads and fills the backups on resizes (default: this machine's only)."""
+        first = resizing.first(plan) if plan.spec.elastic is not None else None
+        if first is not None:
+            plan = first.plan
         self.plan = plan
         # Made, with plan.json, before anything starts (pipeline.make_run_dir): a bad place or
         # a full disk is the user's error there, and plan.json is not serialized twice.
@@ -127,6 +136,10 @@ class Supervisor:
         self.starts = Starts(job, self.exits, start_batch or functools.partial(one_by_one, start),
                              standby)
         self.checks = Checks(job, self.intake, self.exits)
+        self.resizing = None if first is None else resizing.Resizing(
+            job, self.intake, first.places, first.group, probe=probe, store=backup_store)
+        if self.resizing is not None:
+            self.exits.resize = self.resizing.lost
         # Called by the loop, on its thread, at most every WATCH_SECONDS: it may read the
         # records, and must return at once (the live view copies rows and returns).
         self.watch = watch
@@ -186,6 +199,7 @@ class Supervisor:
             state=end.state, exit_code=code, reason=end.reason, run_dir=self.plan.run_dir,
             restarts=job.restarts, failed_task=end.failed_task, evaluation=job.evaluation,
             stalls=job.stalls, preemptions=job.preemptions,
+            resizes=self.resizing.resized if self.resizing is not None else [],
             tasks=[TaskOutcome(r.name, r.state, r.current.returncode, r.restarts, r.task.log_path,
                                r.task.host, r.current.work.progress, r.torn_down_ok,
                                r.current.exit_reason)
@@ -223,11 +237,16 @@ class Supervisor:
         self.starts.start_due(now)
         for check in (self._poll_exits, lambda: teardown_waits(job, job.clock()),
                       lambda: checks.startup(job.clock()), lambda: checks.stalls(job.clock()),
-                      lambda: self.starts.standbys(job.clock()), checks.success):
+                      lambda: self.starts.standbys(job.clock()), checks.success,
+                      self._resizes):
             if job.busy:
                 return None
             check()
         return None
+
+    def _resizes(self) -> None:
+        if self.resizing is not None:
+            self.resizing.tick(self.job.clock())
 
     def _poll_exits(self) -> None:
         """Asks the handles the kernel said exited (their exit fd readable when the loop

@@ -196,6 +196,17 @@ BAD_FLAGS = [
     # Issue 31: counted before a list of that size is made (10,000,000 took 27 s and 6.4 GB).
     ("10,000,000 workers", QuickFlags(workers=10_000_000), ["--workers 10000000", "at most 4096"]),
     ("a billion ps", QuickFlags(strategy="ps", ps=10**9), ["--ps 1000000000", "at most 4096"]),
+    # Issue 27: MIN:MAX, an elastic job.
+    ("workers min above max", QuickFlags(workers="4:2"), ["--workers 4:2", "MIN 4 is more than"]),
+    ("workers min 0", QuickFlags(workers="0:2"), ["--workers 0:2", "at least 1 worker"]),
+    ("workers not numbers", QuickFlags(workers="two:4"), ["--workers two:4", "MIN:MAX (2:4)"]),
+    ("workers open range", QuickFlags(workers="2:"), ["--workers 2:", "MIN:MAX"]),
+    ("workers range under ps", QuickFlags(workers="2:4", strategy="ps"),
+     ["--workers 2:4", "multi_worker_mirrored"]),
+    ("workers range with a chief", QuickFlags(workers="2:4", chief=True),
+     ["--workers 2:4 with --chief", "drop --chief"]),
+    ("workers range too big", QuickFlags(workers="2:10000000"),
+     ["--workers 10000000", "at most 4096"]),
 ]
 
 
@@ -206,6 +217,26 @@ def test_bad_flags_are_named(flags: QuickFlags, parts: list[str]) -> None:
         spec_from_command(["python", "train.py"], flags)
     for part in parts:
         assert part in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(("workers", "hosts", "tasks", "elastic"), [
+    ("2:4", None, ["localhost:auto"] * 4, {"min_workers": 2, "max_workers": 4}),
+    ("3", None, ["localhost:auto"] * 3, None),
+    ("2:2", None, ["localhost:auto"] * 2, None),  # as torchrun's --nnodes 2:2: a fixed size
+    (" 1:3", "lab1,lab2", ["lab1:auto", "lab2:auto", "lab1:auto"],
+     {"min_workers": 1, "max_workers": 3}),
+])
+def test_workers_min_max_makes_an_elastic_job(workers: str, hosts: str | None, tasks: list[str],
+                                              elastic: dict | None) -> None:
+    """`--workers 2:4` as torchrun's `--nnodes MIN:MAX`: MAX places, round-robin over the
+    hosts, and `elastic` with both bounds; the cluster file it makes is valid."""
+    flags = lab(hosts=hosts, workers=workers) if hosts else QuickFlags(workers=workers)
+    spec = spec_from_command(["python", "train.py"], flags)
+    assert spec["tasks"] == {"worker": tasks}
+    assert spec.get("elastic") == elastic
+    parsed = parse_spec(spec)
+    assert (parsed.elastic.model_dump(include={"min_workers", "max_workers"})
+            if parsed.elastic else None) == elastic
 
 
 def test_given_names_the_flags() -> None:
@@ -275,6 +306,8 @@ def test_flags_with_a_file_are_exit_2_naming_them() -> None:
     (["--ps", "1"], "--ps 1: ps tasks are for --strategy parameter_server"),
     (["--hosts", "lab9", "--hosts-file", "clusters/lab.yaml"], "--hosts: 'lab9'"),
     (["--strategy", "mirrored"], "--strategy mirrored"),
+    (["--workers", "4:2"], "--workers 4:2: MIN 4 is more than MAX 2"),
+    (["--workers", "x"], "--workers x: expected a number of workers"),
 ])
 def test_bad_flags_exit_2(flags: list[str], expected: str) -> None:
     res = run_tfo("run", *flags, "--", ENTRY, timeout=30)
@@ -293,6 +326,14 @@ def test_plan_with_flags_shows_the_tasks_and_the_cluster_file() -> None:
     made = yaml.safe_load(res.stdout.split("as cluster.yaml):\n", 1)[1])
     assert made["job"] == {"script": SCRIPT, "args": ["--epochs", "3"]}
     assert made["tasks"] == {"worker": ["localhost:auto", "localhost:auto"]}
+
+
+def test_plan_with_a_worker_range_makes_an_elastic_cluster_file() -> None:
+    res = run_tfo("plan", "--workers", "2:3", "--", "python", SCRIPT, timeout=30)
+    assert res.returncode == 0, res.output
+    made = yaml.safe_load(res.stdout.split("as cluster.yaml):\n", 1)[1])
+    assert made["elastic"] == {"min_workers": 2, "max_workers": 3}
+    assert made["tasks"] == {"worker": ["localhost:auto"] * 3}
 
 
 def test_plan_json_with_flags() -> None:

@@ -4,6 +4,7 @@ outlives the run."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from collections.abc import Callable
@@ -121,6 +122,10 @@ def test_one_standby_per_task_handed_over_only_to_its_attempt(tmp_path):
     assert got is made[2] and got.went and not got.discarded
     spares.close()
     assert made[3].discarded and not made[2].discarded  # the one handed over is a task now
+    # An elastic resize gives the name another plan (TF_CONFIG of its size): not its spare.
+    spares.make(w1, 4)
+    resized = dataclasses.replace(w1, env={**w1.env, "TFO_NUM_WORKERS": "1"})
+    assert spares.take(resized, 4) is None and made[4].discarded
 
 
 # ---- real processes ----------------------------------------------------------------------

@@ -212,6 +212,38 @@ SLURM = [
      ["job.gpus_per_task", "backend.slurm.gpus_per_task"]),
 ]
 BAD += GPUS + SLURM
+# Issue 27: an elastic job's bounds, and what it cannot resize.
+THREE = GOOD.replace("localhost:20001]", "localhost:20001, localhost:20002]")
+ELASTIC = [
+    ("elastic min above max", THREE + "elastic: {min_workers: 3, max_workers: 2}\n",
+     ["elastic.min_workers", "3 is more than max_workers 2"]),
+    ("elastic min above the places", THREE + "elastic: {min_workers: 4}\n",
+     ["elastic.min_workers", "4 is more than the 3 place(s) tasks.worker lists"]),
+    ("elastic min 0", THREE + "elastic: {min_workers: 0}\n",
+     ["elastic.min_workers", "greater than or equal to 1"]),
+    ("elastic without min", THREE + "elastic: {max_workers: 3}\n",
+     ["elastic.min_workers", "is required"]),
+    ("elastic max above the places", THREE + "elastic: {min_workers: 2, max_workers: 4}\n",
+     ["elastic.max_workers", "4, but tasks.worker lists 3 place(s)", "host:auto"]),
+    ("elastic under parameter_server",
+     GOOD.replace("name: t", "name: t\nstrategy: parameter_server")
+     + "  chief: [localhost:20002]\n  ps: [localhost:20004]\nelastic: {min_workers: 1}\n",
+     ["elastic: resizes a multi_worker_mirrored job's workers", "remove elastic"]),
+    ("elastic with a chief", THREE + "  chief: [localhost:20003]\nelastic: {min_workers: 2}\n",
+     ["elastic: an elastic job has no chief task", "first under tasks.worker"]),
+    ("elastic probe 0", THREE + "elastic: {min_workers: 2, probe_seconds: 0}\n",
+     ["elastic.probe_seconds", "greater than 0"]),
+    ("elastic negative max_resizes", THREE + "elastic: {min_workers: 2, max_resizes: -1}\n",
+     ["elastic.max_resizes", "-1"]),
+    ("elastic failures past the restarts", THREE + "restart: {policy: on-failure}\n"
+     "elastic: {min_workers: 2, lost_after_failures: 6}\n",
+     ["elastic.lost_after_failures", "max_restarts 3 ends the job after 4"]),
+    ("elastic unknown key", THREE + "elastic: {min_workers: 2, min_np: 1}\n",
+     ["elastic", "unknown key 'min_np'"]),
+    ("elastic min true", THREE + "elastic: {min_workers: true}\n",
+     ["elastic.min_workers", "True"]),
+]
+BAD += ELASTIC
 
 
 @pytest.mark.parametrize(("case", "text", "needles"), BAD, ids=[c for c, _, _ in BAD])
@@ -315,6 +347,21 @@ def test_good_spec_defaults():
     assert [str(a) for a in spec.tasks.worker] == ["localhost:1", "localhost:auto"]
     assert spec.tasks.chief[0].port == 3
     assert spec.restart.for_role("worker", spec.strategy) is RestartPolicy.NEVER
+
+
+def test_elastic_defaults_and_a_slurm_pool():
+    spec = parse_spec({"name": "t", "job": {"entry": "a.b:c"}, "elastic": {"min_workers": 2},
+                       "tasks": {"worker": ["localhost", "localhost", "localhost"]}})
+    e = spec.elastic
+    assert (e.min_workers, e.max_workers, e.probe_seconds, e.max_resizes,
+            e.lost_after_failures) == (2, None, 30.0, 10, 3)
+    assert parse_spec({"name": "t", "job": {"entry": "a.b:c"}}
+                      | {"tasks": {"worker": ["localhost"]}}).elastic is None
+    # Under Slurm the pool is the count of workers (nodes of the allocation).
+    slurm = parse_spec({"name": "t", "job": {"entry": "a.b:c"}, "tasks": {"worker": 4},
+                        "backend": {"slurm": {}}, "elastic": {"min_workers": 2,
+                                                             "max_workers": 3}})
+    assert slurm.elastic.max_workers == 3
 
 
 @pytest.mark.parametrize("timeouts, seconds, floor", [

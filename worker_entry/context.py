@@ -55,6 +55,12 @@ class TaskContext:
         return os.path.join(self.model_dir, "checkpoints")
 
     @property
+    def num_workers(self) -> int:
+        """The training group's size now: TFO_NUM_WORKERS (an elastic job's, which changes
+        between attempts), else TF_CONFIG's chief and workers."""
+        return markers.num_workers()
+
+    @property
     def num_replicas(self) -> int:
         return int(self.strategy.num_replicas_in_sync) if self.strategy is not None else 1
 

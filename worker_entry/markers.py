@@ -36,6 +36,25 @@ def is_chief(role: str, index: int, cluster: dict[str, list[str]]) -> bool:
                                   and not cluster.get(Role.CHIEF.value))
 
 
+# The training group's size now (an elastic job's changes between attempts; orchestrator/
+# elastic.py sets it); TF_CONFIG's cluster says it too.
+NUM_WORKERS_ENV = "TFO_NUM_WORKERS"
+
+
+def num_workers(environ: dict[str, str] | None = None) -> int:
+    """The group's size as a task sees it: TFO_NUM_WORKERS, else TF_CONFIG's chief and
+    workers (1 without either: a single process)."""
+    env = os.environ if environ is None else environ
+    given = env.get(NUM_WORKERS_ENV, "")
+    if given.isascii() and given.isdigit() and int(given) > 0:
+        return int(given)
+    try:
+        cluster = json.loads(env.get("TF_CONFIG") or "{}").get("cluster") or {}
+    except (ValueError, AttributeError):
+        cluster = {}
+    return max(1, len(cluster.get("chief") or []) + len(cluster.get("worker") or []))
+
+
 class Strategy(str, Enum):
     MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
     PARAMETER_SERVER = "parameter_server"

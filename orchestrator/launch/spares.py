@@ -56,6 +56,9 @@ class Spares(Generic[S]):
     def __init__(self, start: Callable[[TaskPlan, int], S]) -> None:
         self._start = start
         self._held: dict[str, S] = {}
+        # The task each was made for: an elastic resize gives a name a new plan (its size's
+        # TF_CONFIG, perhaps another place), and a spare of the old one must not take it.
+        self._for: dict[str, TaskPlan] = {}
 
     def make(self, task: TaskPlan, attempt: int) -> int | None:
         held = self._held.get(task.name)
@@ -63,13 +66,16 @@ class Spares(Generic[S]):
             return None
         self._drop(task.name)
         standby = self._held[task.name] = self._start(task, attempt)
+        self._for[task.name] = task
         return standby.pid
 
     def take(self, task: TaskPlan, attempt: int) -> S | None:
         held = self._held.pop(task.name, None)
+        made_for = self._for.pop(task.name, None)
         if held is None:
             return None
-        if held.attempt != attempt or held.poll() is not None:  # stale, or it died
+        if held.attempt != attempt or made_for != task or held.poll() is not None:
+            # stale (another attempt, or another plan: a resize), or it died
             held.discard()
             return None
         held.go()

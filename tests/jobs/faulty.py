@@ -5,6 +5,8 @@
 - args `epoch_sleep`: seconds to pause after each epoch, so a test can kill mid-run.
 - args `orphan_task`: that task starts `sleep 300` in a session of its own (a straggler).
 - env `FAULTY_HANG_TASK`: that task hangs while importing this module, before TF starts.
+- env `FAULTY_BROKEN_TASK`: that task exits 3 while importing this module on every attempt
+  after its first (its place broke: an elastic job loses it by its failures in a row).
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ import time
 if os.environ.get("TFO_TASK") and os.environ.get("TFO_TASK") == os.environ.get("FAULTY_HANG_TASK"):
     print("[faulty] hanging before training", flush=True)
     time.sleep(3600)
+
+if os.environ.get("TFO_TASK") and os.environ.get("TFO_TASK") == \
+        os.environ.get("FAULTY_BROKEN_TASK") and int(os.environ.get("TFO_ATTEMPT", "0")) > 0:
+    print("[faulty] broken: exiting before training", flush=True)
+    sys.exit(3)
 
 import tensorflow as tf  # noqa: E402
 

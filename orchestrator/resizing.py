@@ -1,0 +1,233 @@
+"""An elastic multi_worker_mirrored job's resizes, carried out (issue 27): orchestrator/elastic.py
+decides who trains, this acts on the loop's Job, as exits.py acts on decide's answers.
+
+    plan, places, group = first(plan)               # the plan of the first group
+    resizing = Resizing(job, intake, places, group, probe)
+    exits.resize = resizing.lost                    # a loss: shrink, or the policy decides
+    resizing.tick(now)                              # each round: probes, and a grow at an
+                                                    # epoch boundary
+
+A resize is a restart of the whole training group at a new size, not counted against
+max_restarts: the group is stopped (SIGTERM, the grace, SIGKILL: a grow's stop is a
+preemption the tasks save at), `job_resized` is written, the backups are filled where a
+joining worker lacks the group's (backups.copy_backup), and the records follow the new plan (a
+name gone is set aside, one back takes its record again: its attempts go on counting).
+
+A place is lost (elastic.Why) when a start on it failed, its lifeline was cut (exit
+EXIT_LIFELINE, or its handle lost contact), or its tasks failed lost_after_failures times
+in a row (elastic.failures_in_row: a failure after the task's first step starts a new row).
+Probes run in a daemon thread, each bounded by the host's connect timeout: the loop never
+waits on a host that does not answer.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Collection
+from typing import NamedTuple
+
+from orchestrator import decide, elastic
+from orchestrator.decide import JobState, TaskState
+from orchestrator.elastic import Group, NoResize, Place, Resize
+from orchestrator.intake import Intake
+from orchestrator.job import Job
+from orchestrator.launch.backupstore import BackupStore
+from orchestrator.plan import Plan
+from orchestrator.records import TaskRecord
+from orchestrator.spec import LOCALHOST, ClusterSpec
+from orchestrator.stopping import lost_contact, stop
+from worker_entry.markers import EXIT_LIFELINE, Role
+
+Probe = Callable[[str], bool]  # a place's `where` → does it answer
+
+
+class First(NamedTuple):
+    plan: Plan  # the first group's
+    places: tuple[Place, ...]
+    group: Group
+
+
+def first(plan: Plan) -> First:
+    """The run's plan (of the whole pool: plan.json's) → the plan of the first group, the
+    places and the group."""
+    spec = plan.spec
+    nodes = {t.name: t.placement.host for t in plan.tasks
+             if spec.scheduler and t.placement.kind == spec.scheduler}
+    places = elastic.pool(spec, plan.ports(), nodes)
+    assert spec.elastic is not None
+    group = elastic.first_group(spec.elastic, places)
+    return First(elastic.plan_for(plan, places, group), places, group)
+
+
+def reachable(spec: ClusterSpec, where: str) -> bool:
+    """A probe: does a place's host answer. This machine always does; an SSH host when its
+    SSH port accepts a connection within its connect timeout; a scheduler's node is not
+    asked (the allocation says which nodes there are): no."""
+    host = where.partition(":")[0] if where.startswith(f"{LOCALHOST}:") else where
+    if host == LOCALHOST:
+        return True
+    h = spec.hosts.get(host)
+    if h is None:
+        return False
+    try:
+        socket.create_connection((h.address, h.port), timeout=h.connect_timeout_seconds).close()
+    except OSError:
+        return False
+    return True
+
+
+class Resizing:
+    def __init__(self, job: Job, intake: Intake, places: tuple[Place, ...], group: Group,
+                 probe: Probe | None = None, store: BackupStore | None = None) -> None:
+        self.job, self.intake, self.places, self.group = job, intake, places, group
+        self.store = store or BackupStore()  # this machine's backups only
+        assert job.plan.spec.elastic is not None
+        self.elastic = job.plan.spec.elastic
+        self.probe = probe or (lambda where: reachable(job.plan.spec, where))
+        self.failures: dict[str, int] = {}  # place (`where`) → its failures in a row
+        self.answering: frozenset[str] = frozenset()  # those that answered the last probe
+        self.probed_at: float | None = job.clock()  # the first probe a probe_seconds in
+        self._probing: threading.Thread | None = None
+        self._answers: frozenset[str] | None = None  # a probe's result, for the loop to take
+        self.seen_epoch: int | None = None  # worker 0's epoch when the loop last looked
+        self.gone: dict[str, TaskRecord] = {}  # records of names a shrink dropped
+        self.resized: list[dict] = []  # each job_resized's fields (RunResult.resizes)
+        self._not_grown: set[str] = set()  # lab hosts back that a grow was refused, said once
+
+    # ---- shrink -------------------------------------------------------------------------
+    def where(self, rec: TaskRecord) -> str:
+        return self.places[self.group.members[rec.task.index]].where
+
+    def lost(self, rec: TaskRecord, rc: int | None, why: str) -> bool:
+        """A training task lost (Exits.lost, before decide.on_loss): True when the group
+        resizes without its place; False: the restart policy decides, as for any job."""
+        job = self.job
+        if rec.role is not Role.WORKER or job.state is JobState.FINISHING:
+            return False
+        where = self.where(rec)
+        trained = rec.current.work.progress is not None
+        self.failures[where] = elastic.failures_in_row(self.failures.get(where, 0), trained)
+        lifeline = rc == EXIT_LIFELINE or bool(lost_contact(rec))
+        how = elastic.lost_why(self.elastic, start_failed=rec.handle is None and rc is None,
+                               lifeline_cut=lifeline, failures_in_row=self.failures[where])
+        if how is None:
+            return False
+        d = elastic.on_lost(self.elastic, self.places, self.group, {where: how},
+                            self.answering)
+        if isinstance(d, NoResize):
+            self.group = d.group
+            if d.follow_policy:
+                job.echo("tfo", d.reason)
+            return not d.follow_policy
+        self.resize(d, f"{why}; {d.words}")
+        return True
+
+    # ---- grow ---------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Each round: take a probe's answers, start the next probe when due, and at an
+        epoch boundary with a place answering, grow."""
+        if self._answers is not None:
+            self.answering, self._answers = self._answers, None
+        if self._probing is None or not self._probing.is_alive():
+            wanted = elastic.to_probe(self.places, self.group)
+            if wanted and elastic.probe_due(now, self.probed_at, self.elastic):
+                self.probed_at = now
+                self._probing = threading.Thread(target=self._probe, args=(wanted,),
+                                                 name="tfo-probe", daemon=True)
+                self._probing.start()
+        chief = self.job.records.get("worker:0")
+        epoch = chief.current.work.progress.epoch if chief is not None and \
+            chief.current.work.progress is not None and chief.state is TaskState.RUNNING \
+            else None
+        boundary = elastic.at_epoch_boundary(self.seen_epoch, epoch)
+        self.seen_epoch = epoch
+        if not boundary or not self.answering or self.job.state is not JobState.RUNNING:
+            return
+        d = elastic.on_answer(self.elastic, self.places, self.group, self.answering)
+        if not isinstance(d, Resize):
+            self.group = d.group
+        elif far := elastic.unfilled_joiners(self.places, self.group, d.group,
+                                             self.store.reaches):
+            if set(far) - self._not_grown:
+                self._not_grown |= set(far)
+                self.job.echo("tfo", f"{', '.join(far)} answered again; not grown onto it: "
+                              "its backup directory cannot be filled from here, and the "
+                              "group would start over")
+        else:
+            self.resize(d, d.words)
+
+    def _probe(self, wanted: Collection[str]) -> None:
+        self._answers = frozenset(w for w in wanted if self.probe(w))
+
+    # ---- the resize itself --------------------------------------------------------------
+    def resize(self, d: Resize, why: str) -> None:
+        """Stop the training group, then restart it as `d.group`: not counted."""
+        job = self.job
+        job.set(None, JobState.RESTARTING)
+        job.echo("tfo", f"resizing, {why}")
+        unit = [r for r in job.records.values()
+                if decide.training(r.role, job.rules) and not r.finished]
+        stop(job, self.intake, unit, "resize", then=lambda: self._regroup(d, why))
+
+    def _regroup(self, d: Resize, why: str) -> None:
+        job = self.job
+        old_plan, old_group = job.plan, self.group
+        new = elastic.plan_for(old_plan, self.places, d.group)
+        save = self._fill_backups(old_plan, old_group, new, d.group)
+        job.events.write("job_resized", **d.event, save=save)
+        self.resized.append({**d.event, "save": save})
+        job.echo("tfo", f"resized: {d.words}" + (
+            f"; resuming from backup {save}" if save is not None else ""))
+        names = {t.name for t in new.tasks}
+        for name in [n for n in job.records if n not in names]:
+            rec = self.gone[name] = job.records.pop(name)
+            if rec.log is not None:  # reopened (appended to) if the name comes back
+                rec.log.close()
+                rec.log = None
+        records = {}
+        for t in new.tasks:
+            rec = job.records.get(t.name) or self.gone.pop(t.name, None) or TaskRecord(t)
+            rec.task = t
+            records[t.name] = rec
+        job.records.clear()
+        job.records.update(records)
+        job.plan, self.group = new, d.group
+        self.failures = {w: n for w, n in self.failures.items()
+                         if w in {self.places[s].where for s in d.group.members}}
+        self.seen_epoch = None
+        now = job.clock()
+        for rec in job.records.values():
+            if not decide.training(rec.role, job.rules) or rec.finished:
+                continue
+            if rec.state is not TaskState.PENDING:
+                job.set(rec, TaskState.PENDING)
+            rec.start_after = now
+            job.events.write("task_restarted", rec.name, attempt=rec.attempt + 1,
+                             restarts=rec.restarts, reason=why, backoff=0, counted=False)
+
+    def _fill_backups(self, old_plan: Plan, old: Group, new_plan: Plan,
+                      new: Group) -> int | None:
+        """The backup the new group resumes from (None: none in common, or not known),
+        copied into the directories of workers that lack it. Each worker's directory is its
+        place's (elastic.plan_for), so after a shrink none lacks it; a place joining may. On
+        this machine only: a lab host's directory would be read and filled through its
+        connection (backups.copy_backup's docstring), not yet wired; its workers agree on a
+        backup among themselves (_TaskBackup)."""
+        wanted = elastic.backup_dirs(new_plan)
+        had = elastic.previous_dirs(old_plan, old, new_plan, new)
+        dirs = set(wanted.values()) | {x for x in had.values() if x is not None}
+        if not all(self.store.reaches(host) for host, _ in dirs):
+            return None
+        try:
+            r = elastic.resume_from(wanted, had, {x: self.store.held(x) for x in dirs})
+        except Exception as e:  # noqa: BLE001 - a host gone mid-resize: the tasks agree
+            self.job.events.write("job_backups_not_read", error=str(e))
+            return None
+        for task, source in r.fills.items():
+            try:
+                self.store.copy(source, wanted[task], r.save)  # type: ignore[arg-type]
+            except Exception as e:  # noqa: BLE001 - as above
+                self.job.events.write("task_backup_not_copied", task, source=list(source),
+                                      error=str(e))
+        return r.save

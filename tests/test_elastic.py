@@ -1,0 +1,441 @@
+"""Elastic jobs (issue 27): who trains after a host is lost or back, the plan of the new
+size, and the backup the group resumes from. The decisions are pure (table-driven here);
+the backups are real directories; one TensorFlow test checks the premise: a group started
+smaller on the same backups resumes where the bigger one stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import backups, elastic
+from orchestrator.elastic import (
+    NUM_WORKERS_ENV,
+    Group,
+    NoResize,
+    Resize,
+    Why,
+    backup_dirs,
+    first_group,
+    lost_why,
+    on_answer,
+    on_lost,
+    plan_for,
+    pool,
+    previous_dirs,
+    resume_from,
+    to_probe,
+)
+from orchestrator.plan import Plan, make_plan
+from orchestrator.spec import ClusterSpec, ElasticSpec, parse_spec
+from tests.conftest import REPO
+from worker_entry.markers import num_workers
+
+HOSTS = {f"lab{i}": {"address": f"10.0.0.{i}", "workdir": f"/w{i}"} for i in range(1, 5)}
+
+
+def lab_spec(elastic: dict, places: list[str] | None = None) -> dict:
+    return {"name": "e", "job": {"entry": "a.b:c"}, "hosts": HOSTS, "elastic": elastic,
+            "tasks": {"worker": places or ["lab1:auto", "lab2:auto", "lab3:auto", "lab4:auto"],
+                      "evaluator": ["lab1:auto"]}}
+
+
+SPEC = parse_spec(lab_spec({"min_workers": 2, "max_workers": 3, "max_resizes": 4}))
+E = SPEC.elastic
+PORTS = {"worker:0": 2000, "worker:1": 2001, "worker:2": 2002, "worker:3": 2003,
+         "evaluator:0": 2009}
+PLACES = pool(SPEC, PORTS)  # lab1..lab4, slots 0..3
+FULL = Group((0, 1, 2))  # lab4 spare
+
+
+def test_pool_and_first_group_and_probes() -> None:
+    assert [(p.slot, p.host, p.port) for p in PLACES] == [
+        (0, "lab1", 2000), (1, "lab2", 2001), (2, "lab3", 2002), (3, "lab4", 2003)]
+    assert first_group(E, PLACES) == FULL
+    no_max = parse_spec(lab_spec({"min_workers": 1})).elastic
+    assert first_group(no_max, PLACES).members == (0, 1, 2, 3)
+    assert to_probe(PLACES, FULL) == ["lab4"]
+    assert to_probe(PLACES, Group((0, 2), lost=frozenset({"lab2"}))) == ["lab2", "lab4"]
+
+
+@pytest.mark.parametrize(("kw", "why"), [
+    ({}, None), ({"start_failed": True}, Why.UNREACHABLE), ({"lifeline_cut": True}, Why.LIFELINE),
+    ({"failures_in_row": 2}, None), ({"failures_in_row": 3}, Why.FAILURES),
+])
+def test_when_a_host_counts_as_lost(kw: dict, why: Why | None) -> None:
+    assert lost_why(E, **kw) is why  # lost_after_failures: 3 by default
+
+
+# (case, group, lost hosts, answering, → kind ("policy": the restart policy decides), members,
+#  the event's from/to/hosts, parts of its words)
+SHRINK = [
+    ("a worker's host", FULL, {"lab2": Why.LIFELINE}, (), Resize, (0, 2), (3, 2, ["lab2"]),
+     ["lab2 lost: its lifeline went silent"]),
+    ("the chief's host: worker 0 moves", FULL, {"lab1": Why.UNREACHABLE}, (), Resize, (1, 2),
+     (3, 2, ["lab1"]), ["lab1 lost: did not answer", "worker 0 (the chief) is now on lab2"]),
+    ("a spare that answered takes its place", FULL, {"lab3": Why.FAILURES}, ("lab4",), Resize,
+     (0, 1, 3), (3, 3, ["lab3", "lab4"]), ["failed 3 times in a row", "lab4 takes its place"]),
+    ("a host the group does not use", FULL, {"lab4": Why.UNREACHABLE}, (), NoResize, (0, 1, 2),
+     None, ["no worker of the group on it"]),
+    ("below min_workers", Group((0, 1), resizes=1), {"lab2": Why.LIFELINE}, (), "policy",
+     (0, 1), None, ["1 worker(s) left, fewer than elastic.min_workers 2",
+                    "the restart policy decides"]),
+    ("two hosts at once, below min", FULL, {"lab1": Why.LIFELINE, "lab3": Why.LIFELINE}, (),
+     "policy", (0, 1, 2), None, ["lab1 lost", "lab3 lost", "1 worker(s) left"]),
+    ("max_resizes spent", Group((0, 1, 2), resizes=4), {"lab2": Why.LIFELINE}, (), "policy",
+     (0, 1, 2), None, ["no resize left (elastic.max_resizes 4)"]),
+]
+
+
+@pytest.mark.parametrize(("group", "lost", "answering", "kind", "members", "event", "parts"),
+                         [c[1:] for c in SHRINK], ids=[c[0] for c in SHRINK])
+def test_shrink(group, lost, answering, kind, members, event, parts) -> None:  # noqa: ANN001
+    d = on_lost(E, PLACES, group, lost, answering)
+    assert type(d) is (NoResize if kind == "policy" else kind)
+    assert getattr(d, "follow_policy", False) is (kind == "policy")
+    assert d.group.members == members
+    assert d.group.lost == group.lost | set(lost)  # remembered, to be probed
+    text = d.words if isinstance(d, Resize) else d.reason
+    for part in parts:
+        assert part in text, text
+    if isinstance(d, Resize):
+        assert d.group.resizes == group.resizes + 1
+        assert (d.event["from"], d.event["to"], d.event["hosts"]) == event
+        assert set(d.event) == {"from", "to", "reason", "hosts"}
+    else:
+        assert d.group.resizes == group.resizes
+
+
+LOST2 = Group((0, 2), lost=frozenset({"lab2"}), resizes=1)
+GROW = [
+    ("the lost host is back", LOST2, ("lab2",), Resize, (0, 2, 1), frozenset(), (2, 3, ["lab2"])),
+    ("a spare answers", LOST2, ("lab4",), Resize, (0, 2, 3), {"lab2"}, (2, 3, ["lab4"])),
+    ("both: one fits under max_workers, in listed order", LOST2, ("lab4", "lab2"), Resize,
+     (0, 2, 1), frozenset(), (2, 3, ["lab2"])),
+    ("full already", FULL, ("lab4",), NoResize, (0, 1, 2), frozenset(), None),
+    ("nobody answers", LOST2, (), NoResize, (0, 2), {"lab2"}, None),
+    ("max_resizes spent: stays smaller", Group((0, 2), frozenset({"lab2"}), 4), ("lab2",), NoResize,
+     (0, 2), frozenset(), None),
+]
+
+
+@pytest.mark.parametrize(("group", "answering", "kind", "members", "lost", "event"),
+                         [c[1:] for c in GROW], ids=[c[0] for c in GROW])
+def test_grow(group, answering, kind, members, lost, event) -> None:  # noqa: ANN001
+    d = on_answer(E, PLACES, group, answering)
+    assert type(d) is kind
+    assert not getattr(d, "follow_policy", False)  # a host back never ends anything
+    assert d.group.members == members
+    assert d.group.lost == lost
+    if isinstance(d, Resize):
+        assert (d.event["from"], d.event["to"], d.event["hosts"]) == event
+        assert "worker 0" not in d.words  # growing never moves the chief
+
+
+def test_a_grow_onto_a_lab_host_waits_for_its_backups_to_be_fillable() -> None:
+    """A joining worker whose backup directory the coordinator cannot fill is named (its
+    stale backups would make the group start over)."""
+    local_only = lambda host: host == "localhost"  # noqa: E731
+    assert elastic.unfilled_joiners(PLACES, LOST2, Group((0, 2, 1)), local_only) == ["lab2"]
+    assert elastic.unfilled_joiners(PLACES, LOST2, Group((0, 2, 1)), lambda h: True) == []
+    assert elastic.unfilled_joiners(PLACES, FULL, Group((0, 1)), local_only) == []  # a shrink
+    local = pool(local_spec(3), PORTS)
+    assert elastic.unfilled_joiners(local, Group((0, 1)), Group((0, 1, 2)), local_only) == []
+
+
+def test_grow_by_more_than_one_up_to_max() -> None:
+    e = ElasticSpec(min_workers=1, max_workers=4)
+    group = Group((1,), lost=frozenset({"lab1", "lab3"}))
+    d = on_answer(e, PLACES, group, ("lab1", "lab3", "lab4"))
+    assert isinstance(d, Resize) and d.group.members == (1, 0, 2, 3)
+    assert d.event == {"from": 1, "to": 4, "reason": "lab1, lab3, lab4 answered again",
+                       "hosts": ["lab1", "lab3", "lab4"]}
+
+
+def test_a_flapping_host_stops_at_max_resizes() -> None:
+    group, sizes = FULL, []
+    for _ in range(5):
+        group = on_lost(E, PLACES, group, {"lab2": Why.LIFELINE}).group
+        group = on_answer(E, PLACES, group, ("lab2",)).group
+        sizes.append(len(group.members))
+    assert group.resizes == 4 and sizes == [3, 3, 3, 3, 3]
+    last = on_lost(E, PLACES, group, {"lab2": Why.LIFELINE})
+    assert isinstance(last, NoResize) and last.follow_policy
+
+
+def test_a_host_with_two_places_goes_as_a_whole() -> None:
+    spec = parse_spec(lab_spec({"min_workers": 1}, ["lab1:auto", "lab2:auto", "lab2:auto"]))
+    places = pool(spec, PORTS)
+    d = on_lost(spec.elastic, places, first_group(spec.elastic, places), {"lab2": Why.LIFELINE})
+    assert isinstance(d, Resize) and d.group.members == (0,) and d.event["to"] == 1
+
+
+def local_spec(n: int, job: dict | None = None) -> ClusterSpec:
+    return parse_spec({"name": "e", "job": job or {"entry": "a.b:c"},
+                       "elastic": {"min_workers": 2}, "tasks": {"worker": ["localhost:auto"] * n}})
+
+
+def plan0():
+    return make_plan(SPEC, run_id="r1", run_dir="/runs/r1", workdir="/w", ports=PORTS)
+
+
+def test_plan_for_the_new_size() -> None:
+    """TF_CONFIG of 2 workers with contiguous indices, each at its place's port; worker 0,
+    now lab2's, is the chief; every task is told the size; the evaluator is unchanged."""
+    plan = plan_for(plan0(), PLACES, Group((1, 2)))
+    assert [(t.name, t.host, t.port) for t in plan.tasks] == [
+        ("worker:0", "lab2", 2001), ("worker:1", "lab3", 2002), ("evaluator:0", "lab1", 2009)]
+    cluster = {"worker": ["10.0.0.2:2001", "10.0.0.3:2002"]}
+    for t in plan.tasks:
+        assert json.loads(t.env["TF_CONFIG"])["cluster"] == cluster == t.tf_config["cluster"]
+        assert t.env[NUM_WORKERS_ENV] == "2"
+    assert [t.env["TFO_IS_CHIEF"] for t in plan.tasks] == ["1", "0", "0"]
+    assert plan.spec is SPEC  # the run's pool, for a rerun
+    # Each worker's backup directory is its place's, whatever its index: nothing to copy.
+    assert backup_dirs(plan) == {"worker:0": ("lab2", "/w2/runs/r1/backup/worker-1"),
+                                 "worker:1": ("lab3", "/w3/runs/r1/backup/worker-2")}
+    job = json.loads(plan.tasks[0].env["TFO_JOB"])
+    assert job["backup_dir"] == "/w2/runs/r1/backup/worker-1"  # what the task reads
+
+
+@pytest.mark.parametrize(("env", "size"), [
+    ({NUM_WORKERS_ENV: "2", "TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"] * 3}})}, 2),
+    ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"] * 3, "chief": ["c:1"]}})}, 4),
+    ({NUM_WORKERS_ENV: "x", "TF_CONFIG": "{not json"}, 1),
+    ({}, 1),
+])
+def test_what_a_task_reads_as_the_group_s_size(env: dict, size: int) -> None:
+    """ctx.num_workers (an entry's) is markers.num_workers(): the plan's TFO_NUM_WORKERS."""
+    assert num_workers(env) == size
+
+
+def test_plan_for_a_slurm_pool_keeps_each_place_s_node() -> None:
+    spec = parse_spec({"name": "e", "job": {"entry": "a.b:c"}, "backend": {"slurm": {}},
+                       "tasks": {"worker": 3}, "elastic": {"min_workers": 1}})
+    nodes = {"worker:0": "n1", "worker:1": "n2", "worker:2": "n3"}
+    ports = {"worker:0": 3000, "worker:1": 3001, "worker:2": 3002}
+    places = pool(spec, ports, nodes)
+    assert [p.host for p in places] == ["n1", "n2", "n3"]
+    first = make_plan(spec, run_id="r", run_dir="/r", workdir="/w", ports=ports, nodes=nodes)
+    d = on_lost(spec.elastic, places, first_group(spec.elastic, places), {"n1": Why.UNREACHABLE})
+    plan = plan_for(first, places, d.group)
+    assert [(t.name, t.host, t.port) for t in plan.tasks] == [("worker:0", "n2", 3001),
+                                                                ("worker:1", "n3", 3002)]
+
+
+# --- which backup to resume from ---------------------------------------------------------
+A, B, C, D = ("lab1", "/a"), ("lab2", "/b"), ("lab3", "/c"), ("lab4", "/d")
+A1, C1 = ("lab1", "/a1"), ("lab3", "/c1")  # the same hosts' directories under new indices
+RESUME = [
+    ("nobody moved", {"w0": A, "w1": B}, {"w0": A, "w1": B}, {A: {3, 4}, B: {3, 4}}, 4, {}),
+    ("one behind: the newest common", {"w0": A, "w1": B}, {"w0": A, "w1": B},
+     {A: {3, 4}, B: {3}}, 3, {}),
+    ("a moved index: its own old one, on its host", {"w0": A, "w1": C1}, {"w0": A, "w1": C},
+     {A: {4}, C: {4}}, 4, {"w1": C}),
+    ("a stale new directory is filled", {"w0": A, "w1": C1}, {"w0": A, "w1": C},
+     {A: {5}, C: {5}, C1: {1, 2}}, 5, {"w1": C}),
+    ("a joining worker: from a peer", {"w0": A, "w1": B, "w2": D}, {"w0": A, "w1": B, "w2": None},
+     {A: {6}, B: {6}}, 6, {"w2": A}),
+    ("a joining worker: a peer on its own host first", {"w0": A, "w1": C, "w2": A1},
+     {"w0": A, "w1": C, "w2": None}, {A: {6}, C: {6}}, 6, {"w2": A}),
+    ("the returning host's old backups are too old", {"w0": A, "w1": B}, {"w0": A, "w1": None},
+     {A: {7}, B: {2, 3}}, 7, {"w1": A}),
+    ("nothing in common: start over", {"w0": A, "w1": B}, {"w0": A, "w1": B},
+     {A: {4}, B: set()}, None, {}),
+    ("a first start", {"w0": A}, {"w0": None}, {}, None, {}),
+]
+
+
+@pytest.mark.parametrize(("wanted", "had", "held", "save", "fills"),
+                         [c[1:] for c in RESUME], ids=[c[0] for c in RESUME])
+def test_resume_from(wanted, had, held, save, fills) -> None:  # noqa: ANN001
+    r = resume_from(wanted, had, held)
+    assert (r.save, r.fills) == (save, fills)
+
+
+def test_previous_dirs_follow_the_places() -> None:
+    old, new = Group((0, 1, 2)), Group((0, 2, 3))
+    before, after = plan_for(plan0(), PLACES, old), plan_for(plan0(), PLACES, new)
+    assert previous_dirs(before, old, after, new) == {
+        "worker:0": ("lab1", "/w1/runs/r1/backup/worker-0"),
+        "worker:1": ("lab3", "/w3/runs/r1/backup/worker-2"),  # lab3's worker moved 2 → 1
+        "worker:2": None}  # lab4 joins
+
+
+def write_backup(directory: Path, saves: list[int], absolute: bool = False) -> None:
+    """A backup directory as tf-keras writes it (the `checkpoint` file last)."""
+    chief = directory / "chief"
+    chief.mkdir(parents=True)
+    for n in saves:
+        (chief / f"ckpt-{n}.index").write_text(f"index {n}")
+        (chief / f"ckpt-{n}.data-00000-of-00001").write_text(f"weights {n}")
+    name = (lambda n: str(chief / f"ckpt-{n}")) if absolute else (lambda n: f"ckpt-{n}")
+    (chief / "checkpoint").write_text(f'model_checkpoint_path: "{name(saves[-1])}"\n' + "".join(
+        f'all_model_checkpoint_paths: "{name(n)}"\n' for n in saves))
+
+
+def test_held_reads_what_a_backup_directory_holds(tmp_path: Path) -> None:
+    write_backup(tmp_path / "w0", [2, 3])
+    write_backup(tmp_path / "w1", [2, 3], absolute=True)  # as _TaskBackup rewrites it
+    write_backup(tmp_path / "w2", [2, 3])
+    (tmp_path / "w2" / "chief" / "ckpt-3.index").unlink()  # killed while writing it
+    assert backups.held(tmp_path / "w0") == backups.held(tmp_path / "w1") == {2, 3}
+    assert backups.held(tmp_path / "w2") == {2}
+    assert backups.held(tmp_path / "none") == frozenset()
+
+
+def test_copy_backup_fills_a_directory_that_reads_back(tmp_path: Path) -> None:
+    write_backup(tmp_path / "src", [4, 5], absolute=True)
+    write_backup(tmp_path / "dst", [1])  # a stale one, replaced
+    backups.copy_backup(tmp_path / "src", tmp_path / "dst", 5)
+    chief = tmp_path / "dst" / "chief"
+    assert sorted(p.name for p in chief.iterdir()) == [
+        "checkpoint", "ckpt-5.data-00000-of-00001", "ckpt-5.index"]
+    assert (chief / "ckpt-5.index").read_text() == "index 5"
+    assert 'model_checkpoint_path: "ckpt-5"' in (chief / "checkpoint").read_text()
+    assert backups.held(tmp_path / "dst") == {5}
+    backups.copy_backup(tmp_path / "src", tmp_path / "new" / "worker-2", 4)  # none there yet
+    assert backups.held(tmp_path / "new" / "worker-2") == {4}
+    with pytest.raises(FileNotFoundError, match="no backup ckpt-9"):
+        backups.copy_backup(tmp_path / "src", tmp_path / "dst", 9)
+    assert backups.held(tmp_path / "dst") == {5}  # left as it was
+    assert not list(tmp_path.rglob("*.tfo-partial"))
+
+
+def test_a_shrink_end_to_end_on_directories(tmp_path: Path) -> None:
+    """Place 1 lost: place 2's worker becomes worker:1 and keeps its place's directory
+    (worker-2), which holds the newest backup every remaining worker holds: nothing to copy.
+    Place 1 back: it joins as worker:2 with its old directory, one backup behind, and a
+    peer's newest is copied in, so every worker holds the same newest backup."""
+    local = local_spec(3)
+    places = pool(local, PORTS)
+    old = first_group(local.elastic, places)
+    before = plan_for(make_plan(local, run_id="r", run_dir=tmp_path / "r", workdir=tmp_path,
+                                ports=PORTS), places, old)
+    for i, saves in enumerate([[3, 4], [3], [3, 4]]):  # place 1's: 3 only
+        write_backup(Path(backup_dirs(before)[f"worker:{i}"][1]), saves)
+    new = Group((0, 2), resizes=1)
+    after = plan_for(before, places, new)
+    had = previous_dirs(before, old, after, new)
+    held = {d: backups.held(d[1]) for d in {*backup_dirs(after).values(), *had.values()}}
+    r = resume_from(backup_dirs(after), had, held)
+    assert (r.save, r.fills) == (4, {})
+    back = Group((0, 2, 1), resizes=2)
+    grown = plan_for(after, places, back)
+    had = previous_dirs(after, new, grown, back)
+    assert had["worker:2"] is None  # joining
+    held = {d: backups.held(d[1]) for d in {*backup_dirs(grown).values(),
+                                             *(x for x in had.values() if x)}}
+    r = resume_from(backup_dirs(grown), had, held)
+    worker_1 = ("localhost", str(tmp_path / "r" / "backup" / "worker-1"))
+    assert r.save == 4 and set(r.fills) == {"worker:2"} and backup_dirs(grown)["worker:2"] == \
+        worker_1
+    for task, (_, source) in r.fills.items():
+        backups.copy_backup(source, backup_dirs(grown)[task][1], r.save)
+    assert all(4 in backups.held(d) for _, d in backup_dirs(grown).values())
+
+
+# --- the premise, with TensorFlow -----------------------------------------------------------
+SCRIPT = REPO / "tests" / "scripts" / "elastic_resume.py"
+
+
+def free_ports(n: int) -> list[int]:
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def run_group(plan: Plan, backup: Path, epochs: int, stop_at: int | None, timeout: float
+              ) -> list[str]:
+    """The tutorial-shaped script as the plan's workers, each with its TF_CONFIG and
+    TFO_NUM_WORKERS from the plan (run directly: the premise is TensorFlow's); each killed at
+    the end if still running. Their outputs."""
+    args = [sys.executable, str(SCRIPT), "--backup_dir", str(backup), "--epochs", str(epochs)]
+    if stop_at is not None:
+        args += ["--stop_at_epoch", str(stop_at)]
+    base = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**base, **{k: t.env[k] for k in ("TF_CONFIG", NUM_WORKERS_ENV)}})
+             for t in plan.tasks]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return outs
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(150)
+def test_a_smaller_group_resumes_from_the_bigger_one_s_backup(tmp_path: Path) -> None:
+    """Issue 27's premise: 3 workers train epochs 0-1 and stop at the start of epoch 2;
+    place 1's host is lost, and the same script started as the 2 workers plan_for gives (place
+    2's worker now worker:1, on its old port) on a copy of that backup directory starts at
+    epoch 2, and its optimizer's iterations continue: 4 epochs of 5 steps, 20 in all."""
+    spec = local_spec(3, {"script": str(SCRIPT)})
+    places = pool(spec, dict(zip(["worker:0", "worker:1", "worker:2"], free_ports(3),
+                                 strict=True)))
+    first = make_plan(spec, run_id="r", run_dir=tmp_path / "r", workdir=tmp_path,
+                      ports={f"worker:{p.slot}": p.port for p in places})
+    three = plan_for(first, places, first_group(spec.elastic, places))
+    backup = tmp_path / "backup"
+    outs = run_group(three, backup, epochs=4, stop_at=2, timeout=100)
+    assert all("stopping at epoch 2" in out for out in outs), outs[0][-3000:]
+    assert backups.held(backup) == {2}  # ckpt-2: after epochs 0 and 1
+    shrunk = on_lost(spec.elastic, places, first_group(spec.elastic, places),
+                     {places[1].where: Why.LIFELINE})
+    # On this machine a place is lost alone (localhost:PORT), not the machine.
+    assert isinstance(shrunk, Resize) and shrunk.group.members == (0, 2)
+    two = plan_for(three, places, shrunk.group)
+    assert [t.port for t in two.tasks] == [places[0].port, places[2].port]
+    # Restored from a copy, as a worker on a new index restores from its filled directory:
+    # TensorFlow reads what copy_backup writes.
+    copied = tmp_path / "copied"
+    backups.copy_backup(backup, copied, 2)
+    for out in run_group(two, copied, epochs=4, stop_at=None, timeout=100):
+        assert re.findall(r"^begin epoch (\d+) of 2 workers", out, re.M) == ["2", "3"], \
+            out[-3000:]
+        assert "iterations=20" in out, out[-3000:]
+
+
+@pytest.mark.parametrize(("path", "shell", "sftp"), [
+    ("~/tfo/runs/r/backup/worker-1", '"$HOME"/tfo/runs/r/backup/worker-1',
+     "tfo/runs/r/backup/worker-1"),
+    ("/w 1/backup", "'/w 1/backup'", "/w 1/backup"),
+    ("~", '"$HOME"', "~"),
+])
+def test_a_lab_host_s_backup_paths(path: str, shell: str, sftp: str) -> None:
+    """A workdir under ~ is the login's home for the shell and for sftp; nothing unquoted."""
+    from orchestrator.launch.backupstore import _sftp, _sh
+
+    assert (_sh(path), _sftp(path)) == (shell, sftp)
+
+
+def test_the_store_reads_and_fills_this_machine_s_directories(tmp_path: Path) -> None:
+    from orchestrator.launch.backupstore import BackupStore, for_lab
+
+    write_backup(tmp_path / "a", [2, 3])
+    store = BackupStore()
+    assert store.held(("localhost", str(tmp_path / "a"))) == {2, 3}
+    store.copy(("localhost", str(tmp_path / "a")), ("localhost", str(tmp_path / "b")), 3)
+    assert backups.held(tmp_path / "b") == {3}
+    assert store.reaches("localhost") and not store.reaches("lab1")
+    with pytest.raises(OSError, match="lab1: no connection"):
+        store.held(("lab1", "/w1/backup/worker-0"))
+    lab = for_lab(SPEC.hosts, lambda: None)
+    assert lab.reaches("lab1") and not lab.reaches("node7")  # a scheduler's node: no

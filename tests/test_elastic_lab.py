@@ -1,0 +1,141 @@
+"""Elastic jobs on the SSH lab (issue 27): three lab hosts in network namespaces, each with
+its own sshd; one host's link goes down mid-training and the job goes on with the other
+two. Run under `flock /tmp/tfo-sshlab.lock` (the lab's subnet is fixed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator import backups
+from tests import sshlab
+from tests.conftest import SSH_LAB, events, run_processes, wait_until, write_spec
+from tests.test_faults import Tfo
+from tests.test_ssh import host_yaml, stop
+
+pytestmark = [pytest.mark.ssh, SSH_LAB]
+
+
+@pytest.fixture(scope="module")
+def lab3(tmp_path_factory):
+    ok, reason = sshlab.netns_supported()
+    if not ok:
+        pytest.skip(f"network namespaces are not permitted here: {reason}")
+    sshlab.ensure_openssh()
+    with sshlab.lab_hosts(tmp_path_factory.mktemp("lab"), count=3) as hosts:
+        yield hosts
+
+
+def training_again(evs: list[dict], since: dict) -> float:
+    """Seconds from the event `since` to the first step of any task after it."""
+    after = evs.index(since)
+    step = next(e for e in evs[after:] if e["event"] in ("task_progress", "task_first_step"))
+    return step["time"] - since["time"]
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("lost", [3, 1], ids=["a worker's host", "the chief's host"])
+def test_a_lab_host_whose_link_goes_down_leaves_the_group(lab3, run_dir: Path, tmp_path: Path,
+                                                          lost: int) -> None:
+    """A host's link goes down after epoch 0: its worker's lifeline (5 s) is cut, the host
+    is lost, and the job restarts as 2 workers on the other two from the backup each holds
+    in its own place's directory (nothing copied), finishes every epoch, the chief saves
+    once. The chief's host lost: worker 0's role moves to lab2's worker."""
+    name, task = f"lab{lost}", f"worker:{lost - 1}"
+    hosts = "".join(host_yaml(f"lab{i}", h, tmp_path / f"lab{i}", lifeline_seconds=5)
+                    for i, h in enumerate(lab3, start=1))
+    spec = write_spec(tmp_path / "lab.yaml", f"""\
+name: lab-elastic
+job: {{entry: "tests.jobs.faulty:train", args: {{epochs: 6, epoch_sleep: 2}}}}
+hosts:
+{hosts}\
+tasks:
+  worker: [lab1:20000, lab2:20000, lab3:20000]
+elastic: {{min_workers: 2, probe_seconds: 3600}}
+restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
+""")
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_epoch", "worker:2", epoch=0, timeout=240)
+        # Cut once every worker's backup of epoch 0 is written (the namespaces share this
+        # machine's files): a cut during the save's collectives leaves no backup to resume.
+        run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+        dirs = [tmp_path / f"lab{i + 1}" / "runs" / run_id / "backup" / f"worker-{i}"
+                for i in range(3)]
+        assert wait_until(lambda: all(1 in backups.held(d) for d in dirs), 60), dirs
+        with sshlab.partition(lab3[lost - 1].netns):
+            resized = tfo.wait_event("job_resized", timeout=90)
+        code, err = tfo.finish(timeout=240)
+        assert code == 0, err[-4000:]
+    finally:
+        stop(tfo)
+    assert (resized["from"], resized["to"], resized["hosts"]) == (3, 2, [name]), resized
+    assert f"{name} lost: its lifeline went silent" in resized["reason"]
+    if lost == 1:
+        assert "worker 0 (the chief) is now on lab2" in resized["reason"]
+    evs = events(run_dir)
+    after = evs.index(next(e for e in evs if e["event"] == "job_resized"))
+    epochs = [e["epoch"] for e in evs[after:] if e["event"] == "task_epoch"
+              and e["task"] == "worker:0"]
+    assert epochs and epochs[0] >= 1 and epochs[-1] == 5, epochs  # from the backup, not 0
+    assert [e["task"] for e in evs if e["event"] == "task_saved" and e.get("chief")] == [
+        "worker:0"]
+    gone = next(e for e in evs if e["event"] == "task_exited" and e["task"] == task)
+    print(f"{name} lost → training again with 2 workers: {training_again(evs, gone):.1f} s")
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert run_processes(plan["run_id"]) == []
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(500)
+def test_a_lab_host_back_rejoins_at_the_next_epoch_with_the_group_s_backup(
+        lab3, run_dir: Path, tmp_path: Path) -> None:
+    """lab3's link down after epoch 0 → 3 → 2 (its lifeline); the link back up: lab3
+    answers its probe (probe_seconds 2) and at worker 0's next epoch the group restarts as
+    3, lab3's stale backup directory filled from lab1's through the coordinator (sftp):
+    every worker resumes where the 2 had got to; job_resized twice."""
+    hosts = "".join(host_yaml(f"lab{i}", h, tmp_path / f"lab{i}", lifeline_seconds=5)
+                    for i, h in enumerate(lab3, start=1))
+    spec = write_spec(tmp_path / "lab.yaml", f"""\
+name: lab-elastic
+job: {{entry: "tests.jobs.faulty:train", args: {{epochs: 10, epoch_sleep: 2}}}}
+hosts:
+{hosts}\
+tasks:
+  worker: [lab1:20000, lab2:20000, lab3:20000]
+elastic: {{min_workers: 2, probe_seconds: 2}}
+restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
+""")
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_epoch", "worker:2", epoch=0, timeout=240)
+        run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+        dirs = [tmp_path / f"lab{i + 1}" / "runs" / run_id / "backup" / f"worker-{i}"
+                for i in range(3)]
+        assert wait_until(lambda: all(1 in backups.held(d) for d in dirs), 60), dirs
+        with sshlab.partition(lab3[2].netns):
+            tfo.wait_event("job_resized", timeout=90)
+        grown = tfo.wait_event("job_resized", timeout=150, to=3)
+        code, err = tfo.finish(timeout=300)
+        assert code == 0, err[-4000:]
+    finally:
+        stop(tfo)
+    evs = events(run_dir)
+    resized = [e for e in evs if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"], e["hosts"]) for e in resized] == [
+        (3, 2, ["lab3"]), (2, 3, ["lab3"])], resized
+    assert grown["save"] is not None and grown["save"] > resized[0]["save"], resized
+    after = evs.index(resized[1])
+    for task in ("worker:0", "worker:2"):
+        epochs = [e["epoch"] for e in evs[after:] if e["event"] == "task_epoch"
+                  and e["task"] == task]
+        assert epochs and epochs[0] == grown["save"] and epochs[-1] == 9, (task, epochs)
+    assert not [e for e in evs if e["event"] == "task_backup_not_copied"]
+    lost = next(e for e in evs if e["event"] == "task_exited" and e["task"] == "worker:2")
+    print(f"lab3 lost → training again with 2 workers: {training_again(evs, lost):.1f} s; "
+          f"grown → training with 3: {training_again(evs, resized[1]):.1f} s")
+    assert [e["task"] for e in evs if e["event"] == "task_saved" and e.get("chief")] == [
+        "worker:0"]

@@ -1,0 +1,310 @@
+"""An elastic job's resizes through the loop (issue 27): scripted handles on a fake clock, no
+processes (tests/test_supervise.py's), then TensorFlow for real: a place whose worker keeps
+failing is lost, and the job finishes with 2 workers from the backup."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import elastic, resizing
+from orchestrator.elastic import Group
+from orchestrator.plan import TaskPlan
+from orchestrator.spec import parse_spec
+from orchestrator.supervise import JobState, Supervisor
+from tests.test_supervise import FakeClock, FakeHandle, FakeWaiter, Script, planned
+
+E = parse_spec({"name": "e", "job": {"entry": "a.b:c"},
+                "tasks": {"worker": ["localhost:1", "localhost:2", "localhost:3"]},
+                "elastic": {"min_workers": 2, "probe_seconds": 5,
+                            "lost_after_failures": 2}}).elastic
+
+
+# ---- the loop's own decisions, pure ----------------------------------------------------------
+@pytest.mark.parametrize(("before", "trained", "after"), [
+    (0, False, 1), (1, False, 2), (2, True, 1), (0, True, 1)])
+def test_failures_in_a_row_start_again_after_a_step(before: int, trained: bool,
+                                                    after: int) -> None:
+    assert elastic.failures_in_row(before, trained) == after
+
+
+@pytest.mark.parametrize(("now", "probed_at", "due"), [
+    (100.0, None, True), (104.9, 100.0, False), (105.0, 100.0, True)])
+def test_probes_every_probe_seconds(now: float, probed_at: float | None, due: bool) -> None:
+    assert elastic.probe_due(now, probed_at, E) is due
+
+
+@pytest.mark.parametrize(("seen", "epoch", "boundary"), [
+    (None, 0, False), (0, 0, False), (0, 1, True), (1, None, False), (3, 2, False)])
+def test_an_epoch_boundary_is_worker_0_s_next_epoch(seen: int | None, epoch: int | None,
+                                                    boundary: bool) -> None:
+    assert elastic.at_epoch_boundary(seen, epoch) is boundary
+
+
+def test_a_place_on_this_machine_is_lost_alone() -> None:
+    places = elastic.pool(parse_spec({"name": "e", "job": {"entry": "a.b:c"}, "tasks": {
+        "worker": ["localhost:1", "localhost:2", "localhost:3"]},
+        "elastic": {"min_workers": 2}}), {})
+    assert [p.where for p in places] == ["localhost:1", "localhost:2", "localhost:3"]
+    d = elastic.on_lost(E, places, Group((0, 1, 2)), {"localhost:3": elastic.Why.FAILURES})
+    assert isinstance(d, elastic.Resize) and d.group.members == (0, 1)
+    assert d.event["hosts"] == ["localhost:3"]
+    assert elastic.to_probe(places, d.group) == ["localhost:3"]
+    assert resizing.reachable(parse_spec({"name": "e", "job": {"entry": "a.b:c"},
+                                          "tasks": {"worker": ["localhost:1"]}}), "localhost:3")
+
+
+@pytest.mark.parametrize(("elastic", "workers", "note"), [
+    (None, 3, ""), ({"min_workers": 2}, 2, ", 2 workers (2-3)"),
+    ({"min_workers": 1, "max_workers": 2}, 2, ", 2 workers (1-2)")])
+def test_the_live_table_s_title_shows_an_elastic_job_s_size(elastic, workers, note) -> None:
+    from orchestrator.liveview import size_note
+
+    spec = parse_spec({"name": "e", "job": {"entry": "a.b:c"}, "tasks": {
+        "worker": ["localhost:1", "localhost:2", "localhost:3"]},
+        **({"elastic": elastic} if elastic else {})})
+    assert size_note(spec, workers) == note
+
+
+# ---- through the loop, scripted ----------------------------------------------------------
+def elastic_spec(**elastic_fields) -> dict:
+    return {"name": "t", "job": {"entry": "a.b:c"},
+            "tasks": {"worker": ["localhost:1", "localhost:2", "localhost:3"]},
+            "elastic": {"min_workers": 2, "lost_after_failures": 2, **elastic_fields},
+            "restart": {"policy": "on-failure", "max_restarts": 2, "backoff_seconds": 0},
+            "timeouts": {"startup_seconds": 30, "grace_seconds": 0.2,
+                         "evaluator_seconds": 0.5}}
+
+
+def epochs(*at: tuple[float, int]) -> list[tuple[float, str]]:
+    return [(t, f'@tfo {{"event": "progress", "step": {i + 1}, "epoch": {e}}}')
+            for i, (t, e) in enumerate(at)]
+
+
+def run_scripted(tmp_path: Path, data: dict, scripts: dict[str, Script]):
+    clock = FakeClock()
+    started: list[tuple[str, int, dict]] = []
+
+    def start(task: TaskPlan, attempt: int) -> FakeHandle:
+        started.append((task.name, attempt, dict(task.env)))
+        return FakeHandle(task, attempt, scripts[task.name], clock)
+
+    lines: list[str] = []
+    result = Supervisor(planned(tmp_path, data), start=start,
+                        echo=lambda task, line: lines.append(f"[{task}] {line}"),
+                        clock=clock, waiter=FakeWaiter(clock), probe=lambda where: True).run()
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    return result, started, events, lines
+
+
+@pytest.mark.timeout(20)
+def test_a_place_failing_twice_in_a_row_is_lost_and_the_job_goes_on_with_2(tmp_path) -> None:
+    """worker:2 fails before its first step twice (lost_after_failures 2): one counted
+    restart, then the group restarts as 2 workers (not counted), TF_CONFIG and
+    TFO_NUM_WORKERS of 2, and the job succeeds; job_resized says 3 → 2 and why."""
+    scripts = {"worker:0": Script([(None, 0, True), (None, 0, True), (0, 0.5, True)]),
+               "worker:1": Script([(None, 0, True), (None, 0, True), (0, 0.5, True)]),
+               "worker:2": Script([(3, 0.1, False)])}
+    result, started, events, lines = run_scripted(
+        tmp_path, elastic_spec(probe_seconds=3600), scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    assert result.restarts == 1  # the first failure; the resize is not counted
+    assert [t.name for t in result.tasks] == ["worker:0", "worker:1"]
+    resized = [e for e in events if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"], e["hosts"]) for e in resized] == [(3, 2, ["localhost:3"])]
+    assert "failed 2 times in a row" in resized[0]["reason"]
+    last = {name: env for name, _, env in started}
+    assert last["worker:0"]["TFO_NUM_WORKERS"] == "2"
+    assert len(json.loads(last["worker:1"]["TF_CONFIG"])["cluster"]["worker"]) == 2
+    assert [a for n, a, _ in started if n == "worker:1"] == [0, 1, 2]
+    assert [a for n, a, _ in started if n == "worker:2"] == [0, 1]
+    assert any("resized: 3 → 2 workers" in line for line in lines), lines
+    restarted = [e for e in events if e["event"] == "task_restarted"]
+    assert [e["counted"] for e in restarted] == [True, True, True, False, False]
+
+
+@pytest.mark.timeout(20)
+def test_a_place_back_joins_at_the_next_epoch_boundary(tmp_path) -> None:
+    """Shrunk to 2, the lost place answers its probe (probe_seconds 1): at worker 0's next
+    epoch the group is stopped and restarts as 3; worker:2's attempts go on counting."""
+    scripts = {"worker:0": Script([(None, 0, True), (None, 0, True), (None, 0, True),
+                                   (0, 0.5, True)], output={2: epochs((0.2, 0), (3.0, 1))}),
+               "worker:1": Script([(None, 0, True)] * 3 + [(0, 0.5, True)]),
+               "worker:2": Script([(3, 0.1, False), (3, 0.1, False), (0, 0.5, True)])}
+    result, started, events, _ = run_scripted(tmp_path, elastic_spec(probe_seconds=1),
+                                              scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    resized = [(e["from"], e["to"], e["hosts"]) for e in events if e["event"] == "job_resized"]
+    assert resized == [(3, 2, ["localhost:3"]), (2, 3, ["localhost:3"])]
+    assert [a for n, a, _ in started if n == "worker:2"] == [0, 1, 2]
+    assert [t.name for t in result.tasks] == ["worker:0", "worker:1", "worker:2"]
+    assert result.restarts == 1
+
+
+@pytest.mark.timeout(20)
+def test_the_chief_s_place_lost_worker_0_moves_to_the_first_left(tmp_path) -> None:
+    """worker:0's place fails twice in a row: the group restarts as the places 2 and 3,
+    worker 0 (the chief) now at localhost:2, in a TF_CONFIG of 2."""
+    scripts = {"worker:0": Script([(3, 0.1, False), (3, 0.1, False), (0, 0.5, True)]),
+               "worker:1": Script([(None, 0, True), (None, 0, True), (0, 0.5, True)]),
+               "worker:2": Script([(None, 0, True)])}
+    result, started, events, _ = run_scripted(tmp_path, elastic_spec(probe_seconds=3600),
+                                              scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    resized = [e for e in events if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"], e["hosts"]) for e in resized] == [(3, 2, ["localhost:1"])]
+    assert "worker 0 (the chief) is now on localhost:2" in resized[0]["reason"]
+    tf_config = json.loads([env for n, a, env in started if (n, a) == ("worker:0", 2)][0][
+        "TF_CONFIG"])
+    assert tf_config["cluster"]["worker"] == ["localhost:2", "localhost:3"]
+    assert tf_config["task"] == {"type": "worker", "index": 0}
+
+
+@pytest.mark.timeout(20)
+def test_a_flapping_place_stops_at_max_resizes(tmp_path) -> None:
+    """max_resizes 2: lost (1), back at the next epoch (2), lost again: no resize left, the
+    restart policy decides, and its restarts run out."""
+    scripts = {"worker:0": Script([(None, 0, True)], output={
+                   n: epochs((0.2, 0), (3.0, 1)) for n in range(8)}),
+               "worker:1": Script([(None, 0, True)]),
+               "worker:2": Script([(3, 0.1, False)])}
+    result, _, events, lines = run_scripted(
+        tmp_path, elastic_spec(probe_seconds=1, max_resizes=2), scripts)
+    assert result.state is JobState.FAILED
+    assert [(e["from"], e["to"]) for e in events if e["event"] == "job_resized"] == [
+        (3, 2), (2, 3)]
+    assert any("no resize left (elastic.max_resizes 2)" in line for line in lines), lines
+
+
+@pytest.mark.timeout(20)
+def test_below_min_workers_the_restart_policy_decides(tmp_path) -> None:
+    """min_workers 3 of 3: a lost place cannot shrink the group, and the restart policy
+    (max_restarts 2) ends the job as for a fixed-size one."""
+    scripts = {"worker:0": Script([(None, 0, True)]), "worker:1": Script([(None, 0, True)]),
+               "worker:2": Script([(3, 0.1, False)])}
+    result, _, events, lines = run_scripted(tmp_path, elastic_spec(min_workers=3), scripts)
+    assert result.state is JobState.FAILED
+    assert "no restarts left" in result.reason
+    assert not [e for e in events if e["event"] == "job_resized"]
+    assert any("fewer than elastic.min_workers 3" in line for line in lines), lines
+
+
+# ---- TensorFlow, for real ----------------------------------------------------------------
+@pytest.mark.tf
+@pytest.mark.timeout(400)
+def test_an_elastic_job_loses_a_failing_place_and_finishes_with_2_workers(tmp_path) -> None:
+    """3 workers on this machine (localhost:auto); worker:2 exits 3 after epoch 1 on its first
+    attempt, and at its start on every later one (FAULTY_BROKEN_TASK: its place broke).
+    lost_after_failures 2: after one counted restart its place is lost, the group restarts
+    as 2 workers on the backups, and trains the remaining epochs: the first epoch of the
+    2-worker group is past 0, and the chief saves the model once."""
+    from orchestrator.pipeline import run
+
+    os.environ["FAULTY_BROKEN_TASK"] = "worker:2"
+    try:
+        data = {"name": "elastic", "job": {"entry": "tests.jobs.faulty:train",
+                                           "args": {"epochs": 4, "fail_task": "worker:2",
+                                                    "fail_epoch": 1}},
+                "tasks": {"worker": ["localhost:auto"] * 3},
+                "elastic": {"min_workers": 2, "lost_after_failures": 2, "probe_seconds": 3600},
+                "restart": {"policy": "on-failure", "max_restarts": 3, "backoff_seconds": 0},
+                "timeouts": {"grace_seconds": 10}}
+        t0 = time.monotonic()
+        result = run(data, tmp_path / "run")
+    finally:
+        del os.environ["FAULTY_BROKEN_TASK"]
+    took = time.monotonic() - t0
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert result.state is JobState.SUCCEEDED, (result.reason, took)
+    resized = [e for e in events if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"]) for e in resized] == [(3, 2)], resized
+    assert [t.name for t in result.tasks] == ["worker:0", "worker:1"]
+    after = events.index(resized[0])
+    first_epochs = [e["epoch"] for e in events[after:]
+                    if e["event"] == "task_progress" and e["task"] == "worker:0"
+                    and e.get("epoch") is not None]
+    assert first_epochs and first_epochs[0] >= 1, first_epochs  # from the backup, not 0
+    assert max(first_epochs) == 3
+    saved = [e["task"] for e in events if e["event"] == "task_saved" and e.get("chief")]
+    assert saved == ["worker:0"]  # the chief's model, written once
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(400)
+def test_an_elastic_job_grows_back_at_the_next_epoch_from_the_same_backup(tmp_path) -> None:
+    """lost_after_failures 1: worker:2 exits 3 after epoch 0 (first attempt only): its place
+    is lost, 2 workers resume at epoch 1 from backup 1; the place answers its probe
+    (probe_seconds 1: this machine always answers), and at worker 0's next epoch the group
+    is stopped (SIGTERM) and restarts as 3, the joining worker's directory filled from a
+    peer's: it resumes where the 2 stopped, and finishes every epoch; the chief saves once."""
+    from orchestrator.pipeline import run
+
+    data = {"name": "elastic", "job": {"entry": "tests.jobs.faulty:train",
+                                       "args": {"epochs": 5, "fail_task": "worker:2",
+                                                "fail_epoch": 0}},
+            "tasks": {"worker": ["localhost:auto"] * 3},
+            "elastic": {"min_workers": 2, "lost_after_failures": 1, "probe_seconds": 1},
+            "restart": {"policy": "on-failure", "max_restarts": 2, "backoff_seconds": 0},
+            "timeouts": {"grace_seconds": 10}}
+    result = run(data, tmp_path / "run")
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert result.state is JobState.SUCCEEDED, result.reason
+    resized = [e for e in events if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"]) for e in resized] == [(3, 2), (2, 3)], resized
+    assert result.restarts == 0 and [t.name for t in result.tasks] == [
+        "worker:0", "worker:1", "worker:2"]
+    shrunk, grown = (events.index(e) for e in resized)
+
+    def epochs_of(task: str, since: int) -> list[int]:
+        return [e["epoch"] for e in events[since:] if e["event"] == "task_progress"
+                and e["task"] == task and e.get("epoch") is not None]
+
+    two, three = epochs_of("worker:0", shrunk)[0], epochs_of("worker:2", grown)[0]
+    assert two == resized[0]["save"] >= 1  # backup N is after N epochs: epoch N next
+    assert three == resized[1]["save"] > two, (two, three)  # where the 2 had got to
+    assert max(epochs_of("worker:2", grown)) == 4
+    saved = [e["task"] for e in events if e["event"] == "task_saved" and e.get("chief")]
+    assert saved == ["worker:0"]
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(400)
+def test_tensorflow_s_tutorial_script_unmodified_goes_on_with_2_workers(tmp_path) -> None:
+    """The tutorial's script (its own BackupAndRestore on one directory, num_workers from
+    TF_CONFIG), 3 workers on this machine, lost_after_failures 1: worker:2 is SIGKILLed
+    after epoch 1; the group restarts as 2 with a TF_CONFIG of 2, resumes from the
+    script's own backup, not epoch 0, and the chief saves the model."""
+    from tests.conftest import REPO, write_spec
+    from tests.test_faults import Tfo, kill_task
+
+    out, run_dir = tmp_path / "out", tmp_path / "run"
+    spec = write_spec(tmp_path / "c.yaml", f"""\
+name: tutorial
+job:
+  script: {REPO}/tests/scripts/mwms_keras.py
+  args: [--epochs, "10", --backup_dir, "{out}/backup", --model_path, "{out}/model"]
+tasks:
+  worker: [localhost:auto, localhost:auto, localhost:auto]
+elastic: {{min_workers: 2, lost_after_failures: 1, probe_seconds: 3600}}
+restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
+""")
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_epoch", "worker:2", epoch=1, timeout=240)
+        kill_task(tfo, "worker:2")
+        code, err = tfo.finish(timeout=300)
+        assert code == 0, err[-4000:]
+    finally:
+        tfo.close()
+    evs = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    resized = [e for e in evs if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"]) for e in resized] == [(3, 2)], resized
+    after = evs.index(resized[0])
+    epochs = [e["epoch"] for e in evs[after:] if e["event"] == "task_epoch"
+              and e["task"] == "worker:0"]
+    assert epochs and epochs[0] >= 1 and epochs[-1] == 9, epochs  # from its backup
+    assert (out / "model" / "saved_model.pb").exists()
