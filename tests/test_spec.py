@@ -292,7 +292,7 @@ SCRIPT = GOOD.replace('{entry: "worker_entry.examples.digits:train"}', "{%s}")
     ("script: tests", ["job.script:", "is not a file"]),
     ("module: no_such_pkg.train", ["job.module: no module named 'no_such_pkg'"]),
     ("module: worker_entry.nope", ["job.module: module 'worker_entry' has no module 'nope'",
-                                   "runner"]),
+                                   "(modules there: __main__, "]),
     ("module: worker_entry.examples", ["job.module:", "no __main__"]),
 ])
 def test_script_or_module_that_does_not_exist(job, needles, tmp_path):
