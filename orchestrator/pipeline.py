@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from orchestrator.launch.backends import Backends
     from orchestrator.launch.preflight import HostCheck
     from orchestrator.plan import Plan
+    from orchestrator.pool import WarmPool
     from orchestrator.spec import ClusterSpec
     from orchestrator.supervise import RunResult, Supervisor
 
@@ -216,16 +217,19 @@ def _no_display(p: Plan) -> Iterator[tuple[None, None]]:
 def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
         warn: Say = _quiet, display: Display = _no_display,
         started: Callable[[Plan], None] | None = None, stage: Say = _quiet,
-        made_by: str = "python") -> RunResult:
+        made_by: str = "python", pool: WarmPool | None = None) -> RunResult:
     """Run a job to its end and return its result: the whole of `tfo run` but the printing.
     `stage(what)` is told what is under way (for a message if a signal cuts it short);
     `started(plan)` is called once the tasks are started. A dict source is written into the
-    run directory as cluster.yaml (`made_by` its first comment)."""
+    run directory as cluster.yaml (`made_by` its first comment). A `pool` (orchestrator/pool.py)
+    serves local tasks with processes that imported TensorFlow already."""
     from orchestrator.launch.spares import spares_wanted
     from orchestrator.supervise import Supervisor
 
     stage("planning")
     p, backends = prepare(source, Path(run_dir) if run_dir else None, say=say, warn=warn)
+    if pool is not None:
+        backends.local().pool = pool
     settled()  # before anything is started: the tasks get the user's environment
     lock: IO[bytes] | None = None  # the run directory's, while the run goes on
     try:
