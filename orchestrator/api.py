@@ -79,6 +79,11 @@ class Result:
     stalls: list[str] = field(default_factory=list)  # each stall, described
     raw: RunResult | None = field(default=None, repr=False)
 
+    def __repr__(self) -> str:
+        """A failed `assert result.ok` shows this (pytest prints the repr): the whole story."""
+        head = f"Result(ok={self.ok}, outcome={self.outcome!r}, reason={self.reason!r})"
+        return head if self.ok else f"{head}\n{self.explain()}"
+
     def explain(self, lines: int = LOG_LINES) -> str:
         """What a failed test shows: the outcome, each task's exit, the last lines of the
         failed task's log (every task's, when none is named), and every task's stacks where
