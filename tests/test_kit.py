@@ -208,9 +208,10 @@ def test_import_orchestrator_stays_light():
 
 
 def test_a_quiet_run_prints_nothing(tmp_path: Path):
+    run_dir = str(tmp_path / "r")
     code = textwrap.dedent(f"""\
         import orchestrator
-        r = orchestrator.run(entry="tests.jobs.kit:big_value", workers=1, run_dir={str(tmp_path / "r")!r})
+        r = orchestrator.run(entry="tests.jobs.kit:big_value", workers=1, run_dir={run_dir!r})
         assert r.ok, r
     """)
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
