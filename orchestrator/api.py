@@ -174,12 +174,15 @@ def run(source: str | Path | Mapping[str, Any] | None = None, *,
         timeout: float | None = None, timeouts: Mapping[str, Any] | None = None,
         kill: Mapping[str, Any] | None = None, preempt: Mapping[str, Any] | None = None,
         stall: Mapping[str, Any] | None = None, run_dir: str | Path | None = None,
-        echo: bool = False, pool: WarmPool | None = None) -> Result:
+        echo: bool = False, pool: WarmPool | None = None,
+        teardown_grace: float | None = None) -> Result:
     """Run a job to its end and return its Result. `source` is a cluster file's path or its
     data; without one, the keywords are `tfo run`'s flags (`workers=2, script="train.py",
     args=[...]`, or `entry="pkg.mod:fn", args={...}`). `env` adds to every task's environment,
     `timeout` is the job's deadline in seconds (every task's stacks are taken just before),
-    `timeouts` the cluster file's `timeouts:`. Raises SpecError for a bad spec (nothing
+    `timeouts` the cluster file's `timeouts:`; `teardown_grace`, how long a task whose code
+    and atexit handlers are done may spend in Python's teardown once its peers are there too
+    (decide.Timing's, 3 s by default). Raises SpecError for a bad spec (nothing
     started); KeyboardInterrupt on Ctrl-C (the tasks stopped)."""
     from orchestrator import pipeline
 
@@ -205,8 +208,13 @@ def run(source: str | Path | Mapping[str, Any] | None = None, *,
             spec["timeouts"]["deadline_seconds"] = timeout
     say = _stderr if echo else pipeline._quiet
     display = _display(echo, timeout)
+    timing = None
+    if teardown_grace is not None:
+        from orchestrator.decide import Timing
+
+        timing = Timing(teardown_grace=teardown_grace)
     raw = pipeline.run(spec, run_dir, say=say, warn=say, display=display,
-                       made_by="orchestrator.run", pool=pool)
+                       made_by="orchestrator.run", pool=pool, timing=timing)
     return result_of(raw)
 
 

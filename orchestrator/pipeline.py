@@ -31,6 +31,7 @@ from orchestrator.rundir import RunDir, RunDirError
 from orchestrator.startup import settled
 
 if TYPE_CHECKING:
+    from orchestrator.decide import Timing
     from orchestrator.launch.backends import Backends
     from orchestrator.launch.preflight import HostCheck
     from orchestrator.plan import Plan
@@ -217,12 +218,14 @@ def _no_display(p: Plan) -> Iterator[tuple[None, None]]:
 def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
         warn: Say = _quiet, display: Display = _no_display,
         started: Callable[[Plan], None] | None = None, stage: Say = _quiet,
-        made_by: str = "python", pool: WarmPool | None = None) -> RunResult:
+        made_by: str = "python", pool: WarmPool | None = None,
+        timing: Timing | None = None) -> RunResult:
     """Run a job to its end and return its result: the whole of `tfo run` but the printing.
     `stage(what)` is told what is under way (for a message if a signal cuts it short);
     `started(plan)` is called once the tasks are started. A dict source is written into the
     run directory as cluster.yaml (`made_by` its first comment). A `pool` (orchestrator/pool.py)
-    serves local tasks with processes that imported TensorFlow already."""
+    serves local tasks with processes that imported TensorFlow already; `timing`, the loop's own
+    limits (decide.Timing: the test kit's shorter teardown grace)."""
     from orchestrator.launch.spares import spares_wanted
     from orchestrator.supervise import Supervisor
 
@@ -251,7 +254,8 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
             standby = functools.partial(backends.standby, wanted=wanted) if wanted else None
             stage("supervising")
             return Supervisor(p, start=backends.start, echo=echo, watch=watch,
-                              standby=standby, start_batch=backends.start_batch).run(
+                              standby=standby, start_batch=backends.start_batch,
+                              timing=timing).run(
                 started=functools.partial(started, p) if started else None)
     finally:
         backends.close()

@@ -40,6 +40,11 @@ IMPORT_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TF_USE_LEGACY_KERAS"
               "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "LD_PRELOAD")
 
 
+def _import_value(key: str, value: str | None) -> str | None:
+    """What the import saw: worker_entry/defaults.py gives TF_USE_LEGACY_KERAS unset a 1."""
+    return "1" if key == "TF_USE_LEGACY_KERAS" and value is None else value
+
+
 @dataclass
 class _Slot:
     """The stand-in task a pool standby is started as (LocalHandle reads these fields);
@@ -90,7 +95,9 @@ class WarmPool:
     def fill(self) -> None:
         """Start standbys up to `size` (each imports TensorFlow meanwhile)."""
         with self._lock:
-            self._held = [h for h in self._held if h.poll() is None or h.discard()]
+            for dead in [h for h in self._held if h.poll() is not None]:
+                self._held.remove(dead)
+                dead.discard()
             while len(self._held) < self.size:
                 self._held.append(self._start())
 
@@ -98,11 +105,12 @@ class WarmPool:
         """Can a standby serve `task`: the same command, directory and import-time
         environment as it was started with, and the same loopback shim."""
         want = {**os.environ, **self._env}
-        return (task.placement.kind == "local" and task.command[1:] == ["-m", "worker_entry"]
-                and task.command[0] in (sys.executable, "python", "python3")
+        return (task.placement.kind == "local"
+                and task.command == [sys.executable, "-m", "worker_entry"]
                 and task.cwd == self.workdir and shim == self._shim
-                and all(task.env.get(k, os.environ.get(k)) == want.get(k)
-                        for k in IMPORT_ENV if k != "LD_PRELOAD"))
+                and all(_import_value(k, task.env.get(k, os.environ.get(k)))
+                        == _import_value(k, want.get(k)) for k in IMPORT_ENV
+                        if k != "LD_PRELOAD"))
 
     def take(self, task: TaskPlan, attempt: int, shim: Path | None) -> LocalHandle | None:
         """A standby told to run `task`'s `attempt`, and one started in its place; None

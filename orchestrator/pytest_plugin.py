@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 MARKER = "tf_cluster"
 DEFAULT_TIMEOUT = 120.0  # seconds: a test's cluster that runs longer fails, with its stacks
+# A test's task whose code and atexit handlers are done, its peers' too, is stopped this soon
+# in Python's teardown (tfo run's 3 s): the last collection of TensorFlow's objects is seconds
+# of every test, and what a test checks is done by then.
+TEARDOWN_GRACE = 0.5
 _ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -90,6 +94,7 @@ class Cluster:
             spec["localhost"] = {"gpus": list(range(self._gpus))}
         result = run(spec, env=env, timeout=timeout, timeouts=timeouts, kill=kill,
                      preempt=preempt, stall=stall, echo=echo, pool=self._pool,
+                     teardown_grace=TEARDOWN_GRACE,
                      run_dir=self._tmp / f"tfo-run-{next(self._runs)}")
         self.results.append(result)
         return result
