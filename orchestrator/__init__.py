@@ -9,7 +9,9 @@ __version__ = "0.1.0"
 __all__ = ["Result", "TaskResult", "run"]
 
 
-def __getattr__(name: str):  # noqa: ANN202 - `import orchestrator` stays light (PEP 562)
+def __getattr__(name: str) -> object:
+    """`orchestrator.run` and its result types, imported at first use (PEP 562): `import
+    orchestrator` (the CLI, a task's lab host) loads nothing more."""
     if name in __all__:
         from orchestrator import api
 

@@ -70,17 +70,14 @@ class WarmPool:
         self._dir = tempfile.mkdtemp(prefix="tfo-pool-")  # 0700: the env files are private
         self._held: list[LocalHandle] = []
         self._made = 0
-        self._shim: Path | None = None
+        self._built: tuple[Path | None] | None = None  # the loopback shim, once looked for
         self._lock = threading.Lock()
         self.taken = self.cold = 0  # how many tasks it served, and how many it could not
         self.pids: list[int] = []  # every standby it started (the tests check they are gone)
 
     def _start(self) -> LocalHandle:
-        from orchestrator.launch import loopback
         from orchestrator.launch.local import LocalHandle
 
-        if self._made == 0:
-            self._shim = loopback.try_build()[0]
         self._made += 1
         slot = os.path.join(self._dir, f"slot-{self._made}")
         env = {**self._env, markers.STANDBY_ENV: "1", POOL_ENV: f"{slot}.json",
@@ -88,9 +85,18 @@ class WarmPool:
         stand_in = _Slot(name=f"pool:{self._made}", command=[sys.executable, "-m",
                                                              "worker_entry"],
                          env=env, cwd=self.workdir, log_path=f"{slot}.log", tmp_dir=slot)
-        handle = LocalHandle(stand_in, 0, standby=True, shim=self._shim)  # type: ignore[arg-type]
+        handle = LocalHandle(stand_in, 0, standby=True, shim=self._shim())  # type: ignore[arg-type]
         self.pids.append(handle.pid)
         return handle
+
+    def _shim(self) -> Path | None:
+        """The loopback shim every standby is started with (all of them local, their whole
+        cluster on this machine): built, or found, once."""
+        from orchestrator.launch import loopback
+
+        if self._built is None:
+            self._built = (loopback.try_build()[0],)
+        return self._built[0]
 
     def fill(self) -> None:
         """Start standbys up to `size` (each imports TensorFlow meanwhile)."""
@@ -107,7 +113,7 @@ class WarmPool:
         want = {**os.environ, **self._env}
         return (task.placement.kind == "local"
                 and task.command == [sys.executable, "-m", "worker_entry"]
-                and task.cwd == self.workdir and shim == self._shim
+                and task.cwd == self.workdir and shim == self._shim()
                 and all(_import_value(k, task.env.get(k, os.environ.get(k)))
                         == _import_value(k, want.get(k)) for k in IMPORT_ENV
                         if k != "LD_PRELOAD"))
