@@ -12,6 +12,7 @@ sys.argv and refuses pytest's flags.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -90,11 +91,18 @@ def project(tmp: Path) -> Path:
     return root
 
 
-def one_run(root: Path, arm: str) -> float:
+def warm_starts(basetemp: Path) -> tuple[int, int]:
+    """(tasks started warm, tasks started) in a tfo arm's runs (their events.jsonl)."""
+    starts = [json.loads(line) for events in basetemp.glob("*/tfo-run-*/events.jsonl")
+              for line in events.read_text().splitlines() if '"task_started"' in line]
+    return sum(1 for e in starts if e.get("warm")), len(starts)
+
+
+def one_run(root: Path, arm: str, basetemp: Path) -> float:
     """Wall seconds of one pytest run of the arm's file; raises unless all tests passed."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-    env.update(PYTEST_ADDOPTS="-q -p no:cacheprovider", TF_USE_LEGACY_KERAS="1",
-               PYTHONPATH=str(root))
+    env.update(PYTEST_ADDOPTS=f"-q -p no:cacheprovider --basetemp={basetemp}",
+               TF_USE_LEGACY_KERAS="1", PYTHONPATH=str(root))
     t = time.monotonic()
     res = subprocess.run([sys.executable, "-m", "pytest", f"test_{arm}.py"], cwd=root,
                          capture_output=True, text=True, timeout=1200, env=env)
@@ -110,8 +118,9 @@ def pairs(tmp: Path, n: int, say=print) -> list[tuple[float, float]]:  # noqa: A
     got = []
     for i in range(n):
         order = ("tfo", "mpr") if i % 2 == 0 else ("mpr", "tfo")
-        walls = {arm: one_run(root, arm) for arm in order}
-        say(f"kit pair {i}: tfo {walls['tfo']:.1f} s, multi_process_runner "
-            f"{walls['mpr']:.1f} s, ratio {walls['tfo'] / walls['mpr']:.2f}")
+        walls = {arm: one_run(root, arm, tmp / f"kit-{arm}-{i}") for arm in order}
+        warm, started = warm_starts(tmp / f"kit-tfo-{i}")
+        say(f"kit pair {i}: tfo {walls['tfo']:.1f} s ({warm} of {started} tasks warm), "
+            f"multi_process_runner {walls['mpr']:.1f} s, ratio {walls['tfo'] / walls['mpr']:.2f}")
         got.append((walls["tfo"], walls["mpr"]))
     return got

@@ -12,7 +12,8 @@ GO; the wrapper and then the task read it (standby.adopt_pool_env) and run as th
 started now would. Only what was fixed at the standby's exec must match: the interpreter's
 command, the directory its sys.path was built in, and what the import read (CUDA devices,
 the Keras choice, the loopback shim's LD_PRELOAD); a task that differs starts cold.
-`size` standbys are kept: each one taken is replaced at once, its import overlapping the job.
+`size` standbys are kept (the plugin raises it to a test's task count): each one taken, the
+oldest, is replaced at once, its import overlapping the job.
 """
 
 from __future__ import annotations
@@ -101,11 +102,14 @@ class WarmPool:
     def fill(self) -> None:
         """Start standbys up to `size` (each imports TensorFlow meanwhile)."""
         with self._lock:
-            for dead in [h for h in self._held if h.poll() is not None]:
-                self._held.remove(dead)
-                dead.discard()
-            while len(self._held) < self.size:
-                self._held.append(self._start())
+            self._fill()
+
+    def _fill(self) -> None:
+        for dead in [h for h in self._held if h.poll() is not None]:
+            self._held.remove(dead)
+            dead.discard()
+        while len(self._held) < self.size:
+            self._held.append(self._start())
 
     def fits(self, task: TaskPlan, shim: Path | None) -> bool:
         """Can a standby serve `task`: the same command, directory and import-time
@@ -127,17 +131,9 @@ class WarmPool:
             if not self.fits(task, shim):
                 self.cold += 1
                 return None
-            while self._held:
-                handle = self._held.pop(0)
-                if handle.poll() is None:
-                    break
-                handle.discard()
-            else:
-                handle = None
-            self._held.append(self._start())
-        if handle is None:
-            self.cold += 1
-            return None
+            self._fill()  # the first time: `size` start at once, this task takes the first
+            handle = self._held.pop(0)  # the oldest: the likeliest to have imported already
+            self._fill()
         env = {**os.environ, **task.env, "TFO_ATTEMPT": str(attempt),
                markers.LIFELINE_ENV: markers.lifeline(heartbeat=False)}
         if shim is not None:

@@ -90,6 +90,9 @@ class Cluster:
         spec = spec_from_flags(workers=workers, ps=ps, chief=chief, evaluator=evaluator,
                                strategy=strategy, args=args, restart=restart,
                                max_restarts=max_restarts, **{kind: target})
+        if self._pool is not None:  # a standby for each task of the next such test too
+            self._pool.size = max(self._pool.size, sum(
+                len(v) if isinstance(v, list) else 1 for v in spec["tasks"].values()))
         if self._gpus:  # the marker's GPUs, shared out by tfo's allocation
             spec["localhost"] = {"gpus": list(range(self._gpus))}
         result = run(spec, env=env, timeout=timeout, timeouts=timeouts, kill=kill,
