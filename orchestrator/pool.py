@@ -36,9 +36,10 @@ if TYPE_CHECKING:
     from orchestrator.launch.local import LocalHandle
     from orchestrator.plan import TaskPlan
 
-# What a standby's import depends on: it must be the same for the task that takes it.
+# What a standby read before GO (its import, `python -m worker_entry`'s start): it must be
+# the same for the task that takes it.
 IMPORT_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TF_USE_LEGACY_KERAS",
-              "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "LD_PRELOAD")
+              "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "LD_PRELOAD", "TFO_AUTO_PROGRESS")
 
 
 def _import_value(key: str, value: str | None) -> str | None:
