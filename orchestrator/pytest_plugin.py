@@ -36,7 +36,7 @@ DEFAULT_TIMEOUT = 120.0  # seconds: a test's cluster that runs longer fails, wit
 # A test's task whose code and atexit handlers are done, its peers' too, is stopped this soon
 # in Python's teardown (tfo run's 3 s): the last collection of TensorFlow's objects is seconds
 # of every test, and what a test checks is done by then.
-TEARDOWN_GRACE = 0.5
+TEARDOWN_GRACE = 0.25
 _ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
