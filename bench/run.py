@@ -156,6 +156,10 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     Figure("progress_hook_us", "… its callback's per-step hook alone", "µs", None),
     Figure("progress_fit_us", "… a tiny fit's step, with it − without", "µs", None),
     Figure("progress_call_us", "… a tf.function call, counted − not", "µs", None),
+    # Issue 28: 10 cluster tests in one pytest run (bench/kit.py).
+    Figure("kit_ratio", "10 cluster tests, tf_cluster ÷ TF's multi_process_runner", "×", 0.5),
+    Figure("kit_tfo", "… tf_cluster, one pytest run", "s", None),
+    Figure("kit_mpr", "… multi_process_runner, one pytest run", "s", None),
 ]}
 CURVE: dict[int, list[float]] = {}  # light tasks → coordinator CPU per wall second
 DETAIL: dict[str, list[float]] = {}  # breakdowns and absolute values, informational
@@ -811,9 +815,23 @@ def bench_lab(s: Setting, tmp: Path) -> None:
     lab(s, tmp)
 
 
+def bench_kit(s: Setting, tmp: Path) -> None:
+    """bench/kit.py: 10 cluster tests with tf_cluster and with TensorFlow's
+    multi_process_runner, one pytest run each, alternated (the full setting only)."""
+    if s.fake:
+        return
+    from bench import kit
+
+    print(f"kit: {max(1, s.pairs // 3)} × (tf_cluster, multi_process_runner)", flush=True)
+    for tfo_s, mpr_s in kit.pairs(tmp, max(1, s.pairs // 3)):
+        add("kit_tfo", tfo_s)
+        add("kit_mpr", mpr_s)
+        add("kit_ratio", tfo_s / mpr_s)
+
+
 SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
     "cli": bench_cli, "light": bench_light, "paired": bench_paired, "resume": bench_resume,
-    "progress": bench_progress, "lab": bench_lab}
+    "progress": bench_progress, "lab": bench_lab, "kit": bench_kit}
 
 
 def main(argv: list[str] | None = None) -> int:

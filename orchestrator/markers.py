@@ -120,6 +120,9 @@ class Saved(_Marker):
 
 class Done(_Marker):
     event: Literal[m.DONE]
+    # What an entry returned (worker_entry.runner.returned): the task's word, untrusted.
+    value: Any = None
+    value_error: str | None = Field(default=None, max_length=1000)
 
 
 class Exiting(_Marker):

@@ -31,9 +31,11 @@ from orchestrator.rundir import RunDir, RunDirError
 from orchestrator.startup import settled
 
 if TYPE_CHECKING:
+    from orchestrator.decide import Timing
     from orchestrator.launch.backends import Backends
     from orchestrator.launch.preflight import HostCheck
     from orchestrator.plan import Plan
+    from orchestrator.pool import WarmPool
     from orchestrator.spec import ClusterSpec
     from orchestrator.supervise import RunResult, Supervisor
 
@@ -217,17 +219,22 @@ def _no_display(p: Plan) -> Iterator[tuple[None, None]]:
 def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
         warn: Say = _quiet, display: Display = _no_display,
         started: Callable[[Plan], None] | None = None, stage: Say = _quiet,
-        made_by: str = "python") -> RunResult:
+        made_by: str = "python", pool: WarmPool | None = None,
+        timing: Timing | None = None) -> RunResult:
     """Run a job to its end and return its result: the whole of `tfo run` but the printing.
     `stage(what)` is told what is under way (for a message if a signal cuts it short);
     `started(plan)` is called once the tasks are started. A dict source is written into the
-    run directory as cluster.yaml (`made_by` its first comment)."""
+    run directory as cluster.yaml (`made_by` its first comment). A `pool` (orchestrator/pool.py)
+    serves local tasks with processes that imported TensorFlow already; `timing`, the loop's own
+    limits (decide.Timing: the test kit's shorter teardown grace)."""
     from orchestrator.launch.backupstore import for_lab
     from orchestrator.launch.spares import spares_wanted
     from orchestrator.supervise import Supervisor
 
     stage("planning")
     p, backends = prepare(source, Path(run_dir) if run_dir else None, say=say, warn=warn)
+    if pool is not None:
+        backends.local().pool = pool
     settled()  # before anything is started: the tasks get the user's environment
     lock: IO[bytes] | None = None  # the run directory's, while the run goes on
     try:
@@ -251,7 +258,8 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
             return Supervisor(p, start=backends.start, echo=echo, watch=watch,
                               standby=standby, start_batch=backends.start_batch,
                               backup_store=for_lab(p.spec.hosts, lambda: backends.get("ssh"))
-                              if p.spec.elastic else None).run(
+                              if p.spec.elastic else None,
+                              timing=timing).run(
                 started=functools.partial(started, p) if started else None)
     finally:
         backends.close()

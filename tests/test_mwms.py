@@ -114,22 +114,25 @@ def test_localhost_cluster_trains_and_chief_saves(run_dir: Path):
 
 
 @pytest.mark.timeout(240)
-def test_failing_worker_fails_the_job_fast(run_dir: Path, tmp_path: Path):
-    spec = write_spec(tmp_path / "c.yaml", FAULTY.format(
-        args="fail_task: 'worker:1', fail_epoch: 0, exit_code: 3", extra=""))
-    res = run_tfo("run", str(spec), "--run-dir", str(run_dir))
-    assert res.returncode == 1, res.output[-4000:]
-    ev = events(run_dir)
-    exited = next(e for e in ev if e["event"] == "task_exited" and e["task"] == "worker:1")
-    assert exited["returncode"] == 3
-    assert res.ended_at - exited["time"] < 15
+def test_failing_worker_fails_the_job_fast(tf_cluster):
+    # Through the test kit (tests/test_kit.py): auto ports, the result as data.
+    result = tf_cluster.run("tests.jobs.faulty:train", workers=2, timeouts={"grace_seconds": 5},
+                            args={"epochs": 5, "fail_task": "worker:1", "fail_epoch": 0,
+                                  "exit_code": 3})
+    ended_at = time.time()
+    assert not result.ok and result.exit_code == 1, result
+    w0, w1 = result.tasks["worker:0"], result.tasks["worker:1"]
+    exited = next(e for e in w1.events if e["event"] == "task_exited")
+    assert exited["returncode"] == 3 and w1.exit_code == 3
+    assert ended_at - exited["time"] < 15
     # worker:0 is gone.
-    w0 = next(e for e in ev if e["event"] == "task_started" and e["task"] == "worker:0")
-    assert not psutil.pid_exists(w0["pid"]) or psutil.Process(w0["pid"]).status() == "zombie"
-    # The summary names the task, its exit code and the end of its log.
-    assert "worker:1 failed: exit code 3" in res.stderr
-    assert "[faulty] exiting with 3 after epoch 0" in res.stderr
-    assert port_is_free(20000) and port_is_free(20001)
+    pid = next(e["pid"] for e in w0.events if e["event"] == "task_started")
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    # What a failed assertion shows names the task, its exit code and the end of its log.
+    assert result.failed_task == "worker:1" and "exit code 3" in result.reason
+    assert "[faulty] exiting with 3 after epoch 0" in repr(result)
+    plan = json.loads((Path(result.run_dir) / "plan.json").read_text())
+    assert all(port_is_free(t["port"]) for t in plan["tasks"])
 
 
 @pytest.mark.timeout(240)

@@ -229,6 +229,9 @@ class _Wrapper:
     def _go(self) -> None:
         """A standby's turn: its task runs from now on, as one started now would."""
         assert self.go_fd is not None
+        if standby.adopt_pool_env():  # a pool standby learns its task only now
+            self.tmp_dir, self.grace, self.ready_port = _task_tmp_dir(), _grace(), _script_port()
+            title.set_title(title.describe(os.environ, "wrapper", title.room()))
         if self.tmp_dir and not _make_tmp_dir(self.tmp_dir):
             self._kill_task()
         else:

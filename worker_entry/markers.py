@@ -125,7 +125,10 @@ USAGE = "usage"  # the task wrapper, every USAGE_SECONDS: the task tree's CPU, R
 SIGTERM = "sigterm"  # the task wrapper got SIGTERM and passed it on (`grace`: s to SIGKILL)
 EVALUATED = "evaluated"  # the evaluator evaluated a checkpoint (`epoch`, `metrics`)
 SAVED = "saved"  # the model was written (`path`, `chief`)
-DONE = "done"  # the entry returned
+DONE = "done"  # the entry returned (`value`: what it returned, as JSON; or `value_error`)
+# The most JSON an entry's return value may take in its `done` marker (a marker is one line,
+# and the coordinator reads lines of at most 64 KiB).
+VALUE_BYTES = 16 * 1024
 # The task's last atexit handler (registered before any other): its code and every atexit
 # handler are done, and only the interpreter's teardown is left, in which TensorFlow may
 # wait for peers that are gone (the supervisor stops such a task: TEARDOWN_GRACE_SECONDS).
@@ -152,6 +155,12 @@ def line(event: str, **fields: Any) -> str:
 # the user's code runs, so a script that closes its stdout and stderr (or points them
 # elsewhere) cannot take the markers with them, nor fail on our DONE.
 _channel: int | None = None
+# Told of each marker after it is written (worker_entry/faults.py): (event, fields).
+_watchers: list[Any] = []
+
+
+def on_emit(watch: Any) -> None:
+    _watchers.append(watch)
 
 
 def use_channel(fd: int | None) -> None:
@@ -170,8 +179,14 @@ def emit(event: str, **fields: Any) -> None:
         try:
             while data:
                 data = data[os.write(_channel, data):]
-            return
         except OSError:  # the task closed our copy too (a daemon's closerange): stdout, then
-            pass
+            _print(text)
+    else:
+        _print(text)
+    for watch in _watchers:
+        watch(event, fields)
+
+
+def _print(text: str) -> None:
     with contextlib.suppress(Exception):
         print(text, end="", flush=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import importlib
 import importlib.util
+import inspect
 import io
 import json
 import os
@@ -196,6 +197,35 @@ def main() -> int:
         args=dict(job.get("args") or {}),
     )
     markers.emit(markers.READY, what="evaluating" if role == Role.EVALUATOR else "training")
-    entry(ctx)
-    markers.emit(markers.DONE)
+    value = entry(ctx) if _takes_context(entry) else entry()
+    markers.emit(markers.DONE, **returned(value))
     return 0
+
+
+def _takes_context(func: Callable[..., Any]) -> bool:
+    """An entry is called with the TaskContext unless it takes no argument at all."""
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: give it the context
+        return True
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+               for p in params)
+
+
+def returned(value: Any) -> dict[str, Any]:
+    """The `done` marker's fields for what the entry returned: `value` where it is JSON of
+    at most markers.VALUE_BYTES (a number, a string, lists and mappings of them; a numpy or
+    TensorFlow scalar as its Python number), else `value_error` saying why not."""
+    if value is None:
+        return {}
+    if hasattr(value, "numpy"):  # an eager tensor
+        value = value.numpy()
+    if hasattr(value, "tolist"):  # a numpy array or scalar
+        value = value.tolist()
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        return {"value_error": f"not JSON: {str(e)[:200]}"}
+    if len(text) > markers.VALUE_BYTES:
+        return {"value_error": f"{len(text):,} bytes of JSON; at most {markers.VALUE_BYTES:,}"}
+    return {"value": json.loads(text)}

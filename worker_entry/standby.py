@@ -18,10 +18,34 @@ import importlib
 import importlib.util
 import json
 import os
+import sys
 import sysconfig
 import tempfile
 
-from worker_entry import markers
+from worker_entry import defaults, markers, title
+
+# A pool standby (orchestrator/pool.py, the pytest plugin's warm pool) is started before its
+# job exists: its environment and directory come at GO, from the JSON file this names
+# (`{"env": {...}, "cwd": "..."}`), written by the coordinator just before it sends GO.
+POOL_ENV = "TFO_POOL_ENV"
+
+
+def adopt_pool_env() -> bool:
+    """A pool standby at GO (its wrapper, then its task): take the task's environment and
+    directory from the file POOL_ENV names; False for any other process. `sys.path` keeps
+    what was imported; an entry of the old directory is pointed at the new one."""
+    path = os.environ.get(POOL_ENV)
+    if not path:
+        return False
+    with open(path) as f:
+        given = json.load(f)
+    old = os.getcwd()
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in given["env"].items()})
+    defaults.apply(os.environ)  # as `python -m worker_entry` did at the standby's start
+    os.chdir(given["cwd"])
+    sys.path[:] = [given["cwd"] if p == old else p for p in sys.path]
+    return True
 
 
 def warm_up() -> None:
@@ -97,6 +121,8 @@ def serve(go_fd: int) -> None:
     if go != markers.GO:
         os._exit(0)
     os.close(go_fd)
+    if adopt_pool_env():
+        title.set_title(title.describe(os.environ, room=title.room()))
     os.environ.pop(markers.STANDBY_ENV, None)  # not for the job's code, nor what it starts
     # The task's temp dir is made at GO (the attempt before removed it when it ended): let
     # `tempfile` look for it again, should an import have asked while it was missing.

@@ -57,6 +57,11 @@ class Backends:
             self._made[kind] = BACKENDS[kind](self._hosts)
         return self._made[kind]
 
+    def local(self) -> LocalBackend:
+        backend = self.get("local")
+        assert isinstance(backend, LocalBackend)
+        return backend
+
     def _by_kind(self, plan: Plan) -> dict[str, list[TaskPlan]]:
         kinds: dict[str, list[TaskPlan]] = {}
         for t in plan.tasks:

@@ -26,6 +26,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.launch import HostBackend, loopback, orphans
 from orchestrator.launch.gpus import GpuReport, local_gpus
@@ -36,6 +37,9 @@ from orchestrator.launch.spares import DISCARD_SECONDS, Spares
 from orchestrator.plan import Plan, TaskPlan
 from orchestrator.spec import HostSpec
 from worker_entry import markers
+
+if TYPE_CHECKING:
+    from orchestrator.pool import WarmPool
 
 
 class LocalHandle:
@@ -150,6 +154,7 @@ class LocalBackend(HostBackend):
         self._spares = Spares(lambda task, attempt: LocalHandle(
             task, attempt, standby=True, shim=self._shim(task)))
         self._built: tuple[Path | None, str | None] | None = None  # loopback.try_build's
+        self.pool: WarmPool | None = None  # processes warm before their job (orchestrator/pool.py)
 
     def _shim(self, task: TaskPlan) -> Path | None:
         """The loopback shim for a task whose whole cluster is on this machine (built at
@@ -181,8 +186,9 @@ class LocalBackend(HostBackend):
     def start(self, task: TaskPlan, attempt: int) -> LocalHandle:
         """The task's warm spare for this attempt, if one waits; else a new process."""
         orphans.sweep_suspected()
-        return self._spares.take(task, attempt) or LocalHandle(task, attempt,
-                                                                shim=self._shim(task))
+        return self._spares.take(task, attempt) or (
+            self.pool and self.pool.take(task, attempt, self._shim(task))) or LocalHandle(
+            task, attempt, shim=self._shim(task))
 
     def standby(self, task: TaskPlan, attempt: int) -> int | None:
         """Start a warm spare for the task's `attempt` (spares.py); its pid, None if one

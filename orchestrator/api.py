@@ -1,0 +1,295 @@
+"""tfo from Python: a job in three lines, its result as data.
+
+    import orchestrator
+    result = orchestrator.run(entry="mypkg.steps:allreduce_ones", workers=2)
+    assert result.ok, result.explain()
+    [t.value for t in result.tasks.values()]    # what each task's entry returned
+
+`run` takes a cluster file's path, its data (a dict), or `tfo run`'s flags as keywords
+(quick.spec_from_command makes the cluster, as for the CLI). It is quiet unless `echo=True`;
+a bad spec raises the SpecError the CLI prints (the field named); a job that fails is a
+`Result` with `ok` False, never an exception. Faults for testing recovery code (`kill=`,
+`preempt=`, `stall=`) reach the tasks as TFO_FAULTS (worker_entry/faults.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import SpecError
+from worker_entry.faults import FAULTS_ENV
+
+if TYPE_CHECKING:
+    from orchestrator.plan import Plan
+    from orchestrator.pool import WarmPool
+    from orchestrator.supervise import RunResult, Supervisor
+
+FAULT_KINDS = ("kill", "preempt", "stall")
+FAULT_AT = ("epoch", "step")
+STACKS_LEAD_SECONDS = 3.0  # before a timeout: every task's stacks asked for, into its log
+LOG_LINES = 20  # of a failed task's log in `explain()`
+STACK_FRAMES = 8  # of a task's stack in `explain()`
+
+
+@dataclass
+class TaskResult:
+    """One task of a finished job, over all its attempts."""
+
+    name: str  # worker:1
+    state: str  # succeeded, failed, stopped...
+    exit_code: int | None  # the last attempt's (-9: SIGKILL)
+    attempts: int  # 1 + its restarts (0: never started)
+    log_path: str
+    value: Any = None  # what its entry returned (JSON), from its last attempt
+    value_error: str | None = None  # why the value did not come back (too large, not JSON)
+    events: list[dict[str, Any]] = field(default_factory=list)  # its lines of events.jsonl
+    exit_reason: str = ""
+    # Where it was stuck, innermost frame first then the user's own frames (the thread
+    # stall.stuck_thread picks), from the last stacks dump in its log (a hang, a timeout).
+    stack: list[str] = field(default_factory=list)
+
+    @property
+    def log(self) -> str:
+        """Everything the task printed (its log file, every attempt)."""
+        try:
+            return Path(self.log_path).read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+@dataclass
+class Result:
+    """A job's end: `ok`, why (`outcome`, `reason`), and its tasks in plan order."""
+
+    ok: bool
+    outcome: str  # succeeded, failed, interrupted
+    reason: str
+    exit_code: int  # what `tfo run` would exit with
+    run_dir: str
+    tasks: dict[str, TaskResult]
+    restarts: int = 0
+    failed_task: str | None = None
+    stalls: list[str] = field(default_factory=list)  # each stall, described
+    raw: RunResult | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        """A failed `assert result.ok` shows this (pytest prints the repr): the whole story."""
+        head = f"Result(ok={self.ok}, outcome={self.outcome!r}, reason={self.reason!r})"
+        return head if self.ok else f"{head}\n{self.explain()}"
+
+    def explain(self, lines: int = LOG_LINES) -> str:
+        """What a failed test shows: the outcome, each task's exit, the last lines of the
+        failed task's log (every task's, when none is named), and every task's stacks where
+        they were taken (a hang)."""
+        out = [f"tfo job {self.outcome}: {self.reason}", f"run directory: {self.run_dir}"]
+        for t in self.tasks.values():
+            out.append(f"  {t.name}: {t.state}, exit {t.exit_code}"
+                       f"{f' ({t.exit_reason})' if t.exit_reason else ''}, "
+                       f"{t.attempts} attempt(s)")
+        out += [f"stall: {s}" for s in self.stalls]
+        named = [self.tasks[self.failed_task]] if self.failed_task in self.tasks else []
+        for t in named or [t for t in self.tasks.values() if t.state != "succeeded"]:
+            tail = _tail(t.log, lines)
+            out.append(f"--- last {len(tail)} lines of {t.name}'s log ({t.log_path}):")
+            out += [f"  {line}" for line in tail]
+        for t in self.tasks.values():
+            if t.stack:
+                out.append(f"--- {t.name}'s Python stack where it hung, innermost first:")
+                out += [f"  {f}" for f in t.stack]
+        return "\n".join(out)
+
+
+def _tail(text: str, n: int) -> list[str]:
+    from worker_entry.markers import PREFIX, START
+
+    kept = [line for line in text.splitlines()
+            if not line.lstrip(START).startswith(PREFIX)]  # markers: tfo's, not the task's
+    return kept[-n:]
+
+
+def spec_from_flags(*, workers: int | None = None, script: str | None = None,
+                    module: str | None = None, entry: str | None = None,
+                    args: Sequence[str] | Mapping[str, Any] | None = None,
+                    strategy: str | None = None, ps: int | None = None, chief: bool = False,
+                    evaluator: bool = False, restart: str | None = None,
+                    max_restarts: int | None = None, name: str | None = None) -> dict[str, Any]:
+    """The cluster file's data `tfo run FLAGS -- COMMAND` would make, from keywords."""
+    from orchestrator.quick import FlagError, QuickFlags, spec_from_command
+
+    given = [k for k, v in (("script", script), ("module", module), ("entry", entry)) if v]
+    if len(given) != 1:
+        raise FlagError(f"give exactly one of script=, module=, entry=; got "
+                        f"{', '.join(given) or 'none'}")
+    mapping = isinstance(args, Mapping)
+    if entry is not None:
+        if args is not None and not mapping:
+            raise FlagError("args: an entry's args are a mapping (ctx.args), like {'epochs': 2}")
+        command = [entry]
+    else:
+        if mapping:
+            raise FlagError("args: a script's or module's args are a list of strings")
+        rest = [str(a) for a in args or []]
+        command = ["python", script, *rest] if script else ["python", "-m", str(module), *rest]
+    flags = QuickFlags(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
+                       strategy=strategy, name=name, restart=restart, max_restarts=max_restarts)
+    spec = spec_from_command(command, flags)
+    if entry is not None and args:
+        spec["job"]["args"] = dict(args)  # type: ignore[arg-type]
+    return spec
+
+
+def faults_env(kill: Mapping[str, Any] | None = None, preempt: Mapping[str, Any] | None = None,
+               stall: Mapping[str, Any] | None = None) -> str | None:
+    """TFO_FAULTS for the tasks: {task: {"kill"|"preempt"|"stall": {"epoch"|"step": n}}}.
+    Each fault strikes the task's first attempt once it reaches that epoch (0-based, as Keras
+    counts) or step; a restarted attempt runs clean."""
+    faults: dict[str, dict[str, dict[str, int]]] = {}
+    for kind, given in zip(FAULT_KINDS, (kill, preempt, stall), strict=True):
+        for task, at in (given or {}).items():
+            where = f"{kind}[{task!r}]"
+            if not isinstance(at, Mapping) or len(at) != 1 or next(iter(at)) not in FAULT_AT:
+                raise SpecError(f"{where}: give {{'epoch': N}} or {{'step': N}}, got {at!r}")
+            (unit, n), = at.items()
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise SpecError(f"{where}.{unit}: a whole number >= 0, got {n!r}")
+            if task in faults:
+                raise SpecError(f"{where}: {task} already has a fault; one per task")
+            faults[str(task)] = {kind: {unit: n}}
+    return json.dumps(faults, sort_keys=True) if faults else None
+
+
+def run(source: str | Path | Mapping[str, Any] | None = None, *,
+        workers: int | None = None, script: str | None = None, module: str | None = None,
+        entry: str | None = None, args: Sequence[str] | Mapping[str, Any] | None = None,
+        strategy: str | None = None, ps: int | None = None, chief: bool = False,
+        evaluator: bool = False, restart: str | None = None, max_restarts: int | None = None,
+        name: str | None = None, env: Mapping[str, str] | None = None,
+        timeout: float | None = None, timeouts: Mapping[str, Any] | None = None,
+        kill: Mapping[str, Any] | None = None, preempt: Mapping[str, Any] | None = None,
+        stall: Mapping[str, Any] | None = None, run_dir: str | Path | None = None,
+        echo: bool = False, pool: WarmPool | None = None,
+        teardown_grace: float | None = None) -> Result:
+    """Run a job to its end and return its Result. `source` is a cluster file's path or its
+    data; without one, the keywords are `tfo run`'s flags (`workers=2, script="train.py",
+    args=[...]`, or `entry="pkg.mod:fn", args={...}`). `env` adds to every task's environment,
+    `timeout` is the job's deadline in seconds (every task's stacks are taken just before),
+    `timeouts` the cluster file's `timeouts:`; `teardown_grace`, how long a task whose code
+    and atexit handlers are done may spend in Python's teardown once its peers are there too
+    (decide.Timing's, 3 s by default). Raises SpecError for a bad spec (nothing
+    started); KeyboardInterrupt on Ctrl-C (the tasks stopped)."""
+    from orchestrator import pipeline
+
+    flags = dict(workers=workers, script=script, module=module, entry=entry, args=args,
+                 strategy=strategy, ps=ps, chief=chief, evaluator=evaluator, restart=restart,
+                 max_restarts=max_restarts, name=name)
+    if source is None:
+        spec: dict[str, Any] = spec_from_flags(**flags)  # type: ignore[arg-type]
+    else:
+        given = [f"{k}=" for k, v in flags.items() if v not in (None, False)]
+        if given:
+            raise SpecError(f"{', '.join(given)}: these make a cluster; {source} is one "
+                            "already (edit it, or give the keywords without it)")
+        spec = _as_dict(source)
+    extra_env = {**(env or {})}
+    if (faults := faults_env(kill, preempt, stall)) is not None:
+        extra_env[FAULTS_ENV] = faults
+    if extra_env:
+        spec["env"] = {**(spec.get("env") or {}), **extra_env}
+    if timeouts or timeout is not None:
+        spec["timeouts"] = {**(spec.get("timeouts") or {}), **(timeouts or {})}
+        if timeout is not None:
+            spec["timeouts"]["deadline_seconds"] = timeout
+    say = _stderr if echo else pipeline._quiet
+    display = _display(echo, timeout)
+    timing = None
+    if teardown_grace is not None:
+        from orchestrator.decide import Timing
+
+        timing = Timing(teardown_grace=teardown_grace)
+    raw = pipeline.run(spec, run_dir, say=say, warn=say, display=display,
+                       made_by="orchestrator.run", pool=pool, timing=timing)
+    return result_of(raw)
+
+
+def _as_dict(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    """A cluster file's data (a plan.json stays a path: its ports come with it)."""
+    if isinstance(source, Mapping):
+        return json.loads(json.dumps(source))  # a copy the caller's dict does not share
+    from orchestrator.specfile import SpecFileError, read_data
+
+    try:
+        data = read_data(Path(source))
+    except SpecFileError as err:
+        raise SpecError(str(err)) from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping (name:, job:, tasks:, ...)")
+    if {"run_id", "spec", "tasks"} <= data.keys():
+        raise SpecError(f"{source} is a run's plan.json: run it again with `tfo rerun`")
+    return data
+
+
+def _stderr(line: str) -> None:
+    print(f"tfo: {line}", file=sys.stderr, flush=True)
+
+
+def _display(echo: bool, timeout: float | None
+             ) -> Callable[[Plan], contextlib.AbstractContextManager[Any]]:
+    """The tasks' lines to stdout (echo) or nowhere; and, with a timeout, every live task's
+    stacks asked for STACKS_LEAD_SECONDS before it (into its log, for `TaskResult.stacks`)."""
+    @contextlib.contextmanager
+    def display(plan: Plan) -> Iterator[tuple[Any, Any]]:
+        t0 = time.monotonic()
+        asked = False
+
+        def watch(sup: Supervisor) -> None:
+            nonlocal asked
+            if asked or timeout is None or time.monotonic() - t0 < timeout - STACKS_LEAD_SECONDS:
+                return
+            asked = True
+            for rec in sup.records.values():
+                request = getattr(rec.handle, "request_stacks", None)
+                if rec.state.live and request is not None:
+                    with contextlib.suppress(OSError):
+                        request()
+
+        yield (None if echo else _drop), watch
+    return display
+
+
+def _drop(task: str, line: str) -> None:
+    """Where a quiet run's lines go: they are in the logs."""
+
+
+def result_of(raw: RunResult) -> Result:
+    """The Result of a RunResult: each task's value, attempts and events from events.jsonl
+    (the `done` marker's fields, untrusted, checked by orchestrator.markers), stacks from
+    the last faulthandler dump in its log."""
+    from orchestrator.rundir import RunDir
+    from orchestrator.stall import stuck_thread, threads, where
+
+    records, _ = RunDir(raw.run_dir).read_events()
+    tasks: dict[str, TaskResult] = {}
+    for t in raw.tasks:
+        mine = [e for e in records if e.get("task") == t.name]
+        done = [e for e in mine if e.get("event") == "task_done"]
+        last = done[-1] if done else {}
+        value_error = last.get("value_error")
+        attempts = sum(1 for e in mine if e.get("event") == "task_started")
+        result = TaskResult(
+            name=t.name, state=t.state.value, exit_code=t.returncode, attempts=attempts,
+            log_path=t.log_path, value=last.get("value"),
+            value_error=value_error if isinstance(value_error, str) else None,
+            events=mine, exit_reason=t.exit_reason)
+        result.stack = where(stuck_thread(threads(result.log.splitlines())), n=STACK_FRAMES)
+        tasks[t.name] = result
+    return Result(ok=raw.exit_code == 0, outcome=raw.state.value, reason=raw.reason,
+                  exit_code=raw.exit_code, run_dir=raw.run_dir, tasks=tasks,
+                  restarts=raw.restarts, failed_task=raw.failed_task,
+                  stalls=[s.describe() for s in raw.stalls], raw=raw)
