@@ -71,6 +71,7 @@ from orchestrator.console import (
     reopen_closed_std_streams,
 )
 from orchestrator.errors import SpecError
+from orchestrator.guide import EPILOG, guide_page
 from orchestrator.launch import BackendError
 from orchestrator.pipeline import CannotStart, load_source
 from orchestrator.pipeline import problems as host_problems
@@ -89,9 +90,7 @@ from orchestrator.rundir import (
     RUNS,
     RunDir,
     RunDirError,
-    last_lines,
     list_runs,
-    read_lines,
     run_over,
 )
 from orchestrator.startup import settled, starting
@@ -108,35 +107,9 @@ EXIT_BAD_SPEC = 2
 # strings are plain text: write `[default: x]`, no markup, no escapes.
 HELP = {"rich_markup_mode": None, "add_completion": False, "no_args_is_help": True,
         "pretty_exceptions_enable": False}
-# Where the guide is (README.md's table of docs/): the end of `tfo --help`, and for an error
-# whose field has a page, the page (the first field the message names decides).
-GUIDE = "docs/guide/"
-GUIDE_PAGES = (("hosts", "lab.md"), ("host", "lab.md"), ("--hosts", "lab.md"),
-               ("backend.slurm", "slurm.md"), ("--on", "slurm.md"), ("--partition", "slurm.md"),
-               ("job.gpus_per_task", "gpus.md"), ("job.collective", "gpus.md"),
-               ("localhost.gpus", "gpus.md"), ("restart", "faults.md"),
-               ("timeouts", "faults.md"), ("job", "scripts.md"), ("tasks", "cluster-file.md"))
-# Before the fields: a task on a host not under hosts:, a host's GPUs.
-GUIDE_WORDS = (("under hosts:", "lab.md"), ("from the lab hosts", "lab.md"),
-               ("gpus_per_task", "gpus.md"), (".gpus", "gpus.md"))
 app = typer.Typer(**HELP,
                   help="Run multi-worker TensorFlow jobs on this machine or on a lab's machines.",
-                  epilog=f"The guide: README.md, and a page per topic under {GUIDE} (every "
-                  "cluster-file key: docs/reference/cluster-file.md), in tfo's source tree.")
-
-
-def guide_page(message: str) -> str | None:
-    """The guide's page for an error: by the fields its lines start with (`hosts.gpu1.port: …`,
-    `host gpu1: …`), the first of GUIDE_PAGES one is under; GUIDE_WORDS in it decide first."""
-    for words, page in GUIDE_WORDS:
-        if words in message:
-            return GUIDE + page
-    lines = message.splitlines()
-    lines = lines[1:] or lines  # a first line of several says which file: "c.yaml: invalid …"
-    fields = [line.strip().split(": ", 1)[0] for line in lines if ": " in line]
-    return next((GUIDE + page for prefix, page in GUIDE_PAGES for f in fields
-                 if f == prefix or f.startswith((prefix + ".", prefix + "[", prefix + " "))),
-                None)
+                  epilog=EPILOG)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -421,7 +394,7 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
              "--raw", help="also the @tfo marker lines tfo itself reads")] = False) -> None:
     """Print a task's log (every task's, [role:index] first, when none is named): `tfo logs`,
     `tfo logs worker:1`, `tfo logs last worker:1 -f`, `tfo logs RUN_DIR worker:1`."""
-    from orchestrator.markers import is_marker
+    from orchestrator.logprint import LogPrinter
 
     if task is None and run_dir and _TASK_NAME.match(run_dir) and not Path(run_dir).is_dir():
         run_dir, task = None, run_dir
@@ -432,35 +405,7 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
     if task and task not in found:
         raise _fail(f"no task {task!r} in {rd}; tasks: {', '.join(found)}")
     # A task's output is untrusted: escaped for a terminal, as printed into a file or pipe.
-    shown = printable if sys.stdout.isatty() else str
-    offsets: dict[str, int] = {}
-    partial: dict[str, bool] = {}  # a task's line printed in part so far: shown or not
-
-    def keep(line: str) -> bool:
-        return raw or not is_marker(line)
-
-    def show(last_n: int, whole: bool) -> None:
-        """Each log from where the last look ended; with `last_n`, its last lines only, read
-        from its end. Line by line either way: memory does not grow with the log."""
-        logs = rd.task_logs()  # a task not started yet has no log yet
-        for name, path in logs.items() if not task else [(task, logs[task])]:
-            prefix = f"[{name}] " if not task else ""
-            if last_n:
-                new, offsets[name] = last_lines(path, last_n, keep, whole)
-                for line in new:
-                    print(shown(prefix + line))
-                continue
-            for line, ended, offset in read_lines(path, offsets.get(name, 0), whole):
-                start = name not in partial  # a line over LOG_CHUNK comes in pieces
-                if start and keep(line) or partial.get(name):
-                    print(shown(prefix + line if start else line), end="\n" if ended else "")
-                if ended:
-                    partial.pop(name, None)
-                elif start:
-                    partial[name] = keep(line)  # whether its next pieces are shown
-                offsets[name] = offset
-        sys.stdout.flush()
-
+    show = LogPrinter(rd, task, raw, printable if sys.stdout.isatty() else str).show
     try:
         show(lines, whole=not follow)
         if follow:

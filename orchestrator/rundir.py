@@ -61,7 +61,10 @@ def task_file(role: str, index: int) -> str:
 
 
 @dataclass(frozen=True)
-class RunDir:
+class RunPaths:
+    """Where a run's files are: the layout above, as POSIX strings, for this machine or a lab
+    host (`on_host`); pure, nothing is read or made. RunDir adds the files themselves."""
+
     path: str
 
     @classmethod
@@ -120,7 +123,11 @@ class RunDir:
     def backup_dir(self, role: str, index: int) -> str:
         return self._join(BACKUP, task_file(role, index))
 
-    # ---- files on this machine ---------------------------------------------------------
+
+class RunDir(RunPaths):
+    """A run directory on this machine: its lock, plan.json, events and logs, and finding a
+    past run (`find`)."""
+
     def check_new(self) -> None:
         """Refuse a directory that holds a run already: two runs in one would mix their
         events, logs and plan.json. Raises RunDirError."""

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import guide_page
 from orchestrator.docgen import generated
+from orchestrator.guide import guide_page
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]

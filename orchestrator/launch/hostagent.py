@@ -266,6 +266,30 @@ class HostAgent:
             self._lose(f"no heartbeat for {quiet:g} s")
 
 
+def _task_output(task: TaskPlan) -> TaskOutput:
+    """A task's output, fed by its host's reader (no thread of its own)."""
+    return TaskOutput(task.log_path, None, f"ssh-{task.name}")
+
+
+class ExitSignal:
+    """An eventfd, readable once a task exited or its host is lost: the supervisor sleeps on
+    it (polling 128 handles every 50 ms cost an idle coordinator more than its tasks' beats).
+    The owner sets and closes it under one lock: a set never writes to a closed fd."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+    def set(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self.fd, 1)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 class AgentTask:
     """One task (one attempt) on a host's agent; the TaskHandle the supervisor holds."""
 
@@ -277,14 +301,9 @@ class AgentTask:
         self.exit_reason: str | None = None
         self._returncode: int | None = None
         self._lock = threading.Lock()
-        # Readable once it exited or its host is lost: the supervisor sleeps on it (polling
-        # 128 handles every 50 ms cost an idle coordinator more than its tasks' beats).
-        self._exit_fd: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._exit = ExitSignal()  # set and closed under the lock
         self._early = bytearray()  # a standby's output before GO
-        self._output: TaskOutput | None = None if standby else self._new_output()
-
-    def _new_output(self) -> TaskOutput:
-        return TaskOutput(self.task.log_path, None, f"ssh-{self.task.name}")
+        self._output: TaskOutput | None = None if standby else _task_output(task)
 
     # ---- from the reader thread ------------------------------------------------------
     def output_bytes(self, data: bytes) -> None:
@@ -298,36 +317,28 @@ class AgentTask:
         with self._lock:
             if self._returncode is None:
                 self._returncode = code
-                self._signal_exit()
+                self._exit.set()
             if self._output is not None:
                 self._output.end()
-
-    def _signal_exit(self) -> None:
-        """Under the lock: the exit fd turns readable (it is closed under the lock too)."""
-        if self._exit_fd is not None:
-            with contextlib.suppress(OSError):
-                os.eventfd_write(self._exit_fd, 1)
 
     def host_lost(self, why: str) -> None:
         with self._lock:
             if self._returncode is not None:
                 return
             self._returncode, self.exit_reason = EXIT_LOST, why
-            self._signal_exit()
+            self._exit.set()
             if self._output is not None:
                 self._output.note(f"[tfo] {why}; the task stops itself on its side")
                 self._output.end()
 
     def _close_exit_fd(self) -> None:
         with self._lock:
-            if self._exit_fd is not None:
-                os.close(self._exit_fd)
-                self._exit_fd = None
+            self._exit.close()
 
     # ---- the TaskHandle -------------------------------------------------------------
     @property
     def exit_fd(self) -> int | None:
-        return self._exit_fd
+        return self._exit.fd
 
     def poll(self) -> int | None:
         if self._returncode is None:
@@ -349,7 +360,7 @@ class AgentTask:
     def go(self) -> None:
         """A standby's turn: it runs as a task started now would (worker_entry.standby)."""
         with self._lock:
-            self._output = self._new_output()
+            self._output = _task_output(self.task)
             early, self._early = bytes(self._early), bytearray()
             if early:
                 self._output.feed(early)

@@ -111,6 +111,81 @@ class _LineQueue:
         return self.take()
 
 
+class _Lines:
+    """The task's bytes as lines for the supervisor: each held to LINE_CAP (a line redrawn
+    with \r/\b held as last drawn), a flood beyond FLOOD_LINES a second counted, not passed
+    on (flood_note). `put` passes a line on."""
+
+    def __init__(self, put: Callable[[str], None]) -> None:
+        self._put = put
+        self._line = bytearray()  # the current line, up to LINE_CAP bytes
+        self._more = 0  # bytes of the current line beyond LINE_CAP: in the log only
+        self._window_at = time.monotonic()  # the flood budget's window: since when
+        self._window_lines = 0  # lines the task printed in it
+        self._hidden = 0  # lines of a flood not passed on, to be told (flood_note)
+
+    @property
+    def partial(self) -> bool:
+        """A line has begun and not ended."""
+        return bool(self._line or self._more)
+
+    def split(self, data: bytes) -> None:
+        if self._over_budget(data):
+            # Over the budget: the lines are counted, not split one by one (the log has them).
+            last = data.rfind(b"\n")
+            if last >= 0:
+                self._hidden += data.count(b"\n")
+                self._line.clear()
+                self._more = 0
+                self._piece(data[last + 1:])
+            else:
+                self._piece(data)
+            return
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            self._piece(data[start:end])
+            self.end_line()
+            start = end + 1
+        self._piece(data[start:])
+
+    def _piece(self, part: bytes) -> None:
+        room = LINE_CAP - len(self._line)
+        if len(part) > room and not self._more and _redraws(self._line, part):
+            # A progress bar redrawn with \r and \b all epoch long: what the line shows at
+            # the end is its last drawing, not the first 64 KiB of them. Held as drawn so far.
+            drawn = overstrike((self._line + part).decode(errors="surrogateescape"))
+            raw = drawn.encode(errors="surrogateescape")
+            self._line = bytearray(raw[:LINE_CAP])
+            self._more += max(0, len(raw) - LINE_CAP)
+            return
+        self._line += part[:room]
+        self._more += max(0, len(part) - room)
+
+    def _over_budget(self, data: bytes) -> bool:
+        """Has the task printed more than FLOOD_LINES lines this FLOOD_SECONDS? Then the
+        rest of the window's lines go to the log only, and a line says how many there were."""
+        now = time.monotonic()
+        if now - self._window_at >= FLOOD_SECONDS:
+            self.report_hidden()
+            self._window_at, self._window_lines = now, 0
+        self._window_lines += data.count(b"\n")
+        return self._window_lines > FLOOD_LINES
+
+    def report_hidden(self) -> None:
+        if self._hidden:
+            self._put(flood_note(self._hidden))
+            self._hidden = 0
+
+    def end_line(self) -> None:
+        text = self._line.decode(errors="replace").rstrip("\r")
+        if self._more:
+            text += cut_note(self._more)
+        self._line.clear()
+        self._more = 0
+        self._put(text)
+
+
+
 class TaskOutput:
     """Reads a task's output on a thread of its own; see the module's docstring.
 
@@ -125,15 +200,11 @@ class TaskOutput:
         self._read = read
         self._log: BinaryIO | None = open(log_path, "ab")  # noqa: SIM115
         self._queue = _LineQueue(QUEUE_CHARS, block=read is not None)
-        self._line = bytearray()  # the current line, up to LINE_CAP bytes
-        self._more = 0  # bytes of the current line beyond LINE_CAP: in the log only
+        self._lines = _Lines(self._queue.put)
         self._ended_line = True  # the log ends with a newline
         self._marker: bytearray | None = None  # a marker being read (START seen, no newline)
         self._held: list[bytes] = []  # markers for the log once the task's line ends
         self._log_lock = threading.Lock()  # the reader and note() both write
-        self._window_at = time.monotonic()  # the flood budget's window: since when
-        self._window_lines = 0  # lines the task printed in it
-        self._hidden = 0  # lines of a flood not passed on, to be told (flood_note)
         self._ended = threading.Event()
         if read is not None:
             threading.Thread(target=self._run, name=name, daemon=True).start()
@@ -193,9 +264,9 @@ class TaskOutput:
     def _finish(self) -> None:
         if self._marker is not None:
             self._end_marker()
-        if self._line or self._more:
-            self._end_line()
-        self._report_hidden()
+        if self._lines.partial:
+            self._lines.end_line()
+        self._lines.report_hidden()
         if not self._ended_line:
             self._write(b"\n")  # the next attempt's header starts a line of its own
         if self._held:
@@ -247,12 +318,12 @@ class TaskOutput:
         if self._held and (nl := part.find(b"\n")) >= 0:
             line_end, part = part[:nl + 1], part[nl + 1:]
             self._write(line_end)
-            self._split(line_end)
+            self._lines.split(line_end)
             self._write(b"".join(self._held))
             self._held.clear()
         if part:
             self._write(part)
-            self._split(part)
+            self._lines.split(part)
 
     def _end_marker(self) -> None:
         assert self._marker is not None
@@ -262,61 +333,6 @@ class TaskOutput:
         else:  # the log is in the middle of the task's line: the marker goes after it
             self._held.append(raw)
         self._queue.put(raw[:-1].decode(errors="replace"))
-
-    def _split(self, data: bytes) -> None:
-        if self._flooding(data):
-            # Over the budget: the lines are counted, not split one by one (the log has them).
-            last = data.rfind(b"\n")
-            if last >= 0:
-                self._hidden += data.count(b"\n")
-                self._line.clear()
-                self._more = 0
-                self._take(data[last + 1:])
-            else:
-                self._take(data)
-            return
-        start = 0
-        while (end := data.find(b"\n", start)) >= 0:
-            self._take(data[start:end])
-            self._end_line()
-            start = end + 1
-        self._take(data[start:])
-
-    def _take(self, part: bytes) -> None:
-        room = LINE_CAP - len(self._line)
-        if len(part) > room and not self._more and _redraws(self._line, part):
-            # A progress bar redrawn with \r and \b all epoch long: what the line shows at
-            # the end is its last drawing, not the first 64 KiB of them. Held as drawn so far.
-            drawn = overstrike((self._line + part).decode(errors="surrogateescape"))
-            raw = drawn.encode(errors="surrogateescape")
-            self._line = bytearray(raw[:LINE_CAP])
-            self._more += max(0, len(raw) - LINE_CAP)
-            return
-        self._line += part[:room]
-        self._more += max(0, len(part) - room)
-
-    def _flooding(self, data: bytes) -> bool:
-        """Has the task printed more than FLOOD_LINES lines this FLOOD_SECONDS? Then the
-        rest of the window's lines go to the log only, and a line says how many there were."""
-        now = time.monotonic()
-        if now - self._window_at >= FLOOD_SECONDS:
-            self._report_hidden()
-            self._window_at, self._window_lines = now, 0
-        self._window_lines += data.count(b"\n")
-        return self._window_lines > FLOOD_LINES
-
-    def _report_hidden(self) -> None:
-        if self._hidden:
-            self._queue.put(flood_note(self._hidden))
-            self._hidden = 0
-
-    def _end_line(self) -> None:
-        text = self._line.decode(errors="replace").rstrip("\r")
-        if self._more:
-            text += cut_note(self._more)
-        self._line.clear()
-        self._more = 0
-        self._queue.put(text)
 
 
 # Local and Slurm tasks are child processes of ours (the task's wrapper, or srun before it):

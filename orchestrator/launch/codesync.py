@@ -1,0 +1,272 @@
+"""The job's code copied to the lab hosts' workdirs (`CodeSync`), over a host's connection:
+what to copy (`job_packages`, `local_files`: files over BIG_FILE named, sparse ones too),
+what is there already (same size and mtime: skipped), whether it fits (the workdir's free
+space, checked first; the preflight asks too, `fits`). Each file is written as
+`.tfo-partial` and renamed, removed on failure or interrupt; the sftp session is closed
+before the host's agent opens its own (at most 2 sessions on a host at once)."""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import stat
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.launch.hostagent import SshError, _remote_path
+from orchestrator.launch.remote import PROBE_SECONDS, bounded, in_parallel, remote_exec, run_remote
+from orchestrator.plan import Plan
+from orchestrator.rundir import RUNS
+from orchestrator.spec import HostSpec, SpecError
+
+if TYPE_CHECKING:  # fabric and paramiko cost 0.16 s to import: only when a host is reached
+    import fabric
+    import paramiko
+
+_SKIP_DIRS = {"__pycache__", ".git", ".venv", RUNS, ".pytest_cache", ".ruff_cache"}
+
+
+def job_packages(plan: Plan) -> list[tuple[Path, Path]]:
+    """What a lab machine needs of the job's code, as (file or directory, the local directory
+    that stands for the host's workdir): worker_entry, and the job's code directory (its
+    contents) or the entry's or module's top-level package."""
+    import worker_entry
+
+    pkg = Path(worker_entry.__file__).parent
+    pkgs = [(pkg, pkg.parent)]
+    job, workdir = plan.spec.job, Path(plan.workdir)
+    code = job.code_dir()
+    if code is not None:
+        path = workdir / code
+        if not path.is_dir():
+            raise SpecError(f"job.{'code' if job.code else job.kind}: {path} is not a directory "
+                            "(the job's code, synced to the lab hosts)")
+        return [*pkgs, (path, path)]
+    top = job.package
+    if top != "worker_entry":
+        for candidate in (workdir / top, workdir / f"{top}.py"):
+            if candidate.exists():
+                pkgs.append((candidate, workdir))
+                break
+        else:
+            raise SpecError(f"job.{job.kind}: package {top!r} not found in {workdir}; run tfo "
+                            f"from the directory that holds it, or set job.code")
+    return pkgs
+
+
+class CodeSync:
+    """Copies to the hosts; `stop` interrupts the copies under way (a signal in the caller)."""
+
+    def __init__(self, hosts: Mapping[str, HostSpec],
+                 connection: Callable[[str], fabric.Connection],
+                 drop: Callable[[str], None]) -> None:
+        self.hosts = hosts
+        self._connection, self._drop = connection, drop  # the backend's: one per host
+        self._cancel = threading.Event()  # the code sync was interrupted
+        self._partials: set[tuple[str, str]] = set()  # (host, file) being written now
+        self._planned: dict[str, tuple[tuple, str, list[tuple[Path, str, int]]]] = {}
+
+    def copy(self, host: str, files: list[tuple[Path, str, int, str]], workdir: str) -> int:
+        """Copy `files` (local_files) into the host's workdir, skipping files whose size and
+        mtime already match; first check that what will be written fits there. Each file
+        goes to a `.tfo-partial` name and is renamed when whole: a copy that fails or is
+        interrupted removes its partial file. Returns files copied."""
+        planned = self._planned.pop(host, None)
+        if planned is not None and planned[0] == _files_key(files, workdir):
+            root, todo = planned[1], planned[2]  # fits looked a moment ago
+        else:
+            root, todo = self._to_copy(host, files, workdir)
+        if not todo:
+            return 0
+        conn = self._connection(host)
+        sftp = self._sftp(host, conn)
+        try:
+            for path, rel, size in todo:
+                self._put(host, conn, sftp, path, f"{root}/{rel}", size)
+        finally:
+            sftp.close()  # its session: the agent's comes next
+        return len(todo)
+
+    def fits(self, plan: Plan, hosts: list[str]) -> dict[str, str]:
+        """The preflight's question, for each host at once: does what the sync will write
+        fit in its workdir? The problems, by host."""
+        try:
+            files = local_files(job_packages(plan))
+        except SpecError:
+            return {}  # the sync names it, with "nothing was started"
+
+        def problem(host: str) -> str | None:
+            try:
+                self._to_copy(host, files, self.hosts[host].workdir)
+            except SshError as e:
+                return str(e)
+            return None
+
+        found = in_parallel(problem, hosts)
+        return {h: why for h, why in zip(hosts, found, strict=True) if why}
+
+    def stop(self) -> None:
+        """The copies interrupted: each stops at its next chunk and removes its partial file;
+        one that did not stop in time has it removed on a session of its own."""
+        self._cancel.set()
+        until = time.monotonic() + 2.0  # the copies stop and remove their partial files
+        while self._partials and time.monotonic() < until:
+            time.sleep(0.02)
+        for host, partial in list(self._partials):  # a copy that did not stop in time
+            remote_exec(self._connection(host), f"rm -f {shlex.quote(partial)}",
+                        self.hosts[host].connect_timeout_seconds)
+
+    def _to_copy(self, host: str, files: list[tuple[Path, str, int, str]], workdir: str
+                 ) -> tuple[str, list[tuple[Path, str, int]]]:
+        """(the workdir's path there, the files to copy: not there with the same size and
+        mtime), kept for the sync that follows; SshError where they do not fit in its
+        free space."""
+        timeout = self.hosts[host].connect_timeout_seconds
+        conn = self._connection(host)
+        where = f"{_remote_path(workdir)}"
+        # The files' sizes and mtimes there in the same command (GNU stat), where the list
+        # fits in one argument; else one sftp stat each (a round trip each).
+        listed = " ".join(shlex.quote(rel) for _, rel, _, _ in files)
+        stat_them = len(listed) < _STAT_ARGS_MAX
+        status, out, err = run_remote(
+            conn, f"mkdir -p {where} && cd {where} && pwd && df -Pk . && echo {_STATS} && "
+            f"{{ stat -c '%s %Y %n' -- {listed if stat_them else '.'} 2>/dev/null; true; }}",
+            timeout + PROBE_SECONDS, lambda: self._drop(host), host)
+        if status != 0:
+            raise SshError(f"host {host}: cannot use workdir {workdir}: "
+                           f"{err.strip()[-200:] or 'no answer'} (hosts.{host}.workdir)")
+        head, _, stats = out.partition(f"{_STATS}\n")
+        root, free = head.splitlines()[0].strip(), _df_free(head)
+        there: dict[str, tuple[int, int]] = {}
+        for line in stats.splitlines():
+            with contextlib.suppress(ValueError):
+                size, mtime, rel = line.split(" ", 2)
+                there[rel] = (int(size), int(mtime))
+        if not stat_them:
+            sftp = self._sftp(host, conn)
+            try:
+                for _, rel, _, _ in files:
+                    with contextlib.suppress(OSError):
+                        rst = sftp.stat(f"{root}/{rel}")
+                        there[rel] = (rst.st_size or 0, int(rst.st_mtime or 0))
+            finally:
+                sftp.close()
+        todo = [(path, rel, size) for path, rel, size, _ in files
+                if there.get(rel) != (size, int(path.stat().st_mtime))]
+        need = sum(size for _, _, size in todo)
+        if free is not None and need > free:
+            raise SshError(f"host {host}: no space left in {root}: the code sync writes "
+                           f"{_size(need)} there, {_size(free)} free (hosts.{host}.workdir)")
+        self._planned[host] = (_files_key(files, workdir), root, todo)
+        return root, todo
+
+    def _sftp(self, host: str, conn: fabric.Connection) -> paramiko.SFTPClient:
+        timeout = self.hosts[host].connect_timeout_seconds
+        sftp = bounded(conn.client.open_sftp, timeout, f"host {host}: opening sftp",
+                       lambda: self._drop(host))
+        sftp.get_channel().settimeout(timeout + PROBE_SECONDS)  # each request's answer
+        return sftp
+
+    def _put(self, host: str, conn: fabric.Connection, sftp: paramiko.SFTPClient, path: Path,
+             remote: str, size: int) -> None:
+        partial = remote + ".tfo-partial"
+        self._partials.add((host, partial))
+
+        def check_cancel(done: int, total: int) -> None:
+            if self._cancel.is_set():
+                raise SshError(f"host {host}: code sync interrupted")
+
+        st = path.stat()
+        try:
+            _sftp_makedirs(sftp, remote.rsplit("/", 1)[0])
+            sftp.put(str(path), partial, callback=check_cancel)
+            sftp.utime(partial, (st.st_atime, st.st_mtime))
+            sftp.posix_rename(partial, remote)
+        except BaseException as e:  # an interrupt too: no partial file is left behind
+            # On a channel of its own: the sftp session may be mid-request.
+            remote_exec(conn, f"rm -f {shlex.quote(partial)}",
+                        self.hosts[host].connect_timeout_seconds)
+            if not isinstance(e, OSError):
+                raise
+            free = _remote_free(sftp, remote.rsplit("/", 1)[0])
+            why = "no space left on the device" if free is not None and free < size \
+                else (e.strerror or str(e))
+            raise SshError(f"host {host}: could not copy {path} to {remote} ({_size(size)}): "
+                           f"{why}" + (f" ({_size(free)} free there)" if free is not None
+                                       else "")) from None
+        finally:
+            self._partials.discard((host, partial))
+
+
+_STATS = "--tfo-stats--"
+_STAT_ARGS_MAX = 100_000  # Linux takes 128 KiB in one argument (the command is one)
+
+
+def _files_key(files: list[tuple[Path, str, int, str]], workdir: str) -> tuple:
+    """What a host's list of files to copy depends on here: the files as they are now."""
+    return workdir, tuple((rel, size, int(path.stat().st_mtime)) for path, rel, size, _ in files)
+
+
+BIG_FILE = 64 << 20  # a file the sync names: it goes to every host, whole
+
+
+def local_files(packages: list[tuple[Path, Path]]) -> list[tuple[Path, str, int, str]]:
+    """What the sync copies: (path, path relative to the host's workdir, size, ", sparse:
+    N on disk here" or ""), without caches and byte code."""
+    found = []
+    for pkg, base in packages:
+        paths = [pkg] if pkg.is_file() else sorted(
+            p for p in pkg.rglob("*") if p.is_file()
+            and not _SKIP_DIRS & set(p.relative_to(pkg).parts)
+            and p.suffix not in (".pyc", ".pyo"))
+        for path in paths:
+            st = path.stat()
+            on_disk = st.st_blocks * 512
+            sparse = f" (sparse: {_size(on_disk)} on disk here)" \
+                if on_disk < st.st_size // 2 else ""
+            found.append((path, path.relative_to(base).as_posix(), st.st_size, sparse))
+    return found
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _df_free(out: str) -> int | None:
+    """Available bytes from `df -Pk`'s last line, or None."""
+    try:
+        return int(out.strip().splitlines()[-1].split()[3]) * 1024
+    except (IndexError, ValueError):
+        return None
+
+
+def _remote_free(sftp: paramiko.SFTPClient, path: str) -> int | None:
+    """Free bytes at `path` on the host (OpenSSH's statvfs extension), or None."""
+    from paramiko.message import Message
+    from paramiko.sftp import CMD_EXTENDED
+
+    with contextlib.suppress(Exception):
+        _, msg = sftp._request(CMD_EXTENDED, "statvfs@openssh.com", path)
+        assert isinstance(msg, Message)
+        fields = [msg.get_int64() for _ in range(11)]  # bsize, frsize, blocks, bfree, bavail
+        return fields[1] * fields[4]
+    return None
+
+
+def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
+    parts = path.strip("/").split("/")
+    current = ""
+    for part in parts:
+        current += "/" + part
+        try:
+            if stat.S_ISDIR(sftp.stat(current).st_mode):
+                continue
+        except OSError:
+            sftp.mkdir(current)
