@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.run import FIGURES, PY, REPO, Figure, Setting, add, detail, events
+from bench.run import FIGURES, OUT, PY, REPO, Figure, Setting, add, detail, events
 
 PREFIX, SUBNET = "t26", ipaddress.ip_network("10.202.0.0/24")
 HOSTS, TASKS = 16, 8
@@ -216,7 +216,8 @@ def bench_lab(s: Setting, tmp: Path) -> None:
             add("lab_ready_fanout", fan)
             add("lab_ready_ratio", tfo / fan)
     detail("lab: load average at the end", os.getloadavg()[0])
-    plot(Path(os.environ.get("TFO_BENCH_PLOT") or REPO / "bench" / "lab.png"))
+    # Beside results.json: a --quick or --only run does not overwrite the committed plot.
+    plot(Path(os.environ.get("TFO_BENCH_PLOT") or OUT[0] / "lab.png"))
 
 
 def plot(path: Path) -> None:

@@ -829,6 +829,8 @@ def bench_kit(s: Setting, tmp: Path) -> None:
         add("kit_ratio", tfo_s / mpr_s)
 
 
+OUT: list[Path] = [REPO / "bench"]  # this run's output directory (main sets it)
+
 SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
     "cli": bench_cli, "light": bench_light, "paired": bench_paired, "resume": bench_resume,
     "progress": bench_progress, "lab": bench_lab, "kit": bench_kit}
@@ -854,6 +856,7 @@ def main(argv: list[str] | None = None) -> int:
         f for name, f in SECTIONS.items() if not args.only or name in args.only]
     if args.out is None:
         args.out = Path(tempfile.mkdtemp(prefix="tfo-bench-")) if args.only else REPO / "bench"
+    OUT[0] = args.out  # where a section writes a plot of its own (lab.png)
     if args.extras:
         from bench import extras
 
