@@ -32,6 +32,7 @@ from orchestrator.elastic import (
     resume_from,
     to_probe,
 )
+from orchestrator.launch.ports import free_ports
 from orchestrator.plan import Plan, make_plan
 from orchestrator.spec import ClusterSpec, ElasticSpec, parse_spec
 from tests.conftest import REPO
@@ -343,17 +344,6 @@ def test_a_shrink_end_to_end_on_directories(tmp_path: Path) -> None:
 
 # --- the premise, with TensorFlow -----------------------------------------------------------
 SCRIPT = REPO / "tests" / "scripts" / "elastic_resume.py"
-
-
-def free_ports(n: int) -> list[int]:
-    import socket
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def run_group(plan: Plan, backup: Path, epochs: int, stop_at: int | None, timeout: float

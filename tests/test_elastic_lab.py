@@ -35,6 +35,31 @@ def training_again(evs: list[dict], since: dict) -> float:
     return step["time"] - since["time"]
 
 
+def elastic_spec(lab3, tmp_path: Path, epochs: int, probe_seconds: int) -> Path:
+    """The three lab hosts, one worker each (lifeline 5 s), elastic down to 2."""
+    hosts = "".join(host_yaml(f"lab{i}", h, tmp_path / f"lab{i}", lifeline_seconds=5)
+                    for i, h in enumerate(lab3, start=1))
+    return write_spec(tmp_path / "lab.yaml", f"""\
+name: lab-elastic
+job: {{entry: "tests.jobs.faulty:train", args: {{epochs: {epochs}, epoch_sleep: 2}}}}
+hosts:
+{hosts}\
+tasks:
+  worker: [lab1:20000, lab2:20000, lab3:20000]
+elastic: {{min_workers: 2, probe_seconds: {probe_seconds}}}
+restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
+""")
+
+
+def wait_for_first_backups(run_dir: Path, tmp_path: Path) -> None:
+    """Until every worker's backup of epoch 0 is written (the namespaces share this
+    machine's files): a cut during the save's collectives leaves no backup to resume."""
+    run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+    dirs = [tmp_path / f"lab{i + 1}" / "runs" / run_id / "backup" / f"worker-{i}"
+            for i in range(3)]
+    assert wait_until(lambda: all(1 in backups.held(d) for d in dirs), 60), dirs
+
+
 @pytest.mark.tf
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("lost", [3, 1], ids=["a worker's host", "the chief's host"])
@@ -45,27 +70,11 @@ def test_a_lab_host_whose_link_goes_down_leaves_the_group(lab3, run_dir: Path, t
     in its own place's directory (nothing copied), finishes every epoch, the chief saves
     once. The chief's host lost: worker 0's role moves to lab2's worker."""
     name, task = f"lab{lost}", f"worker:{lost - 1}"
-    hosts = "".join(host_yaml(f"lab{i}", h, tmp_path / f"lab{i}", lifeline_seconds=5)
-                    for i, h in enumerate(lab3, start=1))
-    spec = write_spec(tmp_path / "lab.yaml", f"""\
-name: lab-elastic
-job: {{entry: "tests.jobs.faulty:train", args: {{epochs: 6, epoch_sleep: 2}}}}
-hosts:
-{hosts}\
-tasks:
-  worker: [lab1:20000, lab2:20000, lab3:20000]
-elastic: {{min_workers: 2, probe_seconds: 3600}}
-restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
-""")
+    spec = elastic_spec(lab3, tmp_path, epochs=6, probe_seconds=3600)
     tfo = Tfo(spec, run_dir)
     try:
         tfo.wait_event("task_epoch", "worker:2", epoch=0, timeout=240)
-        # Cut once every worker's backup of epoch 0 is written (the namespaces share this
-        # machine's files): a cut during the save's collectives leaves no backup to resume.
-        run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
-        dirs = [tmp_path / f"lab{i + 1}" / "runs" / run_id / "backup" / f"worker-{i}"
-                for i in range(3)]
-        assert wait_until(lambda: all(1 in backups.held(d) for d in dirs), 60), dirs
+        wait_for_first_backups(run_dir, tmp_path)  # a cut in a save leaves none
         with sshlab.partition(lab3[lost - 1].netns):
             resized = tfo.wait_event("job_resized", timeout=90)
         code, err = tfo.finish(timeout=240)
@@ -97,25 +106,11 @@ def test_a_lab_host_back_rejoins_at_the_next_epoch_with_the_group_s_backup(
     answers its probe (probe_seconds 2) and at worker 0's next epoch the group restarts as
     3, lab3's stale backup directory filled from lab1's through the coordinator (sftp):
     every worker resumes where the 2 had got to; job_resized twice."""
-    hosts = "".join(host_yaml(f"lab{i}", h, tmp_path / f"lab{i}", lifeline_seconds=5)
-                    for i, h in enumerate(lab3, start=1))
-    spec = write_spec(tmp_path / "lab.yaml", f"""\
-name: lab-elastic
-job: {{entry: "tests.jobs.faulty:train", args: {{epochs: 10, epoch_sleep: 2}}}}
-hosts:
-{hosts}\
-tasks:
-  worker: [lab1:20000, lab2:20000, lab3:20000]
-elastic: {{min_workers: 2, probe_seconds: 2}}
-restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
-""")
+    spec = elastic_spec(lab3, tmp_path, epochs=10, probe_seconds=2)
     tfo = Tfo(spec, run_dir)
     try:
         tfo.wait_event("task_epoch", "worker:2", epoch=0, timeout=240)
-        run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
-        dirs = [tmp_path / f"lab{i + 1}" / "runs" / run_id / "backup" / f"worker-{i}"
-                for i in range(3)]
-        assert wait_until(lambda: all(1 in backups.held(d) for d in dirs), 60), dirs
+        wait_for_first_backups(run_dir, tmp_path)
         with sshlab.partition(lab3[2].netns):
             tfo.wait_event("job_resized", timeout=90)
         grown = tfo.wait_event("job_resized", timeout=150, to=3)
