@@ -123,15 +123,11 @@ class Agent:
 
     # ---- the loop --------------------------------------------------------------------
     def reap(self) -> None:
+        from worker_entry.lifeline import reaped
+
         by_pid = {t.proc.pid: t for t in self.tasks.values()}
         orphans = False
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        for pid, status in reaped():
             task = by_pid.get(pid)
             if task is None:
                 continue  # an orphan of a wrapper's tree, adopted and now reaped

@@ -73,6 +73,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 from worker_entry import markers, standby, title, usage
@@ -242,13 +243,7 @@ class _Wrapper:
         self.usage_at = time.monotonic() + markers.USAGE_SECONDS
 
     def _reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in reaped():
             if pid == self.task_pid:
                 self.status = status
 
@@ -358,6 +353,18 @@ class _Wrapper:
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.005)
             self._reap()
+
+
+def reaped() -> Iterator[tuple[int, int]]:
+    """Every child that has ended, reaped now: (pid, wait status); never blocks."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, status
 
 
 def _has_children() -> bool:
