@@ -19,6 +19,7 @@ from bench.run import cpu_seconds
 from orchestrator.plan import TaskPlan
 from orchestrator.supervise import JobState, Supervisor
 from tests.conftest import REPO, events, kill_tree, tfo_cmd, wait_until, write_spec
+from tests.conftest import events as run_events
 from tests.test_supervise import READY, planned, spec
 
 TASKS = 32
@@ -113,7 +114,7 @@ def test_the_loop_sleeps_until_the_kernel_says_a_task_exited(tmp_path: Path):
     plan = planned(tmp_path, spec())
     result = Supervisor(plan, start=start, echo=lambda task, line: None).run()
     assert result.state is JobState.SUCCEEDED
-    ev = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    ev = run_events(tmp_path / "run")
     for h in handles:
         # A 50 ms poll asked 20 times a second; sleeping on the fd, a few times at most.
         assert h.polls <= 10, f"{h.task.name} polled {h.polls} times in 1 s"

@@ -13,6 +13,7 @@ from orchestrator.errors import SpecError
 from orchestrator.pipeline import run
 from orchestrator.spec import parse_spec
 from tests.conftest import REPO
+from tests.conftest import events as run_events
 
 JOB = {"name": "py", "job": {"script": "tests/scripts/show_env.py", "args": ["--x"]},
        "tasks": {"worker": ["localhost:auto", "localhost:auto"]}}
@@ -39,7 +40,7 @@ def test_a_job_runs_from_python(run_dir: Path, tmp_path: Path, monkeypatch, caps
     # The tasks' lines went to stdout (no display given), each one its own TF_CONFIG.
     tasks = sorted(s["env"]["TFO_TASK"] for s in shown(capsys.readouterr().out))
     assert tasks == ["worker:0", "worker:1"]
-    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    events = run_events(run_dir)
     assert events[-1]["event"] == "job_finished" and events[-1]["exit_code"] == 0
     # A dict is a cluster file made here: written beside the run, as the command line's is.
     assert (run_dir / "cluster.yaml").exists() == (kind == "dict")

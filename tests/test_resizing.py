@@ -16,6 +16,7 @@ from orchestrator.elastic import Group
 from orchestrator.plan import TaskPlan
 from orchestrator.spec import parse_spec
 from orchestrator.supervise import JobState, Supervisor
+from tests.conftest import events as run_events
 from tests.test_supervise import FakeClock, FakeHandle, FakeWaiter, Script, planned
 
 E = parse_spec({"name": "e", "job": {"entry": "a.b:c"},
@@ -97,7 +98,7 @@ def run_scripted(tmp_path: Path, data: dict, scripts: dict[str, Script]):
     result = Supervisor(planned(tmp_path, data), start=start,
                         echo=lambda task, line: lines.append(f"[{task}] {line}"),
                         clock=clock, waiter=FakeWaiter(clock), probe=lambda where: True).run()
-    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    events = run_events(tmp_path / "run")
     return result, started, events, lines
 
 
@@ -218,7 +219,7 @@ def test_an_elastic_job_loses_a_failing_place_and_finishes_with_2_workers(tmp_pa
     finally:
         del os.environ["FAULTY_BROKEN_TASK"]
     took = time.monotonic() - t0
-    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    events = run_events(tmp_path / "run")
     assert result.state is JobState.SUCCEEDED, (result.reason, took)
     resized = [e for e in events if e["event"] == "job_resized"]
     assert [(e["from"], e["to"]) for e in resized] == [(3, 2)], resized
@@ -251,7 +252,7 @@ def test_an_elastic_job_grows_back_at_the_next_epoch_from_the_same_backup(tmp_pa
             "restart": {"policy": "on-failure", "max_restarts": 2, "backoff_seconds": 0},
             "timeouts": {"grace_seconds": 10}}
     result = run(data, tmp_path / "run")
-    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    events = run_events(tmp_path / "run")
     assert result.state is JobState.SUCCEEDED, result.reason
     resized = [e for e in events if e["event"] == "job_resized"]
     assert [(e["from"], e["to"]) for e in resized] == [(3, 2), (2, 3)], resized
@@ -300,7 +301,7 @@ restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
         assert code == 0, err[-4000:]
     finally:
         tfo.close()
-    evs = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    evs = run_events(run_dir)
     resized = [e for e in evs if e["event"] == "job_resized"]
     assert [(e["from"], e["to"]) for e in resized] == [(3, 2)], resized
     after = evs.index(resized[0])

@@ -33,6 +33,7 @@ from orchestrator.supervise import (
     advance,
 )
 from tests import golden
+from tests.conftest import events as run_events
 from worker_entry.markers import EXIT_PERMANENT
 
 READY = '@tfo {"event": "ready", "what": "training"}'
@@ -160,7 +161,7 @@ def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script],
                      standby=standby if spares is not None else None, timing=timing,
                      clock=clock, waiter=FakeWaiter(clock) if clock else None)
     result = sup.run()
-    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    events = run_events(tmp_path / "run")
     return result, started, events
 
 
@@ -237,7 +238,7 @@ def test_a_task_that_outlives_its_sigterm_is_stopping_until_its_kill_deadline(tm
     assert isinstance(stubborn, Stubborn) and stubborn.termed_at and stubborn.killed_at
     assert 3.0 <= stubborn.killed_at - stubborn.termed_at < 3.1
     assert TaskState.STOPPING in seen  # the loop went on while it was stopping
-    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    events = run_events(tmp_path / "run")
     killed = [e for e in events if e["event"] == "task_killed"]
     assert [(e["task"], e["reason"]) for e in killed] == [
         ("worker:0", "still running 3 s after SIGTERM")]
@@ -623,7 +624,7 @@ def test_auto_waits_a_multiple_of_the_longest_step(tmp_path):
                         start=lambda task, attempt: Asked(task, attempt, scripts[task.name],
                                                           clock),
                         echo=lambda task, line: None).run()
-    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    events = run_events(tmp_path / "run")
     assert result.state is JobState.FAILED
     stalled = next(e for e in events if e["event"] == "task_stalled")
     limit = float(re.fullmatch(r"auto: ([\d.]+) s", stalled["stall_seconds"])[1])
@@ -760,7 +761,7 @@ def supervise_fds(tmp_path: Path, spec: dict, scripts: dict[str, Script]):
         return handles[-1]
 
     result = Supervisor(planned(tmp_path, spec), start=start, echo=lambda task, line: None).run()
-    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    events = run_events(tmp_path / "run")
     return result, handles, events
 
 
