@@ -287,16 +287,19 @@ Dir = tuple[str, str]  # a backup directory: (host, its path there)
 BACKUP_DIR_ENV = "TFO_BACKUP_DIR"
 
 
-def backup_dirs(plan: Plan) -> dict[str, Dir]:
-    """Each worker's backup directory in `plan`: task name → (host, path on that host)."""
-    return {t.name: (t.host, t.env[BACKUP_DIR_ENV]) for t in plan.tasks
-            if t.role is Role.WORKER}
+def backup_dirs(plan: Plan, script: str | None = None) -> dict[str, Dir]:
+    """Each worker's backup directory in `plan`: task name → (host, path on that host).
+    `script`: a script's own BackupAndRestore directory (its `backup` marker's), relative to
+    the task's cwd or absolute, in place of tfo's TFO_BACKUP_DIR."""
+    return {t.name: (t.host, posixpath.join(t.cwd, script) if script else t.env[BACKUP_DIR_ENV])
+            for t in plan.tasks if t.role is Role.WORKER}
 
 
-def previous_dirs(old_plan: Plan, old: Group, new_plan: Plan, new: Group) -> dict[str, Dir | None]:
+def previous_dirs(old_plan: Plan, old: Group, new_plan: Plan, new: Group,
+                  script: str | None = None) -> dict[str, Dir | None]:
     """For each worker of `new_plan`, the backup directory its place wrote in `old_plan`
     (None: its place was not in the group, a worker joining)."""
-    before = backup_dirs(old_plan)
+    before = backup_dirs(old_plan, script)
     return {task_name(Role.WORKER, i): before[task_name(Role.WORKER, old.members.index(s))]
             if s in old.members else None for i, s in enumerate(new.members)}
 
@@ -313,7 +316,7 @@ class Resume:
 
 
 def resume_from(wanted: Mapping[str, Dir], had: Mapping[str, Dir | None],
-                held: Mapping[Dir, Collection[int]]) -> Resume:
+                held: Mapping[Dir, Collection[int]], chief_keeps: bool = False) -> Resume:
     """The newest backup every remaining worker holds, and who needs it copied in.
 
     `wanted`: each worker's backup directory in the new plan (backup_dirs); `had`: the one
@@ -322,9 +325,15 @@ def resume_from(wanted: Mapping[str, Dir], had: Mapping[str, Dir | None],
     (backups.held). A worker whose index changed writes a new directory on its own host:
     its copy comes from its own old one there; a joining one's from a peer, one on its own
     host first. The tasks themselves (worker_entry's _TaskBackup) then agree on the same
-    backup, and drop newer ones."""
+    backup, and drop newer ones.
+
+    `chief_keeps`: tf-keras's own BackupAndRestore (a script's), where the chief alone keeps
+    the backup and every worker restores from its own host's copy of that directory: the
+    newest any remaining worker's directory holds (the save numbers only grow), copied to
+    the others'."""
     remaining = [d for d in had.values() if d is not None]
-    common = set.intersection(*(set(held.get(d, ())) for d in remaining)) if remaining else set()
+    sets = [set(held.get(d, ())) for d in remaining]
+    common = (set.union if chief_keeps else set.intersection)(*sets) if sets else set()
     if not common:
         return Resume(None, {})
     save = max(common)

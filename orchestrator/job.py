@@ -58,6 +58,9 @@ class Job:
         self.preemptions = 0  # restarts that do not count: a preempted task asked for them
         self.stalls: list[Stall] = []
         self.evaluation: dict[str, Any] | None = None
+        # A script's own BackupAndRestore directory, relative to its task's cwd (absolute
+        # where outside it), from a worker's `backup` marker: what an elastic resize fills.
+        self.script_backup: str | None = None
         self.ending: Ending | None = None
         self.hold: Hold | None = None
         self.signal: signal.Signals | None = None

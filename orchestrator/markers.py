@@ -118,6 +118,13 @@ class Saved(_Marker):
     chief: bool = False
 
 
+class Backup(_Marker):
+    """A script's BackupAndRestore directory (worker_entry/autoprogress.py tells it)."""
+
+    event: Literal[m.BACKUP]
+    dir: str = Field(min_length=1, max_length=4096)
+
+
 class Done(_Marker):
     event: Literal[m.DONE]
     # What an entry returned (worker_entry.runner.returned): the task's word, untrusted.
@@ -134,7 +141,7 @@ class Exiting(_Marker):
 
 
 Marker = Annotated[Up | Connecting | Ready | FirstStep | Epoch | Progress | Usage | SigTerm
-                   | Evaluated | Saved | Done | Exiting,
+                   | Evaluated | Saved | Backup | Done | Exiting,
                    Field(discriminator="event")]
 _MARKER: TypeAdapter[Marker] = TypeAdapter(Marker)
 

@@ -214,13 +214,15 @@ class Resizing:
         this machine only: a lab host's directory would be read and filled through its
         connection (backups.copy_backup's docstring), not yet wired; its workers agree on a
         backup among themselves (_TaskBackup)."""
-        wanted = elastic.backup_dirs(new_plan)
-        had = elastic.previous_dirs(old_plan, old, new_plan, new)
+        script = self.job.script_backup
+        wanted = elastic.backup_dirs(new_plan, script)
+        had = elastic.previous_dirs(old_plan, old, new_plan, new, script)
         dirs = set(wanted.values()) | {x for x in had.values() if x is not None}
         if not all(self.store.reaches(host) for host, _ in dirs):
             return None
         try:
-            r = elastic.resume_from(wanted, had, {x: self.store.held(x) for x in dirs})
+            r = elastic.resume_from(wanted, had, {x: self.store.held(x) for x in dirs},
+                                    chief_keeps=script is not None)
         except Exception as e:  # noqa: BLE001 - a host gone mid-resize: the tasks agree
             self.job.events.write("job_backups_not_read", error=str(e))
             return None

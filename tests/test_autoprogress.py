@@ -55,6 +55,7 @@ def test_the_keras_tutorial_script_shows_its_epochs_steps_and_loss(tmp_path: Pat
     for task in ("worker:0", "worker:1"):
         assert [e["epoch"] for e in told(ev, "task_epoch", task)] == [0, 1]
         assert [e["batch"] for e in told(ev, "task_first_step", task)] == [0]
+        assert [e["dir"] for e in told(ev, "task_backup", task)] == [str(tmp_path / "backup")]
         steps = progress(ev, task)
         assert [e["step"] for e in steps] == sorted({e["step"] for e in steps})  # once each
         last = steps[-1]
@@ -407,3 +408,26 @@ def test_the_last_count_is_told_at_exit_unless_a_fit_took_over(counted: list[dic
     autoprogress._state.fitted = True  # and then Keras's callback told the steps
     autoprogress._state.tell_the_last()
     assert counted[-1]["step"] == 5
+
+
+def test_a_script_s_backup_and_restore_directory_is_told_once(counted: list[dict], tmp_path,
+                                                             monkeypatch):
+    """A script's own BackupAndRestore (any subclass: by its class's name, TensorFlow not
+    imported here): its directory, absolute, in one `backup` marker a task, which the
+    coordinator reads (an elastic resize fills it)."""
+    from orchestrator.markers import read_marker
+    from worker_entry import autoprogress, markers
+
+    class BackupAndRestore:
+        def __init__(self, backup_dir: str) -> None:
+            self.backup_dir = backup_dir
+
+    class Mine(BackupAndRestore):
+        pass
+
+    monkeypatch.chdir(tmp_path)
+    autoprogress._tell_backup([object(), Mine("backup")])
+    autoprogress._tell_backup([BackupAndRestore("/elsewhere")])  # the next fit: told already
+    assert counted == [{"event": "backup", "dir": str(tmp_path / "backup")}]
+    marker = read_marker(markers.line(markers.BACKUP, dir="/x/backup").rstrip("\n"))
+    assert marker.record() == {"dir": "/x/backup"}

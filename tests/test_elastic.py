@@ -32,6 +32,7 @@ from orchestrator.elastic import (
     resume_from,
     to_probe,
 )
+from orchestrator.intake import under
 from orchestrator.launch.ports import free_ports
 from orchestrator.plan import Plan, make_plan
 from orchestrator.spec import ClusterSpec, ElasticSpec, parse_spec
@@ -258,6 +259,44 @@ RESUME = [
 def test_resume_from(wanted, had, held, save, fills) -> None:  # noqa: ANN001
     r = resume_from(wanted, had, held)
     assert (r.save, r.fills) == (save, fills)
+
+
+# tf-keras's own BackupAndRestore (a script's, as the tutorial's): the chief alone keeps it.
+CHIEF_KEEPS = [
+    ("lab3 lost: lab2 holds none, filled from the chief's", {"w0": A, "w1": B},
+     {"w0": A, "w1": B}, {A: {4}, B: set()}, 4, {"w1": A}),
+    ("the chief's host lost: lab2, once chief, holds an older one", {"w0": B, "w1": C},
+     {"w0": B, "w1": C}, {B: {2}, C: set()}, 2, {"w1": B}),
+    ("one directory shared by all: nothing to copy", {"w0": A, "w1": A},
+     {"w0": A, "w1": A}, {A: {5}}, 5, {}),
+    ("the chief's host lost, nobody else held one: start over", {"w0": B, "w1": C},
+     {"w0": B, "w1": C}, {B: set(), C: set()}, None, {}),
+    ("a joining host's stale copy: the newest, copied in", {"w0": A, "w1": B, "w2": C},
+     {"w0": A, "w1": B, "w2": None}, {A: {7}, B: {4}, C: {4}}, 7, {"w1": A, "w2": A}),
+]
+
+
+@pytest.mark.parametrize(("wanted", "had", "held", "save", "fills"),
+                         [c[1:] for c in CHIEF_KEEPS], ids=[c[0] for c in CHIEF_KEEPS])
+def test_resume_from_a_script_s_own_backup(wanted, had, held, save, fills) -> None:  # noqa: ANN001
+    r = resume_from(wanted, had, held, chief_keeps=True)
+    assert (r.save, r.fills) == (save, fills)
+
+
+def test_a_script_s_backup_directory_is_under_each_host_s_workdir() -> None:
+    """The tutorial's relative --backup_dir, reported by a task as an absolute path: the
+    same directory under each worker's cwd (its host's workdir); an absolute one outside
+    the cwd is that path on every host."""
+    plan = plan_for(plan0(), PLACES, Group((1, 2)))
+    assert under("/w2/backup", "/w2") == "backup" and under("/w2/", "/w2") == "/w2"
+    assert under("/tmp/backup", "/w2") == "/tmp/backup" == under("/w22/x/../../tmp/backup", "/w2")
+    assert backup_dirs(plan, "backup") == {"worker:0": ("lab2", "/w2/backup"),
+                                           "worker:1": ("lab3", "/w3/backup")}
+    assert backup_dirs(plan, "/tmp/backup") == {"worker:0": ("lab2", "/tmp/backup"),
+                                                "worker:1": ("lab3", "/tmp/backup")}
+    old, new = Group((0, 1, 2)), Group((1, 2))
+    assert previous_dirs(plan_for(plan0(), PLACES, old), old, plan, new, "b") == {
+        "worker:0": ("lab2", "/w2/b"), "worker:1": ("lab3", "/w3/b")}
 
 
 def test_previous_dirs_follow_the_places() -> None:

@@ -134,3 +134,49 @@ def test_a_lab_host_back_rejoins_at_the_next_epoch_with_the_group_s_backup(
           f"grown → training with 3: {training_again(evs, resized[1]):.1f} s")
     assert [e["task"] for e in evs if e["event"] == "task_saved" and e.get("chief")] == [
         "worker:0"]
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_tensorflow_s_tutorial_script_unmodified_goes_on_with_2_lab_hosts(
+        lab3, run_dir: Path, tmp_path: Path) -> None:
+    """TensorFlow's tutorial script, unmodified, on the three lab hosts, each with its own
+    workdir (a relative --backup_dir: no directory shared between hosts, as on a lab): its
+    BackupAndRestore keeps the backup in the chief's directory alone. lab3's link down in
+    epoch ≥ 1 → both remaining workers resume from the chief's backup, not epoch 0 (lab2's
+    directory filled from lab1's), and the chief writes the model."""
+    hosts = "".join(host_yaml(f"lab{i}", h, tmp_path / f"lab{i}", lifeline_seconds=5)
+                    for i, h in enumerate(lab3, start=1))
+    spec = write_spec(tmp_path / "lab.yaml", f"""\
+name: lab-tutorial
+job:
+  script: tests/scripts/mwms_keras.py
+  args: [--epochs, "60", --steps_per_epoch, "5", --backup_dir, backup,
+         --model_path, out/model]
+hosts:
+{hosts}\
+tasks:
+  worker: [lab1:20000, lab2:20000, lab3:20000]
+elastic: {{min_workers: 2, probe_seconds: 3600}}
+restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
+""")
+    tfo = Tfo(spec, run_dir)
+    try:
+        tfo.wait_event("task_epoch", "worker:2", epoch=2, timeout=200)
+        with sshlab.partition(lab3[2].netns):
+            resized = tfo.wait_event("job_resized", timeout=60)
+        code, err = tfo.finish(timeout=150)
+        assert code == 0, err[-4000:]
+    finally:
+        stop(tfo)
+    assert (resized["from"], resized["to"], resized["hosts"]) == (3, 2, ["lab3"]), resized
+    evs = events(run_dir)
+    after = evs.index(next(e for e in evs if e["event"] == "job_resized"))
+    firsts = {task: [e["epoch"] for e in evs[after:] if e["event"] == "task_epoch"
+                     and e["task"] == task] for task in ("worker:0", "worker:1")}
+    # Both from the chief's backup (the same epoch), not 0; every epoch trained.
+    assert firsts["worker:0"][:1] == firsts["worker:1"][:1], firsts
+    assert firsts["worker:0"][0] >= 1 and firsts["worker:0"][-1] == 59, firsts
+    assert (tmp_path / "lab1" / "out" / "model" / "saved_model.pb").exists()
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert run_processes(plan["run_id"]) == []

@@ -89,6 +89,7 @@ class _State:
         self.keras_callback: Any = None
         self.told: dict[str, int] = {}  # per source, the last step a marker told
         self.evaluations = 0  # a script's evaluator: evaluate calls completed
+        self.backup_told = False  # the script's BackupAndRestore's directory (_tell_backup)
 
     def tell_the_last(self) -> None:
         """At exit: the last steps, which the markers' rate may have held back (unless a
@@ -190,7 +191,7 @@ def _with_callback(fit: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _joined(model: Any, callbacks: Any) -> Any:
-    from worker_entry.context import _EpochProgress  # TensorFlow is in by now
+    from worker_entry.context import _EpochProgress, _TaskBackup  # TensorFlow is in by now
 
     _state.fitted = True  # saving the model after calls tf.functions: they are no steps
     if callbacks is None:
@@ -200,6 +201,7 @@ def _joined(model: Any, callbacks: Any) -> Any:
         held = list(held)
     except TypeError:
         return callbacks  # something Keras will refuse anyway: left to it
+    _tell_backup(cb for cb in held if not isinstance(cb, _TaskBackup))
     if any(isinstance(cb, _EpochProgress) for cb in held):
         return callbacks  # the script's own progress.callback(), an entry's ctx.callbacks()
     ours = _callback(_parameter_server(model))
@@ -207,6 +209,20 @@ def _joined(model: Any, callbacks: Any) -> Any:
         callbacks.append(ours)  # a CallbackList the script made
         return callbacks
     return [*held, ours]
+
+
+def _tell_backup(callbacks: Any) -> None:
+    """The script's own BackupAndRestore's directory, once a task: an elastic resize fills
+    it where a worker lacks the group's backup (the tutorial's keeps it in the chief's
+    directory alone; tfo's own, an entry's, in TFO_BACKUP_DIR, which the coordinator knows)."""
+    if _state.backup_told:
+        return
+    for cb in callbacks:
+        if any(c.__name__ == "BackupAndRestore" for c in type(cb).__mro__) and \
+                isinstance(getattr(cb, "backup_dir", None), str):
+            _state.backup_told = True
+            markers.emit(markers.BACKUP, dir=os.path.abspath(cb.backup_dir))
+            return
 
 
 def _parameter_server(model: Any) -> bool:

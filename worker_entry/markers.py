@@ -125,6 +125,9 @@ USAGE = "usage"  # the task wrapper, every USAGE_SECONDS: the task tree's CPU, R
 SIGTERM = "sigterm"  # the task wrapper got SIGTERM and passed it on (`grace`: s to SIGKILL)
 EVALUATED = "evaluated"  # the evaluator evaluated a checkpoint (`epoch`, `metrics`)
 SAVED = "saved"  # the model was written (`path`, `chief`)
+# A script's own BackupAndRestore: the directory it keeps its backups in (`dir`, absolute on
+# the task's host), which an elastic resize reads and fills (orchestrator/resizing.py).
+BACKUP = "backup"
 DONE = "done"  # the entry returned (`value`: what it returned, as JSON; or `value_error`)
 # The most JSON an entry's return value may take in its `done` marker (a marker is one line,
 # and the coordinator reads lines of at most 64 KiB).
