@@ -32,6 +32,7 @@ from pathlib import Path
 
 import psutil
 
+from bench import run
 from bench.run import FIGURES, OUT, PY, REPO, Figure, Setting, add, detail, events
 
 PREFIX, SUBNET = "t26", ipaddress.ip_network("10.202.0.0/24")
@@ -178,13 +179,7 @@ def tfo_run(hosts: list, tmp: Path, code: Path, idle: bool) -> float:
             detail("lab: Ctrl-C → tfo exited s", time.monotonic() - stop_at)
         return ready - t0
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        run.interrupt(proc)
         _kill_tasks(hosts)
 
 
@@ -221,12 +216,8 @@ def bench_lab(s: Setting, tmp: Path) -> None:
 
 
 def plot(path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = run.pyplot()
+    if plt is None:
         print("lab: no matplotlib, no plot")
         return
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -241,7 +232,5 @@ def plot(path: Path) -> None:
     ax.set_title("start time against hosts")
     ax.set_xticks(COUNTS)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    run.saved(fig, path)
     plt.close(fig)
-    print(f"lab: wrote {path}")

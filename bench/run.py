@@ -37,6 +37,9 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
 - progress (issue 29): the same job under tfo with the automatic progress (the default) and
   without (TFO_AUTO_PROGRESS=0), alternated: throughput on ÷ off; and bench/progress_cost.py:
   the callback's hook alone, a tiny fit's step and a tf.function call, with it − without.
+- lab (bench/lab.py), kit (bench/kit.py); elastic (bench/elastic.py, issue 27): a 3-worker
+  elastic job on 3 SSH lab hosts, one host's link down → training again with 2 workers, and
+  back → with 3, in seconds; the loss curve across both (elastic-loss.json/.png).
 """
 
 from __future__ import annotations
@@ -321,6 +324,17 @@ def kill_group(proc: subprocess.Popen) -> None:
     with contextlib.suppress(OSError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def interrupt(proc: subprocess.Popen, grace: float = 30) -> None:
+    """A `tfo run` still running ended as Ctrl-C ends it, its group SIGKILLed after
+    `grace` s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
 
 
 def wait(proc: subprocess.Popen, timeout: float, what: str) -> int:
@@ -764,13 +778,29 @@ def table() -> str:
     return "\n".join(rows)
 
 
-def plot(path: Path) -> str | None:
+def pyplot():  # noqa: ANN201 - matplotlib's module, imported here only
+    """matplotlib's pyplot drawing to files (Agg), or None where it is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def saved(fig, path: Path) -> None:  # noqa: ANN001
+    """A section's figure written to `path` and closed, said on a line."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    fig.clf()
+    print(f"wrote {path}")
+
+
+def plot(path: Path) -> str | None:
+    plt = pyplot()
+    if plt is None:
         return "matplotlib is not installed (pip install -e '.[bench]'): no plot"
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     ratios = [FIGURES[k] for k in ("wall_ratio", "first_step_ratio", "throughput_ratio",
@@ -829,11 +859,20 @@ def bench_kit(s: Setting, tmp: Path) -> None:
         add("kit_ratio", tfo_s / mpr_s)
 
 
+def bench_elastic(s: Setting, tmp: Path) -> None:
+    """bench/elastic.py: a 3-worker elastic job on 3 SSH lab hosts, one host's link down
+    and back: → training again with 2, → with 3, and the loss curve across both."""
+    from bench.elastic import bench_elastic as elastic
+
+    elastic(s, tmp)
+
+
 OUT: list[Path] = [REPO / "bench"]  # this run's output directory (main sets it)
 
 SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
     "cli": bench_cli, "light": bench_light, "paired": bench_paired, "resume": bench_resume,
-    "progress": bench_progress, "lab": bench_lab, "kit": bench_kit}
+    "progress": bench_progress, "lab": bench_lab, "kit": bench_kit,
+    "elastic": bench_elastic}
 
 
 def main(argv: list[str] | None = None) -> int:
