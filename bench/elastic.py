@@ -17,6 +17,11 @@ workers of tests/jobs/faulty.py:train (digits, `min_workers: 2`, probes every 2 
   elastic-loss.json and elastic-loss.png in the run's output directory, and printed. A resize
   resumes from the group's backup: the epoch count goes on, and the loss with it.
 
+Each restart is cold (`warm_spares: false`): TensorFlow imported again. With the default
+("auto") the standbys are there or not by the machine's load, and the figure with them: one
+repeat took 2.5 s from job_resized to the first step, its neighbours 11 and 22 s. The
+bench's `resume` and `resume_cold` figures tell what warm spares take off a restart.
+
 Skipped where network namespaces cannot be made (not root), and in the quick setting (it
 needs TensorFlow).
 """
@@ -61,7 +66,8 @@ def _spec(hosts: list, tmp: Path) -> Path:
         f"epoch_sleep: {EPOCH_SLEEP}}}}}\nhosts:\n" + "\n".join(lines) + "\n"
         f"tasks:\n  worker: [{', '.join(f'{h.name}:20000' for h in hosts)}]\n"
         f"elastic: {{min_workers: 2, probe_seconds: {PROBE}}}\n"
-        "restart: {policy: on-failure, max_restarts: 2, backoff_seconds: 0}\n")
+        "restart: {policy: on-failure, max_restarts: 2, backoff_seconds: 0, "
+        "warm_spares: false}\n")
     return spec
 
 
@@ -135,6 +141,7 @@ def one_run(hosts: list, tmp: Path, rep: int) -> None:
     from orchestrator import backups
     from tests import sshlab
 
+    tmp.mkdir(parents=True, exist_ok=True)
     rd = tmp / f"run-{rep}"
     err = rd.with_suffix(".err")
     proc = subprocess.Popen([PY, "-m", "orchestrator", "run", str(_spec(hosts, tmp)),

@@ -55,6 +55,11 @@ def state_text(save: int) -> str:
     return f'model_checkpoint_path: "ckpt-{save}"\nall_model_checkpoint_paths: "ckpt-{save}"\n'
 
 
+def remove_backup(directory: str | Path) -> None:
+    """The backups in a backup directory gone (its `chief` directory), on this machine."""
+    shutil.rmtree(Path(directory) / SUBDIR, ignore_errors=True)
+
+
 def copy_backup(source: str | Path, target: str | Path, save: int) -> None:
     """Make `target` a backup directory holding backup `save`, copied from `source`'s: its
     files, and a `checkpoint` file naming it by a relative path (a copied absolute one would

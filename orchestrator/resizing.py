@@ -94,6 +94,10 @@ class Resizing:
         self.gone: dict[str, TaskRecord] = {}  # records of names a shrink dropped
         self.resized: list[dict] = []  # each job_resized's fields (RunResult.resizes)
         self._not_grown: set[str] = set()  # lab hosts back that a grow was refused, said once
+        # Copies of a script's backup in workers' directories other than worker 0's, removed
+        # once the group trains (_drop_copies): tf-keras never updates them, and a later
+        # start would restore the stale copy beside the chief's newer backup.
+        self.copies: list[elastic.Dir] = []
 
     # ---- shrink -------------------------------------------------------------------------
     def where(self, rec: TaskRecord) -> str:
@@ -140,6 +144,8 @@ class Resizing:
         epoch = chief.current.work.progress.epoch if chief is not None and \
             chief.current.work.progress is not None and chief.state is TaskState.RUNNING \
             else None
+        if self.copies and self._group_trains():
+            self._drop_copies()
         boundary = elastic.at_epoch_boundary(self.seen_epoch, epoch)
         self.seen_epoch = epoch
         if not boundary or not self.answering or self.job.state is not JobState.RUNNING:
@@ -156,6 +162,20 @@ class Resizing:
                               "group would start over")
         else:
             self.resize(d, d.words)
+
+    def _group_trains(self) -> bool:
+        """Every worker of the group runs and took a step since its start (a fresh attempt's
+        progress): it restored its backup."""
+        return all(r.state is TaskState.RUNNING and r.current.work.progress is not None
+                   for r in self.job.records.values() if r.role is Role.WORKER)
+
+    def _drop_copies(self) -> None:
+        copies, self.copies = self.copies, []
+        for d in copies:
+            try:
+                self.store.remove(d)
+            except Exception as e:  # noqa: BLE001 - a host gone since: its copy stays
+                self.job.events.write("job_backup_not_removed", dir=list(d), error=str(e))
 
     def _probe(self, wanted: Collection[str]) -> None:
         self._answers = frozenset(w for w in wanted if self.probe(w))
@@ -232,4 +252,6 @@ class Resizing:
             except Exception as e:  # noqa: BLE001 - as above
                 self.job.events.write("task_backup_not_copied", task, source=list(source),
                                       error=str(e))
+        chief = wanted.get("worker:0")
+        self.copies = [wanted[t] for t in r.fills if script and wanted[t] != chief]
         return r.save

@@ -463,6 +463,8 @@ def test_the_store_reads_and_fills_this_machine_s_directories(tmp_path: Path) ->
     assert store.held(("localhost", str(tmp_path / "a"))) == {2, 3}
     store.copy(("localhost", str(tmp_path / "a")), ("localhost", str(tmp_path / "b")), 3)
     assert backups.held(tmp_path / "b") == {3}
+    store.remove(("localhost", str(tmp_path / "b")))  # a script's copy, once it restored
+    assert backups.held(tmp_path / "b") == frozenset() and (tmp_path / "b").exists()
     assert store.reaches("localhost") and not store.reaches("lab1")
     with pytest.raises(OSError, match="lab1: no connection"):
         store.held(("lab1", "/w1/backup/worker-0"))

@@ -178,5 +178,8 @@ restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
     assert firsts["worker:0"][:1] == firsts["worker:1"][:1], firsts
     assert firsts["worker:0"][0] >= 1 and firsts["worker:0"][-1] == 59, firsts
     assert (tmp_path / "lab1" / "out" / "model" / "saved_model.pb").exists()
+    # No backup left on any host: tf-keras removes the chief's at the end, tfo its copy in
+    # lab2's once the 2 trained (a rerun would restore it beside the chief's fresh start).
+    assert not list(tmp_path.glob("lab*/backup/chief")), list(tmp_path.glob("lab*/backup/*"))
     plan = json.loads((run_dir / "plan.json").read_text())
     assert run_processes(plan["run_id"]) == []

@@ -73,6 +73,16 @@ class BackupStore:
             self._send(here, target, save)
         return None
 
+    def remove(self, d: Dir) -> None:
+        """The backups in `d` gone (backups.remove_backup's step)."""
+        host, path = d
+        if host == LOCALHOST:
+            return backups.remove_backup(path)
+        conn, spec = self._conn(host)
+        conn.run(f"rm -rf {_sh(path)}/{backups.SUBDIR}", hide=True, in_stream=False,
+                 timeout=spec.connect_timeout_seconds * 3)
+        return None
+
     def _conn(self, host: str) -> tuple[fabric.Connection, HostSpec]:
         if self._connect is None or host not in self._hosts:
             raise OSError(f"{host}: no connection to read its backups through")
