@@ -119,10 +119,12 @@ def test_a_new_project_runs_the_example_under_xdist_and_leaves_nothing(tmp_path:
     assert len(starts) == 8 and sum(1 for e in starts if e.get("warm")) >= 4, starts
 
 
-# Two tests; the last checks that the pool started no standby that no test took: the first
-# test's replacements served the second, and none was started after the last.
+# Two tests. The first finds the pool's standbys importing already as it starts (not once tfo
+# planned its cluster); the last checks that the pool started no standby that no test took:
+# the first test's replacements served the second, and none was started after the last.
 LAST_TEST_TESTS = '''\
-def test_first(tf_cluster):
+def test_first(tf_cluster, tf_cluster_pool):
+    assert len(tf_cluster_pool.pids) == 2
     assert tf_cluster.run("mypkg.steps:allreduce_ones", workers=2).ok
 
 
