@@ -13,7 +13,10 @@ started now would. Only what was fixed at the standby's exec must match: the int
 command, the directory its sys.path was built in, and what the import read (CUDA devices,
 the Keras choice, the loopback shim's LD_PRELOAD); a task that differs starts cold.
 `size` standbys are kept (the plugin raises it to a test's task count): each one taken, the
-oldest, is replaced at once, its import overlapping the job.
+oldest, is replaced at once, its import overlapping the job, while `refill` is on. The plugin
+turns it off for a test that no later test of the session follows onto the pool: a standby
+started then would only be killed at the session's end, its import (1.3-1.4 s of a core)
+taken from the last test's own tasks (`starts`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,16 @@ def _import_value(key: str, value: str | None) -> str | None:
     return "1" if key == "TF_USE_LEGACY_KERAS" and value is None else value
 
 
+def starts(held: int, size: int, refill: bool) -> tuple[int, int]:
+    """Standbys to start as a task takes one, `held` alive: (before the take, after it).
+    None held: `size` start at once (the first test), or only the taker's own where none will
+    be taken after this job (`refill` off). After the take, the pool is filled to `size` again
+    for the next test, or not at all."""
+    before = (size if refill else 1) if held == 0 else 0
+    after = max(0, size - (held + before - 1)) if refill else 0
+    return before, after
+
+
 @dataclass
 class _Slot:
     """The stand-in task a pool standby is started as (LocalHandle reads these fields);
@@ -74,6 +87,7 @@ class WarmPool:
         self._made = 0
         self._built: tuple[Path | None] | None = None  # the loopback shim, once looked for
         self._lock = threading.Lock()
+        self.refill = True  # replace what is taken (off: no later job takes from this pool)
         self.taken = self.cold = 0  # how many tasks it served, and how many it could not
         self.pids: list[int] = []  # every standby it started (the tests check they are gone)
 
@@ -103,13 +117,16 @@ class WarmPool:
     def fill(self) -> None:
         """Start standbys up to `size` (each imports TensorFlow meanwhile)."""
         with self._lock:
-            self._fill()
+            self._reap()
+            self._more(self.size - len(self._held))
 
-    def _fill(self) -> None:
+    def _reap(self) -> None:
         for dead in [h for h in self._held if h.poll() is not None]:
             self._held.remove(dead)
             dead.discard()
-        while len(self._held) < self.size:
+
+    def _more(self, n: int) -> None:
+        for _ in range(n):
             self._held.append(self._start())
 
     def fits(self, task: TaskPlan, shim: Path | None) -> bool:
@@ -132,9 +149,11 @@ class WarmPool:
             if not self.fits(task, shim):
                 self.cold += 1
                 return None
-            self._fill()  # the first time: `size` start at once, this task takes the first
+            self._reap()
+            before, after = starts(len(self._held), self.size, self.refill)
+            self._more(before)
             handle = self._held.pop(0)  # the oldest: the likeliest to have imported already
-            self._fill()
+            self._more(after)
         env = {**os.environ, **task.env, "TFO_ATTEMPT": str(attempt),
                markers.LIFELINE_ENV: markers.lifeline(heartbeat=False)}
         if shim is not None:

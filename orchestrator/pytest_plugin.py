@@ -10,7 +10,9 @@ Result; a failed `assert result.ok` shows the outcome, each task's exit, the fai
 last lines and every task's stack where it hung (Result's repr). Ports are `auto` (the
 kernel's free ports: no range to share between pytest-xdist workers). A session's warm
 pool (orchestrator/pool.py) serves consecutive tests with processes that imported
-TensorFlow already; it and everything it started end with the session.
+TensorFlow already, each taken replaced at once for the next test (none after a test that no
+tf_cluster test follows in this process, pytest's `nextitem`: xdist's too); it and everything
+it started end with the session.
 `@pytest.mark.tf_cluster(gpus=2)` skips a test where fewer GPUs exist (nvidia-smi -L).
 
 This module is imported by every pytest run where tfo is installed: nothing heavy at its
@@ -33,11 +35,12 @@ if TYPE_CHECKING:
 
 MARKER = "tf_cluster"
 DEFAULT_TIMEOUT = 120.0  # seconds: a test's cluster that runs longer fails, with its stacks
-# A test's task whose code and atexit handlers are done, its peers' too, is stopped this soon
-# in Python's teardown (tfo run's 3 s): the last collection of TensorFlow's objects is seconds
-# of every test, and what a test checks is done by then.
-TEARDOWN_GRACE = 0.25
+# A test's task whose code and atexit handlers are done, its peers' too, is stopped at once in
+# Python's teardown (tfo run's 3 s): the last collection of TensorFlow's objects is seconds of
+# every test's CPU, and what a test checks (the value, the log, the exit) is in by then.
+TEARDOWN_GRACE = 0.0
 _ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_NEXT = pytest.StashKey[Any]()  # the item pytest runs after this one in this process, or None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -55,6 +58,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         found = gpus_here()
         if len(found.ids) < wanted:
             pytest.skip(f"needs {wanted} GPU(s); this machine has {found} (nvidia-smi -L)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    item.stash[_NEXT] = nextitem  # a wrapper: runs whoever else implements the protocol
+    yield
+
+
+def takes_from_pool(item: Any) -> bool:
+    """Does this test take the session pool's standbys: it uses tf_cluster, without GPUs."""
+    marker = item.get_closest_marker(MARKER) if item is not None else None
+    return (item is not None and "tf_cluster" in getattr(item, "fixturenames", ())
+            and not (marker is not None and marker.kwargs.get("gpus", 0)))
 
 
 def gpus_here() -> Any:
@@ -120,4 +136,10 @@ def tf_cluster(request: pytest.FixtureRequest, tmp_path: Path,
                tf_cluster_pool: WarmPool) -> Cluster:
     marker = request.node.get_closest_marker(MARKER)
     gpus = marker.kwargs.get("gpus", 0) if marker is not None else 0
+    # Standbys for the next test only where one follows (none would kill them unused); and
+    # where one does, they start importing now, not once tfo has planned this test's cluster
+    # (its first run imports tfo's modules and plans: 0.7 s before it takes one).
+    tf_cluster_pool.refill = takes_from_pool(request.node.stash.get(_NEXT, None))
+    if tf_cluster_pool.refill and not gpus:
+        tf_cluster_pool.fill()
     return Cluster(None if gpus else tf_cluster_pool, tmp_path, gpus)

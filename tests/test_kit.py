@@ -119,6 +119,30 @@ def test_a_new_project_runs_the_example_under_xdist_and_leaves_nothing(tmp_path:
     assert len(starts) == 8 and sum(1 for e in starts if e.get("warm")) >= 4, starts
 
 
+# Two tests. The first finds the pool's standbys importing already as it starts (not once tfo
+# planned its cluster); the last checks that the pool started no standby that no test took:
+# the first test's replacements served the second, and none was started after the last.
+LAST_TEST_TESTS = '''\
+def test_first(tf_cluster, tf_cluster_pool):
+    assert len(tf_cluster_pool.pids) == 2
+    assert tf_cluster.run("mypkg.steps:allreduce_ones", workers=2).ok
+
+
+def test_last(tf_cluster, tf_cluster_pool):
+    result = tf_cluster.run("mypkg.steps:allreduce_ones", workers=2)
+    assert result.ok
+    started = [e for t in result.tasks.values() for e in t.events if e["event"] == "task_started"]
+    assert [e["warm"] for e in started] == [True, True]
+    assert len(tf_cluster_pool.pids) == tf_cluster_pool.taken == 4, tf_cluster_pool.pids
+'''
+
+
+@pytest.mark.timeout(240)
+def test_the_pool_starts_no_standby_after_the_sessions_last_cluster_test(tmp_path: Path):
+    res = user_pytest(user_project(tmp_path, LAST_TEST_TESTS), timeout=220)
+    assert res.returncode == 0 and "2 passed" in res.stdout, res.stdout[-4000:]
+
+
 def test_the_gpu_marker_skips_with_its_reason_where_too_few_gpus(tmp_path: Path):
     tests = ("import pytest\n\n\n@pytest.mark.tf_cluster(gpus=64)\n"
              "def test_many_gpus(tf_cluster):\n    raise AssertionError('ran')\n")
