@@ -1,5 +1,5 @@
-"""An elastic multi_worker_mirrored job's resizes, carried out (issue 27): orchestrator/elastic.py
-decides who trains, this acts on the loop's Job, as exits.py acts on decide's answers.
+"""An elastic job's resizes, carried out (issue 27): orchestrator/elastic.py decides who
+trains, this acts on the loop's Job, as exits.py acts on decide's answers.
 
     plan, places, group = first(plan)               # the plan of the first group
     resizing = Resizing(job, intake, places, group, probe)
@@ -12,6 +12,11 @@ max_restarts: the group is stopped (SIGTERM, the grace, SIGKILL: a grow's stop i
 preemption the tasks save at), `job_resized` is written, the backups are filled where a
 joining worker lacks the group's (backups.copy_backup), and the records follow the new plan (a
 name gone is set aside, one back takes its record again: its attempts go on counting).
+
+A parameter_server job's resize stops less (elastic.Act): a lost worker is dropped (its
+record set aside; nothing else stops: the chief's ClusterCoordinator goes on with the
+others), and rejoins alone on the same plan once its host answers a probe; a lost ps
+restarts the training tasks on the plan of the ps left, the chief from its own backup.
 
 A place is lost (elastic.Why) when a start on it failed, its lifeline was cut (exit
 EXIT_LIFELINE, or its handle lost contact), or its tasks failed lost_after_failures times
@@ -29,15 +34,15 @@ from typing import NamedTuple
 
 from orchestrator import decide, elastic
 from orchestrator.decide import JobState, TaskState
-from orchestrator.elastic import Group, NoResize, Place, Resize
+from orchestrator.elastic import Act, Group, NoResize, Place, Resize
 from orchestrator.intake import Intake
 from orchestrator.job import Job
 from orchestrator.launch.backupstore import BackupStore
-from orchestrator.plan import Plan
+from orchestrator.plan import Plan, task_name
 from orchestrator.records import TaskRecord
 from orchestrator.spec import LOCALHOST, ClusterSpec
 from orchestrator.stopping import lost_contact, stop
-from worker_entry.markers import EXIT_LIFELINE, Role
+from worker_entry.markers import EXIT_LIFELINE, Role, Strategy
 
 Probe = Callable[[str], bool]  # a place's `where` → does it answer
 
@@ -46,6 +51,7 @@ class First(NamedTuple):
     plan: Plan  # the first group's
     places: tuple[Place, ...]
     group: Group
+    ps_places: tuple[Place, ...] = ()  # a parameter_server job's
 
 
 def first(plan: Plan) -> First:
@@ -55,9 +61,12 @@ def first(plan: Plan) -> First:
     nodes = {t.name: t.placement.host for t in plan.tasks
              if spec.scheduler and t.placement.kind == spec.scheduler}
     places = elastic.pool(spec, plan.ports(), nodes)
+    ps_places = elastic.pool(spec, plan.ports(), nodes, Role.PS) \
+        if plan.strategy is Strategy.PARAMETER_SERVER else ()
     assert spec.elastic is not None
-    group = elastic.first_group(spec.elastic, places)
-    return First(elastic.plan_for(plan, places, group), places, group)
+    group = elastic.first_group(spec.elastic, places, ps_places)
+    return First(elastic.plan_for(plan, places, group, ps_places=ps_places), places, group,
+                 ps_places)
 
 
 def reachable(spec: ClusterSpec, where: str) -> bool:
@@ -79,8 +88,10 @@ def reachable(spec: ClusterSpec, where: str) -> bool:
 
 class Resizing:
     def __init__(self, job: Job, intake: Intake, places: tuple[Place, ...], group: Group,
-                 probe: Probe | None = None, store: BackupStore | None = None) -> None:
+                 probe: Probe | None = None, store: BackupStore | None = None,
+                 ps_places: tuple[Place, ...] = ()) -> None:
         self.job, self.intake, self.places, self.group = job, intake, places, group
+        self.ps_places = ps_places  # a parameter_server job's (elastic.ps_on_lost)
         self.store = store or BackupStore()  # this machine's backups only
         assert job.plan.spec.elastic is not None
         self.elastic = job.plan.spec.elastic
@@ -96,16 +107,22 @@ class Resizing:
         self._not_grown: set[str] = set()  # lab hosts back that a grow was refused, said once
 
     # ---- shrink -------------------------------------------------------------------------
-    def where(self, rec: TaskRecord) -> str:
-        return self.places[self.group.members[rec.task.index]].where
+    def where(self, rec: TaskRecord) -> str | None:
+        """The place of a worker's (a parameter_server job's ps's too) task; None: a task
+        whose loss no resize answers."""
+        if rec.role is Role.WORKER:
+            return self.places[self.group.members[rec.task.index]].where
+        if rec.role is Role.PS and self.ps_places:
+            return self.ps_places[self.group.ps[rec.task.index]].where
+        return None
 
     def lost(self, rec: TaskRecord, rc: int | None, why: str) -> bool:
         """A training task lost (Exits.lost, before decide.on_loss): True when the group
         resizes without its place; False: the restart policy decides, as for any job."""
         job = self.job
-        if rec.role is not Role.WORKER or job.state is JobState.FINISHING:
-            return False
         where = self.where(rec)
+        if where is None or job.state is JobState.FINISHING:
+            return False
         trained = rec.current.work.progress is not None
         self.failures[where] = elastic.failures_in_row(self.failures.get(where, 0), trained)
         lifeline = rc == EXIT_LIFELINE or bool(lost_contact(rec))
@@ -113,20 +130,77 @@ class Resizing:
                                lifeline_cut=lifeline, failures_in_row=self.failures[where])
         if how is None:
             return False
-        d = elastic.on_lost(self.elastic, self.places, self.group, {where: how},
-                            self.answering)
+        d = elastic.ps_on_lost(self.elastic, self.places, self.ps_places, self.group,
+                               {where: how}, self.answering) if self.ps_places else \
+            elastic.on_lost(self.elastic, self.places, self.group, {where: how}, self.answering)
         if isinstance(d, NoResize):
             self.group = d.group
             if d.follow_policy:
                 job.echo("tfo", d.reason)
             return not d.follow_policy
-        self.resize(d, f"{why}; {d.words}")
+        if d.act is Act.DROP:
+            self._drop(d)
+        else:
+            self.resize(d, f"{why}; {d.words}")
         return True
+
+    def _drop(self, d: Resize) -> None:
+        """A parameter_server job's lost workers set aside (stopped where one still runs: a
+        stall's loss); the chief and the others go on, nothing else stops."""
+        job = self.job
+        names = [task_name(Role.WORKER, i) for i, s in enumerate(d.group.members)
+                 if s in d.group.dropped - self.group.dropped]
+        gone = {self.places[s].where for s in d.group.dropped}
+        self.failures = {w: n for w, n in self.failures.items() if w not in gone}
+        self.answering -= gone  # back only once a probe after this says so
+        self.group = d.group
+        recs = [job.records[n] for n in names if n in job.records]
+
+        def dropped() -> None:
+            for rec in recs:
+                self._set_aside(job.records.pop(rec.name))
+            self._resized(d, None)
+
+        stop(job, self.intake, recs, "resize", then=dropped)
+
+    def _set_aside(self, rec: TaskRecord) -> None:
+        self.gone[rec.name] = rec
+        if rec.log is not None:  # reopened (appended to) if the name comes back
+            rec.log.close()
+            rec.log = None
+
+    def _rejoin(self, d: Resize) -> None:
+        """A parameter_server job's dropped workers whose hosts answered: each starts again
+        alone, on the same plan (the chief's TF_CONFIG still names it), not counted."""
+        job = self.job
+        back = [task_name(Role.WORKER, i) for i, s in enumerate(d.group.members)
+                if s in self.group.dropped - d.group.dropped]
+        self.group = d.group
+        self._resized(d, None)
+        now = job.clock()
+        for name in back:
+            rec = self.gone.pop(name)
+            job.records[name] = rec
+            job.set(rec, TaskState.PENDING)
+            rec.start_after = now
+            job.events.write("task_restarted", name, attempt=rec.attempt + 1,
+                             restarts=rec.restarts, reason=d.words, backoff=0, counted=False)
+        ordered = {t.name: job.records[t.name] for t in job.plan.tasks if t.name in job.records}
+        job.records.clear()  # in the plan's order again (the tables list them so)
+        job.records.update(ordered)
+
+    def _resized(self, d: Resize, save: int | None) -> None:
+        """job_resized, the run's list of resizes, and the [tfo] line."""
+        self.job.events.write("job_resized", **d.event, save=save)
+        self.resized.append({**d.event, "save": save})
+        self.job.echo("tfo", f"resized: {d.words}" + (
+            f"; resuming from backup {save}" if save is not None else ""))
 
     # ---- grow ---------------------------------------------------------------------------
     def tick(self, now: float) -> None:
         """Each round: take a probe's answers, start the next probe when due, and at an
-        epoch boundary with a place answering, grow."""
+        epoch boundary with a place answering, grow (a parameter_server job's dropped workers
+        rejoin at once: its chief was never stopped)."""
         if self._answers is not None:
             self.answering, self._answers = self._answers, None
         if self._probing is None or not self._probing.is_alive():
@@ -136,6 +210,14 @@ class Resizing:
                 self._probing = threading.Thread(target=self._probe, args=(wanted,),
                                                  name="tfo-probe", daemon=True)
                 self._probing.start()
+        if self.ps_places:
+            if self.answering and self.group.dropped and self.job.state is JobState.RUNNING:
+                d = elastic.ps_on_answer(self.elastic, self.places, self.group, self.answering)
+                if isinstance(d, Resize):
+                    self._rejoin(d)
+                else:
+                    self.group = d.group
+            return
         chief = self.job.records.get("worker:0")
         epoch = chief.current.work.progress.epoch if chief is not None and \
             chief.current.work.progress is not None and chief.state is TaskState.RUNNING \
@@ -173,18 +255,13 @@ class Resizing:
     def _regroup(self, d: Resize, why: str) -> None:
         job = self.job
         old_plan, old_group = job.plan, self.group
-        new = elastic.plan_for(old_plan, self.places, d.group)
-        save = self._fill_backups(old_plan, old_group, new, d.group)
-        job.events.write("job_resized", **d.event, save=save)
-        self.resized.append({**d.event, "save": save})
-        job.echo("tfo", f"resized: {d.words}" + (
-            f"; resuming from backup {save}" if save is not None else ""))
+        new = elastic.plan_for(old_plan, self.places, d.group, ps_places=self.ps_places)
+        save = self._chief_save(new) if self.ps_places else \
+            self._fill_backups(old_plan, old_group, new, d.group)
+        self._resized(d, save)
         names = {t.name for t in new.tasks}
         for name in [n for n in job.records if n not in names]:
-            rec = self.gone[name] = job.records.pop(name)
-            if rec.log is not None:  # reopened (appended to) if the name comes back
-                rec.log.close()
-                rec.log = None
+            self._set_aside(job.records.pop(name))
         records = {}
         for t in new.tasks:
             rec = job.records.get(t.name) or self.gone.pop(t.name, None) or TaskRecord(t)
@@ -205,6 +282,18 @@ class Resizing:
             rec.start_after = now
             job.events.write("task_restarted", rec.name, attempt=rec.attempt + 1,
                              restarts=rec.restarts, reason=why, backoff=0, counted=False)
+
+    def _chief_save(self, plan: Plan) -> int | None:
+        """A parameter_server job's: the newest backup in the chief's directory (its
+        coordinator restores it; the servers hold none)."""
+        chief = next(t for t in plan.tasks if t.role is Role.CHIEF)
+        where = (chief.host, chief.env[elastic.BACKUP_DIR_ENV])
+        try:
+            held = self.store.held(where) if self.store.reaches(chief.host) else ()
+        except Exception as e:  # noqa: BLE001 - a host gone mid-resize: the chief still reads it
+            self.job.events.write("job_backups_not_read", error=str(e))
+            return None
+        return max(held, default=None)
 
     def _fill_backups(self, old_plan: Plan, old: Group, new_plan: Plan,
                       new: Group) -> int | None:

@@ -137,7 +137,8 @@ class Supervisor:
                              standby)
         self.checks = Checks(job, self.intake, self.exits)
         self.resizing = None if first is None else resizing.Resizing(
-            job, self.intake, first.places, first.group, probe=probe, store=backup_store)
+            job, self.intake, first.places, first.group, probe=probe, store=backup_store,
+            ps_places=first.ps_places)
         if self.resizing is not None:
             self.exits.resize = self.resizing.lost
         # Called by the loop, on its thread, at most every WATCH_SECONDS: it may read the
