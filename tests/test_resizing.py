@@ -405,10 +405,10 @@ restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
 @pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_a_ps_job_drops_a_lost_worker_then_restarts_with_the_ps_left(tmp_path) -> None:
-    """parameter_server on this machine (localhost:auto): chief, 3 workers, 2 ps;
-    lost_after_failures 1, probe_seconds 1. worker:2 killed when the chief's epoch 1 begins:
-    dropped (3 → 2) while the chief trains on; its place answers the next probe and it
-    rejoins alone, serving again (2 → 3), the chief never stopped. Then ps:1 killed: the
+    """parameter_server on this machine (localhost:auto): chief, 2 workers, 2 ps;
+    lost_after_failures 1, probe_seconds 1. worker:1 killed when the chief's epoch 1 begins:
+    dropped (2 → 1) while the chief trains on; its place answers the next probe and it
+    rejoins alone, serving again (1 → 2), the chief never stopped. Then ps:1 killed: the
     job restarts with 1 ps, the chief from its backup (its first epoch after the restart
     past 0), and finishes; the chief's model is written once."""
     from tests.test_faults import Tfo, kill_task
@@ -422,9 +422,9 @@ job:
   args: {epochs: 12, epoch_sleep: 1.0}
 tasks:
   chief: [localhost:auto]
-  worker: [localhost:auto, localhost:auto, localhost:auto]
+  worker: [localhost:auto, localhost:auto]
   ps: [localhost:auto, localhost:auto]
-elastic: {min_workers: 2, lost_after_failures: 1, probe_seconds: 1}
+elastic: {min_workers: 1, lost_after_failures: 1, probe_seconds: 1}
 timeouts: {grace_seconds: 10}
 """)
     run_dir = tmp_path / "run"
@@ -432,8 +432,8 @@ timeouts: {grace_seconds: 10}
     t0 = time.monotonic()
     try:
         tfo.wait_event("task_epoch", "chief:0", epoch=1, timeout=150)
-        kill_task(tfo, "worker:2")
-        tfo.wait_event("task_ready", "worker:2", attempt=1, timeout=60)  # back, serving
+        kill_task(tfo, "worker:1")
+        tfo.wait_event("task_ready", "worker:1", attempt=1, timeout=60)  # back, serving
         ps_killed_at = kill_task(tfo, "ps:1")
         code, err = tfo.finish(timeout=150)
     finally:
@@ -446,8 +446,8 @@ timeouts: {grace_seconds: 10}
     assert before[-1] < 11, before  # ps:1 was lost while the chief trained
     resized = [e for e in events if e["event"] == "job_resized"]
     assert [(e["from"], e["to"], e.get("ps")) for e in resized] == [
-        (3, 2, None), (2, 3, None), (3, 3, {"from": 2, "to": 1})], resized
-    assert resized[0]["hosts"] == resized[1]["hosts"]  # worker:2's place, back
+        (2, 1, None), (1, 2, None), (2, 2, {"from": 2, "to": 1})], resized
+    assert resized[0]["hosts"] == resized[1]["hosts"]  # worker:1's place, back
     chief_starts = [e for e in events if e["event"] == "task_started" and e["task"] == "chief:0"]
     assert [e["attempt"] for e in chief_starts] == [0, 1]
     assert not [e for e in events if e["event"] == "task_stopping"
