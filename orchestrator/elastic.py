@@ -279,14 +279,15 @@ def on_answer(elastic: ElasticSpec, places: Sequence[Place], group: Group,
 
 
 def ps_on_lost(elastic: ElasticSpec, places: Sequence[Place], ps_places: Sequence[Place],
-               group: Group, lost: Mapping[str, Why], answering: Collection[str] = ()
-               ) -> Decision:
+               group: Group, lost: Mapping[str, Why], answering: Collection[str] = (),
+               chief_up: bool = True) -> Decision:
     """A parameter_server job's hosts lost. Only workers on them: each is dropped where it
     is (`Act.DROP`: nothing else stops; the chief's ClusterCoordinator goes on with the
-    others). A ps on them too: the job restarts (`Act.REGROUP`) with the ps left and the
-    workers left (contiguous indices; dropped workers whose hosts answered the last probe,
-    and spare places, back in), from the chief's backup. Below min_workers, with no ps left,
-    or with max_resizes spent: the restart policy decides."""
+    others). A ps on them too, or a chief not up yet (`chief_up`: it does not connect while
+    a worker its TF_CONFIG names does not serve): the job restarts (`Act.REGROUP`) with the
+    ps left and the workers left (contiguous indices; dropped workers whose hosts answered
+    the last probe, and spare places, back in), from the chief's backup. Below min_workers,
+    with no ps left, or with max_resizes spent: the restart policy decides."""
     now_lost = group.lost | frozenset(lost)
     working = [s for s in group.members if s not in group.dropped]
     gone = {s for s in working if places[s].where in lost}
@@ -298,7 +299,8 @@ def ps_on_lost(elastic: ElasticSpec, places: Sequence[Place], ps_places: Sequenc
                      if any(places[s].where == host for s in gone)
                      or any(ps_places[s].where == host for s in gone_ps))
     kept_ps = tuple(s for s in group.ps if s not in gone_ps)
-    if gone_ps:
+    regroup = bool(gone_ps) or not chief_up
+    if regroup:
         kept = [s for s in working if s not in gone]
         # `answering`: a probe since the drop (Resizing forgets a dropped host's answer).
         back = [p.slot for p in places if p.slot not in kept and p.where in answering
@@ -306,7 +308,7 @@ def ps_on_lost(elastic: ElasticSpec, places: Sequence[Place], ps_places: Sequenc
         members = kept + back[:max(0, _most(elastic, places) - len(kept))]
     else:
         members = working
-    size = len(members) if gone_ps else len(working) - len(gone)
+    size = len(members) if regroup else len(working) - len(gone)
     bound = None
     if group.resizes >= elastic.max_resizes:
         bound = f"no resize left (elastic.max_resizes {elastic.max_resizes})"
@@ -319,16 +321,17 @@ def ps_on_lost(elastic: ElasticSpec, places: Sequence[Place], ps_places: Sequenc
         return NoResize(dataclasses.replace(group, lost=now_lost),
                         f"{what}; {bound}: the restart policy decides", follow_policy=True)
     hosts = {places[s].where for s in gone} | {ps_places[s].where for s in gone_ps}
-    if not gone_ps:
+    if not regroup:
         return _resize(places, group, list(group.members), now_lost,
                        f"{what}; the others go on", hosts, Act.DROP,
                        dropped=group.dropped | frozenset(gone))
     joined = [places[s].where for s in members if s not in working]
     if joined:
         what += f"; {', '.join(dict.fromkeys(joined))} back in"
-    return _resize(places, group, members, now_lost - set(joined), f"{what}; restarting with "
-                   f"{len(kept_ps)} ps from the chief's backup", hosts | set(joined),
-                   Act.REGROUP, ps=kept_ps)
+    how = f"restarting with {len(kept_ps)} ps from the chief's backup" if gone_ps else \
+        "restarting without it: the chief, not connected yet, would wait for it"
+    return _resize(places, group, members, now_lost - set(joined), f"{what}; {how}",
+                   hosts | set(joined), Act.REGROUP, ps=kept_ps)
 
 
 def ps_on_answer(elastic: ElasticSpec, places: Sequence[Place], group: Group,

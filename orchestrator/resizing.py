@@ -69,6 +69,22 @@ def first(plan: Plan) -> First:
                  ps_places)
 
 
+def make(job: Job, intake: Intake, first: First, probe: Probe | None = None,
+         store: BackupStore | None = None) -> Resizing:
+    """The job's Resizing: a parameter_server job's (its ps places) is a PsResizing."""
+    if first.ps_places:
+        return PsResizing(job, intake, first.places, first.group, first.ps_places, probe, store)
+    return Resizing(job, intake, first.places, first.group, probe, store)
+
+
+def _set_aside(gone: dict[str, TaskRecord], rec: TaskRecord) -> None:
+    """A record whose name left the plan, kept for when the name comes back."""
+    gone[rec.name] = rec
+    if rec.log is not None:  # reopened (appended to) if the name comes back
+        rec.log.close()
+        rec.log = None
+
+
 def reachable(spec: ClusterSpec, where: str) -> bool:
     """A probe: does a place's host answer. This machine always does; an SSH host when its
     SSH port accepts a connection within its connect timeout; a scheduler's node is not
@@ -87,11 +103,12 @@ def reachable(spec: ClusterSpec, where: str) -> bool:
 
 
 class Resizing:
+    """An elastic multi_worker_mirrored job's (and, through PsResizing, a parameter_server
+    job's) resizes in the loop."""
+
     def __init__(self, job: Job, intake: Intake, places: tuple[Place, ...], group: Group,
-                 probe: Probe | None = None, store: BackupStore | None = None,
-                 ps_places: tuple[Place, ...] = ()) -> None:
+                 probe: Probe | None = None, store: BackupStore | None = None) -> None:
         self.job, self.intake, self.places, self.group = job, intake, places, group
-        self.ps_places = ps_places  # a parameter_server job's (elastic.ps_on_lost)
         self.store = store or BackupStore()  # this machine's backups only
         assert job.plan.spec.elastic is not None
         self.elastic = job.plan.spec.elastic
@@ -108,12 +125,9 @@ class Resizing:
 
     # ---- shrink -------------------------------------------------------------------------
     def where(self, rec: TaskRecord) -> str | None:
-        """The place of a worker's (a parameter_server job's ps's too) task; None: a task
-        whose loss no resize answers."""
+        """The place of a worker's task; None: a task whose loss no resize answers."""
         if rec.role is Role.WORKER:
             return self.places[self.group.members[rec.task.index]].where
-        if rec.role is Role.PS and self.ps_places:
-            return self.ps_places[self.group.ps[rec.task.index]].where
         return None
 
     def lost(self, rec: TaskRecord, rc: int | None, why: str) -> bool:
@@ -130,64 +144,20 @@ class Resizing:
                                lifeline_cut=lifeline, failures_in_row=self.failures[where])
         if how is None:
             return False
-        d = elastic.ps_on_lost(self.elastic, self.places, self.ps_places, self.group,
-                               {where: how}, self.answering) if self.ps_places else \
-            elastic.on_lost(self.elastic, self.places, self.group, {where: how}, self.answering)
+        d = self._decide({where: how})
         if isinstance(d, NoResize):
             self.group = d.group
             if d.follow_policy:
                 job.echo("tfo", d.reason)
             return not d.follow_policy
-        if d.act is Act.DROP:
-            self._drop(d)
-        else:
-            self.resize(d, f"{why}; {d.words}")
+        self._act(d, why)
         return True
 
-    def _drop(self, d: Resize) -> None:
-        """A parameter_server job's lost workers set aside (stopped where one still runs: a
-        stall's loss); the chief and the others go on, nothing else stops."""
-        job = self.job
-        names = [task_name(Role.WORKER, i) for i, s in enumerate(d.group.members)
-                 if s in d.group.dropped - self.group.dropped]
-        gone = {self.places[s].where for s in d.group.dropped}
-        self.failures = {w: n for w, n in self.failures.items() if w not in gone}
-        self.answering -= gone  # back only once a probe after this says so
-        self.group = d.group
-        recs = [job.records[n] for n in names if n in job.records]
+    def _decide(self, lost: dict[str, elastic.Why]) -> elastic.Decision:
+        return elastic.on_lost(self.elastic, self.places, self.group, lost, self.answering)
 
-        def dropped() -> None:
-            for rec in recs:
-                self._set_aside(job.records.pop(rec.name))
-            self._resized(d, None)
-
-        stop(job, self.intake, recs, "resize", then=dropped)
-
-    def _set_aside(self, rec: TaskRecord) -> None:
-        self.gone[rec.name] = rec
-        if rec.log is not None:  # reopened (appended to) if the name comes back
-            rec.log.close()
-            rec.log = None
-
-    def _rejoin(self, d: Resize) -> None:
-        """A parameter_server job's dropped workers whose hosts answered: each starts again
-        alone, on the same plan (the chief's TF_CONFIG still names it), not counted."""
-        job = self.job
-        back = [task_name(Role.WORKER, i) for i, s in enumerate(d.group.members)
-                if s in self.group.dropped - d.group.dropped]
-        self.group = d.group
-        self._resized(d, None)
-        now = job.clock()
-        for name in back:
-            rec = self.gone.pop(name)
-            job.records[name] = rec
-            job.set(rec, TaskState.PENDING)
-            rec.start_after = now
-            job.events.write("task_restarted", name, attempt=rec.attempt + 1,
-                             restarts=rec.restarts, reason=d.words, backoff=0, counted=False)
-        ordered = {t.name: job.records[t.name] for t in job.plan.tasks if t.name in job.records}
-        job.records.clear()  # in the plan's order again (the tables list them so)
-        job.records.update(ordered)
+    def _act(self, d: Resize, why: str) -> None:
+        self.resize(d, f"{why}; {d.words}")
 
     def _resized(self, d: Resize, save: int | None) -> None:
         """job_resized, the run's list of resizes, and the [tfo] line."""
@@ -199,8 +169,7 @@ class Resizing:
     # ---- grow ---------------------------------------------------------------------------
     def tick(self, now: float) -> None:
         """Each round: take a probe's answers, start the next probe when due, and at an
-        epoch boundary with a place answering, grow (a parameter_server job's dropped workers
-        rejoin at once: its chief was never stopped)."""
+        epoch boundary with a place answering, grow."""
         if self._answers is not None:
             self.answering, self._answers = self._answers, None
         if self._probing is None or not self._probing.is_alive():
@@ -210,14 +179,10 @@ class Resizing:
                 self._probing = threading.Thread(target=self._probe, args=(wanted,),
                                                  name="tfo-probe", daemon=True)
                 self._probing.start()
-        if self.ps_places:
-            if self.answering and self.group.dropped and self.job.state is JobState.RUNNING:
-                d = elastic.ps_on_answer(self.elastic, self.places, self.group, self.answering)
-                if isinstance(d, Resize):
-                    self._rejoin(d)
-                else:
-                    self.group = d.group
-            return
+        self._grow()
+
+    def _grow(self) -> None:
+        """At worker 0's next epoch, with a place answering: the group grows."""
         chief = self.job.records.get("worker:0")
         epoch = chief.current.work.progress.epoch if chief is not None and \
             chief.current.work.progress is not None and chief.state is TaskState.RUNNING \
@@ -255,24 +220,10 @@ class Resizing:
     def _regroup(self, d: Resize, why: str) -> None:
         job = self.job
         old_plan, old_group = job.plan, self.group
-        new = elastic.plan_for(old_plan, self.places, d.group, ps_places=self.ps_places)
-        save = self._chief_save(new) if self.ps_places else \
-            self._fill_backups(old_plan, old_group, new, d.group)
+        new = self._plan_for(d.group)
+        save = self._fill_backups(old_plan, old_group, new, d.group)
         self._resized(d, save)
-        names = {t.name for t in new.tasks}
-        for name in [n for n in job.records if n not in names]:
-            self._set_aside(job.records.pop(name))
-        records = {}
-        for t in new.tasks:
-            rec = job.records.get(t.name) or self.gone.pop(t.name, None) or TaskRecord(t)
-            rec.task = t
-            records[t.name] = rec
-        job.records.clear()
-        job.records.update(records)
-        job.plan, self.group = new, d.group
-        self.failures = {w: n for w, n in self.failures.items()
-                         if w in {self.places[s].where for s in d.group.members}}
-        self.seen_epoch = None
+        self._follow(new, d.group)
         now = job.clock()
         for rec in job.records.values():
             if not decide.training(rec.role, job.rules) or rec.finished:
@@ -283,17 +234,32 @@ class Resizing:
             job.events.write("task_restarted", rec.name, attempt=rec.attempt + 1,
                              restarts=rec.restarts, reason=why, backoff=0, counted=False)
 
-    def _chief_save(self, plan: Plan) -> int | None:
-        """A parameter_server job's: the newest backup in the chief's directory (its
-        coordinator restores it; the servers hold none)."""
-        chief = next(t for t in plan.tasks if t.role is Role.CHIEF)
-        where = (chief.host, chief.env[elastic.BACKUP_DIR_ENV])
-        try:
-            held = self.store.held(where) if self.store.reaches(chief.host) else ()
-        except Exception as e:  # noqa: BLE001 - a host gone mid-resize: the chief still reads it
-            self.job.events.write("job_backups_not_read", error=str(e))
-            return None
-        return max(held, default=None)
+    def _plan_for(self, group: Group) -> Plan:
+        return elastic.plan_for(self.job.plan, self.places, group)
+
+    def replan(self, unit: list[TaskRecord]) -> bool:
+        """Before the restart policy restarts `unit` (Exits.restart): a new plan? (a
+        parameter_server job's only)"""
+        return False
+
+    def _follow(self, new: Plan, group: Group) -> None:
+        """The records follow the new plan: a name gone is set aside, one back takes its
+        record again (its attempts go on counting)."""
+        job = self.job
+        names = {t.name for t in new.tasks}
+        for name in [n for n in job.records if n not in names]:
+            _set_aside(self.gone, job.records.pop(name))
+        records = {}
+        for t in new.tasks:
+            rec = job.records.get(t.name) or self.gone.pop(t.name, None) or TaskRecord(t)
+            rec.task = t
+            records[t.name] = rec
+        job.records.clear()
+        job.records.update(records)
+        job.plan, self.group = new, group
+        self.failures = {w: n for w, n in self.failures.items()
+                         if w in {self.places[s].where for s in group.members}}
+        self.seen_epoch = None
 
     def _fill_backups(self, old_plan: Plan, old: Group, new_plan: Plan,
                       new: Group) -> int | None:
@@ -320,3 +286,112 @@ class Resizing:
                 self.job.events.write("task_backup_not_copied", task, source=list(source),
                                       error=str(e))
         return r.save
+
+
+class PsResizing(Resizing):
+    """A parameter_server job's (elastic.ps_on_lost, ps_on_answer): a lost worker dropped
+    while the chief trains on, and back alone when its host answers; a lost ps restarts the
+    job with the ps left."""
+
+    def __init__(self, job: Job, intake: Intake, places: tuple[Place, ...], group: Group,
+                 ps_places: tuple[Place, ...], probe: Probe | None = None,
+                 store: BackupStore | None = None) -> None:
+        super().__init__(job, intake, places, group, probe, store)
+        self.ps_places = ps_places
+
+    def where(self, rec: TaskRecord) -> str | None:
+        if rec.role is Role.PS:
+            return self.ps_places[self.group.ps[rec.task.index]].where
+        return super().where(rec)
+
+    def _decide(self, lost: dict[str, elastic.Why]) -> elastic.Decision:
+        chief = next((r for r in self.job.records.values() if r.role is Role.CHIEF), None)
+        return elastic.ps_on_lost(self.elastic, self.places, self.ps_places, self.group, lost,
+                                  self.answering, chief_up=chief is not None
+                                  and chief.state is TaskState.RUNNING)
+
+    def _act(self, d: Resize, why: str) -> None:
+        if d.act is Act.DROP:
+            self._drop(d)
+        else:
+            super()._act(d, why)
+
+    def _grow(self) -> None:
+        """Dropped workers whose hosts answered rejoin at once: the chief never stopped."""
+        if self.answering and self.group.dropped and self.job.state is JobState.RUNNING:
+            d = elastic.ps_on_answer(self.elastic, self.places, self.group, self.answering)
+            if isinstance(d, Resize):
+                self._rejoin(d)
+            else:
+                self.group = d.group
+
+    def _plan_for(self, group: Group) -> Plan:
+        return elastic.plan_for(self.job.plan, self.places, group, ps_places=self.ps_places)
+
+    def _drop(self, d: Resize) -> None:
+        """A parameter_server job's lost workers set aside (stopped where one still runs: a
+        stall's loss); the chief and the others go on, nothing else stops."""
+        job = self.job
+        names = [task_name(Role.WORKER, i) for i, s in enumerate(d.group.members)
+                 if s in d.group.dropped - self.group.dropped]
+        gone = {self.places[s].where for s in d.group.dropped}
+        self.failures = {w: n for w, n in self.failures.items() if w not in gone}
+        self.answering -= gone  # back only once a probe after this says so
+        self.group = d.group
+        recs = [job.records[n] for n in names if n in job.records]
+
+        def dropped() -> None:
+            for rec in recs:
+                _set_aside(self.gone, job.records.pop(rec.name))
+            self._resized(d, None)
+
+        stop(job, self.intake, recs, "resize", then=dropped)
+
+    def _rejoin(self, d: Resize) -> None:
+        """A parameter_server job's dropped workers whose hosts answered: each starts again
+        alone, on the same plan (the chief's TF_CONFIG still names it), not counted."""
+        job = self.job
+        back = [task_name(Role.WORKER, i) for i, s in enumerate(d.group.members)
+                if s in self.group.dropped - d.group.dropped]
+        self.group = d.group
+        self._resized(d, None)
+        now = job.clock()
+        for name in back:
+            rec = self.gone.pop(name)
+            job.records[name] = rec
+            job.set(rec, TaskState.PENDING)
+            rec.start_after = now
+            job.events.write("task_restarted", name, attempt=rec.attempt + 1,
+                             restarts=rec.restarts, reason=d.words, backoff=0, counted=False)
+        ordered = {t.name: job.records[t.name] for t in job.plan.tasks if t.name in job.records}
+        job.records.clear()  # in the plan's order again (the tables list them so)
+        job.records.update(ordered)
+
+    def replan(self, unit: list[TaskRecord]) -> bool:
+        """Before the restart policy restarts a parameter_server job's chief (Exits.restart,
+        its unit stopped): the plan without the dropped workers, whose places leave the
+        chief's TF_CONFIG (a chief does not connect while a worker it names does not
+        serve). True: the records changed."""
+        group = self.group
+        if not group.dropped or not any(r.role is Role.CHIEF for r in unit):
+            return False
+        left = [self.places[s].where for s in sorted(group.dropped)]
+        new = Group(tuple(s for s in group.members if s not in group.dropped), group.lost,
+                    group.resizes, group.ps)
+        self._follow(self._plan_for(new), new)
+        self.job.echo("tfo", f"{', '.join(left)} left out of the chief's TF_CONFIG as the "
+                      "job restarts (dropped: the chief would wait for it)")
+        return True
+
+    def _fill_backups(self, old_plan: Plan, old: Group, new_plan: Plan,
+                      new: Group) -> int | None:
+        """The newest backup in the chief's directory (its coordinator restores it; the
+        servers hold none): nothing to fill."""
+        chief = next(t for t in new_plan.tasks if t.role is Role.CHIEF)
+        where = (chief.host, chief.env[elastic.BACKUP_DIR_ENV])
+        try:
+            held = self.store.held(where) if self.store.reaches(chief.host) else ()
+        except Exception as e:  # noqa: BLE001 - a host gone mid-resize: the chief still reads it
+            self.job.events.write("job_backups_not_read", error=str(e))
+            return None
+        return max(held, default=None)

@@ -227,6 +227,7 @@ PS_LOST = [
      "policy", None, (0, 1, 2), set(), (0, 1), None, None, ["elastic.max_resizes 4"]),
     ("a host with no task of the job left", LAB2_DROPPED, {"lab2": Why.UNREACHABLE}, (),
      NoResize, None, (0, 1, 2), {1}, (0, 1), None, None, ["no task of the job on it"]),
+
 ]
 
 
@@ -249,6 +250,20 @@ def test_a_ps_job_s_loss(group, lost, answering, kind, act, members, dropped, ps
         assert set(lost) <= d.group.lost  # probed until they answer
     else:
         assert d.group.resizes == group.resizes
+
+
+def test_a_ps_job_s_worker_lost_before_its_chief_is_up_restarts_the_job_without_it() -> None:
+    """A chief not up yet (still connecting, or waiting for the servers) would wait for
+    every worker its TF_CONFIG names: the job restarts without the lost one instead."""
+    d = ps_on_lost(PS_SPEC.elastic, PS_WORKERS, PS_PLACES, PS_FULL, {"lab2": Why.UNREACHABLE},
+                   chief_up=False)
+    assert isinstance(d, Resize) and d.act is Act.REGROUP
+    assert (d.group.members, d.group.dropped, d.group.ps) == ((0, 2), frozenset(), (0, 1))
+    assert (d.event["from"], d.event["to"], d.event["hosts"]) == (3, 2, ["lab2"])
+    assert "the chief, not connected yet, would wait for it" in d.words
+    below = ps_on_lost(PS_SPEC.elastic, PS_WORKERS, PS_PLACES, LAB2_DROPPED,
+                       {"lab1": Why.UNREACHABLE}, chief_up=False)
+    assert isinstance(below, NoResize) and below.follow_policy
 
 
 PS_BACK = [

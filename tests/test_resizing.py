@@ -273,6 +273,44 @@ def test_a_ps_job_restarts_with_the_ps_left(tmp_path) -> None:
 
 
 @pytest.mark.timeout(20)
+def test_a_ps_job_s_worker_lost_before_the_chief_starts_leaves_its_tf_config(tmp_path) -> None:
+    """worker:2 fails twice before it serves: the chief, waiting for the servers, has not
+    started, and would wait for worker:2 for good; the job restarts without it, and the
+    chief's first TF_CONFIG names 2 workers."""
+    scripts = {"chief:0": Script([(0, 2.0, True)]), "worker:0": SERVING, "worker:1": SERVING,
+               "worker:2": Script([(3, 0.1, False)]), "ps:0": SERVING, "ps:1": SERVING}
+    result, started, events, _ = run_scripted(tmp_path, ps_spec(probe_seconds=3600), scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    resized = [e for e in events if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"]) for e in resized] == [(3, 2)]
+    assert "not connected yet" in resized[0]["reason"]
+    chief = [json.loads(env["TF_CONFIG"])["cluster"] for n, _, env in started if n == "chief:0"]
+    assert [len(c["worker"]) for c in chief] == [2]
+
+
+@pytest.mark.timeout(20)
+def test_a_ps_job_restarting_its_chief_leaves_a_dropped_worker_out(tmp_path) -> None:
+    """worker:2 dropped while the chief trains; then ps:0 fails once (not lost: its
+    restart policy restarts the job, counted): the chief's new TF_CONFIG leaves worker:2's
+    place out, as it would wait for it; the job finishes on 2 workers."""
+    scripts = {"chief:0": Script([(None, 0, True), (0, 1.0, True)]),
+               "worker:0": SERVING, "worker:1": SERVING,
+               "worker:2": Script([(3, 1.0, True)]),
+               "ps:0": Script([(3, 3.0, True), (None, 0, True)]), "ps:1": SERVING}
+    result, started, events, lines = run_scripted(tmp_path, ps_spec(probe_seconds=3600),
+                                                  scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    assert [(e["from"], e["to"]) for e in events if e["event"] == "job_resized"] == [(3, 2)]
+    chief = [json.loads(env["TF_CONFIG"])["cluster"] for n, _, env in started if n == "chief:0"]
+    assert [c["worker"] for c in chief] == [["localhost:2", "localhost:3", "localhost:4"],
+                                            ["localhost:2", "localhost:3"]]
+    assert result.restarts == 2  # worker:2's first failure, and ps:0's
+    assert [t.name for t in result.tasks] == ["ps:0", "ps:1", "worker:0", "worker:1",
+                                              "chief:0"]
+    assert any("left out of the chief's TF_CONFIG" in line for line in lines), lines
+
+
+@pytest.mark.timeout(20)
 def test_a_ps_job_losing_its_last_ps_follows_the_restart_policy(tmp_path) -> None:
     data = ps_spec()
     data["tasks"]["ps"] = ["localhost:5"]
