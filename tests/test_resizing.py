@@ -270,6 +270,9 @@ def test_a_ps_job_restarts_with_the_ps_left(tmp_path) -> None:
     assert last["chief:0"]["ps"] == ["localhost:5"] and len(last["chief:0"]["worker"]) == 3
     assert "ps:1" not in [t.name for t in result.tasks]
     assert result.restarts == 1
+    from orchestrator.report import resize_lines  # the summary's and tfo status's line
+
+    assert resize_lines(result.resizes)[0].startswith("resized: 3 → 3 workers, 2 → 1 ps: ")
 
 
 @pytest.mark.timeout(20)
