@@ -1,5 +1,5 @@
-"""Elastic multi_worker_mirrored jobs (issue 27): which places train, decided as pure functions
-of the group's state; no I/O, no clock. The loop carries the answers out
+"""Elastic jobs (issue 27): which places train, decided as pure functions of the group's
+state; no I/O, no clock. The loop carries the answers out
 (orchestrator/resizing.py; docs/architecture.md, "Elastic jobs").
 
     places = pool(spec, ports)                  # tasks.worker: every place a worker may take
@@ -12,6 +12,13 @@ of the group's state; no I/O, no clock. The loop carries the answers out
 TensorFlow cannot resize a running MWMS group: a resize is a restart of the whole group at
 a new size, resuming from the newest backup every remaining worker holds (`resume_from`).
 Reading and copying the backups' files is orchestrator/backups.py's.
+
+A parameter_server job (`ps_on_lost`, `ps_on_answer`) keeps its chief running: a lost
+worker is dropped where it is (`Act.DROP`: its place stays in the chief's TF_CONFIG, whose
+ClusterCoordinator reschedules its functions on the others), and rejoins alone, on the same
+plan, when its host answers again (`Act.REJOIN`); a lost ps holds variables, so the job
+restarts (`Act.REGROUP`) with the ps that remain, from the chief's backup; with none left,
+the restart policy decides.
 
 A place's host moves between these states (what `Group` holds, as sets):
 
@@ -114,13 +121,13 @@ class Place:
 
 
 def pool(spec: ClusterSpec, ports: Mapping[str, int],
-         nodes: Mapping[str, str] | None = None) -> tuple[Place, ...]:
-    """Every place `tasks.worker` lists. `ports` and `nodes` are what the first plan was made
-    with (by task name, `worker:SLOT`): a place keeps its port and node whatever index its
-    worker has later."""
+         nodes: Mapping[str, str] | None = None, role: Role = Role.WORKER) -> tuple[Place, ...]:
+    """Every place `tasks.worker` lists (`tasks.ps`: a parameter_server job's ps places).
+    `ports` and `nodes` are what the first plan was made with (by task name, `worker:SLOT`):
+    a place keeps its port and node whatever index its task has later."""
     places = []
-    for slot, address in enumerate(spec.tasks.worker):
-        name = task_name(Role.WORKER, slot)
+    for slot, address in enumerate(getattr(spec.tasks, role.value)):
+        name = task_name(role, slot)
         port = address.port if address.port is not None else ports[name]
         node = (nodes or {}).get(name) if address.host == spec.scheduler else None
         places.append(Place(slot, node or address.host, port, node))
@@ -130,27 +137,48 @@ def pool(spec: ClusterSpec, ports: Mapping[str, int],
 @dataclass(frozen=True)
 class Group:
     """Who trains now: `members[i]` is the slot of worker i (worker 0 the chief); the hosts
-    lost (until they answer again); resizes so far, against max_resizes."""
+    lost (until they answer again); resizes so far, against max_resizes. A parameter_server
+    job's also: `ps[i]`, the slot of ps i; `dropped`, the slots of workers dropped where they
+    are (still in the chief's TF_CONFIG, not running)."""
 
     members: tuple[int, ...]
     lost: frozenset[str] = frozenset()
     resizes: int = 0
+    ps: tuple[int, ...] = ()
+    dropped: frozenset[int] = frozenset()
+
+    @property
+    def size(self) -> int:
+        """The workers working."""
+        return len(self.members) - len(self.dropped)
+
+
+class Act(str, Enum):
+    """What a resize asks of the loop."""
+
+    REGROUP = "regroup"  # stop the training tasks; restart them on the group's new plan
+    DROP = "drop"  # parameter_server: set the dropped workers aside; nothing else stops
+    REJOIN = "rejoin"  # parameter_server: start the workers back alone, on the same plan
 
 
 def _most(elastic: ElasticSpec, places: Sequence[Place]) -> int:
     return elastic.max_workers if elastic.max_workers is not None else len(places)
 
 
-def first_group(elastic: ElasticSpec, places: Sequence[Place]) -> Group:
-    """The group a run starts with: the first max_workers places listed."""
-    return Group(members=tuple(p.slot for p in places[:_most(elastic, places)]))
+def first_group(elastic: ElasticSpec, places: Sequence[Place],
+                ps_places: Sequence[Place] = ()) -> Group:
+    """The group a run starts with: the first max_workers places listed (and, for a
+    parameter_server job, every ps place)."""
+    return Group(members=tuple(p.slot for p in places[:_most(elastic, places)]),
+                 ps=tuple(p.slot for p in ps_places))
 
 
 def to_probe(places: Sequence[Place], group: Group) -> list[str]:
     """The hosts to ask every probe_seconds whether they answer: lost ones, and those of
-    places not in use."""
-    used = {places[s].where for s in group.members}
-    spare = [p.where for p in places if p.slot not in group.members and p.where not in used]
+    places not in use (a dropped worker's too)."""
+    working = [s for s in group.members if s not in group.dropped]
+    used = {places[s].where for s in working}
+    spare = [p.where for p in places if p.slot not in working and p.where not in used]
     return sorted(set(spare) | set(group.lost))
 
 
@@ -162,6 +190,7 @@ class Resize:
     group: Group
     event: dict[str, Any]
     words: str
+    act: Act = Act.REGROUP
 
 
 @dataclass(frozen=True)
@@ -179,13 +208,18 @@ Decision = Resize | NoResize
 
 
 def _resize(places: Sequence[Place], old: Group, members: list[int], lost: frozenset[str],
-            reason: str, hosts: Collection[str]) -> Resize:
-    new = Group(members=tuple(members), lost=lost, resizes=old.resizes + 1)
-    if old.members and old.members[0] != members[0]:
+            reason: str, hosts: Collection[str], act: Act = Act.REGROUP,
+            ps: tuple[int, ...] | None = None, dropped: frozenset[int] = frozenset()) -> Resize:
+    new = Group(members=tuple(members), lost=lost, resizes=old.resizes + 1,
+                ps=old.ps if ps is None else ps, dropped=dropped)
+    if old.members and old.members[0] != members[0] and not old.ps:
         reason += f"; worker 0 (the chief) is now on {places[members[0]].where}"
-    event = {"from": len(old.members), "to": len(members), "reason": reason,
-             "hosts": sorted(set(hosts))}
-    return Resize(new, event, f"{len(old.members)} → {len(members)} workers: {reason}")
+    event = {"from": old.size, "to": new.size, "reason": reason, "hosts": sorted(set(hosts))}
+    words = f"{old.size} → {new.size} workers"
+    if len(new.ps) != len(old.ps):
+        event["ps"] = {"from": len(old.ps), "to": len(new.ps)}
+        words += f", {len(old.ps)} → {len(new.ps)} ps"
+    return Resize(new, event, f"{words}: {reason}", act)
 
 
 def on_lost(elastic: ElasticSpec, places: Sequence[Place], group: Group,
@@ -244,22 +278,110 @@ def on_answer(elastic: ElasticSpec, places: Sequence[Place], group: Group,
                    f"{', '.join(hosts)} answered again", hosts)
 
 
-def plan_for(plan: Plan, places: Sequence[Place], group: Group, **kwargs: Any) -> Plan:
+def ps_on_lost(elastic: ElasticSpec, places: Sequence[Place], ps_places: Sequence[Place],
+               group: Group, lost: Mapping[str, Why], answering: Collection[str] = (),
+               chief_up: bool = True) -> Decision:
+    """A parameter_server job's hosts lost. Only workers on them: each is dropped where it
+    is (`Act.DROP`: nothing else stops; the chief's ClusterCoordinator goes on with the
+    others). A ps on them too, or a chief not up yet (`chief_up`: it does not connect while
+    a worker its TF_CONFIG names does not serve): the job restarts (`Act.REGROUP`) with the
+    ps left and the workers left (contiguous indices; dropped workers whose hosts answered
+    the last probe, and spare places, back in), from the chief's backup. Below min_workers,
+    with no ps left, or with max_resizes spent: the restart policy decides."""
+    now_lost = group.lost | frozenset(lost)
+    working = [s for s in group.members if s not in group.dropped]
+    gone = {s for s in working if places[s].where in lost}
+    gone_ps = [s for s in group.ps if ps_places[s].where in lost]
+    if not gone and not gone_ps:
+        return NoResize(dataclasses.replace(group, lost=now_lost),
+                        f"{', '.join(sorted(lost))}: no task of the job on it")
+    what = "; ".join(f"{host} lost: {why.words(elastic)}" for host, why in sorted(lost.items())
+                     if any(places[s].where == host for s in gone)
+                     or any(ps_places[s].where == host for s in gone_ps))
+    kept_ps = tuple(s for s in group.ps if s not in gone_ps)
+    regroup = bool(gone_ps) or not chief_up
+    if regroup:
+        kept = [s for s in working if s not in gone]
+        # `answering`: a probe since the drop (Resizing forgets a dropped host's answer).
+        back = [p.slot for p in places if p.slot not in kept and p.where in answering
+                and p.where not in lost]
+        members = kept + back[:max(0, _most(elastic, places) - len(kept))]
+    else:
+        members = working
+    size = len(members) if regroup else len(working) - len(gone)
+    bound = None
+    if group.resizes >= elastic.max_resizes:
+        bound = f"no resize left (elastic.max_resizes {elastic.max_resizes})"
+    elif gone_ps and not kept_ps:
+        bound = "no ps task left to hold the variables"
+    elif size < elastic.min_workers:
+        bound = (f"{size} worker(s) left, fewer than elastic.min_workers "
+                 f"{elastic.min_workers}")
+    if bound is not None:
+        return NoResize(dataclasses.replace(group, lost=now_lost),
+                        f"{what}; {bound}: the restart policy decides", follow_policy=True)
+    hosts = {places[s].where for s in gone} | {ps_places[s].where for s in gone_ps}
+    if not regroup:
+        return _resize(places, group, list(group.members), now_lost,
+                       f"{what}; the others go on", hosts, Act.DROP,
+                       dropped=group.dropped | frozenset(gone))
+    joined = [places[s].where for s in members if s not in working]
+    if joined:
+        what += f"; {', '.join(dict.fromkeys(joined))} back in"
+    how = f"restarting with {len(kept_ps)} ps from the chief's backup" if gone_ps else \
+        "restarting without it: the chief, not connected yet, would wait for it"
+    return _resize(places, group, members, now_lost - set(joined), f"{what}; {how}",
+                   hosts | set(joined), Act.REGROUP, ps=kept_ps)
+
+
+def ps_on_answer(elastic: ElasticSpec, places: Sequence[Place], group: Group,
+                 answering: Collection[str]) -> Decision:
+    """A parameter_server job's hosts that answered a probe: its dropped workers there start
+    again alone (`Act.REJOIN`: the chief's TF_CONFIG still lists them, and its
+    ClusterCoordinator takes them back once they serve); no epoch boundary is waited for.
+    A place that is not in the chief's TF_CONFIG (left out at a ps loss's restart) waits for
+    the job's next restart. A lost host that answers is lost no more."""
+    back = frozenset(answering)
+    still_lost = group.lost - back
+    joining = frozenset(s for s in group.dropped if places[s].where in back)
+    if not joining:
+        return NoResize(dataclasses.replace(group, lost=still_lost), "no place to add")
+    if group.resizes >= elastic.max_resizes:
+        return NoResize(dataclasses.replace(group, lost=still_lost), (
+            f"no resize left (elastic.max_resizes {elastic.max_resizes}): stays at "
+            f"{group.size} workers"))
+    hosts = list(dict.fromkeys(places[s].where for s in sorted(joining)))
+    return _resize(places, group, list(group.members), still_lost,
+                   f"{', '.join(hosts)} answered again", hosts, Act.REJOIN,
+                   dropped=group.dropped - joining)
+
+
+def plan_for(plan: Plan, places: Sequence[Place], group: Group,
+             ps_places: Sequence[Place] = (), **kwargs: Any) -> Plan:
     """The plan of the group: `plan` (the run's, of any size) with its workers the group's
     places, indices 0..n-1 in the group's order, each at its place's port and node; every
     other task as it was. TF_CONFIG lists n workers, TFO_IS_CHIEF is worker 0's, and every
-    task's env has TFO_NUM_WORKERS. `kwargs` go to make_plan (`python`, `gpus`: what the
-    first plan was made with). The plan's spec stays the run's (the whole pool)."""
+    task's env has TFO_NUM_WORKERS. A parameter_server group's ps are its ps places
+    (`ps_places`, `group.ps`), as its workers are. `kwargs` go to make_plan (`python`,
+    `gpus`: what the first plan was made with). The plan's spec stays the run's (the whole
+    pool)."""
     spec = plan.spec
-    workers = [Address(host=spec.scheduler if places[s].node and spec.scheduler else places[s].host,
-                       port=places[s].port) for s in group.members]
-    sized = spec.model_copy(update={"tasks": spec.tasks.model_copy(update={"worker": workers})})
-    others = [t for t in plan.tasks if t.role is not Role.WORKER]
+    sized = {Role.WORKER: [places[s] for s in group.members]}
+    if group.ps:
+        sized[Role.PS] = [ps_places[s] for s in group.ps]
+
+    def address(p: Place) -> Address:
+        return Address(host=spec.scheduler if p.node and spec.scheduler else p.host, port=p.port)
+
+    tasks_spec = spec.tasks.model_copy(update={
+        role.value: [address(p) for p in at] for role, at in sized.items()})
+    others = [t for t in plan.tasks if t.role not in sized]
     nodes = {t.name: t.placement.host for t in others
              if spec.scheduler and t.placement.kind == spec.scheduler}
-    nodes |= {task_name(Role.WORKER, i): places[s].node for i, s in enumerate(group.members)
-              if places[s].node}
-    new = make_plan(sized, run_id=plan.run_id, run_dir=plan.run_dir, workdir=plan.workdir,
+    nodes |= {task_name(role, i): p.node for role, at in sized.items()
+              for i, p in enumerate(at) if p.node}
+    new = make_plan(spec.model_copy(update={"tasks": tasks_spec}), run_id=plan.run_id,
+                    run_dir=plan.run_dir, workdir=plan.workdir,
                     ports={t.name: t.port for t in others}, nodes=nodes, **kwargs)
     size = str(len(group.members))
     tasks = [dataclasses.replace(t, env=_place_backup({**t.env, NUM_WORKERS_ENV: size},
@@ -348,7 +470,8 @@ def resume_from(wanted: Mapping[str, Dir], had: Mapping[str, Dir | None],
     return Resume(save, fills)
 
 
-__all__ = ["NUM_WORKERS_ENV", "Decision", "Group", "NoResize", "Place", "Resize",
+__all__ = ["NUM_WORKERS_ENV", "Act", "Decision", "Group", "NoResize", "Place", "Resize",
            "Resume", "Why", "at_epoch_boundary", "backup_dirs", "failures_in_row",
            "first_group", "lost_why", "on_answer", "on_lost", "plan_for", "pool",
-           "previous_dirs", "probe_due", "resume_from", "to_probe", "unfilled_joiners"]
+           "previous_dirs", "probe_due", "ps_on_answer", "ps_on_lost", "resume_from",
+           "to_probe", "unfilled_joiners"]

@@ -22,6 +22,9 @@ class Exits:
         self.job, self.intake = job, intake
         # An elastic job's (resizing.Resizing.lost): True when a loss resized the group.
         self.resize: Callable[[TaskRecord, int | None, str], bool] | None = None
+        # An elastic parameter_server job's (Resizing.replan), before a restart of its
+        # chief: True when the plan (and the records) changed.
+        self.replan: Callable[[list[TaskRecord]], bool] | None = None
 
     def exited(self, rec: TaskRecord, rc: int) -> None:
         """Every task's exit, the sidecars' too, and while finishing."""
@@ -102,7 +105,12 @@ class Exits:
 
         def stopped() -> None:
             due = job.clock() + backoff
-            for r in unit:
+            again = unit
+            if self.replan is not None and self.replan(unit):
+                # The records follow a new plan; a unit with the chief is every training task.
+                again = [r for r in job.records.values()
+                         if decide.training(r.role, job.rules) and not r.finished]
+            for r in again:
                 r.restarts += counted
                 job.set(r, TaskState.PENDING)
                 r.start_after = due

@@ -307,7 +307,8 @@ class LiveView:
                 for rec in job.records.values()]
         title = (f"{job.plan.run_id}: {job.state.value}, {duration(now - self._t0)}, "
                  f"restarts {job.restarts}/{job.policy.max_restarts}"
-                 + size_note(job.plan.spec, len(job.plan.cluster.get("worker", []))))
+                 # The workers working: a parameter_server job's dropped ones have no record.
+                 + size_note(job.plan.spec, sum(r.role == "worker" for r in job.records.values())))
         self._writer.set_footer(lambda: self._render(rows, title))
 
     def _render(self, rows: list[Row], title: str) -> str:

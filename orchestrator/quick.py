@@ -150,14 +150,12 @@ def worker_range(workers: int | str | None) -> tuple[int | None, int | None]:
 def _roles(flags: QuickFlags, strategy: Strategy) -> dict[Role, int]:
     """How many tasks of each role: under parameter_server the chief is the coordinator
     (always one) and at least one ps serves the variables. An elastic job (`--workers
-    MIN:MAX`) lists MAX workers."""
+    MIN:MAX`) lists MAX workers (under parameter_server, all started; MIN the fewest the
+    chief trains on)."""
     least, workers = worker_range(flags.workers)
     if workers is not None and workers < 1:
         raise FlagError(f"--workers {flags.workers}: at least 1")
-    if least is not None and strategy is not Strategy.MULTI_WORKER_MIRRORED:
-        raise FlagError(f"--workers {flags.workers}: MIN:MAX (an elastic job) is for "
-                        "--strategy multi_worker_mirrored; give a number of workers")
-    if least is not None and flags.chief:
+    if least is not None and flags.chief and strategy is Strategy.MULTI_WORKER_MIRRORED:
         raise FlagError(f"--workers {flags.workers} with --chief: an elastic job has no chief "
                         "task (worker 0 is the chief, and the role moves when its host is "
                         "lost); drop --chief")

@@ -214,7 +214,10 @@ def runs_table(found: list[RunInfo]) -> Table:
 
 def resize_lines(resized: list[dict[str, Any]]) -> list[str]:
     """An elastic job's resizes (job_resized's fields), a line each, in order."""
-    return [f"resized: {r.get('from')} → {r.get('to')} workers: {r.get('reason', '')}"
+    return [f"resized: {r.get('from')} → {r.get('to')} workers"
+            + (f", {r['ps'].get('from')} → {r['ps'].get('to')} ps"  # a parameter_server job's
+               if isinstance(r.get("ps"), dict) else "")
+            + f": {r.get('reason', '')}"
             + (f" (from backup {r['save']})" if r.get("save") is not None else "")
             for r in resized]
 

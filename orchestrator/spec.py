@@ -620,10 +620,12 @@ class SchedulerSpec(_Model):
 
 
 class ElasticSpec(_Model):
-    """An elastic multi_worker_mirrored job (orchestrator/elastic.py): `tasks.worker` lists
-    the pool of worker places; the group trains on max_workers of them, goes on with fewer
-    (contiguous indices, worker 0 the chief) when a host is lost, never below min_workers,
-    and grows back at an epoch boundary when a lost host or a spare place answers again."""
+    """An elastic job (orchestrator/elastic.py): `tasks.worker` lists the pool of worker
+    places; the group trains on max_workers of them, goes on with fewer (contiguous indices,
+    worker 0 the chief) when a host is lost, never below min_workers, and grows back at an
+    epoch boundary when a lost host or a spare place answers again. A parameter_server job
+    drops a lost worker while its chief trains on, takes it back when its host answers, and
+    restarts with the ps left when a ps host is lost."""
 
     min_workers: Int = Field(ge=1, description="never fewer workers than this")
     max_workers: Int | None = Field(default=None, ge=1, description=(
@@ -674,8 +676,9 @@ class ClusterSpec(_Model):
         "a scheduler that places the tasks, by kind: {slurm: {...}}; default: none, "
         "the tasks name their hosts"))
     elastic: ElasticSpec | None = Field(default=None, description=(
-        "multi_worker_mirrored only: train on fewer workers when a host is lost, more when "
-        "it is back (docs/guide/faults.md)"))
+        "train on fewer workers when a host is lost, more when it is back; parameter_server: "
+        "a lost worker is dropped as the chief trains on, a lost ps restarts the job with "
+        "the ps left (docs/guide/faults.md)"))
 
     @property
     def scheduler(self) -> str | None:
@@ -799,22 +802,25 @@ class ClusterSpec(_Model):
 
     @model_validator(mode="after")
     def _elastic_rules(self) -> ClusterSpec:
-        """What an elastic job needs: MWMS workers only (a place each), and bounds the
-        pool can hold."""
+        """What an elastic job needs: a place per worker, and bounds the pool can hold. A
+        multi_worker_mirrored job has no chief task (worker 0 is the chief); a
+        parameter_server job starts every listed worker (its chief's TF_CONFIG lists them
+        all: a lost one is dropped from where it is, and rejoins there)."""
         e = self.elastic
         if e is None:
             return self
-        if self.strategy is not Strategy.MULTI_WORKER_MIRRORED:
-            raise _field_error("elastic", (
-                f"resizes a multi_worker_mirrored job's workers; a {self.strategy.value} job "
-                "rides out a lost worker already (its workers restart alone, restart policy "
-                "on-failure): remove elastic"))
-        if self.tasks.chief:
+        ps = self.strategy is Strategy.PARAMETER_SERVER
+        if self.tasks.chief and not ps:
             raise _field_error("elastic", (
                 "an elastic job has no chief task: worker 0 is the chief, and the role passes "
                 "to the next worker when its host is lost; list the chief's place first under "
                 "tasks.worker"))
         places = len(self.tasks.worker)
+        if ps and e.max_workers is not None and e.max_workers != places:
+            raise _field_error("elastic.max_workers", (
+                f"{e.max_workers}, but a parameter_server job starts every worker tasks.worker "
+                f"lists ({places}; its chief's TF_CONFIG names them all): leave max_workers "
+                "out, or list that many workers"))
         most = e.max_workers if e.max_workers is not None else places
         if e.min_workers > most:
             field = "elastic.min_workers"

@@ -136,10 +136,11 @@ class Supervisor:
         self.starts = Starts(job, self.exits, start_batch or functools.partial(one_by_one, start),
                              standby)
         self.checks = Checks(job, self.intake, self.exits)
-        self.resizing = None if first is None else resizing.Resizing(
-            job, self.intake, first.places, first.group, probe=probe, store=backup_store)
+        self.resizing = None if first is None else resizing.make(
+            job, self.intake, first, probe=probe, store=backup_store)
         if self.resizing is not None:
             self.exits.resize = self.resizing.lost
+            self.exits.replan = self.resizing.replan
         # Called by the loop, on its thread, at most every WATCH_SECONDS: it may read the
         # records, and must return at once (the live view copies rows and returns).
         self.watch = watch

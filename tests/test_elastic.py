@@ -17,6 +17,7 @@ import pytest
 from orchestrator import backups, elastic
 from orchestrator.elastic import (
     NUM_WORKERS_ENV,
+    Act,
     Group,
     NoResize,
     Resize,
@@ -29,6 +30,8 @@ from orchestrator.elastic import (
     plan_for,
     pool,
     previous_dirs,
+    ps_on_answer,
+    ps_on_lost,
     resume_from,
     to_probe,
 )
@@ -37,7 +40,7 @@ from orchestrator.launch.ports import free_ports
 from orchestrator.plan import Plan, make_plan
 from orchestrator.spec import ClusterSpec, ElasticSpec, parse_spec
 from tests.conftest import REPO
-from worker_entry.markers import num_workers
+from worker_entry.markers import Role, num_workers
 
 HOSTS = {f"lab{i}": {"address": f"10.0.0.{i}", "workdir": f"/w{i}"} for i in range(1, 5)}
 
@@ -176,6 +179,128 @@ def test_a_host_with_two_places_goes_as_a_whole() -> None:
     places = pool(spec, PORTS)
     d = on_lost(spec.elastic, places, first_group(spec.elastic, places), {"lab2": Why.LIFELINE})
     assert isinstance(d, Resize) and d.group.members == (0,) and d.event["to"] == 1
+
+
+# ---- parameter_server: a lost worker dropped where it is, a lost ps restarts the job -------
+PS_SPEC = parse_spec({"name": "p", "strategy": "parameter_server", "job": {"entry": "a.b:c"},
+                      "hosts": HOSTS, "elastic": {"min_workers": 2, "max_resizes": 4},
+                      "tasks": {"chief": ["lab1:auto"],
+                                "worker": ["lab1:auto", "lab2:auto", "lab3:auto"],
+                                "ps": ["lab4:auto", "lab3:auto"]}})  # lab3: a worker and a ps
+PS_PORTS = {"chief:0": 3000, "worker:0": 3001, "worker:1": 3002, "worker:2": 3003,
+            "ps:0": 3004, "ps:1": 3005}
+PS_WORKERS, PS_PLACES = pool(PS_SPEC, PS_PORTS), pool(PS_SPEC, PS_PORTS, role=Role.PS)
+PS_FULL = Group((0, 1, 2), ps=(0, 1))
+LAB2_DROPPED = Group((0, 1, 2), lost=frozenset({"lab2"}), resizes=1, ps=(0, 1),
+                     dropped=frozenset({1}))
+
+
+def test_a_ps_job_s_pool_first_group_and_probes() -> None:
+    assert [(p.slot, p.host, p.port) for p in PS_PLACES] == [(0, "lab4", 3004), (1, "lab3", 3005)]
+    assert first_group(PS_SPEC.elastic, PS_WORKERS, PS_PLACES) == PS_FULL
+    assert PS_FULL.size == 3 and LAB2_DROPPED.size == 2
+    assert to_probe(PS_WORKERS, LAB2_DROPPED) == ["lab2"]  # the dropped worker's host
+
+
+# (case, group, lost hosts, answering, → kind ("policy"), act, members, dropped, ps,
+#  the event's from/to/hosts, its ps change, parts of its words)
+PS_LOST = [
+    ("a worker's host: dropped, the others go on", PS_FULL, {"lab2": Why.LIFELINE}, (),
+     Resize, Act.DROP, (0, 1, 2), {1}, (0, 1), (3, 2, ["lab2"]), None,
+     ["lab2 lost: its lifeline went silent", "the others go on", "3 → 2 workers"]),
+    ("a second worker: below min_workers", LAB2_DROPPED, {"lab1": Why.FAILURES}, (),
+     "policy", None, (0, 1, 2), {1}, (0, 1), None, None,
+     ["1 worker(s) left, fewer than elastic.min_workers 2", "restart policy decides"]),
+    ("a ps host: the job restarts with the ps left", PS_FULL, {"lab4": Why.UNREACHABLE}, (),
+     Resize, Act.REGROUP, (0, 1, 2), set(), (1,), (3, 3, ["lab4"]), {"from": 2, "to": 1},
+     ["lab4 lost: did not answer", "restarting with 1 ps from the chief's backup",
+      "3 → 3 workers, 2 → 1 ps"]),
+    ("a host with a worker and a ps goes as a whole", PS_FULL, {"lab3": Why.LIFELINE}, (),
+     Resize, Act.REGROUP, (0, 1), set(), (0,), (3, 2, ["lab3"]), {"from": 2, "to": 1},
+     ["lab3 lost"]),
+    ("a ps host, a dropped worker's host answering: back in the new TF_CONFIG",
+     LAB2_DROPPED, {"lab4": Why.LIFELINE}, ("lab2",), Resize, Act.REGROUP, (0, 2, 1), set(),
+     (1,), (2, 3, ["lab2", "lab4"]), {"from": 2, "to": 1}, ["lab2 back in"]),
+    ("the last ps host: the restart policy decides", Group((0, 1, 2), ps=(0,)),
+     {"lab4": Why.FAILURES}, (), "policy", None, (0, 1, 2), set(), (0,), None, None,
+     ["no ps task left", "the restart policy decides"]),
+    ("max_resizes spent", Group((0, 1, 2), resizes=4, ps=(0, 1)), {"lab2": Why.LIFELINE}, (),
+     "policy", None, (0, 1, 2), set(), (0, 1), None, None, ["elastic.max_resizes 4"]),
+    ("a host with no task of the job left", LAB2_DROPPED, {"lab2": Why.UNREACHABLE}, (),
+     NoResize, None, (0, 1, 2), {1}, (0, 1), None, None, ["no task of the job on it"]),
+
+]
+
+
+@pytest.mark.parametrize(("group", "lost", "answering", "kind", "act", "members", "dropped",
+                          "ps", "event", "ps_event", "parts"),
+                         [c[1:] for c in PS_LOST], ids=[c[0] for c in PS_LOST])
+def test_a_ps_job_s_loss(group, lost, answering, kind, act, members, dropped, ps, event,  # noqa: ANN001
+                         ps_event, parts) -> None:  # noqa: ANN001
+    d = ps_on_lost(PS_SPEC.elastic, PS_WORKERS, PS_PLACES, group, lost, answering)
+    assert type(d) is (NoResize if kind == "policy" else kind)
+    assert getattr(d, "follow_policy", False) is (kind == "policy")
+    assert (d.group.members, d.group.dropped, d.group.ps) == (members, dropped, ps)
+    text = d.words if isinstance(d, Resize) else d.reason
+    for part in parts:
+        assert part in text, text
+    if isinstance(d, Resize):
+        assert d.act is act and d.group.resizes == group.resizes + 1
+        assert (d.event["from"], d.event["to"], d.event["hosts"]) == event
+        assert d.event.get("ps") == ps_event
+        assert set(lost) <= d.group.lost  # probed until they answer
+    else:
+        assert d.group.resizes == group.resizes
+
+
+def test_a_ps_job_s_worker_lost_before_its_chief_is_up_restarts_the_job_without_it() -> None:
+    """A chief not up yet (still connecting, or waiting for the servers) would wait for
+    every worker its TF_CONFIG names: the job restarts without the lost one instead."""
+    d = ps_on_lost(PS_SPEC.elastic, PS_WORKERS, PS_PLACES, PS_FULL, {"lab2": Why.UNREACHABLE},
+                   chief_up=False)
+    assert isinstance(d, Resize) and d.act is Act.REGROUP
+    assert (d.group.members, d.group.dropped, d.group.ps) == ((0, 2), frozenset(), (0, 1))
+    assert (d.event["from"], d.event["to"], d.event["hosts"]) == (3, 2, ["lab2"])
+    assert "the chief, not connected yet, would wait for it" in d.words
+    below = ps_on_lost(PS_SPEC.elastic, PS_WORKERS, PS_PLACES, LAB2_DROPPED,
+                       {"lab1": Why.UNREACHABLE}, chief_up=False)
+    assert isinstance(below, NoResize) and below.follow_policy
+
+
+PS_BACK = [
+    ("the dropped worker's host answers: it rejoins alone", LAB2_DROPPED, ("lab2",), Resize,
+     set(), frozenset(), (2, 3, ["lab2"])),
+    ("nobody answers", LAB2_DROPPED, (), NoResize, {1}, {"lab2"}, None),
+    ("a place the chief's TF_CONFIG left out waits for a restart", Group((0, 2), ps=(1,)),
+     ("lab2",), NoResize, set(), frozenset(), None),
+    ("max_resizes spent: stays smaller", Group((0, 1, 2), frozenset({"lab2"}), 4, (0, 1),
+                                               frozenset({1})), ("lab2",), NoResize, {1},
+     frozenset(), None),
+]
+
+
+@pytest.mark.parametrize(("group", "answering", "kind", "dropped", "lost", "event"),
+                         [c[1:] for c in PS_BACK], ids=[c[0] for c in PS_BACK])
+def test_a_ps_job_s_worker_back(group, answering, kind, dropped, lost, event) -> None:  # noqa: ANN001
+    d = ps_on_answer(PS_SPEC.elastic, PS_WORKERS, group, answering)
+    assert type(d) is kind
+    assert not getattr(d, "follow_policy", False)
+    assert (d.group.members, d.group.dropped, d.group.lost) == (group.members, dropped, lost)
+    if isinstance(d, Resize):
+        assert d.act is Act.REJOIN
+        assert (d.event["from"], d.event["to"], d.event["hosts"]) == event
+
+
+def test_plan_for_a_ps_job_with_fewer_ps() -> None:
+    """After lab3 (worker 2, ps 1) is lost: TF_CONFIG of 2 workers and 1 ps, each at its
+    place's port; the chief as it was."""
+    plan = make_plan(PS_SPEC, run_id="r1", run_dir="/runs/r1", workdir="/w", ports=PS_PORTS)
+    new = plan_for(plan, PS_WORKERS, Group((0, 1), ps=(0,)), ps_places=PS_PLACES)
+    cluster = json.loads(new.tasks[0].env["TF_CONFIG"])["cluster"]
+    assert cluster == {"chief": ["10.0.0.1:3000"], "worker": ["10.0.0.1:3001", "10.0.0.2:3002"],
+                       "ps": ["10.0.0.4:3004"]}
+    assert [t.name for t in new.tasks] == ["ps:0", "worker:0", "worker:1", "chief:0"]
+    assert {t.env[NUM_WORKERS_ENV] for t in new.tasks} == {"2"}
 
 
 def local_spec(n: int, job: dict | None = None) -> ClusterSpec:

@@ -201,8 +201,6 @@ BAD_FLAGS = [
     ("workers min 0", QuickFlags(workers="0:2"), ["--workers 0:2", "at least 1 worker"]),
     ("workers not numbers", QuickFlags(workers="two:4"), ["--workers two:4", "MIN:MAX (2:4)"]),
     ("workers open range", QuickFlags(workers="2:"), ["--workers 2:", "MIN:MAX"]),
-    ("workers range under ps", QuickFlags(workers="2:4", strategy="ps"),
-     ["--workers 2:4", "multi_worker_mirrored"]),
     ("workers range with a chief", QuickFlags(workers="2:4", chief=True),
      ["--workers 2:4 with --chief", "drop --chief"]),
     ("workers range too big", QuickFlags(workers="2:10000000"),
@@ -237,6 +235,16 @@ def test_workers_min_max_makes_an_elastic_job(workers: str, hosts: str | None, t
     parsed = parse_spec(spec)
     assert (parsed.elastic.model_dump(include={"min_workers", "max_workers"})
             if parsed.elastic else None) == elastic
+
+
+def test_workers_min_max_under_parameter_server() -> None:
+    """`--strategy ps --workers 2:4`: the chief, 4 workers (all started) and a ps; the chief
+    trains on with as few as 2."""
+    spec = spec_from_command(["python", "train.py"], QuickFlags(workers="2:4", strategy="ps"))
+    assert spec["tasks"] == {"chief": ["localhost:auto"], "worker": ["localhost:auto"] * 4,
+                             "ps": ["localhost:auto"]}
+    assert parse_spec(spec).elastic.model_dump(include={"min_workers", "max_workers"}) == {
+        "min_workers": 2, "max_workers": 4}
 
 
 def test_given_names_the_flags() -> None:

@@ -194,6 +194,138 @@ def test_below_min_workers_the_restart_policy_decides(tmp_path) -> None:
     assert any("fewer than elastic.min_workers 3" in line for line in lines), lines
 
 
+def ps_spec(**elastic_fields) -> dict:
+    return {"name": "p", "strategy": "parameter_server", "job": {"entry": "a.b:c"},
+            "tasks": {"chief": ["localhost:1"],
+                      "worker": ["localhost:2", "localhost:3", "localhost:4"],
+                      "ps": ["localhost:5", "localhost:6"]},
+            "elastic": {"min_workers": 2, "lost_after_failures": 2, **elastic_fields},
+            "restart": {"max_restarts": 2, "backoff_seconds": 0},
+            "timeouts": {"startup_seconds": 30, "grace_seconds": 0.2}}
+
+
+SERVING = Script([(None, 0, True)])
+
+
+def attempts(started: list, name: str) -> list[int]:
+    return [a for n, a, _ in started if n == name]
+
+
+@pytest.mark.timeout(20)
+def test_a_ps_job_drops_a_failing_worker_and_the_chief_trains_on(tmp_path) -> None:
+    """parameter_server, worker:2 fails twice in a row (lost_after_failures 2): one counted
+    restart alone, then it is dropped: nothing else stops (the chief's one attempt
+    finishes), job_resized 3 → 2, and the job succeeds without it."""
+    scripts = {"chief:0": Script([(0, 5.0, True)]), "worker:0": SERVING, "worker:1": SERVING,
+               "worker:2": Script([(3, 1.0, True)]), "ps:0": SERVING, "ps:1": SERVING}
+    result, started, events, lines = run_scripted(tmp_path, ps_spec(probe_seconds=3600),
+                                                  scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    assert result.restarts == 1
+    resized = [e for e in events if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"], e["hosts"]) for e in resized] == [(3, 2, ["localhost:4"])]
+    assert "the others go on" in resized[0]["reason"]
+    assert attempts(started, "worker:2") == [0, 1]
+    assert all(attempts(started, n) == [0] for n in ("chief:0", "worker:0", "ps:0", "ps:1"))
+    assert not [e for e in events if e["event"] == "task_stopping" and e["time"]
+                < resized[0]["time"]]  # nothing was stopped for it
+    assert "worker:2" not in [t.name for t in result.tasks]
+    assert any("resized: 3 → 2 workers" in line for line in lines), lines
+
+
+@pytest.mark.timeout(20)
+def test_a_ps_job_s_dropped_worker_rejoins_alone_when_its_place_answers(tmp_path) -> None:
+    """Dropped, its place answers the next probe (probe_seconds 1): worker:2 starts again
+    alone, on the same plan, not counted; the chief never restarts."""
+    scripts = {"chief:0": Script([(0, 8.0, True)]), "worker:0": SERVING, "worker:1": SERVING,
+               "worker:2": Script([(3, 1.0, True), (3, 1.0, True), (None, 0, True)]),
+               "ps:0": SERVING, "ps:1": SERVING}
+    result, started, events, _ = run_scripted(tmp_path, ps_spec(probe_seconds=1), scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    resized = [(e["from"], e["to"], e["hosts"]) for e in events if e["event"] == "job_resized"]
+    assert resized == [(3, 2, ["localhost:4"]), (2, 3, ["localhost:4"])]
+    assert attempts(started, "worker:2") == [0, 1, 2]
+    assert attempts(started, "chief:0") == [0]
+    assert [e["counted"] for e in events if e["event"] == "task_restarted"] == [True, False]
+    tf_configs = {json.loads(env["TF_CONFIG"])["task"]["index"] for n, _, env in started
+                  if n == "worker:2"}
+    assert tf_configs == {2}  # the same place in the chief's TF_CONFIG
+    assert [t.name for t in result.tasks][-3:] == ["worker:1", "worker:2", "chief:0"]
+
+
+@pytest.mark.timeout(20)
+def test_a_ps_job_restarts_with_the_ps_left(tmp_path) -> None:
+    """ps:1 fails twice in a row: after one counted restart of the job (a ps holds
+    variables), the job restarts, not counted, with ps:0 only in every TF_CONFIG."""
+    scripts = {"chief:0": Script([(None, 0, True), (None, 0, True), (0, 2.0, True)]),
+               "worker:0": SERVING, "worker:1": SERVING, "worker:2": SERVING,
+               "ps:0": SERVING, "ps:1": Script([(3, 1.0, True)])}
+    result, started, events, _ = run_scripted(tmp_path, ps_spec(probe_seconds=3600), scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    resized = [e for e in events if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"], e["hosts"], e["ps"]) for e in resized] == [
+        (3, 3, ["localhost:6"], {"from": 2, "to": 1})]
+    assert attempts(started, "chief:0") == [0, 1, 2]
+    last = {n: json.loads(env["TF_CONFIG"])["cluster"] for n, _, env in started}
+    assert last["chief:0"]["ps"] == ["localhost:5"] and len(last["chief:0"]["worker"]) == 3
+    assert "ps:1" not in [t.name for t in result.tasks]
+    assert result.restarts == 1
+    from orchestrator.report import resize_lines  # the summary's and tfo status's line
+
+    assert resize_lines(result.resizes)[0].startswith("resized: 3 → 3 workers, 2 → 1 ps: ")
+
+
+@pytest.mark.timeout(20)
+def test_a_ps_job_s_worker_lost_before_the_chief_starts_leaves_its_tf_config(tmp_path) -> None:
+    """worker:2 fails twice before it serves: the chief, waiting for the servers, has not
+    started, and would wait for worker:2 for good; the job restarts without it, and the
+    chief's first TF_CONFIG names 2 workers."""
+    scripts = {"chief:0": Script([(0, 2.0, True)]), "worker:0": SERVING, "worker:1": SERVING,
+               "worker:2": Script([(3, 0.1, False)]), "ps:0": SERVING, "ps:1": SERVING}
+    result, started, events, _ = run_scripted(tmp_path, ps_spec(probe_seconds=3600), scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    resized = [e for e in events if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"]) for e in resized] == [(3, 2)]
+    assert "not connected yet" in resized[0]["reason"]
+    chief = [json.loads(env["TF_CONFIG"])["cluster"] for n, _, env in started if n == "chief:0"]
+    assert [len(c["worker"]) for c in chief] == [2]
+
+
+@pytest.mark.timeout(20)
+def test_a_ps_job_restarting_its_chief_leaves_a_dropped_worker_out(tmp_path) -> None:
+    """worker:2 dropped while the chief trains; then ps:0 fails once (not lost: its
+    restart policy restarts the job, counted): the chief's new TF_CONFIG leaves worker:2's
+    place out, as it would wait for it; the job finishes on 2 workers."""
+    scripts = {"chief:0": Script([(None, 0, True), (0, 1.0, True)]),
+               "worker:0": SERVING, "worker:1": SERVING,
+               "worker:2": Script([(3, 1.0, True)]),
+               "ps:0": Script([(3, 3.0, True), (None, 0, True)]), "ps:1": SERVING}
+    result, started, events, lines = run_scripted(tmp_path, ps_spec(probe_seconds=3600),
+                                                  scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    assert [(e["from"], e["to"]) for e in events if e["event"] == "job_resized"] == [(3, 2)]
+    chief = [json.loads(env["TF_CONFIG"])["cluster"] for n, _, env in started if n == "chief:0"]
+    assert [c["worker"] for c in chief] == [["localhost:2", "localhost:3", "localhost:4"],
+                                            ["localhost:2", "localhost:3"]]
+    assert result.restarts == 2  # worker:2's first failure, and ps:0's
+    assert [t.name for t in result.tasks] == ["ps:0", "ps:1", "worker:0", "worker:1",
+                                              "chief:0"]
+    assert any("left out of the chief's TF_CONFIG" in line for line in lines), lines
+
+
+@pytest.mark.timeout(20)
+def test_a_ps_job_losing_its_last_ps_follows_the_restart_policy(tmp_path) -> None:
+    data = ps_spec()
+    data["tasks"]["ps"] = ["localhost:5"]
+    scripts = {"chief:0": Script([(None, 0, True)]), "worker:0": SERVING, "worker:1": SERVING,
+               "worker:2": SERVING, "ps:0": Script([(3, 1.0, True)])}
+    result, _, events, lines = run_scripted(tmp_path, data, scripts)
+    assert result.state is JobState.FAILED
+    assert "no restarts left" in result.reason
+    assert not [e for e in events if e["event"] == "job_resized"]
+    assert any("no ps task left" in line for line in lines), lines
+
+
 # ---- TensorFlow, for real ----------------------------------------------------------------
 @pytest.mark.tf
 @pytest.mark.timeout(400)
@@ -309,3 +441,63 @@ restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
               and e["task"] == "worker:0"]
     assert epochs and epochs[0] >= 1 and epochs[-1] == 9, epochs  # from its backup
     assert (out / "model" / "saved_model.pb").exists()
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(240)
+def test_a_ps_job_drops_a_lost_worker_then_restarts_with_the_ps_left(tmp_path) -> None:
+    """parameter_server on this machine (localhost:auto): chief, 2 workers, 2 ps;
+    lost_after_failures 1, probe_seconds 1. worker:1 killed when the chief's epoch 1 begins:
+    dropped (2 → 1) while the chief trains on; its place answers the next probe and it
+    rejoins alone, serving again (1 → 2), the chief never stopped. Then ps:1 killed: the
+    job restarts with 1 ps, the chief from its backup (its first epoch after the restart
+    past 0), and finishes; the chief's model is written once."""
+    from tests.test_faults import Tfo, kill_task
+
+    spec = tmp_path / "c.yaml"
+    spec.write_text("""\
+name: ps-elastic
+strategy: parameter_server
+job:
+  entry: tests.jobs.faulty:train
+  args: {epochs: 12, epoch_sleep: 1.0}
+tasks:
+  chief: [localhost:auto]
+  worker: [localhost:auto, localhost:auto]
+  ps: [localhost:auto, localhost:auto]
+elastic: {min_workers: 1, lost_after_failures: 1, probe_seconds: 1}
+timeouts: {grace_seconds: 10}
+""")
+    run_dir = tmp_path / "run"
+    tfo = Tfo(spec, run_dir)
+    t0 = time.monotonic()
+    try:
+        tfo.wait_event("task_epoch", "chief:0", epoch=1, timeout=150)
+        kill_task(tfo, "worker:1")
+        tfo.wait_event("task_ready", "worker:1", attempt=1, timeout=60)  # back, serving
+        ps_killed_at = kill_task(tfo, "ps:1")
+        code, err = tfo.finish(timeout=150)
+    finally:
+        tfo.close()
+    took = time.monotonic() - t0
+    assert code == 0, err[-4000:]
+    events = run_events(run_dir)
+    before = [e["epoch"] for e in events if e["event"] == "task_epoch" and e["attempt"] == 0
+              and e["time"] < ps_killed_at]
+    assert before[-1] < 11, before  # ps:1 was lost while the chief trained
+    resized = [e for e in events if e["event"] == "job_resized"]
+    assert [(e["from"], e["to"], e.get("ps")) for e in resized] == [
+        (2, 1, None), (1, 2, None), (2, 2, {"from": 2, "to": 1})], resized
+    assert resized[0]["hosts"] == resized[1]["hosts"]  # worker:1's place, back
+    chief_starts = [e for e in events if e["event"] == "task_started" and e["task"] == "chief:0"]
+    assert [e["attempt"] for e in chief_starts] == [0, 1]
+    assert not [e for e in events if e["event"] == "task_stopping"
+                and e["time"] < ps_killed_at]  # dropping and rejoining stopped nothing
+    assert resized[2]["save"] is not None  # the chief's backup it resumes from
+    epochs_after = [e["epoch"] for e in events if e["event"] == "task_epoch"
+                    and e["task"] == "chief:0" and e["attempt"] == 1]
+    assert epochs_after and epochs_after[0] >= 1 and epochs_after[-1] == 11, (epochs_after, took)
+    saved = [e["task"] for e in events if e["event"] == "task_saved" and e.get("chief")]
+    assert saved == ["chief:0"]
+    assert len(json.loads((run_dir / "plan.json").read_text())["cluster"]["ps"]) == 2
+    print(f"took {took:.1f} s")

@@ -214,6 +214,8 @@ SLURM = [
 BAD += GPUS + SLURM
 # Issue 27: an elastic job's bounds, and what it cannot resize.
 THREE = GOOD.replace("localhost:20001]", "localhost:20001, localhost:20002]")
+PS_TWO = (GOOD.replace("name: t", "name: t\nstrategy: parameter_server")
+          + "  chief: [localhost:20002]\n  ps: [localhost:20004]\n")
 ELASTIC = [
     ("elastic min above max", THREE + "elastic: {min_workers: 3, max_workers: 2}\n",
      ["elastic.min_workers", "3 is more than max_workers 2"]),
@@ -225,10 +227,13 @@ ELASTIC = [
      ["elastic.min_workers", "is required"]),
     ("elastic max above the places", THREE + "elastic: {min_workers: 2, max_workers: 4}\n",
      ["elastic.max_workers", "4, but tasks.worker lists 3 place(s)", "host:auto"]),
-    ("elastic under parameter_server",
-     GOOD.replace("name: t", "name: t\nstrategy: parameter_server")
-     + "  chief: [localhost:20002]\n  ps: [localhost:20004]\nelastic: {min_workers: 1}\n",
-     ["elastic: resizes a multi_worker_mirrored job's workers", "remove elastic"]),
+    # parameter_server: every listed worker starts (the chief's TF_CONFIG names them all).
+    ("elastic ps max below the workers",
+     PS_TWO + "elastic: {min_workers: 1, max_workers: 1}\n",
+     ["elastic.max_workers", "1, but a parameter_server job starts every worker",
+      "leave max_workers out"]),
+    ("elastic ps min above the workers", PS_TWO + "elastic: {min_workers: 3}\n",
+     ["elastic.min_workers", "3 is more than the 2 place(s) tasks.worker lists"]),
     ("elastic with a chief", THREE + "  chief: [localhost:20003]\nelastic: {min_workers: 2}\n",
      ["elastic: an elastic job has no chief task", "first under tasks.worker"]),
     ("elastic probe 0", THREE + "elastic: {min_workers: 2, probe_seconds: 0}\n",
@@ -362,6 +367,12 @@ def test_elastic_defaults_and_a_slurm_pool():
                         "backend": {"slurm": {}}, "elastic": {"min_workers": 2,
                                                              "max_workers": 3}})
     assert slurm.elastic.max_workers == 3
+    # parameter_server: elastic with its chief, max_workers every worker listed.
+    ps = parse_spec({"name": "t", "job": {"entry": "a.b:c"}, "strategy": "parameter_server",
+                     "tasks": {"chief": ["localhost"], "worker": ["localhost"] * 3,
+                               "ps": ["localhost", "localhost"]},
+                     "elastic": {"min_workers": 2, "max_workers": 3}})
+    assert (ps.elastic.min_workers, ps.elastic.max_workers) == (2, 3)
 
 
 @pytest.mark.parametrize("timeouts, seconds, floor", [
