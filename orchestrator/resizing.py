@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import NamedTuple
 
 from orchestrator import decide, elastic
@@ -102,6 +102,22 @@ def reachable(spec: ClusterSpec, where: str) -> bool:
     return True
 
 
+def group_trains(records: Iterable[TaskRecord]) -> bool:
+    """Every worker of the group runs and took a step since its start (a fresh attempt's
+    progress): it restored its backup."""
+    return all(r.state is TaskState.RUNNING and r.current.work.progress is not None
+               for r in records if r.role is Role.WORKER)
+
+
+def drop_copies(store: BackupStore, copies: list[elastic.Dir], job: Job) -> None:
+    """A script's backup copies removed (Resizing.copies), once the group trains."""
+    for d in copies:
+        try:
+            store.remove(d)
+        except Exception as e:  # noqa: BLE001 - a host gone since: its copy stays
+            job.events.write("job_backup_not_removed", dir=list(d), error=str(e))
+
+
 class Resizing:
     """An elastic multi_worker_mirrored job's (and, through PsResizing, a parameter_server
     job's) resizes in the loop."""
@@ -123,7 +139,7 @@ class Resizing:
         self.resized: list[dict] = []  # each job_resized's fields (RunResult.resizes)
         self._not_grown: set[str] = set()  # lab hosts back that a grow was refused, said once
         # Copies of a script's backup in workers' directories other than worker 0's, removed
-        # once the group trains (_drop_copies): tf-keras never updates them, and a later
+        # once the group trains (drop_copies): tf-keras never updates them, and a later
         # start would restore the stale copy beside the chief's newer backup.
         self.copies: list[elastic.Dir] = []
 
@@ -191,8 +207,9 @@ class Resizing:
         epoch = chief.current.work.progress.epoch if chief is not None and \
             chief.current.work.progress is not None and chief.state is TaskState.RUNNING \
             else None
-        if self.copies and self._group_trains():
-            self._drop_copies()
+        if self.copies and group_trains(self.job.records.values()):
+            copies, self.copies = self.copies, []
+            drop_copies(self.store, copies, self.job)
         boundary = elastic.at_epoch_boundary(self.seen_epoch, epoch)
         self.seen_epoch = epoch
         if not boundary or not self.answering or self.job.state is not JobState.RUNNING:
@@ -209,20 +226,6 @@ class Resizing:
                               "group would start over")
         else:
             self.resize(d, d.words)
-
-    def _group_trains(self) -> bool:
-        """Every worker of the group runs and took a step since its start (a fresh attempt's
-        progress): it restored its backup."""
-        return all(r.state is TaskState.RUNNING and r.current.work.progress is not None
-                   for r in self.job.records.values() if r.role is Role.WORKER)
-
-    def _drop_copies(self) -> None:
-        copies, self.copies = self.copies, []
-        for d in copies:
-            try:
-                self.store.remove(d)
-            except Exception as e:  # noqa: BLE001 - a host gone since: its copy stays
-                self.job.events.write("job_backup_not_removed", dir=list(d), error=str(e))
 
     def _probe(self, wanted: Collection[str]) -> None:
         self._answers = frozenset(w for w in wanted if self.probe(w))
