@@ -20,10 +20,10 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class Agent:
-    def __init__(self, lifeline: float = 30.0) -> None:
+    def __init__(self, lifeline: float = 30.0, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "worker_entry.agent", str(lifeline)],
                                      cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     start_new_session=True)
+                                     start_new_session=True, env=env)
         self.reader = frames.Reader(frames.TO_COORDINATOR)
         self.got: list[tuple[bytes, int, bytes]] = []
         assert self.proc.stdout is not None

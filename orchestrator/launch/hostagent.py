@@ -20,10 +20,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from orchestrator.launch import BackendError
@@ -66,10 +67,18 @@ def open_session(transport: paramiko.Transport, name: str, host: HostSpec,
         raise refused(name, host.address, e) from None
 
 
-def agent_command(host: HostSpec) -> str:
+def agent_command(host: HostSpec, env: Mapping[str, str] | None = None) -> str:
+    """The shell line that starts a host's agent, with `env`: the startup variables its
+    tasks share (worker_entry.forkstart), so that it can fork them. Names that are not shell
+    names are left out (those tasks are exec'd); values are quoted, a leading ~ expanded."""
     workdir = _remote_path(host.workdir)
-    return (f"mkdir -p {workdir} && cd {workdir} && exec {shlex.quote(host.python)} -m "
-            f"worker_entry.agent {host.lifeline_seconds:g}")
+    exports = "".join(f"export {k}={_remote_path(v)} && " for k, v in (env or {}).items()
+                      if _SHELL_NAME.fullmatch(k))
+    return (f"mkdir -p {workdir} && cd {workdir} && {exports}exec "
+            f"{shlex.quote(host.python)} -m worker_entry.agent {host.lifeline_seconds:g}")
+
+
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _remote_path(path: str) -> str:
@@ -83,8 +92,9 @@ class HostAgent:
     """One host's agent and its tasks (by slot)."""
 
     def __init__(self, name: str, host: HostSpec, transport: paramiko.Transport,
-                 drop: Callable[[], None]) -> None:
-        """Opens the session and waits for the agent's SYNC (bounded); SshError if not."""
+                 drop: Callable[[], None], env: Mapping[str, str] | None = None) -> None:
+        """Opens the session, starts the agent with `env` (agent_command) and waits for its
+        SYNC (bounded); SshError if not."""
         import paramiko
 
         self.name, self.host, self._drop = name, host, drop
@@ -100,7 +110,7 @@ class HostAgent:
         try:
             self._chan = open_session(transport, name, host, self._timeout)
             self._chan.set_combine_stderr(True)
-            self._chan.exec_command(agent_command(host))
+            self._chan.exec_command(agent_command(host, env))
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise SshError(f"host {name} ({host.address}): could not start its agent: "
                            f"{e or type(e).__name__}") from None

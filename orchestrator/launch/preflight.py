@@ -22,18 +22,49 @@ from typing import Any
 
 from orchestrator.console import printable
 from orchestrator.launch import BackendError
-from orchestrator.launch.gpus import GpuReport, local_gpus, remote_gpus
-from orchestrator.launch.hostagent import refused
+from orchestrator.launch.gpus import TIMEOUT_SECONDS as GPU_SECONDS
+from orchestrator.launch.gpus import GpuReport, local_gpus
+from orchestrator.launch.gpus import parse as parse_gpus
+from orchestrator.launch.hostagent import SshError
 from orchestrator.launch.ports import port_problem
+from orchestrator.launch.remote import PROBE_SECONDS, run_remote
 from orchestrator.plan import TaskPlan
 from orchestrator.spec import LOCALHOST, HostSpec
 
 TF_PACKAGES = ("tensorflow", "tf_keras")
 
-# Runs on the host with its own python: versions, ports, workdir; prints one JSON line.
+# Runs on the host with its own python: versions, ports, workdir, cores, memory, GPUs (its
+# nvidia-smi -L), and the job's files already in the workdir (their names on stdin, as JSON)
+# with its free space: one command where there were four (the sync's own question too).
 _PROBE = """
-import json, os, socket, sys, tempfile
+import json, os, shutil, socket, subprocess, sys, tempfile
 from importlib import metadata
+def gpus(timeout):
+    found = shutil.which("nvidia-smi")
+    if found is None:
+        return [127, "", "nvidia-smi: not found"]
+    try:
+        done = subprocess.run([found, "-L"], capture_output=True, text=True, errors="replace",
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return [124, "", "no answer in %g s" % timeout]
+    except OSError as e:
+        return [126, "", str(e)]
+    return [done.returncode, done.stdout[-65536:], done.stderr[-4096:]]
+def files_there(names):
+    there = {}
+    for name in names:
+        try:
+            st = os.stat(name)
+        except OSError:
+            continue
+        there[name] = [st.st_size, int(st.st_mtime)]
+    try:
+        vfs = os.statvfs(".")
+        free = vfs.f_bavail * vfs.f_frsize
+    except OSError:
+        free = None
+    return {"root": os.getcwd(), "free": free, "there": there}
 def mem_available():  # bytes; what psutil.virtual_memory().available says on Linux
     try:
         with open("/proc/meminfo") as f:
@@ -58,15 +89,21 @@ for port in ports:
         busy.append(port)
     finally:
         s.close()
+asked = json.loads(sys.stdin.read() or "{}")
+code = None
 try:
     os.makedirs(workdir, exist_ok=True)
     tempfile.TemporaryFile(dir=workdir).close()
     writable = None
+    if asked.get("files") is not None:
+        os.chdir(workdir)
+        code = files_there(asked["files"])
 except OSError as e:
     writable = f"{e.strerror}: {workdir}"
 print(json.dumps({"python": sys.version.split()[0], "tensorflow": ver("tensorflow"),
                   "tf_keras": ver("tf_keras"), "busy": busy, "workdir_error": writable,
-                  "cpus": os.cpu_count(), "mem_available": mem_available()}))
+                  "cpus": os.cpu_count(), "mem_available": mem_available(),
+                  "gpus": gpus(asked.get("gpu_seconds", 20)), "code": code}))
 """
 
 
@@ -115,43 +152,50 @@ def local_versions(row: HostCheck) -> None:
             row.versions[name] = None
 
 
-def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan],
-                 connect: Callable[[], Any]) -> HostCheck:
-    """`connect()` gives the host's open fabric Connection, or raises BackendError."""
+def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan], connect: Callable[[], Any],
+                 files: list[str] | None = None) -> tuple[HostCheck, dict | None]:
+    """`connect()` gives the host's open fabric Connection, or raises BackendError. One
+    command (_PROBE) asks everything; with `files` (paths relative to the workdir) it says
+    which are there and the workdir's free space too: the row, and that answer (or None)."""
     row = HostCheck(name, h.address)
     row.ports = [t.port for t in tasks]
     try:
         conn = connect()
     except BackendError as e:
         row.problems.append(str(e))
-        return row
+        return row, None
     row.reachable = True
     cmd = (f"{shlex.quote(h.python)} -c {shlex.quote(_PROBE)} "
            f"{shlex.quote(json.dumps(row.ports))} {shlex.quote(h.workdir)}")
+    asked = json.dumps({"files": files, "gpu_seconds": GPU_SECONDS}).encode()
     try:
-        res = conn.run(cmd, hide=True, warn=True, in_stream=False, timeout=60)
+        status, out, err = run_remote(conn, cmd, h.connect_timeout_seconds + PROBE_SECONDS,
+                                      name=name, stdin=asked)
+    except SshError as e:  # a refused session, said so with the setting to change
+        row.problems.append(str(e))
+        return row, None
     except Exception as e:  # noqa: BLE001 - any failure is this host's problem to report
-        import paramiko  # loaded: the connection is paramiko's
-
-        refusal = isinstance(e, paramiko.ChannelException)
-        row.problems.append(str(refused(name, h.address, e)) if refusal
-                            else f"host {name}: probe failed: {e}")
-        return row
-    if res.exited == 127 or "No such file" in res.stderr or "not found" in res.stderr:
+        row.problems.append(f"host {name}: probe failed: {e or type(e).__name__}")
+        return row, None
+    if status is None:
+        row.problems.append(f"host {name}: probe failed: no answer in "
+                            f"{h.connect_timeout_seconds + PROBE_SECONDS:g} s")
+        return row, None
+    if status == 127 or "No such file" in err or "not found" in err:
         # What the host said (exit and last line): a "not found" can be something else.
-        said = res.stderr.strip().splitlines()[-1:] or [""]
+        said = err.strip().splitlines()[-1:] or [""]
         row.problems.append(f"host {name}: python {h.python!r} not found; set hosts.{name}.python "
-                            f"to an interpreter that has tensorflow (exit {res.exited}: "
+                            f"to an interpreter that has tensorflow (exit {status}: "
                             f"{printable(said[0][:200])})")
-        return row
+        return row, None
     try:
-        probe = json.loads(res.stdout.strip().splitlines()[-1])
+        probe = json.loads(out.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
-        row.problems.append(f"host {name}: {h.python} failed: {res.stderr.strip()[-300:]}")
-        return row
+        row.problems.append(f"host {name}: {h.python} failed: {err.strip()[-300:]}")
+        return row, None
     row.python = probe["python"]
     row.cpus, row.mem_available = probe.get("cpus"), probe.get("mem_available")
-    row.gpus = remote_gpus(conn)
+    row.gpus = parse_gpus(*probe["gpus"])
     for pkg in TF_PACKAGES:
         row.versions[pkg] = probe[pkg]
         if probe[pkg] is None:
@@ -162,7 +206,7 @@ def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan],
     if probe["workdir_error"]:
         row.problems.append(f"host {name}: workdir not writable: {probe['workdir_error']} "
                             f"(hosts.{name}.workdir)")
-    return row
+    return row, probe.get("code")
 
 
 def same_versions(rows: list[HostCheck], shown: bool = False) -> list[HostCheck]:

@@ -93,12 +93,13 @@ def connect(name: str, host: HostSpec) -> fabric.Connection:
 
 
 def run_remote(conn: fabric.Connection, command: str, timeout: float,
-                give_up: Callable[[], None] = lambda: None, name: str = ""
-                ) -> tuple[int | None, str, str]:
+                give_up: Callable[[], None] = lambda: None, name: str = "",
+                stdin: bytes = b"") -> tuple[int | None, str, str]:
     """A short command on the host, on a session of its own, bounded in time even over a
     cut network (fabric's `run` can wait an hour for a channel there, and its runner's
     threads cost more than the command here): (exit status, stdout, stderr); status None
-    where it did not end in `timeout`. A session sshd refuses raises `refused`'s SshError."""
+    where it did not end in `timeout`. `stdin` is its input, then EOF. A session sshd
+    refuses raises `refused`'s SshError."""
     import paramiko
 
     transport = conn.client.get_transport()
@@ -113,6 +114,9 @@ def run_remote(conn: fabric.Connection, command: str, timeout: float,
         try:
             chan.settimeout(timeout)
             chan.exec_command(command)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
             out, err = chan.makefile("rb").read(), chan.makefile_stderr("rb").read()
             status = chan.recv_exit_status()  # comes after the output's end: bounded above
             return status, out.decode(errors="replace"), err.decode(errors="replace")
