@@ -143,3 +143,4 @@ def test_a_host_s_agent_env_is_what_its_tasks_share_and_their_run_dir(envs, env)
     from orchestrator.launch.ssh import agent_env
 
     assert agent_env(envs) == env
+

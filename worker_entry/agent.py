@@ -10,7 +10,8 @@ It never imports TensorFlow, and its one thread waits in select.
 Per task nothing changes for the wrapper (worker_entry.lifeline): its stdin is a pipe from
 here (lifeline "stdin": EOF means gone), its stdout and stderr one pipe to here; PDEATHSIG
 ends it when the agent dies. The coordinator's lifeline is the agent's: a BEAT frame at
-least every HEARTBEAT_SECONDS down the channel, one back as often. On EOF, or silence for
+least every markers.beat_seconds(SECONDS) down the channel, and ours back when we sent
+nothing else that long. On EOF, or silence for
 SECONDS (a cut network), the agent closes every task's stdin, so each wrapper kills its task
 and all it started at once, SIGKILLs what is left after CLEANUP_SECONDS, and exits.
 
@@ -32,11 +33,15 @@ import time
 from dataclasses import dataclass, field
 
 from worker_entry import forkstart, frames
-from worker_entry.markers import HEARTBEAT_SECONDS
+from worker_entry.markers import beat_seconds
 
 CLEANUP_SECONDS = 5.0  # after the lifeline ends: wrappers still running then are SIGKILLed
 DRAIN_SECONDS = 2.0  # after a wrapper exits: its output's last bytes (a straggler holds it)
 OUT_LIMIT = 4 << 20  # bytes waiting for the channel: task pipes are not read past it
+# Task output waits this long for more before it is sent: a host's wrappers report usage
+# together (markers.next_usage), and their lines then cross in one write, one SSH packet,
+# one wake-up of the coordinator's threads instead of eight. Anything else goes at once.
+COALESCE_SECONDS = 0.05
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 
 
@@ -68,6 +73,8 @@ class Agent:
         self.lifeline = lifeline
         self.tasks: dict[int, _Task] = {}
         self.out = bytearray(frames.SYNC)
+        self.hold_until = 0.0  # `out` holds only task output, sent from then (COALESCE_SECONDS)
+        self.beat = beat_seconds(lifeline)
         self.reader = frames.Reader(frames.TO_AGENT)
         self.heard = self.beat_at = time.monotonic()
         self.lost_at: float | None = None  # the lifeline ended
@@ -77,6 +84,10 @@ class Agent:
             os.set_blocking(fd, False)
 
     def send(self, kind: bytes, slot: int = 0, payload: bytes = b"") -> None:
+        if kind != frames.OUTPUT:
+            self.hold_until = 0.0
+        elif not self.out:
+            self.hold_until = time.monotonic() + COALESCE_SECONDS
         self.out += frames.frame(kind, slot, payload)
 
     # ---- requests --------------------------------------------------------------------
@@ -231,8 +242,12 @@ class Agent:
             readers = [self.wake_r] + ([0] if self.lost_at is None else [])
             if len(self.out) < OUT_LIMIT:
                 readers += [t.out for t in self.tasks.values() if t.out is not None]
-            writers = [1] if self.out and self.lost_at is None else []
-            wait = max(0.0, min(self.beat_at + HEARTBEAT_SECONDS - now, 0.5))
+            held = self.out and len(self.out) < OUT_LIMIT // 4 and now < self.hold_until
+            writers = [1] if self.out and self.lost_at is None and not held else []
+            due = [self.beat_at + self.beat, self.heard + self.lifeline]
+            if held:
+                due.append(self.hold_until)
+            wait = max(0.0, min(min(due) - now, 1.0))
             try:
                 ready, can_write, _ = select.select(readers, writers, [], wait)
             except InterruptedError:
@@ -249,7 +264,7 @@ class Agent:
                 if task.out is not None and task.out in ready:
                     self.read_task(slot, task)
             self.report_exits(now)
-            if now - self.beat_at >= HEARTBEAT_SECONDS:
+            if now - self.beat_at >= self.beat:  # quiet that long: say we are here
                 self.beat_at = now
                 self.send(frames.ALIVE)
             if can_write and self.out:
@@ -262,6 +277,8 @@ class Agent:
                     self.lose()
                     continue
                 del self.out[:n]
+                if n:  # anything we send tells the coordinator we are alive
+                    self.beat_at = now
 
     def read_coordinator(self, now: float) -> None:
         try:

@@ -172,7 +172,7 @@ class _Wrapper:
         self.lost_contact = False  # killed for the lifeline's silence: EXIT_LIFELINE
         self.kill_at: float | None = None  # after a SIGTERM: when the task gets SIGKILL
         self.meter = usage.Meter()
-        self.usage_at = time.monotonic() + markers.USAGE_SECONDS
+        self.usage_at = markers.next_usage(time.monotonic())
 
     def _kill_task(self, signum: int = 0, frame: object = None) -> None:
         self._signal_task(signal.SIGKILL)
@@ -243,7 +243,7 @@ class _Wrapper:
                 os.write(self.go_fd, markers.GO)
         os.close(self.go_fd)
         self.go_fd = None
-        self.usage_at = time.monotonic() + markers.USAGE_SECONDS
+        self.usage_at = markers.next_usage(time.monotonic())
 
     def _reap(self) -> None:
         for pid, status in reaped():
@@ -313,7 +313,7 @@ class _Wrapper:
                      "SIGTERM: killing it")
                 self._kill_task()
             if now >= self.usage_at and not self.standby:
-                self.usage_at = now + markers.USAGE_SECONDS
+                self.usage_at = markers.next_usage(now)
                 _write(markers.line(markers.USAGE, **self.meter.measure(
                     descendants(os.getpid()))))
             if self.quiet_limit and now - beat >= markers.HEARTBEAT_SECONDS \

@@ -101,6 +101,14 @@ class CodeSync:
             sftp.close()  # its session: the agent's comes next
         return len(todo)
 
+    def up_to_date(self, host: str, files: list[tuple[Path, str, int, str]], workdir: str
+                   ) -> bool:
+        """The host has every file as it is here, as its preflight's probe said a moment
+        ago (`plan`): nothing to copy."""
+        planned = self._planned.get(host)
+        return planned is not None and planned[0] == _files_key(files, workdir) \
+            and not planned[2]
+
     def stop(self) -> None:
         """The copies interrupted: each stops at its next chunk and removes its partial file;
         one that did not stop in time has it removed on a session of its own."""

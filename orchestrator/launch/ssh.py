@@ -18,7 +18,8 @@ setting to change (`hostagent.refused`). Nothing from the spec reaches a shell b
 host's python and workdir, quoted; a task's command and environment travel as JSON.
 
 The lifeline runs both ways, per host: the coordinator sends a BEAT frame every
-HEARTBEAT_SECONDS, the agent one back. The agent stops its tasks (it closes their wrappers'
+markers.beat_seconds (a tenth of the host's `lifeline_seconds`, 3 s for 30), the agent one
+back when it sent nothing else that long. The agent stops its tasks (it closes their wrappers'
 stdin) when the channel closes or goes quiet for the host's `lifeline_seconds` (a dropped
 connection or a cut network, even where sshd sends no keepalives); the coordinator counts
 every task of a host lost when nothing came from it that long: `lost contact with lab2: no
@@ -61,6 +62,7 @@ from worker_entry.forkstart import shared_startup_env
 
 if TYPE_CHECKING:  # fabric and paramiko cost 0.16 s to import: only when a host is reached
     import fabric
+    import paramiko
 
 SESSIONS = 2  # at most at once on a host, whatever its tasks: the agent's, and one more
 
@@ -79,6 +81,7 @@ class SshBackend(HostBackend):
         self._spares = Spares(self._start_standby)
         self._files: list[tuple[Path, str, int, str]] | None = None  # expect_code's
         self._agent_env: dict[str, dict[str, str]] = {}  # by host: agent_env
+        self._probes: dict[str, paramiko.Channel] = {}  # by host: a preflight probe waiting
 
     def connection(self, name: str) -> fabric.Connection:
         """The host's open connection, made if need be. One connect per host at a time, and
@@ -104,9 +107,9 @@ class SshBackend(HostBackend):
             with contextlib.suppress(Exception):
                 bounded(conn.close, 2.0, f"host {name}", lambda: None)
 
-    def agent(self, name: str) -> HostAgent:
+    def agent(self, name: str, probe: paramiko.Channel | None = None) -> HostAgent:
         """The host's live agent, started if need be (on a new connection where the last
-        one was lost)."""
+        one was lost), from its preflight's `probe` where that still waits."""
         with self._lock:
             starting = self._starting.setdefault(name, threading.Lock())
         with starting:
@@ -119,7 +122,7 @@ class SshBackend(HostBackend):
                 raise SshError(f"host {name}: connection lost")
             agent = bounded(lambda: HostAgent(name, host, transport,
                                               lambda: self.drop(name),
-                                              self._agent_env.get(name)),
+                                              self._agent_env.get(name), probe),
                             host.connect_timeout_seconds + 31,
                             f"host {name} ({host.address}): starting its agent",
                             lambda: self.drop(name))
@@ -165,12 +168,15 @@ class SshBackend(HostBackend):
         for t in tasks:
             by_host.setdefault(t.host, []).append(t)
         files = self._files
+        for name, on in by_host.items():  # what each host's agent starts with
+            self._agent_env[name] = agent_env([t.env for t in on])
 
         def one(name: str) -> HostCheck:
             host = self.hosts[name]
-            row, there = check_host(name, host, by_host[name], self.connection,
-                                    lambda: self.drop(name),
-                                    [rel for _, rel, _, _ in files] if files else None)
+            row, there, probe = check_host(name, host, by_host[name], self.connection,
+                                           lambda: self.drop(name),
+                                           [rel for _, rel, _, _ in files] if files else None,
+                                           self._agent_env[name])
             if files and there is not None and row.reachable and not row.problems:
                 try:
                     self._code.plan(name, files, host.workdir, Workdir(
@@ -178,6 +184,10 @@ class SshBackend(HostBackend):
                                                        there["there"].items()}))
                 except SshError as e:
                     row.problems.append(str(e))
+            if probe is not None and not row.problems:
+                self._probes[name] = probe  # it may become the host's agent (sync)
+            else:
+                close_channel(probe)
             return row
 
         return in_parallel(one, by_host)
@@ -189,7 +199,7 @@ class SshBackend(HostBackend):
         packages = job_packages(plan)
         names = list(dict.fromkeys(t.host for t in tasks))
         for name in names:
-            self._agent_env[name] = agent_env([t.env for t in tasks if t.host == name])
+            self._agent_env.setdefault(name, agent_env([t.env for t in tasks if t.host == name]))
         files = local_files(packages)
         for _, rel, size, sparse in files:
             if size >= BIG_FILE:
@@ -201,9 +211,14 @@ class SshBackend(HostBackend):
             """The host's code, then its agent, warm before the first start (its python's
             start overlaps the other hosts' syncs). An agent that does not start here is
             tried again, and named, at the start."""
-            copied = self._code.copy(name, files, self.hosts[name].workdir)
+            workdir = self.hosts[name].workdir
+            probe = self._probes.pop(name, None)
+            if probe is not None and not self._code.up_to_date(name, files, workdir):
+                close_channel(probe)  # the copy's sftp session is the second; the agent's
+                probe = None  # python starts after it, on the new code
+            copied = self._code.copy(name, files, workdir)
             with contextlib.suppress(SshError):
-                self.agent(name)
+                self.agent(name, probe)
             return copied
 
         try:
@@ -240,6 +255,9 @@ class SshBackend(HostBackend):
         """Every host's agent told to quit (it kills what is left there), all hosts at once;
         then the connections closed."""
         self._spares.close()
+        probes, self._probes = self._probes, {}
+        for probe in probes.values():  # `tfo check`'s, or a run that did not start: EOF
+            close_channel(probe)
         agents, self._agents = self._agents, {}
         in_parallel(lambda n: agents[n].close(), agents)
         in_parallel(self.drop, list(self._conns))
@@ -281,15 +299,22 @@ def start_on_agents(items: list[tuple[TaskPlan, int, bool]], agent: Callable[[st
 
 def check_host(name: str, host: HostSpec, tasks: list[TaskPlan],
                connection: Callable[[str], fabric.Connection], drop: Callable[[], None],
-               files: list[str] | None = None) -> tuple[HostCheck, dict | None]:
+               files: list[str] | None = None, env: Mapping[str, str] | None = None
+               ) -> tuple[HostCheck, dict | None, paramiko.Channel | None]:
     """The host's preflight, bounded: a channel can wait an hour for an answer."""
     try:
-        row, there = bounded(lambda: check_remote(name, host, tasks, lambda: connection(name),
-                                                  files),
-                             2 * host.connect_timeout_seconds + PROBE_SECONDS,
-                             f"host {name} ({host.address})", drop)
+        row, there, probe = bounded(
+            lambda: check_remote(name, host, tasks, lambda: connection(name), files, env),
+            2 * host.connect_timeout_seconds + PROBE_SECONDS, f"host {name} ({host.address})",
+            drop)
     except SshError as e:
-        row, there = HostCheck(name, host.address, ports=[t.port for t in tasks],
-                               problems=[f"{e} while checking it"]), None
+        row, there, probe = HostCheck(name, host.address, ports=[t.port for t in tasks],
+                                      problems=[f"{e} while checking it"]), None, None
     row.sessions = SESSIONS
-    return row, there
+    return row, there, probe
+
+
+def close_channel(chan: paramiko.Channel | None) -> None:
+    if chan is not None:
+        with contextlib.suppress(Exception):
+            chan.close()
