@@ -132,7 +132,8 @@ def _run_processes(run_id: str) -> list[int]:
     found = []
     for p in psutil.process_iter(["pid"]):
         with contextlib.suppress(psutil.Error):
-            if run_id in p.environ().get("TFO_JOB", ""):
+            env = p.environ()  # a forked task's is its host agent's: TFO_RUN_DIR
+            if run_id in env.get("TFO_JOB", "") or run_id in env.get("TFO_RUN_DIR", ""):
                 found.append(p.pid)
     return found
 

@@ -120,12 +120,14 @@ def task_pids(run_dir: Path, attempt: int = 0) -> dict[str, int]:
 
 
 def run_processes(run_id: str) -> list[psutil.Process]:
-    """Every live process whose environment says it belongs to this run."""
+    """Every live process whose environment says it belongs to this run: a task's TFO_JOB,
+    or a lab host's agent's TFO_RUN_DIR (what its forked tasks' /proc environ shows too)."""
     found = []
     for p in psutil.process_iter(["pid"]):
         try:
             env = p.environ()
-            if run_id in env.get("TFO_JOB", "") and p.status() != psutil.STATUS_ZOMBIE:
+            if (run_id in env.get("TFO_JOB", "") or run_id in env.get("TFO_RUN_DIR", "")) \
+                    and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except psutil.Error:
             continue

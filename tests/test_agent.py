@@ -20,10 +20,10 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class Agent:
-    def __init__(self, lifeline: float = 30.0) -> None:
+    def __init__(self, lifeline: float = 30.0, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "worker_entry.agent", str(lifeline)],
                                      cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     start_new_session=True)
+                                     start_new_session=True, env=env)
         self.reader = frames.Reader(frames.TO_COORDINATOR)
         self.got: list[tuple[bytes, int, bytes]] = []
         assert self.proc.stdout is not None
@@ -180,3 +180,20 @@ def test_a_host_reader_never_waits_on_one_tasks_lines(tmp_path):
     assert got[-1].startswith("[tfo] ") and "lines not shown" in got[-1]
     assert len(got) - 1 + int(got[-1].split()[1]) == count
     assert log.read_bytes() == line * count
+
+
+@pytest.mark.parametrize(("lifeline", "beat"), [(30, 3.0), (5, 1.0), (3, 1.0), (120, 12.0)])
+def test_a_host_s_beats_are_a_tenth_of_its_lifeline_and_not_under_a_second(lifeline, beat):
+    from worker_entry.markers import beat_seconds
+
+    assert beat_seconds(lifeline) == beat
+
+
+@pytest.mark.parametrize(("now", "due"), [(0.0, 2.0), (0.5, 2.0), (1.999, 2.0), (2.0, 4.0),
+                                          (1001.3, 1002.0)])
+def test_a_host_s_wrappers_measure_usage_together(now, due):
+    """On the machine's monotonic clock's multiples of USAGE_SECONDS: whenever each started,
+    a host's wrappers report at the same moments (its agent sends them in one write)."""
+    from worker_entry.markers import next_usage
+
+    assert next_usage(now, 2.0) == due

@@ -32,6 +32,26 @@ def test_host_values_reach_the_remote_shell_quoted(tmp_path):
     assert (tmp_path / NASTY).is_dir()  # the workdir, made and entered
 
 
+def test_the_agent_s_startup_variables_reach_it_quoted(tmp_path):
+    """The startup variables its tasks share (so that it can fork them): quoted, a leading ~
+    expanded there as for the workdir, a name that is no shell name left out."""
+    PWNED.unlink(missing_ok=True)
+    show = tmp_path / "show"
+    show.write_text('#!/bin/sh\nprintf "%s|%s|%s" "$PYTHONPATH" "$LC_X" "$*"\n')
+    show.chmod(0o755)
+    spec = parse_spec({
+        "name": "q", "job": {"entry": "worker_entry.examples.digits:train"},
+        "hosts": {"lab": {"address": "10.0.0.1", "workdir": str(tmp_path), "python": str(show)}},
+        "tasks": {"worker": ["lab:1234"]},
+    })
+    env = {"PYTHONPATH": NASTY, "LC_X": "~/lib", "BAD-NAME": "$(touch /tmp/tfo-pwned)"}
+    out = subprocess.run(["bash", "-c", agent_command(spec.hosts["lab"], env)],
+                         capture_output=True, text=True, timeout=10, env={"HOME": "/h"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"{NASTY}|/h/lib|-m worker_entry.agent 30"
+    assert not PWNED.exists()
+
+
 def test_describe_exit():
     assert describe_exit(0) == "exit code 0"
     assert describe_exit(3) == "exit code 3"

@@ -10,7 +10,8 @@ It never imports TensorFlow, and its one thread waits in select.
 Per task nothing changes for the wrapper (worker_entry.lifeline): its stdin is a pipe from
 here (lifeline "stdin": EOF means gone), its stdout and stderr one pipe to here; PDEATHSIG
 ends it when the agent dies. The coordinator's lifeline is the agent's: a BEAT frame at
-least every HEARTBEAT_SECONDS down the channel, one back as often. On EOF, or silence for
+least every markers.beat_seconds(SECONDS) down the channel, and ours back when we sent
+nothing else that long. On EOF, or silence for
 SECONDS (a cut network), the agent closes every task's stdin, so each wrapper kills its task
 and all it started at once, SIGKILLs what is left after CLEANUP_SECONDS, and exits.
 
@@ -31,22 +32,29 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from worker_entry import frames
-from worker_entry.markers import HEARTBEAT_SECONDS
+from worker_entry import forkstart, frames
+from worker_entry.markers import beat_seconds
 
 CLEANUP_SECONDS = 5.0  # after the lifeline ends: wrappers still running then are SIGKILLed
 DRAIN_SECONDS = 2.0  # after a wrapper exits: its output's last bytes (a straggler holds it)
 OUT_LIMIT = 4 << 20  # bytes waiting for the channel: task pipes are not read past it
+# Task output waits this long for more before it is sent: a host's wrappers report usage
+# together (markers.next_usage), and their lines then cross in one write, one SSH packet,
+# one wake-up of the coordinator's threads instead of eight. Anything else goes at once.
+COALESCE_SECONDS = 0.05
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 
 
 @dataclass
 class _Task:
-    proc: subprocess.Popen
+    pid: int  # its wrapper's, the leader of its session
+    stdin: int | None  # the write end of its stdin pipe, until closed
     out: int | None  # its output pipe, until EOF
+    proc: subprocess.Popen | None = None  # an exec'd wrapper's (Popen owns its pipes)
     code: int | None = None  # once reaped
     reaped_at: float = 0.0
     extra: list[int] = field(default_factory=list)
+    forked: bool = False
 
 
 def _expand(value: str) -> str:
@@ -65,6 +73,8 @@ class Agent:
         self.lifeline = lifeline
         self.tasks: dict[int, _Task] = {}
         self.out = bytearray(frames.SYNC)
+        self.hold_until = 0.0  # `out` holds only task output, sent from then (COALESCE_SECONDS)
+        self.beat = beat_seconds(lifeline)
         self.reader = frames.Reader(frames.TO_AGENT)
         self.heard = self.beat_at = time.monotonic()
         self.lost_at: float | None = None  # the lifeline ended
@@ -74,6 +84,10 @@ class Agent:
             os.set_blocking(fd, False)
 
     def send(self, kind: bytes, slot: int = 0, payload: bytes = b"") -> None:
+        if kind != frames.OUTPUT:
+            self.hold_until = 0.0
+        elif not self.out:
+            self.hold_until = time.monotonic() + COALESCE_SECONDS
         self.out += frames.frame(kind, slot, payload)
 
     # ---- requests --------------------------------------------------------------------
@@ -84,9 +98,9 @@ class Agent:
             self.signal(slot, payload.decode())
         elif kind == frames.INPUT:
             task = self.tasks.get(slot)
-            if task is not None and task.proc.stdin is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    os.write(task.proc.stdin.fileno(), payload)
+            if task is not None and task.stdin is not None:
+                with contextlib.suppress(OSError):
+                    os.write(task.stdin, payload)
         elif kind == frames.CLEAN:
             tmp = _expand(payload.decode())
             shutil.rmtree(tmp, ignore_errors=True)
@@ -98,41 +112,56 @@ class Agent:
                 self.signal(slot, "KILL")
 
     def start(self, slot: int, spec: dict) -> None:
+        """The task's wrapper: forked from here where that is what an exec would make
+        (worker_entry.forkstart), else exec'd."""
         env = {**os.environ, **{k: _expand(v) for k, v in spec["env"].items()}}
         cwd = _expand(spec["cwd"])
         try:
             os.makedirs(cwd, exist_ok=True)
-            proc = subprocess.Popen(spec["command"], cwd=cwd, env=env, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    start_new_session=True, bufsize=0)
+            if forkstart.can_fork(spec["command"], env):
+                pid, stdin, out = forkstart.spawn(cwd, env)
+                task = _Task(pid, stdin, out, forked=True)
+            else:
+                proc = subprocess.Popen(spec["command"], cwd=cwd, env=env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        bufsize=0)
+                assert proc.stdin is not None and proc.stdout is not None
+                # Ours to close: Popen keeps only the pid (and its returncode, set on reaping,
+                # so that it never waits for the pid itself).
+                stdin, out = os.dup(proc.stdin.fileno()), os.dup(proc.stdout.fileno())
+                proc.stdin.close()
+                proc.stdout.close()
+                task = _Task(proc.pid, stdin, out, proc)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             why = getattr(e, "strerror", None) or str(e)
             self.send(frames.FAILED, slot, f"{why}: {spec['command'][0]}".encode())
             return
-        assert proc.stdout is not None
-        os.set_blocking(proc.stdout.fileno(), False)
-        self.tasks[slot] = _Task(proc, proc.stdout.fileno())
-        self.send(frames.STARTED, slot, str(proc.pid).encode())
+        assert task.out is not None
+        os.set_blocking(task.out, False)
+        self.tasks[slot] = task
+        self.send(frames.STARTED, slot, str(task.pid).encode())
 
     def signal(self, slot: int, name: str) -> None:
         task = self.tasks.get(slot)
         sig = getattr(signal, f"SIG{name}", None)
         if task is not None and task.code is None and isinstance(sig, signal.Signals):
             with contextlib.suppress(OSError):
-                os.killpg(task.proc.pid, sig)
+                os.killpg(task.pid, sig)
 
     # ---- the loop --------------------------------------------------------------------
     def reap(self) -> None:
         from worker_entry.lifeline import reaped
 
-        by_pid = {t.proc.pid: t for t in self.tasks.values()}
+        by_pid = {t.pid: t for t in self.tasks.values()}
         orphans = False
         for pid, status in reaped():
             task = by_pid.get(pid)
             if task is None:
                 continue  # an orphan of a wrapper's tree, adopted and now reaped
             task.code, task.reaped_at = os.waitstatus_to_exitcode(status), time.monotonic()
-            task.proc.returncode = task.code  # Popen must not wait for it again
+            if task.proc is not None:
+                task.proc.returncode = task.code  # Popen must not wait for it again
             orphans |= task.code < 0
         if orphans:
             self.kill_orphans()
@@ -142,7 +171,7 @@ class Agent:
         detached came to us (the subreaper). Our only children are wrappers."""
         from worker_entry.lifeline import children, descendants
 
-        ours = {t.proc.pid for t in self.tasks.values() if t.code is None}
+        ours = {t.pid for t in self.tasks.values() if t.code is None}
         for child in children(os.getpid()):
             if child in ours:  # a live wrapper: its tree is its own to end
                 continue
@@ -165,10 +194,18 @@ class Agent:
 
     @staticmethod
     def close_output(task: _Task) -> None:
-        if task.proc.stdout is not None:
+        if task.out is not None:
             with contextlib.suppress(OSError):
-                task.proc.stdout.close()
+                os.close(task.out)
         task.out = None
+
+    @staticmethod
+    def close_stdin(task: _Task) -> None:
+        """The wrapper's lifeline ends (EOF on its stdin)."""
+        if task.stdin is not None:
+            with contextlib.suppress(OSError):
+                os.close(task.stdin)
+        task.stdin = None
 
     def report_exits(self, now: float) -> None:
         for slot, task in list(self.tasks.items()):
@@ -177,9 +214,7 @@ class Agent:
                 continue
             if task.out is not None:
                 self.close_output(task)
-            if task.proc.stdin is not None:
-                with contextlib.suppress(OSError):
-                    task.proc.stdin.close()
+            self.close_stdin(task)
             self.send(frames.EXITED, slot, str(task.code).encode())
             del self.tasks[slot]
 
@@ -189,9 +224,7 @@ class Agent:
             return
         self.lost_at = time.monotonic()
         for task in self.tasks.values():
-            if task.proc.stdin is not None:
-                with contextlib.suppress(OSError):
-                    task.proc.stdin.close()
+            self.close_stdin(task)
 
     def run(self) -> None:
         while True:
@@ -205,12 +238,16 @@ class Agent:
                 if self.lost_at is not None and now - self.lost_at > CLEANUP_SECONDS:
                     for t in live:
                         with contextlib.suppress(OSError):
-                            os.killpg(t.proc.pid, signal.SIGKILL)
+                            os.killpg(t.pid, signal.SIGKILL)
             readers = [self.wake_r] + ([0] if self.lost_at is None else [])
             if len(self.out) < OUT_LIMIT:
                 readers += [t.out for t in self.tasks.values() if t.out is not None]
-            writers = [1] if self.out and self.lost_at is None else []
-            wait = max(0.0, min(self.beat_at + HEARTBEAT_SECONDS - now, 0.5))
+            held = self.out and len(self.out) < OUT_LIMIT // 4 and now < self.hold_until
+            writers = [1] if self.out and self.lost_at is None and not held else []
+            due = [self.beat_at + self.beat, self.heard + self.lifeline]
+            if held:
+                due.append(self.hold_until)
+            wait = max(0.0, min(min(due) - now, 1.0))
             try:
                 ready, can_write, _ = select.select(readers, writers, [], wait)
             except InterruptedError:
@@ -227,7 +264,7 @@ class Agent:
                 if task.out is not None and task.out in ready:
                     self.read_task(slot, task)
             self.report_exits(now)
-            if now - self.beat_at >= HEARTBEAT_SECONDS:
+            if now - self.beat_at >= self.beat:  # quiet that long: say we are here
                 self.beat_at = now
                 self.send(frames.ALIVE)
             if can_write and self.out:
@@ -240,6 +277,8 @@ class Agent:
                     self.lose()
                     continue
                 del self.out[:n]
+                if n:  # anything we send tells the coordinator we are alive
+                    self.beat_at = now
 
     def read_coordinator(self, now: float) -> None:
         try:
@@ -265,6 +304,7 @@ def main(argv: list[str]) -> None:
     lifeline = float(argv[0]) if argv else 30.0
     _prctl(_PR_SET_PDEATHSIG, signal.SIGHUP)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    forkstart.preload()  # before the first START: each task's wrapper is a fork of this
     agent = Agent(lifeline)
     os.set_blocking(0, False)
 

@@ -165,13 +165,14 @@ class _Wrapper:
         # A SIGTERM whose handler ran while the loop was reading the task's report (between
         # its read and its verdict, which the handler's own read would miss): answered then.
         self._reading = self._sigterm_deferred = False
+        self._closing: list[int] = []  # the handler's pipe, once at EOF
         self.ready_port = _script_port()  # None once reported
         self.watch_stdin, self.quiet_limit = markers.parse_lifeline(lifeline)
         self.status: int | None = None  # the task's wait status, once reaped
         self.lost_contact = False  # killed for the lifeline's silence: EXIT_LIFELINE
         self.kill_at: float | None = None  # after a SIGTERM: when the task gets SIGKILL
         self.meter = usage.Meter()
-        self.usage_at = time.monotonic() + markers.USAGE_SECONDS
+        self.usage_at = markers.next_usage(time.monotonic())
 
     def _kill_task(self, signum: int = 0, frame: object = None) -> None:
         self._signal_task(signal.SIGKILL)
@@ -214,7 +215,9 @@ class _Wrapper:
             if data:
                 self.handles_sigterm = data.endswith(b"1")
             else:  # the task (and all that shares the pipe) is gone
-                os.close(self.handler_fd)
+                # Closed by the loop, after its select: this may run in the SIGTERM
+                # handler, while the select (retried after it) still holds the fd.
+                self._closing.append(self.handler_fd)
                 self.handler_fd = None
         finally:
             self._reading = False
@@ -240,7 +243,7 @@ class _Wrapper:
                 os.write(self.go_fd, markers.GO)
         os.close(self.go_fd)
         self.go_fd = None
-        self.usage_at = time.monotonic() + markers.USAGE_SECONDS
+        self.usage_at = markers.next_usage(time.monotonic())
 
     def _reap(self) -> None:
         for pid, status in reaped():
@@ -282,22 +285,23 @@ class _Wrapper:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator stops us with SIGTERM
         self._reap()  # it may have ended before the handler was in place
         stdin = sys.stdin.fileno()
-        fds = [wake_r, stdin] if self.watch_stdin else [wake_r]
+        watched = [stdin] if self.watch_stdin else []  # until EOF or silence
         assert self.handler_fd is not None
         os.set_blocking(self.handler_fd, False)
-        fds.append(self.handler_fd)
         heard = beat = time.monotonic()
         while self.status is None:
+            # Made anew each round: the handler's pipe leaves it at EOF.
+            fds = [wake_r, *watched] + ([self.handler_fd] if self.handler_fd is not None
+                                        else [])
             ready, _, _ = select.select(fds, [], [], self._timeout(time.monotonic()))
+            while self._closing:
+                os.close(self._closing.pop())
             now = time.monotonic()
             if self.ready_port and not self.standby and listening(self.ready_port):
                 self.ready_port = None
                 _write(markers.line(markers.READY, what="training", by="port"))
             if self.handler_fd is not None and self.handler_fd in ready:
-                fd = self.handler_fd
                 self._read_handler_state()
-                if self.handler_fd is None:
-                    fds.remove(fd)
             if wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(wake_r, 512):
@@ -309,14 +313,14 @@ class _Wrapper:
                      "SIGTERM: killing it")
                 self._kill_task()
             if now >= self.usage_at and not self.standby:
-                self.usage_at = now + markers.USAGE_SECONDS
+                self.usage_at = markers.next_usage(now)
                 _write(markers.line(markers.USAGE, **self.meter.measure(
                     descendants(os.getpid()))))
             if self.quiet_limit and now - beat >= markers.HEARTBEAT_SECONDS \
                     and not self.standby:
                 beat = now
                 _write(markers.BEAT.decode())  # we are alive
-            if stdin not in fds:
+            if not watched:
                 continue
             lost = self.quiet_limit is not None and now - heard > self.quiet_limit
             data = b"-"  # not EOF
@@ -331,7 +335,7 @@ class _Wrapper:
                 elif markers.STACKS in data and not self.standby:
                     self._signal_task(getattr(signal, markers.STACKS_SIGNAL))
             if lost:
-                fds.remove(stdin)
+                watched.clear()
                 if data:  # silence, not EOF: the network, most likely
                     _say(f"[tfo] lost contact with the coordinator: no heartbeat for "
                          f"{self.quiet_limit:g} s; killing task pid {self.task_pid} and "

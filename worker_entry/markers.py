@@ -67,6 +67,8 @@ class Strategy(str, Enum):
 LIFELINE_ENV = "TFO_LIFELINE"
 LIFELINE_STDIN = "stdin"
 HEARTBEAT_SECONDS = 1.0
+# How often the task's wrapper measures its task's processes on their host (any backend).
+USAGE_SECONDS = 2.0
 # The default silence that means gone (a lab host's `lifeline_seconds`). TCP rides out loss
 # by retransmitting, and each retransmission of the same segment waits twice as long (0.2,
 # 0.4, 0.8, ... s from Linux's 200 ms minimum): 5 losses in a row hold a beat up 6.2 s, at
@@ -77,6 +79,21 @@ LIFELINE_SECONDS = 30.0
 # The wrapper's exit status when it killed its task because the lifeline went quiet (SSH):
 # the coordinator reports it as lost contact, not as the SIGKILL the task got.
 EXIT_LIFELINE = 79
+
+
+def beat_seconds(lifeline_seconds: float) -> float:
+    """How often a host agent and the coordinator beat to each other: a tenth of the silence
+    that means gone (3 s for the default 30), not under HEARTBEAT_SECONDS. Each beat wakes a
+    thread on both ends of every host's connection: with 16 hosts, beats every second were
+    most of an idle coordinator's CPU."""
+    return max(HEARTBEAT_SECONDS, lifeline_seconds / 10)
+
+
+def next_usage(now: float, period: float = USAGE_SECONDS) -> float:
+    """When a wrapper next measures its task: on the next multiple of `period` of the
+    monotonic clock (one clock for the whole machine), so that a host's wrappers report
+    together and its agent sends their lines in one write."""
+    return (now // period + 1) * period
 
 
 def lifeline(heartbeat: bool, seconds: float = LIFELINE_SECONDS) -> str:
@@ -98,8 +115,6 @@ PREFIX = "@tfo "
 # printed in pieces) when one arrives: the reader (orchestrator/launch/output.py) takes
 # START…newline out wherever it lands, and the task's line goes on whole around it.
 START = "\x1d"
-# How often the task's wrapper measures its task's processes on their host (any backend).
-USAGE_SECONDS = 2.0
 # With a heartbeat lifeline (SSH), the task's wrapper writes this byte to stdout every
 # HEARTBEAT_SECONDS; one byte, so it lands whole even amid the task's own output. Readers drop it.
 BEAT = b"\x1e"

@@ -152,8 +152,8 @@ class Backend(Protocol):
     # Optional: `start_batch(items) -> Iterator[TaskHandle | Exception]` starts several of
     # its tasks together (a host's, a node's) and answers each, in order; without it
     # `Backends.start_batch` starts them one by one (`one_by_one`).
-    # Optional: `sync_fits(plan, hosts) -> {host: problem}`, the preflight's question for a
-    # backend that copies code (ssh.py): does it fit there?
+    # Optional: `expect_code(plan)`, told before `check` by a backend that copies code
+    # (ssh.py): its preflight then asks what is there already, and whether the rest fits.
 
     def close(self) -> None:
         """The run is over: release what the backend holds (its warm spares too)."""

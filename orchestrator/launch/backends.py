@@ -104,14 +104,10 @@ class Backends:
         kinds = self._by_kind(plan)
 
         def check(kind: str) -> list[HostCheck]:
-            rows = self.get(kind).check(kinds[kind])
-            fits = getattr(self.get(kind), "sync_fits", None)  # a backend that copies code
-            ready = [r for r in rows if r.reachable and not r.problems]
-            if fits is not None and ready:
-                problems = fits(plan, [r.host for r in ready])
-                for r in ready:
-                    r.problems += [problems[r.host]] if r.host in problems else []
-            return rows
+            backend = self.get(kind)
+            if (expect := getattr(backend, "expect_code", None)) is not None:
+                expect(plan)  # a backend that copies code: its check asks what is there
+            return backend.check(kinds[kind])
 
         if len(kinds) == 1:  # one kind (localhost alone, say): no thread pool to start
             found = list(map(check, kinds))

@@ -1,7 +1,7 @@
 """The job's code copied to the lab hosts' workdirs (`CodeSync`), over a host's connection:
 what to copy (`job_packages`, `local_files`: files over BIG_FILE named, sparse ones too),
 what is there already (same size and mtime: skipped), whether it fits (the workdir's free
-space, checked first; the preflight asks too, `fits`). Each file is written as
+space, checked first: the preflight's probe asks, `plan`). Each file is written as
 `.tfo-partial` and renamed, removed on failure or interrupt; the sftp session is closed
 before the host's agent opens its own (at most 2 sessions on a host at once)."""
 
@@ -13,11 +13,12 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.launch.hostagent import SshError, _remote_path
-from orchestrator.launch.remote import PROBE_SECONDS, bounded, in_parallel, remote_exec, run_remote
+from orchestrator.launch.remote import PROBE_SECONDS, bounded, remote_exec, run_remote
 from orchestrator.plan import Plan
 from orchestrator.rundir import RUNS
 from orchestrator.spec import HostSpec, SpecError
@@ -25,6 +26,16 @@ from orchestrator.spec import HostSpec, SpecError
 if TYPE_CHECKING:  # fabric and paramiko cost 0.16 s to import: only when a host is reached
     import fabric
     import paramiko
+
+@dataclass
+class Workdir:
+    """What a host says of its workdir: its path there, free bytes, and the job's files
+    already there (relative path → size, whole-second mtime)."""
+
+    root: str
+    free: int | None
+    there: dict[str, tuple[int, int]]
+
 
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", RUNS, ".pytest_cache", ".ruff_cache"}
 
@@ -90,23 +101,13 @@ class CodeSync:
             sftp.close()  # its session: the agent's comes next
         return len(todo)
 
-    def fits(self, plan: Plan, hosts: list[str]) -> dict[str, str]:
-        """The preflight's question, for each host at once: does what the sync will write
-        fit in its workdir? The problems, by host."""
-        try:
-            files = local_files(job_packages(plan))
-        except SpecError:
-            return {}  # the sync names it, with "nothing was started"
-
-        def problem(host: str) -> str | None:
-            try:
-                self._to_copy(host, files, self.hosts[host].workdir)
-            except SshError as e:
-                return str(e)
-            return None
-
-        found = in_parallel(problem, hosts)
-        return {h: why for h, why in zip(hosts, found, strict=True) if why}
+    def up_to_date(self, host: str, files: list[tuple[Path, str, int, str]], workdir: str
+                   ) -> bool:
+        """The host has every file as it is here, as its preflight's probe said a moment
+        ago (`plan`): nothing to copy."""
+        planned = self._planned.get(host)
+        return planned is not None and planned[0] == _files_key(files, workdir) \
+            and not planned[2]
 
     def stop(self) -> None:
         """The copies interrupted: each stops at its next chunk and removes its partial file;
@@ -121,9 +122,8 @@ class CodeSync:
 
     def _to_copy(self, host: str, files: list[tuple[Path, str, int, str]], workdir: str
                  ) -> tuple[str, list[tuple[Path, str, int]]]:
-        """(the workdir's path there, the files to copy: not there with the same size and
-        mtime), kept for the sync that follows; SshError where they do not fit in its
-        free space."""
+        """`plan` with what the host says now (one command): where the preflight's probe
+        did not ask, or the files changed since."""
         timeout = self.hosts[host].connect_timeout_seconds
         conn = self._connection(host)
         where = f"{_remote_path(workdir)}"
@@ -139,29 +139,36 @@ class CodeSync:
             raise SshError(f"host {host}: cannot use workdir {workdir}: "
                            f"{err.strip()[-200:] or 'no answer'} (hosts.{host}.workdir)")
         head, _, stats = out.partition(f"{_STATS}\n")
-        root, free = head.splitlines()[0].strip(), _df_free(head)
-        there: dict[str, tuple[int, int]] = {}
+        state = Workdir(head.splitlines()[0].strip(), _df_free(head), {})
         for line in stats.splitlines():
             with contextlib.suppress(ValueError):
                 size, mtime, rel = line.split(" ", 2)
-                there[rel] = (int(size), int(mtime))
+                state.there[rel] = (int(size), int(mtime))
         if not stat_them:
             sftp = self._sftp(host, conn)
             try:
                 for _, rel, _, _ in files:
                     with contextlib.suppress(OSError):
-                        rst = sftp.stat(f"{root}/{rel}")
-                        there[rel] = (rst.st_size or 0, int(rst.st_mtime or 0))
+                        rst = sftp.stat(f"{state.root}/{rel}")
+                        state.there[rel] = (rst.st_size or 0, int(rst.st_mtime or 0))
             finally:
                 sftp.close()
+        return self.plan(host, files, workdir, state)
+
+    def plan(self, host: str, files: list[tuple[Path, str, int, str]], workdir: str,
+             state: Workdir) -> tuple[str, list[tuple[Path, str, int]]]:
+        """(the workdir's path there, the files to copy: not there with the same size and
+        mtime), kept for the sync that follows; SshError where they do not fit in its free
+        space. `state` is what the host said of its workdir: the preflight's probe asks."""
         todo = [(path, rel, size) for path, rel, size, _ in files
-                if there.get(rel) != (size, int(path.stat().st_mtime))]
+                if state.there.get(rel) != (size, int(path.stat().st_mtime))]
         need = sum(size for _, _, size in todo)
-        if free is not None and need > free:
-            raise SshError(f"host {host}: no space left in {root}: the code sync writes "
-                           f"{_size(need)} there, {_size(free)} free (hosts.{host}.workdir)")
-        self._planned[host] = (_files_key(files, workdir), root, todo)
-        return root, todo
+        if state.free is not None and need > state.free:
+            raise SshError(f"host {host}: no space left in {state.root}: the code sync writes "
+                           f"{_size(need)} there, {_size(state.free)} free "
+                           f"(hosts.{host}.workdir)")
+        self._planned[host] = (_files_key(files, workdir), state.root, todo)
+        return state.root, todo
 
     def _sftp(self, host: str, conn: fabric.Connection) -> paramiko.SFTPClient:
         timeout = self.hosts[host].connect_timeout_seconds

@@ -66,12 +66,17 @@ def local_gpus() -> GpuReport:
 
 
 def remote_gpus(conn: fabric.Connection) -> GpuReport:
-    """Over an open connection (the preflight's: SshBackend keeps it)."""
+    """Over an open connection (SshBackend keeps it), for `gpus: auto` before the plan (the
+    preflight's probe asks its own)."""
+    from orchestrator.launch.remote import run_remote
+
     try:
-        res = conn.run(NVIDIA_SMI, hide=True, warn=True, in_stream=False, timeout=TIMEOUT_SECONDS)
-    except Exception as e:  # noqa: BLE001 - a timeout or a dropped connection: no answer
-        return GpuReport([], f"nvidia-smi -L: {e}")
-    return parse(res.exited, res.stdout, res.stderr)
+        status, out, err = run_remote(conn, NVIDIA_SMI, TIMEOUT_SECONDS)
+    except Exception as e:  # noqa: BLE001 - a refused session or a dropped connection
+        return GpuReport([], f"nvidia-smi -L: {e or type(e).__name__}")
+    if status is None:
+        return GpuReport([], f"nvidia-smi -L gave no answer in {TIMEOUT_SECONDS:.0f} s")
+    return parse(status, out, err)
 
 
 def auto_hosts(spec: ClusterSpec) -> list[str]:

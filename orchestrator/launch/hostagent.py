@@ -8,7 +8,8 @@ carries all of the host's tasks.
 
 One reader thread per host (`agent-<host>`) takes the channel's frames apart: each task's
 output into its TaskOutput (fed, no thread of its own), its pid, its exit; and it sends our
-BEAT every HEARTBEAT_SECONDS. A host is lost (every task on it: `lost contact with lab2: …`)
+BEAT every markers.beat_seconds (a tenth of the host's lifeline). A host is lost (every task
+on it: `lost contact with lab2: …`)
 when the channel closes, when nothing came from it for its `lifeline_seconds`, or when a
 frame is malformed; its connection is then dropped (the next start connects anew). The
 agent, on its side, stops its tasks when our beats stop. Frames are written under a lock,
@@ -20,10 +21,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from orchestrator.launch import BackendError
@@ -31,7 +33,7 @@ from orchestrator.launch.output import TaskOutput
 from orchestrator.plan import TaskPlan
 from orchestrator.spec import HostSpec
 from worker_entry import frames, markers
-from worker_entry.markers import HEARTBEAT_SECONDS
+from worker_entry.markers import beat_seconds
 
 if TYPE_CHECKING:
     import paramiko
@@ -66,10 +68,23 @@ def open_session(transport: paramiko.Transport, name: str, host: HostSpec,
         raise refused(name, host.address, e) from None
 
 
-def agent_command(host: HostSpec) -> str:
+def agent_command(host: HostSpec, env: Mapping[str, str] | None = None) -> str:
+    """The shell line that starts a host's agent, with `env`: the startup variables its
+    tasks share (worker_entry.forkstart), so that it can fork them. Names that are not shell
+    names are left out (those tasks are exec'd); values are quoted, a leading ~ expanded."""
     workdir = _remote_path(host.workdir)
-    return (f"mkdir -p {workdir} && cd {workdir} && exec {shlex.quote(host.python)} -m "
-            f"worker_entry.agent {host.lifeline_seconds:g}")
+    return (f"mkdir -p {workdir} && cd {workdir} && {exports(env)}exec "
+            f"{shlex.quote(host.python)} -m worker_entry.agent {host.lifeline_seconds:g}")
+
+
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def exports(env: Mapping[str, str] | None) -> str:
+    """`export K=V && ` for each variable, quoted, a leading ~ expanded there; a name that is
+    no shell name is left out."""
+    return "".join(f"export {k}={_remote_path(v)} && " for k, v in (env or {}).items()
+                   if _SHELL_NAME.fullmatch(k))
 
 
 def _remote_path(path: str) -> str:
@@ -83,8 +98,11 @@ class HostAgent:
     """One host's agent and its tasks (by slot)."""
 
     def __init__(self, name: str, host: HostSpec, transport: paramiko.Transport,
-                 drop: Callable[[], None]) -> None:
-        """Opens the session and waits for the agent's SYNC (bounded); SshError if not."""
+                 drop: Callable[[], None], env: Mapping[str, str] | None = None,
+                 probe: paramiko.Channel | None = None) -> None:
+        """Opens the session, starts the agent with `env` (agent_command), or tells the
+        preflight's `probe`, still waiting on its channel, to become it; then waits for its
+        SYNC (bounded); SshError if not."""
         import paramiko
 
         self.name, self.host, self._drop = name, host, drop
@@ -98,9 +116,13 @@ class HostAgent:
         self._closed = False
         self._reader = frames.Reader(frames.TO_COORDINATOR)
         try:
-            self._chan = open_session(transport, name, host, self._timeout)
-            self._chan.set_combine_stderr(True)
-            self._chan.exec_command(agent_command(host))
+            if probe is not None:  # preflight._PROBE, started with the same `env`
+                self._chan = probe
+                probe.sendall(f"agent {host.lifeline_seconds:g}\n".encode())
+            else:
+                self._chan = open_session(transport, name, host, self._timeout)
+                self._chan.set_combine_stderr(True)
+                self._chan.exec_command(agent_command(host, env))
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise SshError(f"host {name} ({host.address}): could not start its agent: "
                            f"{e or type(e).__name__}") from None
@@ -120,6 +142,9 @@ class HostAgent:
             except OSError:  # socket.timeout
                 data = None
             if data == b"" or time.monotonic() > until or len(seen) > _SYNC_MAX:
+                with contextlib.suppress(Exception):  # an adopted probe's stderr is apart
+                    if self._chan.recv_stderr_ready():
+                        seen += self._chan.recv_stderr(4096)
                 self._chan.close()
                 said = seen.decode(errors="replace").strip().splitlines()[-1:] or [""]
                 raise SshError(f"host {self.name} ({self.host.address}): its agent did not "
@@ -127,7 +152,6 @@ class HostAgent:
                                f"{self.host.workdir}): {said[0][:300] or 'no answer'}")
             seen += data or b""
         rest = seen.split(frames.SYNC, 1)[1]
-        self._chan.settimeout(HEARTBEAT_SECONDS / 2)  # our beats are due every second
         if rest:
             self._dispatch(rest)
 
@@ -205,13 +229,15 @@ class HostAgent:
 
     # ---- the reader thread ----------------------------------------------------------
     def _run(self) -> None:
-        beat_at = 0.0
+        beat, beat_at = beat_seconds(self.quiet), 0.0
         while self.lost is None:
             now = time.monotonic()
-            if now - beat_at >= HEARTBEAT_SECONDS:
+            if now - beat_at >= beat:
                 beat_at = now
                 self.send(frames.BEAT)
             try:
+                # Woken by the host's frames, else when the next beat is due.
+                self._chan.settimeout(max(0.05, beat_at + beat - now))
                 data = self._chan.recv(65536)
             except TimeoutError:
                 self.check_silence()

@@ -11,29 +11,61 @@ come from package metadata. The backends call these; this module knows no backen
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.console import printable
 from orchestrator.launch import BackendError
-from orchestrator.launch.gpus import GpuReport, local_gpus, remote_gpus
-from orchestrator.launch.hostagent import refused
+from orchestrator.launch.gpus import TIMEOUT_SECONDS as GPU_SECONDS
+from orchestrator.launch.gpus import GpuReport, local_gpus
+from orchestrator.launch.gpus import parse as parse_gpus
+from orchestrator.launch.hostagent import SshError, exports
 from orchestrator.launch.ports import port_problem
+from orchestrator.launch.remote import PROBE_SECONDS, open_command
 from orchestrator.plan import TaskPlan
 from orchestrator.spec import LOCALHOST, HostSpec
 
 TF_PACKAGES = ("tensorflow", "tf_keras")
 
-# Runs on the host with its own python: versions, ports, workdir; prints one JSON line.
+# Runs on the host with its own python: versions, ports, workdir, cores, memory, GPUs (its
+# nvidia-smi -L), and the job's files already in the workdir (their names on stdin, as JSON)
+# with its free space: one command where there were four (the sync's own question too).
 _PROBE = """
-import json, os, socket, sys, tempfile
+import json, os, shutil, socket, subprocess, sys, tempfile
 from importlib import metadata
+def gpus(timeout):
+    found = shutil.which("nvidia-smi")
+    if found is None:
+        return [127, "", "nvidia-smi: not found"]
+    try:
+        done = subprocess.run([found, "-L"], capture_output=True, text=True, errors="replace",
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return [124, "", "no answer in %g s" % timeout]
+    except OSError as e:
+        return [126, "", str(e)]
+    return [done.returncode, done.stdout[-65536:], done.stderr[-4096:]]
+def files_there(names):
+    there = {}
+    for name in names:
+        try:
+            st = os.stat(name)
+        except OSError:
+            continue
+        there[name] = [st.st_size, int(st.st_mtime)]
+    try:
+        vfs = os.statvfs(".")
+        free = vfs.f_bavail * vfs.f_frsize
+    except OSError:
+        free = None
+    return {"root": os.getcwd(), "free": free, "there": there}
 def mem_available():  # bytes; what psutil.virtual_memory().available says on Linux
     try:
         with open("/proc/meminfo") as f:
@@ -58,16 +90,32 @@ for port in ports:
         busy.append(port)
     finally:
         s.close()
+asked = json.loads(sys.stdin.readline() or "{}")
+code = None
 try:
     os.makedirs(workdir, exist_ok=True)
     tempfile.TemporaryFile(dir=workdir).close()
     writable = None
+    if asked.get("files") is not None:
+        os.chdir(workdir)
+        code = files_there(asked["files"])
 except OSError as e:
     writable = f"{e.strerror}: {workdir}"
 print(json.dumps({"python": sys.version.split()[0], "tensorflow": ver("tensorflow"),
                   "tf_keras": ver("tf_keras"), "busy": busy, "workdir_error": writable,
-                  "cpus": os.cpu_count(), "mem_available": mem_available()}))
+                  "cpus": os.cpu_count(), "mem_available": mem_available(),
+                  "gpus": gpus(asked.get("gpu_seconds", 20)), "code": code}), flush=True)
+# Told `agent SECONDS` (its code is there, unchanged), this python becomes the host's agent:
+# one interpreter start and one session less per host. EOF, or no word in time: done.
+import select
+if select.select([0], [], [], asked.get("agent_wait", 0))[0]:
+    word = sys.stdin.readline().split()
+    if word[:1] == ["agent"] and code is not None:
+        os.chdir(code["root"])
+        from worker_entry import agent
+        agent.main(word[1:])
 """
+AGENT_WAIT_SECONDS = 600.0  # a probe waits this long to become its host's agent
 
 
 @dataclass
@@ -115,43 +163,69 @@ def local_versions(row: HostCheck) -> None:
             row.versions[name] = None
 
 
-def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan],
-                 connect: Callable[[], Any]) -> HostCheck:
-    """`connect()` gives the host's open fabric Connection, or raises BackendError."""
+def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan], connect: Callable[[], Any],
+                 files: list[str] | None = None, env: Mapping[str, str] | None = None
+                 ) -> tuple[HostCheck, dict | None, Any]:
+    """`connect()` gives the host's open fabric Connection, or raises BackendError. One
+    command (_PROBE) asks everything; with `files` (paths relative to the workdir) it says
+    which are there and the workdir's free space too. The row, that answer (or None), and
+    the probe's channel, still open where it answered with no problem: told `agent`, that
+    python (started with `env`, the agent's startup variables) becomes the host's agent."""
     row = HostCheck(name, h.address)
     row.ports = [t.port for t in tasks]
     try:
         conn = connect()
     except BackendError as e:
         row.problems.append(str(e))
-        return row
+        return row, None, None
     row.reachable = True
-    cmd = (f"{shlex.quote(h.python)} -c {shlex.quote(_PROBE)} "
+    cmd = (f"{exports(env)}exec {shlex.quote(h.python)} -c {shlex.quote(_PROBE)} "
            f"{shlex.quote(json.dumps(row.ports))} {shlex.quote(h.workdir)}")
+    wait = AGENT_WAIT_SECONDS if files is not None else 0
+    asked = json.dumps({"files": files, "gpu_seconds": GPU_SECONDS, "agent_wait": wait})
     try:
-        res = conn.run(cmd, hide=True, warn=True, in_stream=False, timeout=60)
+        chan, status, out, err = open_command(
+            conn, cmd, (asked + "\n").encode(), h.connect_timeout_seconds + PROBE_SECONDS,
+            name=name)
+    except SshError as e:  # a refused session, said so with the setting to change
+        row.problems.append(str(e))
+        return row, None, None
     except Exception as e:  # noqa: BLE001 - any failure is this host's problem to report
-        import paramiko  # loaded: the connection is paramiko's
+        row.problems.append(f"host {name}: probe failed: {e or type(e).__name__}")
+        return row, None, None
+    probe = _read_probe(name, h, row, tasks, (chan, status, out, err))
+    if probe is None or row.problems or probe.get("code") is None:
+        if chan is not None:
+            with contextlib.suppress(Exception):
+                chan.close()
+        return row, probe and probe.get("code"), None
+    return row, probe["code"], chan
 
-        refusal = isinstance(e, paramiko.ChannelException)
-        row.problems.append(str(refused(name, h.address, e)) if refusal
-                            else f"host {name}: probe failed: {e}")
-        return row
-    if res.exited == 127 or "No such file" in res.stderr or "not found" in res.stderr:
+
+def _read_probe(name: str, h: HostSpec, row: HostCheck, tasks: list[TaskPlan],
+                answer: tuple[Any, int | None, str, str]) -> dict | None:
+    """The probe's answer (open_command's) into `row`, its problems named; the answer, or
+    None."""
+    chan, status, out, err = answer
+    if chan is None and status is None:
+        row.problems.append(f"host {name}: probe failed: no answer in "
+                            f"{h.connect_timeout_seconds + PROBE_SECONDS:g} s")
+        return None
+    if chan is None and (status == 127 or "No such file" in err or "not found" in err):
         # What the host said (exit and last line): a "not found" can be something else.
-        said = res.stderr.strip().splitlines()[-1:] or [""]
+        said = err.strip().splitlines()[-1:] or [""]
         row.problems.append(f"host {name}: python {h.python!r} not found; set hosts.{name}.python "
-                            f"to an interpreter that has tensorflow (exit {res.exited}: "
+                            f"to an interpreter that has tensorflow (exit {status}: "
                             f"{printable(said[0][:200])})")
-        return row
+        return None
     try:
-        probe = json.loads(res.stdout.strip().splitlines()[-1])
+        probe = json.loads(out.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
-        row.problems.append(f"host {name}: {h.python} failed: {res.stderr.strip()[-300:]}")
-        return row
+        row.problems.append(f"host {name}: {h.python} failed: {err.strip()[-300:]}")
+        return None
     row.python = probe["python"]
     row.cpus, row.mem_available = probe.get("cpus"), probe.get("mem_available")
-    row.gpus = remote_gpus(conn)
+    row.gpus = parse_gpus(*probe["gpus"])
     for pkg in TF_PACKAGES:
         row.versions[pkg] = probe[pkg]
         if probe[pkg] is None:
@@ -162,7 +236,7 @@ def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan],
     if probe["workdir_error"]:
         row.problems.append(f"host {name}: workdir not writable: {probe['workdir_error']} "
                             f"(hosts.{name}.workdir)")
-    return row
+    return probe
 
 
 def same_versions(rows: list[HostCheck], shown: bool = False) -> list[HostCheck]:

@@ -16,6 +16,7 @@ from orchestrator.spec import HostSpec
 
 if TYPE_CHECKING:  # fabric and paramiko cost 0.16 s to import: only when a host is reached
     import fabric
+    import paramiko
 
 FAN_OUT = 64  # hosts worked on at once: 500 hosts do not open 500 connections in an instant
 PROBE_SECONDS = 60.0  # a command's own run on the host (the preflight's probe, a mkdir)
@@ -93,12 +94,13 @@ def connect(name: str, host: HostSpec) -> fabric.Connection:
 
 
 def run_remote(conn: fabric.Connection, command: str, timeout: float,
-                give_up: Callable[[], None] = lambda: None, name: str = ""
-                ) -> tuple[int | None, str, str]:
+                give_up: Callable[[], None] = lambda: None, name: str = "",
+                stdin: bytes = b"") -> tuple[int | None, str, str]:
     """A short command on the host, on a session of its own, bounded in time even over a
     cut network (fabric's `run` can wait an hour for a channel there, and its runner's
     threads cost more than the command here): (exit status, stdout, stderr); status None
-    where it did not end in `timeout`. A session sshd refuses raises `refused`'s SshError."""
+    where it did not end in `timeout`. `stdin` is its input, then EOF. A session sshd
+    refuses raises `refused`'s SshError."""
     import paramiko
 
     transport = conn.client.get_transport()
@@ -113,6 +115,9 @@ def run_remote(conn: fabric.Connection, command: str, timeout: float,
         try:
             chan.settimeout(timeout)
             chan.exec_command(command)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
             out, err = chan.makefile("rb").read(), chan.makefile_stderr("rb").read()
             status = chan.recv_exit_status()  # comes after the output's end: bounded above
             return status, out.decode(errors="replace"), err.decode(errors="replace")
@@ -122,6 +127,50 @@ def run_remote(conn: fabric.Connection, command: str, timeout: float,
             chan.close()
 
     return bounded(run, timeout + 1, "remote command", give_up)
+
+
+def open_command(conn: fabric.Connection, command: str, stdin: bytes, timeout: float,
+                 name: str = "") -> tuple[paramiko.Channel | None, int | None, str, str]:
+    """A command that answers one line and then waits for more (the preflight's probe, which
+    may become the host's agent), bounded as run_remote: (its channel, still open, None, what
+    it printed up to its first line's end, ""); or where it ended first, (None, its exit
+    status, stdout, stderr); status None: no answer in `timeout`, the channel closed."""
+    import paramiko
+
+    transport = conn.client.get_transport()
+    if transport is None or not transport.is_active():
+        raise SshError("connection lost")
+
+    def run() -> tuple[paramiko.Channel | None, int | None, str, str]:
+        try:
+            chan = transport.open_session(timeout=timeout)
+        except paramiko.ChannelException as e:
+            raise refused(name or conn.host, conn.host, e) from None
+        out = b""
+        try:
+            chan.settimeout(timeout)
+            chan.exec_command(command)
+            chan.sendall(stdin)
+            while not _answered(out) and len(out) < 1 << 20:  # past a login shell's chatter
+                data = chan.recv(65536)
+                if not data:  # it ended: what it said, and how
+                    err = chan.makefile_stderr("rb").read()
+                    status = chan.recv_exit_status()
+                    chan.close()
+                    return None, status, out.decode(errors="replace"), \
+                        err.decode(errors="replace")
+                out += data
+        except OSError:  # socket.timeout: no answer in time
+            chan.close()
+            return None, None, "", ""
+        return chan, None, out.decode(errors="replace"), ""
+
+    return bounded(run, timeout + 1, "remote command", lambda: None)
+
+
+def _answered(out: bytes) -> bool:
+    """A whole line that is a JSON object came last."""
+    return out.endswith(b"\n") and out.rstrip(b"\n").rsplit(b"\n", 1)[-1].startswith(b"{")
 
 
 def remote_exec(conn: fabric.Connection, command: str, timeout: float = 5.0) -> int | None:

@@ -18,7 +18,8 @@ setting to change (`hostagent.refused`). Nothing from the spec reaches a shell b
 host's python and workdir, quoted; a task's command and environment travel as JSON.
 
 The lifeline runs both ways, per host: the coordinator sends a BEAT frame every
-HEARTBEAT_SECONDS, the agent one back. The agent stops its tasks (it closes their wrappers'
+markers.beat_seconds (a tenth of the host's `lifeline_seconds`, 3 s for 30), the agent one
+back when it sent nothing else that long. The agent stops its tasks (it closes their wrappers'
 stdin) when the channel closes or goes quiet for the host's `lifeline_seconds` (a dropped
 connection or a cut network, even where sshd sends no keepalives); the coordinator counts
 every task of a host lost when nothing came from it that long: `lost contact with lab2: no
@@ -37,10 +38,18 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.launch import BackendError, HostBackend, TaskHandle, answered
-from orchestrator.launch.codesync import BIG_FILE, CodeSync, _size, job_packages, local_files
+from orchestrator.launch.codesync import (
+    BIG_FILE,
+    CodeSync,
+    Workdir,
+    _size,
+    job_packages,
+    local_files,
+)
 from orchestrator.launch.gpus import GpuReport, remote_gpus
 from orchestrator.launch.hostagent import AgentTask, HostAgent, SshError
 from orchestrator.launch.ports import free_ports
@@ -48,10 +57,12 @@ from orchestrator.launch.preflight import HostCheck, check_remote
 from orchestrator.launch.remote import PROBE_SECONDS, bounded, connect, in_parallel
 from orchestrator.launch.spares import Spares
 from orchestrator.plan import Plan, TaskPlan
-from orchestrator.spec import HostSpec
+from orchestrator.spec import HostSpec, SpecError
+from worker_entry.forkstart import shared_startup_env
 
 if TYPE_CHECKING:  # fabric and paramiko cost 0.16 s to import: only when a host is reached
     import fabric
+    import paramiko
 
 SESSIONS = 2  # at most at once on a host, whatever its tasks: the agent's, and one more
 
@@ -68,6 +79,9 @@ class SshBackend(HostBackend):
         self._code = CodeSync(hosts, self.connection, self.drop)
         self._starting: dict[str, threading.Lock] = {}  # by host: one agent started at once
         self._spares = Spares(self._start_standby)
+        self._files: list[tuple[Path, str, int, str]] | None = None  # expect_code's
+        self._agent_env: dict[str, dict[str, str]] = {}  # by host: agent_env
+        self._probes: dict[str, paramiko.Channel] = {}  # by host: a preflight probe waiting
 
     def connection(self, name: str) -> fabric.Connection:
         """The host's open connection, made if need be. One connect per host at a time, and
@@ -93,9 +107,9 @@ class SshBackend(HostBackend):
             with contextlib.suppress(Exception):
                 bounded(conn.close, 2.0, f"host {name}", lambda: None)
 
-    def agent(self, name: str) -> HostAgent:
+    def agent(self, name: str, probe: paramiko.Channel | None = None) -> HostAgent:
         """The host's live agent, started if need be (on a new connection where the last
-        one was lost)."""
+        one was lost), from its preflight's `probe` where that still waits."""
         with self._lock:
             starting = self._starting.setdefault(name, threading.Lock())
         with starting:
@@ -107,7 +121,8 @@ class SshBackend(HostBackend):
             if transport is None or not transport.is_active():
                 raise SshError(f"host {name}: connection lost")
             agent = bounded(lambda: HostAgent(name, host, transport,
-                                              lambda: self.drop(name)),
+                                              lambda: self.drop(name),
+                                              self._agent_env.get(name), probe),
                             host.connect_timeout_seconds + 31,
                             f"host {name} ({host.address}): starting its agent",
                             lambda: self.drop(name))
@@ -137,12 +152,45 @@ class SshBackend(HostBackend):
         # Free here, and checked on the host by preflight.
         return dict(zip(names, free_ports(len(names), avoid=avoid), strict=True))
 
+    def expect_code(self, plan: Plan) -> None:
+        """The job's files the sync will copy: the preflight's probe asks each host which
+        are there already, and whether the rest fits (one command for both questions). Not
+        found here: the sync names it, with "nothing was started"."""
+        try:
+            self._files = local_files(job_packages(plan))
+        except SpecError:
+            self._files = None
+
     def check(self, tasks: list[TaskPlan]) -> list[HostCheck]:
+        """Every host's probe at once (each one command: preflight._PROBE); with the files
+        `expect_code` named, what the sync will copy there, planned, and whether it fits."""
         by_host: dict[str, list[TaskPlan]] = {}
         for t in tasks:
             by_host.setdefault(t.host, []).append(t)
-        return in_parallel(lambda n: check_host(n, self.hosts[n], by_host[n], self.connection,
-                                                lambda: self.drop(n)), by_host)
+        files = self._files
+        for name, on in by_host.items():  # what each host's agent starts with
+            self._agent_env[name] = agent_env([t.env for t in on])
+
+        def one(name: str) -> HostCheck:
+            host = self.hosts[name]
+            row, there, probe = check_host(name, host, by_host[name], self.connection,
+                                           lambda: self.drop(name),
+                                           [rel for _, rel, _, _ in files] if files else None,
+                                           self._agent_env[name])
+            if files and there is not None and row.reachable and not row.problems:
+                try:
+                    self._code.plan(name, files, host.workdir, Workdir(
+                        there["root"], there["free"], {k: tuple(v) for k, v in
+                                                       there["there"].items()}))
+                except SshError as e:
+                    row.problems.append(str(e))
+            if probe is not None and not row.problems:
+                self._probes[name] = probe  # it may become the host's agent (sync)
+            else:
+                close_channel(probe)
+            return row
+
+        return in_parallel(one, by_host)
 
     def sync(self, plan: Plan, tasks: list[TaskPlan]) -> Iterator[str]:
         """Each host's copy at once; what to say, as it comes (a big file is named before
@@ -150,6 +198,8 @@ class SshBackend(HostBackend):
         at their next chunk and remove what they had half written."""
         packages = job_packages(plan)
         names = list(dict.fromkeys(t.host for t in tasks))
+        for name in names:
+            self._agent_env.setdefault(name, agent_env([t.env for t in tasks if t.host == name]))
         files = local_files(packages)
         for _, rel, size, sparse in files:
             if size >= BIG_FILE:
@@ -161,9 +211,14 @@ class SshBackend(HostBackend):
             """The host's code, then its agent, warm before the first start (its python's
             start overlaps the other hosts' syncs). An agent that does not start here is
             tried again, and named, at the start."""
-            copied = self._code.copy(name, files, self.hosts[name].workdir)
+            workdir = self.hosts[name].workdir
+            probe = self._probes.pop(name, None)
+            if probe is not None and not self._code.up_to_date(name, files, workdir):
+                close_channel(probe)  # the copy's sftp session is the second; the agent's
+                probe = None  # python starts after it, on the new code
+            copied = self._code.copy(name, files, workdir)
             with contextlib.suppress(SshError):
-                self.agent(name)
+                self.agent(name, probe)
             return copied
 
         try:
@@ -196,18 +251,28 @@ class SshBackend(HostBackend):
         one already waits."""
         return self._spares.make(task, attempt)
 
-    def sync_fits(self, plan: Plan, hosts: list[str]) -> dict[str, str]:
-        """The preflight's question, for each host at once: does what the sync will write
-        fit in its workdir? The problems, by host (CodeSync.fits)."""
-        return self._code.fits(plan, hosts)
-
     def close(self) -> None:
         """Every host's agent told to quit (it kills what is left there), all hosts at once;
         then the connections closed."""
         self._spares.close()
+        probes, self._probes = self._probes, {}
+        for probe in probes.values():  # `tfo check`'s, or a run that did not start: EOF
+            close_channel(probe)
         agents, self._agents = self._agents, {}
         in_parallel(lambda n: agents[n].close(), agents)
         in_parallel(self.drop, list(self._conns))
+
+
+def agent_env(envs: list[Mapping[str, str]]) -> dict[str, str]:
+    """What a host's agent starts with: the startup variables its tasks share, so that it can
+    fork them (worker_entry.forkstart); and their TFO_RUN_DIR. A forked task's environment
+    as /proc/PID/environ shows it (ps e, psutil) is the agent's, from its exec: the run's
+    processes are still found by it."""
+    env = shared_startup_env(envs)
+    run_dirs = {e.get("TFO_RUN_DIR") for e in envs}
+    if len(run_dirs) == 1 and (run_dir := run_dirs.pop()):
+        env["TFO_RUN_DIR"] = run_dir
+    return env
 
 
 def start_on_agents(items: list[tuple[TaskPlan, int, bool]], agent: Callable[[str], HostAgent]
@@ -233,15 +298,23 @@ def start_on_agents(items: list[tuple[TaskPlan, int, bool]], agent: Callable[[st
 
 
 def check_host(name: str, host: HostSpec, tasks: list[TaskPlan],
-               connection: Callable[[str], fabric.Connection], drop: Callable[[], None]
-               ) -> HostCheck:
-    """The host's preflight, bounded: fabric's `run` waits an hour for a channel."""
+               connection: Callable[[str], fabric.Connection], drop: Callable[[], None],
+               files: list[str] | None = None, env: Mapping[str, str] | None = None
+               ) -> tuple[HostCheck, dict | None, paramiko.Channel | None]:
+    """The host's preflight, bounded: a channel can wait an hour for an answer."""
     try:
-        row = bounded(lambda: check_remote(name, host, tasks, lambda: connection(name)),
-                      2 * host.connect_timeout_seconds + PROBE_SECONDS,
-                      f"host {name} ({host.address})", drop)
+        row, there, probe = bounded(
+            lambda: check_remote(name, host, tasks, lambda: connection(name), files, env),
+            2 * host.connect_timeout_seconds + PROBE_SECONDS, f"host {name} ({host.address})",
+            drop)
     except SshError as e:
-        row = HostCheck(name, host.address, ports=[t.port for t in tasks],
-                        problems=[f"{e} while checking it"])
+        row, there, probe = HostCheck(name, host.address, ports=[t.port for t in tasks],
+                                      problems=[f"{e} while checking it"]), None, None
     row.sessions = SESSIONS
-    return row
+    return row, there, probe
+
+
+def close_channel(chan: paramiko.Channel | None) -> None:
+    if chan is not None:
+        with contextlib.suppress(Exception):
+            chan.close()

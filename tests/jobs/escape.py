@@ -83,7 +83,8 @@ def _main(marker: str, action: str) -> None:
     what, _, arg = action.partition(":")
     spawn_escapees(marker)
     # Before the task line, which tests wait for: what they do next meets the handler.
-    handlers = {"preempt": _preempted, "deaf": lambda signum, frame: None}
+    handlers = {"preempt": _preempted, "deaf": lambda signum, frame: None,
+                "plain": signal.SIG_DFL}
     signal.signal(signal.SIGTERM, handlers.get(what, signal.SIG_IGN))
     print(f"[escape] task pid={os.getpid()} tempdir={tempfile.gettempdir()}", flush=True)
     if what == "exit":
