@@ -74,8 +74,9 @@ class Checks:
         """Training done: the servers are stopped (they never exit on their own), then the
         sidecars are waited for (FINISHING)."""
         job = self.job
-        recs = list(job.records.values())
-        if not decide.training_done(job.rules, [(r.role, r.finished) for r in recs]):
+        recs = job.records.values()
+        # A generator: the answer is known at the first task not finished (every round).
+        if not decide.training_done(job.rules, ((r.role, r.finished) for r in recs)):
             return
         servers = [r for r in recs if decide.serving(r.role, job.rules) and r.state.live]
         stop(job, self.intake, servers, "the chief finished", then=self._finishing)
