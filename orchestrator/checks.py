@@ -42,12 +42,16 @@ class Checks:
         """A stalled training task fails its attempt (orchestrator.stall); its stacks, and
         those of every task stuck with it that can answer, are asked for first."""
         job = self.job
+        if now < self.stalls_at + STALL_CHECK_SECONDS:
+            return
         rule = decide.stall_rule(job.policy)
-        if now < self.stalls_at + STALL_CHECK_SECONDS or rule is None:
+        if rule is None:
             return
         self.stalls_at = now
-        watched = [job.watched(r) for r in job.live()
-                   if not r.current.done and decide.training(r.role, job.rules)]
+        rules = job.rules
+        watched = [job.watched(r) for r in job.records.values()
+                   if r.state.live and r.handle is not None and not r.current.done
+                   and decide.training(r.role, rules)]
         stalls = find_stalls(watched, now, rule)
         if not stalls:
             return

@@ -190,11 +190,12 @@ class Stall:
 
 
 def _over(w: Watched, now: float, rule: StallRule) -> bool:
-    limit = rule.limit(w.pace)
-    if rule.judges_steps(w.pace) and w.pace.moved_at is not None \
-            and now - w.pace.moved_at >= limit:
+    # The limit only where a clock runs against it: a task neither stopped nor judged by
+    # its steps (most of them, most of the time) costs two looks.
+    if w.stopped_since is not None and now - w.stopped_since >= rule.limit(w.pace):
         return True
-    return w.stopped_since is not None and now - w.stopped_since >= limit
+    return rule.judges_steps(w.pace) and w.pace.moved_at is not None \
+        and now - w.pace.moved_at >= rule.limit(w.pace)
 
 
 def _silent(w: Watched, now: float) -> bool:

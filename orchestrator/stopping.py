@@ -115,7 +115,8 @@ def teardown_waits(job: Job, now: float) -> None:
     """Stop a task left waiting in its teardown for a peer that is gone: its code and
     atexit handlers are done, so there is nothing to lose (module doc of supervise)."""
     for rec in job.records.values():
-        if not rec.state.live or rec.current.exiting_at is None or rec.current.torn_down \
+        # Its `exiting` marker first: none for most tasks most of the time (every round).
+        if rec.current.exiting_at is None or not rec.state.live or rec.current.torn_down \
                 or rec.handle is None or decide.serving(rec.role, job.rules):
             continue
         since = decide.teardown_since(rec.current.exiting_at, [

@@ -305,7 +305,9 @@ class Supervisor:
             self._by_fd = None  # the hold asks its own handles
         else:
             self._by_fd, self._unwatched = {}, []
-            for r in job.live():
+            for r in job.records.values():
+                if r.handle is None or not r.state.live:
+                    continue
                 fd = getattr(r.handle, "exit_fd", None)
                 if fd is None:
                     self._unwatched.append(r)
