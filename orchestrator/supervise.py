@@ -7,8 +7,9 @@
 One thread, one loop: pump output into logs and console, notice exits and stalls, decide
 restarts, start what is due. Between rounds it sleeps until the kernel says something
 happened: a task exited (its handle's pidfd) or a signal came, at once; output arrived
-(orchestrator.wakeup), at most every OUTPUT_SECONDS; at most IDLE_SECONDS (timeouts,
-backoffs); handles with no exit fd (SSH) are polled every POLL_SECONDS. Every step is
+(orchestrator.wakeup), at most every OUTPUT_SECONDS (a usage marker wakes nothing: the
+next round takes it); at most IDLE_SECONDS (timeouts, backoffs); handles with no exit fd
+(SSH) are polled every POLL_SECONDS. Every step is
 written to events.jsonl. What to do is the plan's: its policy (restarts, timeouts) and its
 strategy's rules (which roles serve first, which are servers, what restarts with what, what
 counts as done).
@@ -97,8 +98,9 @@ __all__ = ["JOB_TRANSITIONS", "STANDBY_AFTER_READY_SECONDS", "START_BACKOFF_MAX"
 
 POLL_SECONDS = 0.05  # handles without an exit fd
 IDLE_SECONDS = 0.25  # the longest the loop sleeps with nothing happening
-# Output wakes the loop at most this often: a round costs O(tasks), and the usage markers of
-# 64 tasks alone arrive 32 times a second (a round for each cost 0.04 of a core).
+# Output wakes the loop at most this often: a round costs O(tasks). The usage markers of 64
+# tasks arrive 32 times a second (a round for each cost 0.04 of a core); they wake nothing
+# (launch/output.py), each round takes those queued.
 OUTPUT_SECONDS = 0.1
 WATCH_SECONDS = 1.0  # how often the loop hands itself to a watcher (the live view)
 # A closed terminal or a dropped SSH session to the user's machine sends SIGHUP: a teardown
