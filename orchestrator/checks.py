@@ -42,12 +42,16 @@ class Checks:
         """A stalled training task fails its attempt (orchestrator.stall); its stacks, and
         those of every task stuck with it that can answer, are asked for first."""
         job = self.job
+        if now < self.stalls_at + STALL_CHECK_SECONDS:
+            return
         rule = decide.stall_rule(job.policy)
-        if now < self.stalls_at + STALL_CHECK_SECONDS or rule is None:
+        if rule is None:
             return
         self.stalls_at = now
-        watched = [job.watched(r) for r in job.live()
-                   if not r.current.done and decide.training(r.role, job.rules)]
+        rules = job.rules
+        watched = [job.watched(r) for r in job.records.values()
+                   if r.state.live and r.handle is not None and not r.current.done
+                   and decide.training(r.role, rules)]
         stalls = find_stalls(watched, now, rule)
         if not stalls:
             return
@@ -74,8 +78,9 @@ class Checks:
         """Training done: the servers are stopped (they never exit on their own), then the
         sidecars are waited for (FINISHING)."""
         job = self.job
-        recs = list(job.records.values())
-        if not decide.training_done(job.rules, [(r.role, r.finished) for r in recs]):
+        recs = job.records.values()
+        # A generator: the answer is known at the first task not finished (every round).
+        if not decide.training_done(job.rules, ((r.role, r.finished) for r in recs)):
             return
         servers = [r for r in recs if decide.serving(r.role, job.rules) and r.state.live]
         stop(job, self.intake, servers, "the chief finished", then=self._finishing)

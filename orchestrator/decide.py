@@ -26,6 +26,7 @@ nothing that does): tests/test_decide.py checks it, and decides with no process 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -360,7 +361,7 @@ def finishing_fields(verdict: str, policy: Policy) -> dict[str, float | None]:
             "evaluator_idle_seconds": policy.evaluator_idle_seconds}
 
 
-def training_done(rules: StrategyRules, tasks: list[tuple[Role, bool]]) -> bool:
+def training_done(rules: StrategyRules, tasks: Iterable[tuple[Role, bool]]) -> bool:
     """The job's training is done: every task (role, finished) of the roles the strategy
     names (`done_when`) finished."""
     return all(finished for role, finished in tasks if role in rules.done_when)

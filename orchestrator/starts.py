@@ -33,10 +33,11 @@ class Starts:
 
     def due(self, now: float) -> list[TaskRecord]:
         # A task whose last start failed goes first: if its host still cannot be reached,
-        # its healthy peers are not started only to be stopped again.
-        first = sorted(self.job.records.values(), key=lambda r: -min(r.start_failures, 1))
-        return [rec for rec in first if rec.state is TaskState.PENDING and now >= rec.start_after
-                and self.ready(rec)]
+        # its healthy peers are not started only to be stopped again. (Sorted once found due:
+        # most rounds none is, and the round costs nothing per running task.)
+        due = [rec for rec in self.job.records.values() if rec.state is TaskState.PENDING
+               and now >= rec.start_after and self.ready(rec)]
+        return sorted(due, key=lambda r: -min(r.start_failures, 1))
 
     def start_due(self, now: float) -> None:
         """Start what is due as one batch (the backend may start a host's tasks together).

@@ -46,8 +46,10 @@ class Stopping:
     def __init__(self, job: Job, intake: Intake, recs: list[TaskRecord], why: str,
                  then: Callable[[], None] | None) -> None:
         self.job, self.intake, self.recs, self.then = job, intake, recs, then
-        # A task whose code ended 42 before this SIGTERM: why that was no preemption.
-        self.notes = {r.name: job.not_preempted(r, r.current.exiting_code) for r in recs}
+        # A task whose code ended 42 before this SIGTERM: why that was no preemption. Only a
+        # task whose code said its status can have one (64 tasks: a restart unit each, 64²).
+        self.notes = {r.name: job.not_preempted(r, r.current.exiting_code) for r in recs
+                      if r.current.exiting_code is not None}
         for r in recs:
             assert r.handle is not None
             if r.state is TaskState.STOPPING:
@@ -59,34 +61,39 @@ class Stopping:
         self.kill_at = job.clock() + self.grace
         self.killed: list[TaskRecord] | None = None  # at the kill deadline, those still running
         self.gone_by = 0.0  # then: their exits are waited for until this time
+        # Those not seen exited yet: each step asks only these, and the loop watches them.
+        self.running = list(recs)
 
     def handles(self) -> list[TaskHandle]:
-        return [r.handle for r in self.recs if r.handle is not None and r.handle.poll() is None]
+        return [r.handle for r in self.running if r.handle is not None]
 
     def wake_in(self, now: float) -> float:
         return (self.kill_at if self.killed is None else self.gone_by) - now
 
     def step(self, now: float) -> None:
+        self.running = [r for r in self.running if r.handle is not None
+                        and r.handle.poll() is None]
         if self.killed is None:
-            running = [r for r in self.recs if r.handle is not None and r.handle.poll() is None]
-            if running and now < self.kill_at and self.job.signal_count < 2:
+            if self.running and now < self.kill_at and self.job.signal_count < 2:
                 return
-            self.killed, self.gone_by = running, now + KILLED_EXIT_SECONDS
-            for r in running:
+            self.killed, self.gone_by = list(self.running), now + KILLED_EXIT_SECONDS
+            for r in self.killed:
                 r.handle.kill()  # type: ignore[union-attr]
-        if now < self.gone_by and any(r.handle.poll() is None for r in self.killed):
+            self.running = [r for r in self.killed if r.handle.poll() is None]  # type: ignore
+        if now < self.gone_by and self.running:
             return
         if self.job.hold is self:
             self.job.hold = None
+        killed = {r.name for r in self.killed}
         for r in self.recs:
-            self._stopped(r)
+            self._stopped(r, r.name in killed)
         if self.then is not None:
             self.then()
 
-    def _stopped(self, r: TaskRecord) -> None:
+    def _stopped(self, r: TaskRecord, killed: bool) -> None:
         job, handle = self.job, r.handle
-        assert handle is not None and self.killed is not None
-        if r.name in {k.name for k in self.killed}:
+        assert handle is not None
+        if killed:
             job.events.write("task_killed", r.name, pid=r.pid,
                              reason=f"still running {self.grace:g} s after SIGTERM")
         self.intake.collect(r, handle.poll())
@@ -96,7 +103,8 @@ class Stopping:
         # its teardown: that status is how it ended, as in Exits.exited.
         told = said is not None and rc is not None
         how = decide.stopped_how(describe_exit(rc), lost_contact(r),
-                                 describe_exit(said) if told else None, self.notes[r.name])
+                                 describe_exit(said) if told else None,
+                                 self.notes.get(r.name, ""))
         if told:
             r.current.returncode = said
         job.events.write("task_stopped", r.name, pid=r.pid, returncode=r.current.returncode,
@@ -107,7 +115,8 @@ def teardown_waits(job: Job, now: float) -> None:
     """Stop a task left waiting in its teardown for a peer that is gone: its code and
     atexit handlers are done, so there is nothing to lose (module doc of supervise)."""
     for rec in job.records.values():
-        if not rec.state.live or rec.current.exiting_at is None or rec.current.torn_down \
+        # Its `exiting` marker first: none for most tasks most of the time (every round).
+        if rec.current.exiting_at is None or not rec.state.live or rec.current.torn_down \
                 or rec.handle is None or decide.serving(rec.role, job.rules):
             continue
         since = decide.teardown_since(rec.current.exiting_at, [

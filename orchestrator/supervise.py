@@ -7,8 +7,9 @@
 One thread, one loop: pump output into logs and console, notice exits and stalls, decide
 restarts, start what is due. Between rounds it sleeps until the kernel says something
 happened: a task exited (its handle's pidfd) or a signal came, at once; output arrived
-(orchestrator.wakeup), at most every OUTPUT_SECONDS; at most IDLE_SECONDS (timeouts,
-backoffs); handles with no exit fd (SSH) are polled every POLL_SECONDS. Every step is
+(orchestrator.wakeup), at most every OUTPUT_SECONDS (a usage marker wakes nothing: the
+next round takes it); at most IDLE_SECONDS (timeouts, backoffs); handles with no exit fd
+(SSH) are polled every POLL_SECONDS. Every step is
 written to events.jsonl. What to do is the plan's: its policy (restarts, timeouts) and its
 strategy's rules (which roles serve first, which are servers, what restarts with what, what
 counts as done).
@@ -97,8 +98,9 @@ __all__ = ["JOB_TRANSITIONS", "STANDBY_AFTER_READY_SECONDS", "START_BACKOFF_MAX"
 
 POLL_SECONDS = 0.05  # handles without an exit fd
 IDLE_SECONDS = 0.25  # the longest the loop sleeps with nothing happening
-# Output wakes the loop at most this often: a round costs O(tasks), and the usage markers of
-# 64 tasks alone arrive 32 times a second (a round for each cost 0.04 of a core).
+# Output wakes the loop at most this often: a round costs O(tasks). The usage markers of 64
+# tasks arrive 32 times a second (a round for each cost 0.04 of a core); they wake nothing
+# (launch/output.py), each round takes those queued.
 OUTPUT_SECONDS = 0.1
 WATCH_SECONDS = 1.0  # how often the loop hands itself to a watcher (the live view)
 # A closed terminal or a dropped SSH session to the user's machine sends SIGHUP: a teardown
@@ -148,6 +150,10 @@ class Supervisor:
         self._t0 = job.clock()
         self._waiter = waiter or wakeup.Waiter()
         self._round_at = 0.0  # time the last round began (OUTPUT_SECONDS)
+        # What the loop last waited on: each exit fd's record, and the records with none
+        # (polled). None: not waited yet, every live handle is asked.
+        self._by_fd: dict[int, TaskRecord] | None = None
+        self._unwatched: list[TaskRecord] = []
         self._exited: set[int] = set()  # exit fds readable when the loop last woke
 
     def run(self, started: Callable[[], None] | None = None) -> RunResult:
@@ -251,12 +257,17 @@ class Supervisor:
 
     def _poll_exits(self) -> None:
         """Asks the handles the kernel said exited (their exit fd readable when the loop
-        woke) and those without an exit fd. One that exits later, or before its fd was
-        first watched, wakes the next sleep at once: the fd stays readable."""
-        asked = {None, *self._exited}
-        for rec in self.job.live():
-            if rec.state.live and getattr(rec.handle, "exit_fd", None) in asked:
-                rc = rec.handle.poll()  # type: ignore[union-attr]
+        woke) and those without an exit fd: a round with no exit asks none (64 idle tasks:
+        64 polls a round saved). One that exits later, or before its fd was first watched,
+        wakes the next sleep at once: the fd stays readable."""
+        if self._by_fd is None:
+            asked = self.job.live()
+        else:
+            asked = [*(self._by_fd[fd] for fd in self._exited if fd in self._by_fd),
+                     *self._unwatched]
+        for rec in asked:
+            if rec.state.live and rec.handle is not None:
+                rc = rec.handle.poll()
                 if rc is not None:
                     self.exits.exited(rec, rc)
                     if self.job.busy:
@@ -289,11 +300,24 @@ class Supervisor:
         sleep too, but no sooner than OUTPUT_SECONDS after the last round began. While a
         hold is under way, only its handles are watched."""
         job = self.job
-        handles: list[TaskHandle] = job.hold.handles() if job.hold is not None else [
-            r.handle for r in job.live() if r.handle is not None]
         timeout = self._idle_seconds()
-        fds = {fd for h in handles if (fd := getattr(h, "exit_fd", None)) is not None}
-        if len(fds) < len(handles):
+        if job.hold is not None:
+            handles: list[TaskHandle] = job.hold.handles()
+            fds = {fd for h in handles if (fd := getattr(h, "exit_fd", None)) is not None}
+            unwatched = len(fds) < len(handles)
+            self._by_fd = None  # the hold asks its own handles
+        else:
+            self._by_fd, self._unwatched = {}, []
+            for r in job.records.values():
+                if r.handle is None or not r.state.live:
+                    continue
+                fd = getattr(r.handle, "exit_fd", None)
+                if fd is None:
+                    self._unwatched.append(r)
+                else:
+                    self._by_fd[fd] = r
+            fds, unwatched = set(self._by_fd), bool(self._unwatched)
+        if unwatched:
             timeout = min(timeout, POLL_SECONDS)
         self._waiter.watch(fds)
         until, output = job.clock() + timeout, False

@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
+from orchestrator import wakeup
 from orchestrator.console import ConsoleWriter, printable
 from orchestrator.launch.output import LINE_CAP, TaskOutput
 from orchestrator.markers import BadMarker, Evaluated, Up, Usage, read_marker
@@ -518,3 +519,22 @@ def test_a_flooding_task_costs_the_coordinator_little_and_the_log_keeps_every_li
     assert cpu < 2.5, f"the coordinator spent {cpu:.2f} s of CPU in {wall:.1f} s"
     with open(run_dir / "logs" / "worker-0.log", "rb") as log:
         assert sum(line.startswith(b"flood x") for line in log) == 2_000_000
+
+
+def test_a_usage_marker_waits_for_the_loop_s_next_round_and_a_line_wakes_it(tmp_path):
+    """Every task's wrapper reports its usage every USAGE_SECONDS: 64 tasks' woke the loop
+    10 times a second, each round over every task. A usage marker is state: the loop takes
+    it at its next round (IDLE_SECONDS at most); a line or another marker still wakes it,
+    even one queued behind a usage marker."""
+    waiter = wakeup.Waiter()
+    out = TaskOutput(str(tmp_path / "log"), None, "t")  # fed, no reader thread
+    waiter.wait(0)  # what other tests notified
+    usage = markers.line(markers.USAGE, cpu=0.0, rss=1, processes=1, stopped=False)
+    out.feed(usage.encode())
+    assert waiter.wait(0) == (set(), False), "a usage marker woke the loop"
+    out.feed(b"epoch 1\n")
+    assert waiter.wait(0) == (set(), True), "a line behind a usage marker did not wake it"
+    assert [read_marker(line) is not None for line in out.lines()] == [True, False]
+    out.feed(markers.line(markers.READY).encode())
+    assert waiter.wait(0) == (set(), True), "a ready marker did not wake the loop"
+    out.end()

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from orchestrator.plan import TaskPlan
 from orchestrator.supervise import JobState, Supervisor
 from tests.conftest import REPO, events, kill_tree, tfo_cmd, wait_until, write_spec
 from tests.conftest import events as run_events
-from tests.test_supervise import READY, planned, spec
+from tests.test_supervise import READY, FakeClock, FakeHandle, FakeWaiter, Script, planned, spec
 
 TASKS = 32
 
@@ -155,3 +156,78 @@ def test_a_wrapper_waiting_for_its_script_s_port_costs_next_to_nothing(tmp_path:
         handle.kill()
         wait_until(lambda: handle.poll() is not None, 10)
         handle.close()
+
+
+
+class SlowToStop(FakeHandle):
+    """Exits `delay` s (of the fake clock) after its SIGTERM; counts how often it is asked
+    from then on."""
+
+    def __init__(self, task: TaskPlan, attempt: int, script: Script, clock: FakeClock,
+                 delay: float) -> None:
+        super().__init__(task, attempt, script, clock)
+        self.delay, self.termed_at, self.asked = delay, None, 0
+
+    def terminate(self) -> None:
+        self.termed_at = self._clock()
+
+    def poll(self) -> int | None:
+        if self.termed_at is not None:
+            self.asked += 1
+            if self._rc is None and self._clock() - self.termed_at >= self.delay - 1e-9:
+                self._rc = -15
+        return super().poll()
+
+
+def stop_many(tmp_path: Path, n: int) -> tuple[list[SlowToStop], int, int]:
+    """`n` scripted workers on a fake clock; worker:1 fails after 1 s (restart never): the
+    others are stopped and exit 0.05-0.5 s after their SIGTERM. The handles, the loop's
+    waits after worker:1's exit, and the Python calls (sys.setprofile) from then on."""
+    clock = FakeClock()
+    data = spec(policy="never", worker=[f"localhost:{i + 1}" for i in range(n)])
+    data["timeouts"]["grace_seconds"] = 5.0
+    handles: list[SlowToStop] = []
+    counted = {"calls": 0, "waits": 0}
+
+    def start(task: TaskPlan, attempt: int) -> SlowToStop:
+        script = Script([(1, 1.0, True)] if task.name == "worker:1" else [(None, 0, True)])
+        handles.append(SlowToStop(task, attempt, script, clock,
+                                  delay=0.05 * (1 + task.index % 10)))
+        return handles[-1]
+
+    def failed() -> bool:
+        return len(handles) > 1 and handles[1]._rc is not None
+
+    class Waiter(FakeWaiter):
+        def wait(self, seconds: float, output: bool = True) -> tuple[set[int], bool]:
+            counted["waits"] += failed()
+            return super().wait(seconds, output)
+
+    def count(frame, event, arg) -> None:  # noqa: ANN001 (sys.setprofile's)
+        if event in ("call", "c_call") and failed():
+            counted["calls"] += 1
+
+    sup = Supervisor(planned(tmp_path / str(n), data), start=start,
+                     echo=lambda task, line: None, clock=clock, waiter=Waiter(clock))
+    sys.setprofile(count)
+    try:
+        result = sup.run()
+    finally:
+        sys.setprofile(None)
+    assert result.state is JobState.FAILED and result.failed_task == "worker:1"
+    return handles, counted["waits"], counted["calls"]
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_asks_each_task_once_a_round_and_costs_the_loop_in_proportion(tmp_path: Path):
+    """Stopping 63 tasks: each round asks only the tasks not seen exited yet, once each (it
+    asked each twice: for the loop's wait and for the stop's step), and the loop's work
+    grows with the number of tasks, not with its square (each task's restart unit was
+    worked out before the first SIGTERM: 64² for 64 tasks)."""
+    _, _, few_calls = stop_many(tmp_path, 8)
+    many, waits, many_calls = stop_many(tmp_path, 64)
+    for h in many[:1] + many[2:]:
+        rounds = round(h.delay / 0.05)  # no exit fds here: the loop waits POLL_SECONDS
+        assert h.asked <= rounds + 2, f"{h.task.name} asked {h.asked} times in {rounds} rounds"
+    assert waits <= 12, f"{waits} waits for a stop whose last task exits in 0.5 s"
+    assert many_calls / few_calls < 64 / 8 * 1.5, (few_calls, many_calls)

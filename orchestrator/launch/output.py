@@ -30,9 +30,12 @@ from typing import BinaryIO
 
 from orchestrator import wakeup
 from orchestrator.console import overstrike
+from worker_entry import markers
 from worker_entry.markers import START
 
 _START = START.encode()
+# How a usage marker begins, after its START (what _end_marker holds).
+_USAGE = markers.line(markers.USAGE).removeprefix(START).rstrip("}\n").encode()
 
 LINE_CAP = 64 * 1024  # characters of one line held in memory
 QUEUE_CHARS = 4 * 1024 * 1024  # lines waiting for the supervisor, in characters
@@ -75,8 +78,12 @@ class _LineQueue:
         self._open = True
         self._cond = threading.Condition()
         self.full = False  # the reader waits for the supervisor
+        self._woken = False  # the loop was woken for the lines queued since its last take
 
-    def put(self, line: str) -> None:
+    def put(self, line: str, wake: bool = True) -> None:
+        """`wake` False: a line the loop may take at its next round, whenever that is (a
+        usage marker); the loop is woken for the first line since its last take that is
+        not one."""
         with self._cond:
             if not self._block and self._lines and self._size + len(line) > self._limit:
                 self._dropped += 1
@@ -86,10 +93,10 @@ class _LineQueue:
                 self._cond.wait()
             self.full = False
             if self._open:
-                first = not self._lines
                 self._lines.append(line)
                 self._size += len(line)
-                if first:  # queued first: `take` looks without the lock
+                if wake and not self._woken:  # `take` looks without the lock
+                    self._woken = True
                     wakeup.notify()  # the supervisor sleeps until there is something to take
 
     def take(self) -> list[str]:
@@ -99,6 +106,7 @@ class _LineQueue:
             lines = list(self._lines)
             self._lines.clear()
             self._size = 0
+            self._woken = False
             if self._dropped:
                 lines.append(dropped_note(self._dropped))
                 self._dropped = 0
@@ -332,7 +340,10 @@ class TaskOutput:
             self._write(raw)
         else:  # the log is in the middle of the task's line: the marker goes after it
             self._held.append(raw)
-        self._queue.put(raw[:-1].decode(errors="replace"))
+        # A usage marker (every task's, every USAGE_SECONDS) is state, not an event: it waits
+        # for the loop's next round, at most IDLE_SECONDS, rather than wake it (64 tasks' made
+        # 10 rounds a second, each over every task).
+        self._queue.put(raw[:-1].decode(errors="replace"), wake=not raw.startswith(_USAGE))
 
 
 # Local and Slurm tasks are child processes of ours (the task's wrapper, or srun before it):
