@@ -44,7 +44,7 @@ test: $(STAMP) pyc sshd slurm
 # make bench: every figure of issue 13 against its target (about 10 minutes on 2 cores);
 # writes bench/results.json and bench/results.png. Installs the `bench` extra (matplotlib).
 bench: $(STAMP) pyc
-	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -c 'import matplotlib, dill' 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/run.py
 
 # make docs: docs/reference/cluster-file.md (from the cluster file's models) and

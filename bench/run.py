@@ -901,10 +901,15 @@ def main(argv: list[str] | None = None) -> int:
 
         sections += [extras.bench_ps, extras.bench_ssh]
     took: dict[str, float] = {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="tfo-bench-") as d:
         for section in sections:
             t = time.monotonic()
-            section(s, Path(d))
+            try:
+                section(s, Path(d))
+            except Exception as e:  # noqa: BLE001 - the other sections' figures still count
+                failed[section.__name__] = f"{type(e).__name__}: {str(e)[-2000:]}"
+                print(f"{section.__name__} failed: {failed[section.__name__]}", flush=True)
             took[section.__name__] = round(time.monotonic() - t, 1)
     explain_misses()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -915,6 +920,7 @@ def main(argv: list[str] | None = None) -> int:
                     "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
         "seconds": round(time.monotonic() - started, 1),
         "section_seconds": took,
+        "failed_sections": failed,
         "figures": {k: f.summary() for k, f in FIGURES.items() if f.samples},
         "coordinator_cpu_curve": {str(n): v for n, v in sorted(CURVE.items())},
         "detail": DETAIL,
@@ -932,7 +938,9 @@ def main(argv: list[str] | None = None) -> int:
     missed = [f.label for f in FIGURES.values() if f.met is False]
     if missed:
         print("missed: " + "; ".join(missed))
-    return 0
+    if failed:
+        print("failed sections (no figures): " + ", ".join(failed))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
