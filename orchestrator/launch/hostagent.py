@@ -38,6 +38,7 @@ from worker_entry.markers import beat_seconds
 if TYPE_CHECKING:
     import paramiko
 
+CLOSE_SECONDS = 2.0  # an agent told to quit: its exit awaited this long
 FIRST_BEAT_SECONDS = 30.0  # python's start on a slow host, before the agent answers
 LOST = "lost contact with"
 EXIT_LOST = 255  # ssh's own code for a lost connection; `exit_reason` says which
@@ -213,9 +214,15 @@ class HostAgent:
         handle._close_exit_fd()
 
     def close(self) -> None:
-        """QUIT (the agent kills its tasks and exits) and close the channel."""
+        """QUIT (the agent kills its tasks and exits), its exit awaited for CLOSE_SECONDS at
+        most (its channel's end: tfo returns with nothing of the run left on the host), and
+        close the channel."""
         self._closed = True
-        self.send(frames.QUIT)
+        if self.send(frames.QUIT):
+            until = time.monotonic() + CLOSE_SECONDS
+            with self._lock:
+                while self.lost is None and time.monotonic() < until:
+                    self._lock.wait(0.05)
         with contextlib.suppress(Exception):  # its reader may be dropping the connection
             self._chan.close()
 
