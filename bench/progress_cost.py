@@ -4,7 +4,12 @@
   other callback: the case where tfo's callback is the only one with per-step hooks), with
   tfo's callback (`Progress`, as the hook adds it) against without;
 - tf.function: the time per call of a trivial tf.function, counted (the hook's wrapper of
-  `Function.__call__`) against not.
+  `Function.__call__`) against not;
+- the bench's job (bench/job.py's model: digits, Dense 64 → 10, batches of 128, one
+  intra-op thread on one core): its throughput with tfo's callback ÷ without, in one
+  process, fit after fit alternated. Between two tfo runs the same job's throughput swings
+  ±10 % (where each run's threads land, its memory), which hides a tenth of that; within
+  one process the pairs differ by what the callback does.
 
 The arms alternate (A B, B A, ...) after a warm-up of each; each prints the arms' medians,
 the median of the pairs' differences and the difference of the arms' fastest runs (the
@@ -14,6 +19,7 @@ steadier figure on a busy machine):
     COST hook_us <the callback's per-step hook alone, fastest of the runs>
     COST fit_us_per_step <without> <with> <difference> <difference of the fastest>
     COST call_us <without> <with> <difference> <difference of the fastest>
+    COST job_ratio <median of the pairs' throughput with ÷ without> <lowest> <highest>
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--pairs", type=int, default=7)
+    parser.add_argument("--job-steps", type=int, default=300)
+    parser.add_argument("--job-pairs", type=int, default=21)
     args = parser.parse_args()
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ["TFO_TASK"] = "worker:0"  # the callback's markers go out, as in a task
@@ -69,6 +77,26 @@ def main() -> None:
         Function.__call__ = plain
         return took
 
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # as bench/job.py --pin
+    from sklearn.datasets import load_digits
+
+    dx, dy = load_digits(return_X_y=True)
+    digits = tf.data.Dataset.from_tensor_slices(((dx / 16.0).astype("float32"),
+                                                 dy.astype("int64")))
+    digits = digits.shuffle(2000, seed=7).repeat().batch(128)
+    job = tf.keras.Sequential([tf.keras.Input(shape=(64,)),
+                               tf.keras.layers.Dense(64, activation="relu"),
+                               tf.keras.layers.Dense(10)])
+    job.compile(optimizer=tf.keras.optimizers.SGD(0.1), metrics=["accuracy"],
+                loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    def job_fit(ours: bool) -> float:
+        """Steps a second of the bench job's fit, with tfo's callback or without."""
+        start = time.perf_counter()
+        job.fit(digits, epochs=1, steps_per_epoch=args.job_steps, verbose=0,
+                callbacks=[Progress()] if ours else [])
+        return args.job_steps / (time.perf_counter() - start)
+
     hook = Progress()
     hook.set_model(model)
     hook.set_params({"epochs": 1, "steps": args.steps})
@@ -96,6 +124,14 @@ def main() -> None:
         print(f"COST {name} {statistics.median(without):.3f} {statistics.median(with_):.3f} "
               f"{statistics.median(diffs):.3f} {min(with_) - min(without):.3f}", file=out,
               flush=True)
+    job_fit(False), job_fit(True)  # warm-ups: tracing
+    ratios = []
+    for i in range(args.job_pairs):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        got = {ours: job_fit(ours) for ours in order}
+        ratios.append(got[True] / got[False])
+    print(f"COST job_ratio {statistics.median(ratios):.4f} {min(ratios):.4f} "
+          f"{max(ratios):.4f}", file=out, flush=True)
 
 
 if __name__ == "__main__":

@@ -156,6 +156,10 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     # Issue 29: tfo's callback joins every fit by itself (worker_entry/autoprogress.py).
     Figure("progress_ratio", "throughput, automatic progress on ÷ off (tfo)", "×", 0.99,
            "ge"),
+    # The same question within one process (bench/progress_cost.py): the bench job's fit
+    # with the callback and without, alternated; between runs the pairs swing ±10 %.
+    Figure("progress_job_ratio", "… the bench job's throughput, on ÷ off, in one process",
+           "×", 0.99, "ge"),
     Figure("progress_hook_us", "… its callback's per-step hook alone", "µs", None),
     Figure("progress_fit_us", "… a tiny fit's step, with it − without", "µs", None),
     Figure("progress_call_us", "… a tf.function call, counted − not", "µs", None),
@@ -520,6 +524,10 @@ def bench_progress(s: Setting, tmp: Path) -> None:
         name, *values = line.split()[1:] if line.startswith("COST ") else [None]
         if name == "hook_us":
             add("progress_hook_us", float(values[0]))
+        elif name == "job_ratio":
+            add("progress_job_ratio", float(values[0]))
+            detail("progress_job_ratio, lowest pair", float(values[1]))
+            detail("progress_job_ratio, highest pair", float(values[2]))
         elif name in ("fit_us_per_step", "call_us"):
             key = "progress_fit_us" if name == "fit_us_per_step" else "progress_call_us"
             add(key, float(values[3]))  # the fastest runs' difference: steadier when busy
