@@ -476,10 +476,15 @@ def test_a_closed_terminal_tears_the_run_down(marker: str, run_dir: Path, tmp_pa
     status = None
     try:
         until = time.monotonic() + 150
-        while len(escapees(marker)) != 2 and time.monotonic() < until:
+        # Two escapees once the task said so: while its daemonizer runs there are three (make
+        # test once saw 2, then 3 at the assert).
+        seen = b""
+        while time.monotonic() < until and not (
+                b"started a session child" in seen and len(escapees(marker)) == 2):
             if select.select([terminal], [], [], 0.2)[0]:
-                os.read(terminal, 65536)  # what the user would have seen
-        assert len(escapees(marker)) == 2, "the tasks never started"
+                with contextlib.suppress(OSError):
+                    seen += os.read(terminal, 65536)  # what the user would have seen
+        assert len(escapees(marker)) == 2, f"the tasks never started: {seen[-2000:]!r}"
         os.close(terminal)
         until = time.monotonic() + 30
         while status is None and time.monotonic() < until:
