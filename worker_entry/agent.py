@@ -57,6 +57,12 @@ class _Task:
     forked: bool = False
 
 
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 def _expand(value: str) -> str:
     return os.path.expanduser(value) if value == "~" or value.startswith("~/") else value
 
@@ -194,17 +200,13 @@ class Agent:
 
     @staticmethod
     def close_output(task: _Task) -> None:
-        if task.out is not None:
-            with contextlib.suppress(OSError):
-                os.close(task.out)
+        _close(task.out)
         task.out = None
 
     @staticmethod
     def close_stdin(task: _Task) -> None:
         """The wrapper's lifeline ends (EOF on its stdin)."""
-        if task.stdin is not None:
-            with contextlib.suppress(OSError):
-                os.close(task.stdin)
+        _close(task.stdin)
         task.stdin = None
 
     def report_exits(self, now: float) -> None:

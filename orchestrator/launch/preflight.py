@@ -11,7 +11,6 @@ come from package metadata. The backends call these; this module knows no backen
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -28,7 +27,7 @@ from orchestrator.launch.gpus import GpuReport, local_gpus
 from orchestrator.launch.gpus import parse as parse_gpus
 from orchestrator.launch.hostagent import SshError, exports
 from orchestrator.launch.ports import port_problem
-from orchestrator.launch.remote import PROBE_SECONDS, open_command
+from orchestrator.launch.remote import PROBE_SECONDS, close_channel, open_command
 from orchestrator.plan import TaskPlan
 from orchestrator.spec import LOCALHOST, HostSpec
 
@@ -195,9 +194,7 @@ def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan], connect: Callabl
         return row, None, None
     probe = _read_probe(name, h, row, tasks, (chan, status, out, err))
     if probe is None or row.problems or probe.get("code") is None:
-        if chan is not None:
-            with contextlib.suppress(Exception):
-                chan.close()
+        close_channel(chan)
         return row, probe and probe.get("code"), None
     return row, probe["code"], chan
 

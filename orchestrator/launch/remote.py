@@ -101,19 +101,11 @@ def run_remote(conn: fabric.Connection, command: str, timeout: float,
     threads cost more than the command here): (exit status, stdout, stderr); status None
     where it did not end in `timeout`. `stdin` is its input, then EOF. A session sshd
     refuses raises `refused`'s SshError."""
-    import paramiko
-
-    transport = conn.client.get_transport()
-    if transport is None or not transport.is_active():
-        raise SshError("connection lost")
+    transport = _transport(conn)
 
     def run() -> tuple[int | None, str, str]:
+        chan = _session(transport, conn, timeout, name)
         try:
-            chan = transport.open_session(timeout=timeout)
-        except paramiko.ChannelException as e:
-            raise refused(name or conn.host, conn.host, e) from None
-        try:
-            chan.settimeout(timeout)
             chan.exec_command(command)
             if stdin:
                 chan.sendall(stdin)
@@ -135,20 +127,12 @@ def open_command(conn: fabric.Connection, command: str, stdin: bytes, timeout: f
     may become the host's agent), bounded as run_remote: (its channel, still open, None, what
     it printed up to its first line's end, ""); or where it ended first, (None, its exit
     status, stdout, stderr); status None: no answer in `timeout`, the channel closed."""
-    import paramiko
-
-    transport = conn.client.get_transport()
-    if transport is None or not transport.is_active():
-        raise SshError("connection lost")
+    transport = _transport(conn)
 
     def run() -> tuple[paramiko.Channel | None, int | None, str, str]:
-        try:
-            chan = transport.open_session(timeout=timeout)
-        except paramiko.ChannelException as e:
-            raise refused(name or conn.host, conn.host, e) from None
+        chan = _session(transport, conn, timeout, name)
         out = b""
         try:
-            chan.settimeout(timeout)
             chan.exec_command(command)
             chan.sendall(stdin)
             while not _answered(out) and len(out) < 1 << 20:  # past a login shell's chatter
@@ -166,6 +150,33 @@ def open_command(conn: fabric.Connection, command: str, stdin: bytes, timeout: f
         return chan, None, out.decode(errors="replace"), ""
 
     return bounded(run, timeout + 1, "remote command", lambda: None)
+
+
+def _transport(conn: fabric.Connection) -> paramiko.Transport:
+    transport = conn.client.get_transport()
+    if transport is None or not transport.is_active():
+        raise SshError("connection lost")
+    return transport
+
+
+def _session(transport: paramiko.Transport, conn: fabric.Connection, timeout: float,
+             name: str) -> paramiko.Channel:
+    """A session of its own, each wait on it bounded by `timeout`; one sshd refuses raises
+    `refused`'s SshError."""
+    import paramiko
+
+    try:
+        chan = transport.open_session(timeout=timeout)
+    except paramiko.ChannelException as e:
+        raise refused(name or conn.host, conn.host, e) from None
+    chan.settimeout(timeout)
+    return chan
+
+
+def close_channel(chan: paramiko.Channel | None) -> None:
+    if chan is not None:
+        with contextlib.suppress(Exception):
+            chan.close()
 
 
 def _answered(out: bytes) -> bool:

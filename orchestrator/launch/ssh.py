@@ -54,7 +54,13 @@ from orchestrator.launch.gpus import GpuReport, remote_gpus
 from orchestrator.launch.hostagent import AgentTask, HostAgent, SshError
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, check_remote
-from orchestrator.launch.remote import PROBE_SECONDS, bounded, connect, in_parallel
+from orchestrator.launch.remote import (
+    PROBE_SECONDS,
+    bounded,
+    close_channel,
+    connect,
+    in_parallel,
+)
 from orchestrator.launch.spares import Spares
 from orchestrator.plan import Plan, TaskPlan
 from orchestrator.spec import HostSpec, SpecError
@@ -313,8 +319,3 @@ def check_host(name: str, host: HostSpec, tasks: list[TaskPlan],
     row.sessions = SESSIONS
     return row, there, probe
 
-
-def close_channel(chan: paramiko.Channel | None) -> None:
-    if chan is not None:
-        with contextlib.suppress(Exception):
-            chan.close()
