@@ -13,10 +13,14 @@ started now would. Only what was fixed at the standby's exec must match: the int
 command, the directory its sys.path was built in, and what the import read (CUDA devices,
 the Keras choice, the loopback shim's LD_PRELOAD); a task that differs starts cold.
 `size` standbys are kept (the plugin raises it to a test's task count): each one taken, the
-oldest, is replaced at once, its import overlapping the job, while `refill` is on. The plugin
-turns it off for a test that no later test of the session follows onto the pool: a standby
-started then would only be killed at the session's end, its import (1.3-1.4 s of a core)
-taken from the last test's own tasks (`starts`).
+oldest, is replaced at once while `refill` is on. The plugin turns it off for a test that no
+later test of the session follows onto the pool: a standby started then would only be killed
+at the session's end (`starts`).
+
+The standbys are forked from the pool's fork server (orchestrator/launch/forkserver.py), which
+imported TensorFlow once: a standby costs a fork, not an import (1.3-1.4 s of a core). Where
+it cannot fork one (`forked` off, another startup environment, a server that failed), the
+standby is exec'd and imports for itself.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from worker_entry import markers
 from worker_entry.standby import POOL_ENV
 
 if TYPE_CHECKING:
+    from orchestrator.launch.forkserver import ForkServer
     from orchestrator.launch.local import LocalHandle
     from orchestrator.plan import TaskPlan
 
@@ -90,6 +95,8 @@ class WarmPool:
         self.refill = True  # replace what is taken (off: no later job takes from this pool)
         self.taken = self.cold = 0  # how many tasks it served, and how many it could not
         self.pids: list[int] = []  # every standby it started (the tests check they are gone)
+        self.forked = True  # standbys forked from one TensorFlow import (off: each execs)
+        self._forks: ForkServer | None = None
 
     def _start(self) -> LocalHandle:
         from orchestrator.launch.local import LocalHandle
@@ -101,9 +108,25 @@ class WarmPool:
         stand_in = _Slot(name=f"pool:{self._made}", command=[sys.executable, "-m",
                                                              "worker_entry"],
                          env=env, cwd=self.workdir, log_path=f"{slot}.log", tmp_dir=slot)
-        handle = LocalHandle(stand_in, 0, standby=True, shim=self._shim())  # type: ignore[arg-type]
+        handle = LocalHandle(stand_in, 0, standby=True, shim=self._shim(),  # type: ignore[arg-type]
+                             forks=self._fork_server())
         self.pids.append(handle.pid)
         return handle
+
+    def _fork_server(self) -> ForkServer | None:
+        """The pool's fork server (worker_entry/forkserver.py), started with the first
+        standby: every later standby is forked from its one TensorFlow import."""
+        from orchestrator.launch import loopback
+        from orchestrator.launch.forkserver import ForkServer
+
+        if self._forks is None and self.forked:
+            # The standbys' environment at their start, less what marks a task's process
+            # (TFO_ATTEMPT: the orphan sweep would take the server for a task's leftover).
+            env = {k: v for k, v in {**os.environ, **self._env}.items() if k != "TFO_ATTEMPT"}
+            shim = self._shim()
+            env = loopback.with_preload(env, shim) if shim is not None else env
+            self._forks = ForkServer(env, self.workdir, os.path.join(self._dir, "forks.log"))
+        return self._forks
 
     def _shim(self) -> Path | None:
         """The loopback shim every standby is started with (all of them local, their whole
@@ -173,5 +196,7 @@ class WarmPool:
             for handle in self._held:
                 handle.discard()
             self._held = []
+            if self._forks is not None:
+                self._forks.close()
         with contextlib.suppress(OSError):
             shutil.rmtree(self._dir)

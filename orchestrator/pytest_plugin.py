@@ -9,8 +9,8 @@
 Result; a failed `assert result.ok` shows the outcome, each task's exit, the failed task's
 last lines and every task's stack where it hung (Result's repr). Ports are `auto` (the
 kernel's free ports: no range to share between pytest-xdist workers). A session's warm
-pool (orchestrator/pool.py) serves consecutive tests with processes that imported
-TensorFlow already, each taken replaced at once for the next test (none after a test that no
+pool (orchestrator/pool.py) serves consecutive tests with processes forked from one that
+imported TensorFlow once, each taken replaced at once for the next test (none after a test that no
 tf_cluster test follows in this process, pytest's `nextitem`: xdist's too); it and everything
 it started end with the session.
 `@pytest.mark.tf_cluster(gpus=2)` skips a test where fewer GPUs exist (nvidia-smi -L).

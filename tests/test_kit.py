@@ -4,6 +4,7 @@ would: these tests run their clusters through the fixture themselves."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -119,7 +120,7 @@ def test_a_new_project_runs_the_example_under_xdist_and_leaves_nothing(tmp_path:
     assert len(starts) == 8 and sum(1 for e in starts if e.get("warm")) >= 4, starts
 
 
-# Two tests. The first finds the pool's standbys importing already as it starts (not once tfo
+# Two tests. The first finds the pool's standbys there already as it starts (not once tfo
 # planned its cluster); the last checks that the pool started no standby that no test took:
 # the first test's replacements served the second, and none was started after the last.
 LAST_TEST_TESTS = '''\
@@ -135,6 +136,116 @@ def test_last(tf_cluster, tf_cluster_pool):
     assert [e["warm"] for e in started] == [True, True]
     assert len(tf_cluster_pool.pids) == tf_cluster_pool.taken == 4, tf_cluster_pool.pids
 '''
+
+
+# Three tests on one session pool. Each task returns where its `tensorflow` module object
+# lies and a draw of numpy's global random state. Forked from the pool's one import, every
+# task's module is at the same address (an import of its own lands elsewhere: ASLR); numpy's
+# draws differ (reseeded after the fork). Then the fork server dies: the pool starts its
+# standbys as before, and the tests go on passing.
+FORKED_TESTS = """\
+import os
+import signal
+
+SEEN = []
+
+
+def addresses(result):
+    assert result.ok, result
+    return [t.value[0] for t in result.tasks.values()], [t.value[1] for t in result.tasks.values()]
+
+
+def test_one(tf_cluster):
+    ids, draws = addresses(tf_cluster.run("mypkg.steps:where", workers=2))
+    assert draws[0] != draws[1], draws
+    SEEN.extend(ids)
+
+
+def test_two(tf_cluster):
+    ids, _ = addresses(tf_cluster.run("mypkg.steps:where", workers=2))
+    SEEN.extend(ids)
+    print("IDS", sorted(set(SEEN)), len(SEEN))
+
+
+def test_three(tf_cluster, tf_cluster_pool):
+    os.kill(tf_cluster_pool._forks.pid, signal.SIGKILL)
+    for _ in range(3):  # the standbys forked already, then exec'd ones
+        ids, _ = addresses(tf_cluster.run("mypkg.steps:where", workers=2))
+    print("AFTER", sorted(set(ids)))
+"""
+
+WHERE = """
+
+def where():
+    import numpy as np
+    return id(tf), float(np.random.rand())
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_pools_tasks_share_one_tensorflow_import_and_not_its_random_state(tmp_path: Path):
+    project = user_project(tmp_path, FORKED_TESTS)
+    (project / "mypkg" / "steps.py").write_text(STEPS + WHERE)
+    res = user_pytest(project, "-s", timeout=280)
+    assert res.returncode == 0 and "3 passed" in res.stdout, res.stdout[-4000:]
+    ids = json.loads(res.stdout.split("IDS ", 1)[1].split("]", 1)[0] + "]")
+    assert len(ids) == 1, ids  # 4 tasks of 2 tests: one module object, forked
+    after = json.loads(res.stdout.split("AFTER ", 1)[1].split("]", 1)[0] + "]")
+    assert ids[0] not in after and len(after) == 2, after  # imported by each task itself
+
+
+# A session killed outright (the CI's timeout, an OOM kill) while its cluster trains.
+HANGING_TESTS = """\
+def test_hangs(tf_cluster):
+    tf_cluster.run("mypkg.steps:forever", workers=2)
+"""
+
+FOREVER = """
+
+def forever():
+    import time
+    print("TRAINING", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_session_leaves_nothing(tmp_path: Path):
+    project = user_project(tmp_path, HANGING_TESTS)
+    (project / "mypkg" / "steps.py").write_text(STEPS + FOREVER)
+    proc = subprocess.Popen([*PYTEST, "-s"], cwd=project, env=user_env(project),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and sum(
+                "TRAINING" in log.read_text(errors="replace")
+                for log in (tmp_path / "tmp").glob("**/logs/*.log")) < 2:
+            time.sleep(0.2)
+        seen = started_under(tmp_path / "tmp")
+        os.kill(proc.pid, signal.SIGKILL)  # the pytest process alone
+        proc.wait(10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and _alive(seen):
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in _alive(seen):  # what the test asserts against: not left behind either
+            os.kill(pid, signal.SIGKILL)
+    assert len(seen) >= 5, seen  # the fork server, 2 wrappers, 2 tasks (at least)
+    assert _alive(seen) == [], f"outlived the killed session: {_alive(seen)}"
+
+
+def _alive(pids: set[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+    return alive
 
 
 @pytest.mark.timeout(240)

@@ -83,7 +83,7 @@ def spawn(cwd: str, env: Mapping[str, str]) -> tuple[int, int, int]:
     out_r, out_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _become_wrapper(cwd, dict(env), in_r, out_w)
+        become_wrapper(cwd, dict(env), in_r, out_w)
     os.close(in_r)
     os.close(out_w)
     os.set_inheritable(in_w, False)
@@ -91,7 +91,7 @@ def spawn(cwd: str, env: Mapping[str, str]) -> tuple[int, int, int]:
     return pid, in_w, out_r
 
 
-def _become_wrapper(cwd: str, env: dict[str, str], stdin: int, out: int) -> NoReturn:
+def become_wrapper(cwd: str, env: dict[str, str], stdin: int, out: int) -> NoReturn:
     code: int = 1
     try:
         os.setsid()

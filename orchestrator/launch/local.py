@@ -39,23 +39,32 @@ from orchestrator.spec import HostSpec
 from worker_entry import markers
 
 if TYPE_CHECKING:
+    from orchestrator.launch.forkserver import Forked, ForkServer
     from orchestrator.pool import WarmPool
+
+
+def task_env(task: TaskPlan, attempt: int, shim: Path | None) -> dict[str, str]:
+    """The environment a local task's wrapper starts with."""
+    env = {**os.environ, **task.env, "TFO_ATTEMPT": str(attempt),
+           markers.LIFELINE_ENV: markers.lifeline(heartbeat=False)}
+    if shim is not None:  # an all-local job: its servers listen on the loopback only
+        env = loopback.with_preload(env, shim)
+    return env
 
 
 class LocalHandle:
     def __init__(self, task: TaskPlan, attempt: int, standby: bool = False,
-                 shim: Path | None = None) -> None:
+                 shim: Path | None = None, forks: ForkServer | None = None) -> None:
         self.task, self.attempt = task, attempt
         self.warm = False  # a standby that was told to go
-        env = {**os.environ, **task.env, "TFO_ATTEMPT": str(attempt),
-               markers.LIFELINE_ENV: markers.lifeline(heartbeat=False)}
-        if shim is not None:  # an all-local job: its servers listen on the loopback only
-            env = loopback.with_preload(env, shim)
+        env = task_env(task, attempt, shim)
         if standby:
             env[markers.STANDBY_ENV] = "1"
         os.makedirs(task.cwd, exist_ok=True)
         orphans.adopt()
-        self._proc = subprocess.Popen(
+        # Forked from the pool's fork server where it can be (TensorFlow imported already).
+        self._proc: subprocess.Popen | Forked = (
+            forks is not None and forks.spawn(task.command, env, task.cwd)) or subprocess.Popen(
             task.command, cwd=task.cwd, env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, bufsize=0,
         )
