@@ -32,11 +32,12 @@ import shutil
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from worker_entry import markers
+from worker_entry import forkstart, markers
 from worker_entry.standby import POOL_ENV
 
 if TYPE_CHECKING:
@@ -53,6 +54,18 @@ IMPORT_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TF_USE_LEGACY_KERAS"
 def _import_value(key: str, value: str | None) -> str | None:
     """What the import saw: worker_entry/defaults.py gives TF_USE_LEGACY_KERAS unset a 1."""
     return "1" if key == "TF_USE_LEGACY_KERAS" and value is None else value
+
+
+def same_start(task_env: Mapping[str, str], pool_env: Mapping[str, str]) -> bool:
+    """Would a task with `task_env` have started and imported as a standby started with
+    `pool_env` did: the same IMPORT_ENV and the same variables the interpreter, the dynamic
+    loader and the C library read at a start (worker_entry.forkstart: `LD_LIBRARY_PATH`,
+    where CUDA's libraries are found, a locale ...). LD_PRELOAD is the loopback shim's,
+    compared on its own."""
+    keys = {*IMPORT_ENV, *(k for env in (task_env, pool_env) for k in env
+                           if forkstart.is_startup_var(k))} - {"LD_PRELOAD"}
+    return all(_import_value(k, task_env.get(k)) == _import_value(k, pool_env.get(k))
+               for k in keys)
 
 
 def starts(held: int, size: int, refill: bool) -> tuple[int, int]:
@@ -153,15 +166,12 @@ class WarmPool:
             self._held.append(self._start())
 
     def fits(self, task: TaskPlan, shim: Path | None) -> bool:
-        """Can a standby serve `task`: the same command, directory and import-time
-        environment as it was started with, and the same loopback shim."""
-        want = {**os.environ, **self._env}
+        """Can a standby serve `task`: the same command, directory and start
+        (`same_start`) as it was started with, and the same loopback shim."""
         return (task.placement.kind == "local"
                 and task.command == [sys.executable, "-m", "worker_entry"]
                 and task.cwd == self.workdir and shim == self._shim()
-                and all(_import_value(k, task.env.get(k, os.environ.get(k)))
-                        == _import_value(k, want.get(k)) for k in IMPORT_ENV
-                        if k != "LD_PRELOAD"))
+                and same_start({**os.environ, **task.env}, {**os.environ, **self._env}))
 
     def take(self, task: TaskPlan, attempt: int, shim: Path | None) -> LocalHandle | None:
         """A standby told to run `task`'s `attempt`, and one started in its place; None
