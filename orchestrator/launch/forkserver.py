@@ -22,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import BinaryIO
 
@@ -43,17 +44,20 @@ class Forked:
         self.pid, self.stdin, self.stdout = pid, stdin, stdout
         self.args = COMMAND
         self.returncode: int | None = None
+        self._lock = threading.Lock()  # one waitpid at a time, as Popen's: a second one
+        # racing the first would find no child and take the exit for unknown
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped by nobody else of ours: cannot happen, but
-                self.returncode = 255  # then its exit is unknown, and it is gone all the same
-                return self.returncode
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # nothing else of ours reaps it; should anything,
+                    self.returncode = 255  # its exit is unknown, and it is gone all the same
+                    return self.returncode
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
