@@ -26,9 +26,11 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     Strict,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -679,6 +681,16 @@ class ClusterSpec(_Model):
         "train on fewer workers when a host is lost, more when it is back; parameter_server: "
         "a lost worker is dropped as the chief trains on, a lost ps restarts the job with "
         "the ps left (docs/guide/faults.md)"))
+
+    @model_serializer(mode="wrap")
+    def _counts_for_a_scheduler(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A scheduler's tasks dumped as they are written (`worker: 2`), so that plan.json's
+        spec reads back (`tfo rerun`): its placeholder addresses are no cluster file's."""
+        data = handler(self)
+        if self.backend is not None and isinstance(data, dict) and "tasks" in data:
+            data["tasks"] = {role: len(getattr(self.tasks, role)) for role in ROLES
+                             if getattr(self.tasks, role)}
+        return data
 
     @property
     def scheduler(self) -> str | None:

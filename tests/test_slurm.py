@@ -469,3 +469,17 @@ def test_check_reports_the_partition_and_idle_nodes(lab: slurmlab.SlurmLab, tmp_
     res = run_tfo("check", str(big), timeout=45)
     assert res.returncode == 1, res.output
     assert "backend.slurm.nodes: 3 node(s) asked, partition lab has 2" in res.stderr
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_rerun_of_a_slurm_run_asks_for_a_new_allocation(lab: slurmlab.SlurmLab, run_dir: Path,
+                                                        tmp_path: Path):
+    spec = write_spec(tmp_path / "rerun.yaml", job(name="slurm-rerun", epochs=1))
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=240)
+    assert res.returncode == 0, res.output[-4000:]
+    again = tmp_path / "again"
+    res = run_tfo("rerun", str(run_dir), "--run-dir", str(again), timeout=240)
+    assert res.returncode == 0, res.output[-4000:]
+    assert first(events(again), "job_finished")["state"] == "succeeded"
+    _no_job_within(lab, _job_id(res.stderr), 10)

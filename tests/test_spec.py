@@ -3,12 +3,14 @@ message naming the field and the offending value, and no traceback."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator.plan import make_policy
 from orchestrator.spec import RestartPolicy, Role, SpecError, Strategy, load_spec, parse_spec
@@ -393,6 +395,19 @@ def test_shipped_cluster_files_load():
     for path in sorted((REPO / "clusters").glob("*.yaml")):
         spec = load_spec(path)
         assert spec.tasks.worker or spec.tasks.chief, path
+
+
+@pytest.mark.parametrize("text", [
+    GOOD, PS_TWO, SLURM_GOOD, LAB_GPUS.replace("GPUS", "[0, 1]"),
+    SLURM_GOOD.replace("{worker: 2}", "{worker: 3}") + "elastic: {min_workers: 2}\n",
+    SLURM_GOOD.replace("name: t", "name: t\nstrategy: parameter_server").replace(
+        "{worker: 2}", "{worker: 2, ps: 1, chief: 1}"),
+], ids=["local", "ps", "slurm", "lab", "slurm elastic", "slurm ps"])
+def test_a_spec_reads_back_from_its_dump(text):
+    """plan.json keeps the spec as dumped; `tfo rerun` reads it back (a Slurm job's was its
+    placeholder addresses, which a scheduler's spec refuses)."""
+    spec = parse_spec(yaml.safe_load(text))
+    assert parse_spec(json.loads(json.dumps(spec.model_dump(mode="json")))) == spec
 
 
 def test_per_role_restart_policy():
