@@ -228,13 +228,17 @@ def _noisy_lines(run_dir: Path) -> int:
 @pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_stdout_nobody_reads_does_not_hold_up_the_job(run_dir: Path, tmp_path: Path):
-    """`tfo run … | sleep 600`: the job finishes, the logs are complete, drops are counted."""
+    """`tfo run … | sleep 600`: the job finishes, the logs are complete, drops are counted.
+    Lines of 1 KB: the flood gate passes up to FLOOD_LINES a second, counted in whole reads
+    of the pipe (a 64 KiB read of 100-byte lines is 600 of them, and the next read is over
+    the budget), so with short lines the console got about what the pipe to nobody holds,
+    and a drop was not certain (seen once in make test). A thousand 1 KB lines are not."""
     with _stdout_nobody_reads() as stdout:
-        proc = _start(tmp_path, run_dir, stdout, f"{{lines: {LINES}}}")
+        proc = _start(tmp_path, run_dir, stdout, "{lines: 4000, width: 1000}")
         assert _finish(proc, 180) == 0, (tmp_path / "stderr").read_text()[-3000:]
     stderr = (tmp_path / "stderr").read_text()
     assert "console lines dropped (slow reader); logs are complete in" in stderr
-    assert _noisy_lines(run_dir) == LINES
+    assert _noisy_lines(run_dir) == 4000
 
 
 @pytest.mark.tf

@@ -1,7 +1,7 @@
 """A test job that prints what a console or the coordinator may choke on; it trains nothing.
 
-- args `lines`: print that many ordinary lines (`noisy line 000001 .....`, ~100 bytes each),
-  then `noisy: printed`.
+- args `lines`: print that many ordinary lines (`noisy line 000001 .....`, ~100 bytes each,
+  or `width` dots more), then `noisy: printed`.
 - args `bad_markers`: print lines that look like markers but are not valid ones (BAD_MARKERS).
 - args `big_line_mb`: print one line of that many MB (`x`s) with no newline, and exit 0 at once.
 - args `sleep`: seconds to sleep before returning, so a test can signal tfo meanwhile.
@@ -36,8 +36,9 @@ def main(ctx: TaskContext) -> None:
         for line in BAD_MARKERS:
             print(line, flush=True)
     count = int(args.get("lines", 0))
+    dots = "." * int(args.get("width", 80))
     for i in range(count):
-        print(f"noisy line {i:06d} " + "." * 80)
+        print(f"noisy line {i:06d} {dots}")
     if count:
         print("noisy: printed", flush=True)
     if args.get("big_line_mb"):
