@@ -35,6 +35,9 @@ class Reporter:
         self.step = 0
         self._clock, self._emit = clock, emit
         self._last = -math.inf
+        # When the next marker may go out: a caller that counts its own steps (Progress's
+        # counted train_function) asks only then, one compare a step.
+        self.next_at = -math.inf
 
     def report(self, *, epoch: int | None = None, epochs: int | None = None,
                step_in_epoch: int | None = None, steps: int | None = None,
@@ -49,6 +52,7 @@ class Reporter:
         if now - self._last < EVERY_SECONDS and not last_of_epoch:
             return
         self._last = now
+        self.next_at = now + EVERY_SECONDS
         fields: dict[str, Any] = {"step": self.step}
         for key, value in (("epoch", epoch), ("epochs", epochs),
                            ("step_in_epoch", step_in_epoch), ("steps", steps)):
