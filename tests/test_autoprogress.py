@@ -374,12 +374,28 @@ def test_the_model_saves_and_loads_after_its_fits(fits):
 @pytest.mark.tf
 @pytest.mark.timeout(180)
 @FIT_COUNTING
+def test_a_fit_resumed_mid_epoch_counts_the_steps_it_ran(fits):
+    """BackupAndRestore every 5 steps: a fit failed in epoch 1 after 12 steps our callback
+    saw (the 13th's hook raised before ours), the next resumed from the backup of step 10,
+    mid-epoch: its markers go on at step 11 of 20, and count the 10 steps it ran."""
+    raised, resumed = fits["backup_raised"], fits["backup_resumed"]
+    assert raised["seen"]["raised"] == "the script's callback failed"
+    assert last_steps(raised) == [(10 * STEPS, 0, STEPS, STEPS)]
+    assert [m["epoch"] for m in marked(resumed, "epoch")] == [1]
+    assert last_steps(resumed) == [(10 * STEPS + 12 + 10, 1, STEPS, STEPS)]
+    loss = marked(resumed, "progress")[-1]["loss"]
+    assert loss == pytest.approx(resumed["seen"]["loss"], rel=2e-3)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+@FIT_COUNTING
 def test_steps_per_execution_counts_every_step(fits):
     """compile(steps_per_execution=4), 15 steps an epoch: a call runs 4 steps, the epoch's
     last 3; the markers count steps, not calls."""
     case = fits["steps_per_execution"]
     assert case["seen"]["batch_hooks"] is True  # counted by the hook: its batch says where
-    assert_counted(case, before=9 * STEPS, steps=15)
+    assert_counted(case, before=10 * STEPS + 12 + 10, steps=15)
 
 
 # ---- the rules, without TensorFlow --------------------------------------------------------

@@ -53,7 +53,7 @@ class Reporter:
             return
         self._last = now
         self.next_at = now + EVERY_SECONDS
-        fields: dict[str, Any] = {"step": self.step}
+        fields: dict[str, Any] = {"step": int(self.step)}
         for key, value in (("epoch", epoch), ("epochs", epochs),
                            ("step_in_epoch", step_in_epoch), ("steps", steps)):
             if value is not None:

@@ -52,16 +52,25 @@ class FailAtEpoch1(tf.keras.callbacks.Callback):
             raise RuntimeError("the script's callback failed")
 
 
-def fit(case: str, steps: int = 20, **kwargs) -> dict:  # noqa: ANN003
+class FailAtEpoch1Batch12(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):  # noqa: ANN001, ANN201
+        if batch == 12 and self.epoch == 1:
+            raise RuntimeError("the script's callback failed")
+
+    def on_epoch_begin(self, epoch, logs=None):  # noqa: ANN001, ANN201
+        self.epoch = epoch
+
+
+def fit(case: str, steps: int = 20, on=None, **kwargs) -> dict:  # noqa: ANN001, ANN003
     print(f"CASE {case}", flush=True)
     seen: dict = {}
     try:
-        history = model.fit(data, epochs=2, steps_per_epoch=steps, **kwargs)
+        history = (on or model).fit(data, epochs=2, steps_per_epoch=steps, **kwargs)
         seen["loss"] = history.history["loss"][-1]
     except RuntimeError as e:
         seen["raised"] = str(e)
     seen["batch_hooks"] = made[-1]._should_call_train_batch_hooks
-    seen["train_function"] = type(model.train_function).__name__
+    seen["train_function"] = type((on or model).train_function).__name__
     return seen
 
 
@@ -82,5 +91,15 @@ model.save(path)
 restored = tf.keras.models.load_model(path)
 result({"predicts": restored.predict(x[:2], verbose=0).shape[0],
         "train_function": type(model.train_function).__name__})
+# A backup every 5 steps: the fit that fails in epoch 1 after its 13th step resumes there
+# from the backup of its 10th. Another model: after a fit with BackupAndRestore, tf-keras
+# 2.21 fails a fit without it (its on_train_end deletes the model's `_training_state`).
+resumable = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+resumable.compile(optimizer="sgd", loss="mse")
+backup = os.path.join(sys.argv[1], "backup")
+result(fit("backup_raised", on=resumable, verbose=0, callbacks=[
+    tf.keras.callbacks.BackupAndRestore(backup, save_freq=5), FailAtEpoch1Batch12()]))
+result(fit("backup_resumed", on=resumable, verbose=0, callbacks=[
+    tf.keras.callbacks.BackupAndRestore(backup, save_freq=5)]))
 model.compile(optimizer="sgd", loss="mse", steps_per_execution=4)
 result(fit("steps_per_execution", steps=15, verbose=0))
