@@ -9,6 +9,11 @@ Nothing is imported here: the hooks wait for the script's own imports (tfimport.
   ParameterServer, whose fit refuses batch-level callbacks) after the script's own, unless
   one is there already (`progress.callback()`, an entry's `ctx.callbacks()`). One callback
   serves every fit of the task, so its steps keep counting and its first step is told once.
+  It counts a tf-keras fit's steps by wrapping the model's train_function for the fit, with
+  no batch hook, so a fit with no other batch callback skips Keras's per-batch dispatch
+  (its cost per step was the callback's whole cost); where a call is not one step
+  (steps_per_execution, ParameterServer, a mid-epoch resume, Keras 3) by the batch hook
+  (`progress.counts_calls`).
 - A custom training loop: once TensorFlow is imported, every completed top-level call of a
   `tf.function` is counted per function (not calls made while one traces or runs, nor
   inside Keras's fit, evaluate or predict, which report for themselves). The most-called
