@@ -310,8 +310,8 @@ def fit_facts(model: Any) -> FitFacts:
     if variable is not None:  # tf-keras's, a tf.Variable; None before compile means 1
         try:
             spe = int(variable.numpy())
-        except (AttributeError, TypeError, ValueError):
-            spe = None
+        except Exception:  # noqa: BLE001 (a variable on a ParameterServer, another Keras's)
+            spe = None  # the batch hook, as ever
     state = getattr(model, "_training_state", None)
     strategy = getattr(model, "distribute_strategy", None)
     return FitFacts(
@@ -392,7 +392,7 @@ class Progress(_EpochProgress):
         self._epoch_start = 0  # the counter's calls when the epoch began
         self._hooked = 0  # the batch hook's steps done in this epoch
         self._per_call = 1  # steps a train_function call runs as the fit starts
-        self._resumable = False  # the fit may resume mid-epoch (hook mode only)
+        self._resuming = False  # the fit may start mid-epoch, its first batch hook not seen
 
     def _implements_train_batch_hooks(self) -> bool:
         """Asked by Keras's CallbackList as a fit makes it, once model and params are set."""
@@ -403,12 +403,14 @@ class Progress(_EpochProgress):
         self._next_epoch()  # a fit that raised: its steps stay counted
         self._counter = None
         model = self.model
+        # tf-keras's fit set train_function just now, to the model's cached one: a counter
+        # there is another fit's, left behind by an exception.
         function = _unwrapped(getattr(model, "train_function", None), self.params)
         if function is not getattr(model, "train_function", None):
-            model.train_function = function  # tf-keras made it: its cached one, counted
+            model.train_function = function
         facts = fit_facts(model)
         self._per_call = facts.steps_per_execution or 1
-        self._resumable = facts.mid_epoch_resume
+        self._resuming = facts.mid_epoch_resume
         if function is not None and counts_calls(facts):
             self._counter = model.train_function = _CountedTrainFunction(function, self)
             self._epoch_start = 0
@@ -435,8 +437,8 @@ class Progress(_EpochProgress):
         if self._counter is not None:
             return  # counted by the train_function (another callback asked for the hook)
         done = batch + 1  # the epoch's steps done, the call's own last (steps_per_execution)
-        if self._resumable and not self._hooked:
-            # A resumed epoch's first call: the steps before it were an earlier attempt's.
+        if self._resuming:  # the fit's first call: the steps before it, an earlier attempt's
+            self._resuming = False
             self._before -= max(0, done - self._per_call)
         self._hooked = done
         self._tell(done, logs)
