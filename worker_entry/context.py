@@ -245,10 +245,11 @@ class _TrainScalars:
         run_dir = os.environ.get("TFO_RUN_DIR")
         self._dir = os.path.join(run_dir, "tensorboard", "train") \
             if run_dir and os.environ.get("TFO_IS_CHIEF") == "1" else None
+        self.on = self._dir is not None
         self._writer: Any = None
 
     def write(self, values: dict[str, Any], step: int) -> None:
-        if self._dir is None:
+        if not self.on:
             return
         if self._writer is None:  # made at the first write: constructing a callback is free
             self._writer = tf.summary.create_file_writer(self._dir)
@@ -474,7 +475,7 @@ class Progress(_EpochProgress):
 
     def _emit(self, event: str, **fields: Any) -> None:
         markers.emit(event, **fields)
-        if "loss" in fields:
+        if "loss" in fields and self._scalars.on:  # the step read only where it is written
             self._scalars.write({"batch_loss": fields["loss"]}, step=self._global_step())
 
     def _global_step(self) -> int:
