@@ -355,8 +355,10 @@ def test_the_scripts_batch_callback_and_train_function_work_as_before(fits):
 @FIT_COUNTING
 def test_a_fit_after_one_that_raised_counts_on(fits):
     """A script's callback raised in epoch 1 (Keras then never ends the fit for its
-    callbacks): its 20 steps stay counted, and the next fit counts on from them."""
+    callbacks): its 20 steps stay counted, and the next fit counts on from them. The model
+    saves and loads in between, with what that fit left in it."""
     assert fits["raised"]["seen"]["raised"] == "the script's callback failed"
+    assert fits["raised"]["seen"]["predicts"] == 2
     assert last_steps(fits["raised"])[-1] == (7 * STEPS, 0, STEPS, STEPS)
     after = fits["after_raised"]
     assert after["seen"]["train_function"] == "Function"
