@@ -271,11 +271,12 @@ def _count_functions(tf: ModuleType) -> None:
 
 
 def _counted(call: Callable[..., Any]) -> Callable[..., Any]:
-    local = _state.local
+    state, local = _state, _state.local
 
     @functools.wraps(call)
     def run(function: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(local, "depth", 0) or not _state.counting():
+        # Keras's loops first: a fit's every step passes here (0.56 us checked the other way)
+        if state.in_keras or getattr(local, "depth", 0) or not state.counting():
             return call(function, *args, **kwargs)
         local.depth = 1
         try:
@@ -284,7 +285,7 @@ def _counted(call: Callable[..., Any]) -> Callable[..., Any]:
             local.depth = 0
         calls = function.__dict__
         count = calls["_tfo_calls"] = calls.get("_tfo_calls", 0) + 1
-        _state.completed(count, "tf.function")
+        state.completed(count, "tf.function")
         return result
     run._tfo_wrapped = True  # type: ignore[attr-defined]
     return run
