@@ -160,7 +160,8 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     # with the callback and without, alternated; between runs the pairs swing ±10 %.
     Figure("progress_job_ratio", "… the bench job's throughput, on ÷ off, in one process",
            "×", 0.99, "ge"),
-    Figure("progress_hook_us", "… its callback's per-step hook alone", "µs", None),
+    Figure("progress_hook_us", "… its callback's own work a step (the counted call)", "µs",
+           None),
     Figure("progress_fit_us", "… a tiny fit's step, with it − without", "µs", None),
     Figure("progress_call_us", "… a tf.function call, counted − not", "µs", None),
     # Issue 28: 10 cluster tests in one pytest run (bench/kit.py).

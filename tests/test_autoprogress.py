@@ -256,6 +256,150 @@ def test_a_script_that_imports_no_tensorflow_gets_none_imported(tmp_path: Path):
     assert "LOADED []" in res.stdout
 
 
+# ---- how tfo's callback counts a fit's steps ---------------------------------------------
+
+# One task process runs every fit of tests/scripts/fit_counting.py, one after another with the
+# one callback autoprogress adds to them all; the tests below read its cases. One xdist worker
+# runs them all, so the process runs once.
+FIT_COUNTING = pytest.mark.xdist_group("fit-counting")
+STEPS = 20  # a fit: 2 epochs of 20 steps (15 with steps_per_execution 4)
+
+
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Each case of the script: `markers` (tfo's callback's, in order) and `seen` (what the
+    script saw: its fit's loss, whether Keras called batch hooks ...)."""
+    from tests.conftest import run_task
+
+    work = tmp_path_factory.mktemp("fits")
+    script = Path(__file__).parent / "scripts" / "fit_counting.py"
+    res = run_task({"script": str(script), "args": [str(work)]}, work, timeout=150)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    cases: dict[str, dict] = {}
+    case: dict = {}
+    for line in res.stdout.splitlines():
+        line = line.lstrip("\x1d")
+        if line.startswith("CASE "):
+            case = cases[line[5:]] = {"markers": [], "seen": None}
+        elif line.startswith("RESULT "):
+            case["seen"] = json.loads(line[7:])
+        elif line.startswith("@tfo ") and case:
+            case["markers"].append(json.loads(line[5:]))
+    assert all(c["seen"] is not None for c in cases.values()), res.stdout[-3000:]
+    return cases
+
+
+def marked(case: dict, event: str) -> list[dict]:
+    return [m for m in case["markers"] if m["event"] == event]
+
+
+def last_steps(case: dict) -> list[tuple[int, int, int, int]]:
+    """(step, epoch, step_in_epoch, steps) of the last progress marker of each epoch."""
+    ends: dict[int, dict] = {}
+    for m in marked(case, "progress"):
+        ends[m["epoch"]] = m
+    return [(m["step"], m["epoch"], m["step_in_epoch"], m["steps"]) for m in ends.values()]
+
+
+def assert_counted(case: dict, before: int, steps: int = STEPS) -> None:
+    """Both epochs' markers, counted on from `before` steps (the task's earlier fits), the
+    last one carrying the loss Keras reports for the epoch."""
+    assert [m["epoch"] for m in marked(case, "epoch")] == [0, 1]
+    progress = marked(case, "progress")
+    assert [m["step"] for m in progress] == sorted({m["step"] for m in progress})
+    assert last_steps(case) == [(before + steps, 0, steps, steps),
+                                (before + 2 * steps, 1, steps, steps)], progress
+    assert "source" not in progress[-1]  # Keras told it, not the tf.function counting
+    assert progress[-1]["loss"] == pytest.approx(case["seen"]["loss"], rel=2e-3)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+@FIT_COUNTING
+def test_a_quiet_fit_runs_without_batch_hooks_and_still_tells_every_step(fits):
+    """verbose=0 and no other callback: Keras skips its per-batch dispatch (what cost 4 % of
+    a short step), yet the markers carry the first step, epochs, steps and loss."""
+    case = fits["quiet"]
+    assert case["seen"]["batch_hooks"] is False
+    assert marked(case, "first_step") == [{"event": "first_step", "batch": 0}]
+    assert_counted(case, before=0)
+    assert case["seen"]["train_function"] == "Function"  # the fit's own back after it
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+@FIT_COUNTING
+@pytest.mark.parametrize(("name", "before"), [("progress_bar", 2 * STEPS),
+                                              ("own_batch_callback", 4 * STEPS)])
+def test_a_fit_with_batch_hooks_tells_the_same_steps_once(fits, name, before):
+    """A progress bar (verbose=1) or the script's own batch callback makes Keras call batch
+    hooks: the steps are told once each, counted on from the task's earlier fits."""
+    case = fits[name]
+    assert case["seen"]["batch_hooks"] is True
+    assert marked(case, "first_step") == []  # told once a task, in the first fit
+    assert_counted(case, before=before)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+@FIT_COUNTING
+def test_the_scripts_batch_callback_and_train_function_work_as_before(fits):
+    seen = fits["own_batch_callback"]["seen"]
+    assert seen["batches"] == 2 * STEPS
+    # model.train_function, looked at in each epoch: Keras's tf.function, traced before
+    assert len(seen["tracings"]) == 2 and seen["tracings"][0] == seen["tracings"][1] >= 1
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+@FIT_COUNTING
+def test_a_fit_after_one_that_raised_counts_on(fits):
+    """A script's callback raised in epoch 1 (Keras then never ends the fit for its
+    callbacks): its 20 steps stay counted, and the next fit counts on from them. The model
+    saves and loads in between, with what that fit left in it."""
+    assert fits["raised"]["seen"]["raised"] == "the script's callback failed"
+    assert fits["raised"]["seen"]["predicts"] == 2
+    assert last_steps(fits["raised"])[-1] == (7 * STEPS, 0, STEPS, STEPS)
+    after = fits["after_raised"]
+    assert after["seen"]["train_function"] == "Function"
+    assert_counted(after, before=7 * STEPS)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+@FIT_COUNTING
+def test_the_model_saves_and_loads_after_its_fits(fits):
+    seen = fits["save"]["seen"]
+    assert seen == {"predicts": 2, "train_function": "Function"}
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+@FIT_COUNTING
+def test_a_fit_resumed_mid_epoch_counts_the_steps_it_ran(fits):
+    """BackupAndRestore every 5 steps: a fit failed in epoch 1 after 12 steps our callback
+    saw (the 13th's hook raised before ours), the next resumed from the backup of step 10,
+    mid-epoch: its markers go on at step 11 of 20, and count the 10 steps it ran."""
+    raised, resumed = fits["backup_raised"], fits["backup_resumed"]
+    assert raised["seen"]["raised"] == "the script's callback failed"
+    assert last_steps(raised) == [(10 * STEPS, 0, STEPS, STEPS)]
+    assert [m["epoch"] for m in marked(resumed, "epoch")] == [1]
+    assert last_steps(resumed) == [(10 * STEPS + 12 + 10, 1, STEPS, STEPS)]
+    loss = marked(resumed, "progress")[-1]["loss"]
+    assert loss == pytest.approx(resumed["seen"]["loss"], rel=2e-3)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(180)
+@FIT_COUNTING
+def test_steps_per_execution_counts_every_step(fits):
+    """compile(steps_per_execution=4), 15 steps an epoch: a call runs 4 steps, the epoch's
+    last 3; the markers count steps, not calls."""
+    case = fits["steps_per_execution"]
+    assert case["seen"]["batch_hooks"] is True  # counted by the hook: its batch says where
+    assert_counted(case, before=10 * STEPS + 12 + 10, steps=15)
+
+
 # ---- the rules, without TensorFlow --------------------------------------------------------
 
 class FakeFunction:

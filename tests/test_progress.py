@@ -1,10 +1,12 @@
 """Progress markers: the task side throttles them, the coordinator validates them."""
 
+import dataclasses
+
 import pytest
 
 from orchestrator.markers import BadMarker, Progress, read_marker
 from worker_entry import markers
-from worker_entry.progress import Reporter
+from worker_entry.progress import FitFacts, Reporter, counts_calls
 
 
 def test_reporter_counts_every_step_and_emits_at_most_once_a_second() -> None:
@@ -44,3 +46,33 @@ def test_a_loss_given_as_a_function_is_read_only_when_a_marker_goes_out() -> Non
         r.report(loss=lambda i=i: read.append(i) or 0.25)
     assert read == [0, 3] and [f["step"] for f in out] == [1, 4]
     assert out[0]["loss"] == 0.25
+
+
+def test_next_at_says_when_the_next_marker_may_go_out() -> None:
+    """What Progress's counted train_function compares its clock with, once a step."""
+    now = [5.0]
+    r = Reporter(clock=lambda: now[0], emit=lambda event, **f: None)
+    assert r.next_at == float("-inf")  # the first step is told at once
+    r.report(step=1)
+    assert r.next_at == 6.0
+    now[0] = 5.5
+    r.report(step=2)  # held back: next_at stays
+    assert r.next_at == 6.0
+
+
+QUIET = FitFacts(tf_keras=True, steps_per_execution=1, autotuned=False, coordinator=False,
+                 mid_epoch_resume=False)
+
+
+@pytest.mark.parametrize(("change", "counted"), [
+    ({}, True),  # a call is a step, every epoch starts at its first: no batch hook needed
+    ({"steps_per_execution": 4}, False),  # a call runs 4 steps, fewer at an epoch's tail
+    ({"steps_per_execution": None}, False),  # unreadable
+    ({"autotuned": True}, False),
+    ({"coordinator": True}, False),  # a call schedules a step on a worker
+    ({"mid_epoch_resume": True}, False),  # the first epoch starts where only the batch says
+    ({"tf_keras": False}, False),  # Keras 3's fit loop
+])
+def test_a_fit_is_counted_by_its_calls_only_where_a_call_is_a_step(change: dict,
+                                                                    counted: bool) -> None:
+    assert counts_calls(dataclasses.replace(QUIET, **change)) is counted

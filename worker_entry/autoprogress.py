@@ -9,6 +9,11 @@ Nothing is imported here: the hooks wait for the script's own imports (tfimport.
   ParameterServer, whose fit refuses batch-level callbacks) after the script's own, unless
   one is there already (`progress.callback()`, an entry's `ctx.callbacks()`). One callback
   serves every fit of the task, so its steps keep counting and its first step is told once.
+  It counts a tf-keras fit's steps by wrapping the model's train_function for the fit, with
+  no batch hook, so a fit with no other batch callback skips Keras's per-batch dispatch
+  (its cost per step was the callback's whole cost); where a call is not one step
+  (steps_per_execution, ParameterServer, a mid-epoch resume, Keras 3) by the batch hook
+  (`progress.counts_calls`).
 - A custom training loop: once TensorFlow is imported, every completed top-level call of a
   `tf.function` is counted per function (not calls made while one traces or runs, nor
   inside Keras's fit, evaluate or predict, which report for themselves). The most-called
@@ -266,11 +271,12 @@ def _count_functions(tf: ModuleType) -> None:
 
 
 def _counted(call: Callable[..., Any]) -> Callable[..., Any]:
-    local = _state.local
+    state, local = _state, _state.local
 
     @functools.wraps(call)
     def run(function: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(local, "depth", 0) or not _state.counting():
+        # Keras's loops first: a fit's every step passes here (0.56 us checked the other way)
+        if state.in_keras or getattr(local, "depth", 0) or not state.counting():
             return call(function, *args, **kwargs)
         local.depth = 1
         try:
@@ -279,7 +285,7 @@ def _counted(call: Callable[..., Any]) -> Callable[..., Any]:
             local.depth = 0
         calls = function.__dict__
         count = calls["_tfo_calls"] = calls.get("_tfo_calls", 0) + 1
-        _state.completed(count, "tf.function")
+        state.completed(count, "tf.function")
         return result
     run._tfo_wrapped = True  # type: ignore[attr-defined]
     return run

@@ -18,6 +18,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from worker_entry import markers
@@ -35,6 +36,9 @@ class Reporter:
         self.step = 0
         self._clock, self._emit = clock, emit
         self._last = -math.inf
+        # When the next marker may go out: a caller that counts its own steps (Progress's
+        # counted train_function) asks only then, one compare a step.
+        self.next_at = -math.inf
 
     def report(self, *, epoch: int | None = None, epochs: int | None = None,
                step_in_epoch: int | None = None, steps: int | None = None,
@@ -49,7 +53,8 @@ class Reporter:
         if now - self._last < EVERY_SECONDS and not last_of_epoch:
             return
         self._last = now
-        fields: dict[str, Any] = {"step": self.step}
+        self.next_at = now + EVERY_SECONDS
+        fields: dict[str, Any] = {"step": int(self.step)}
         for key, value in (("epoch", epoch), ("epochs", epochs),
                            ("step_in_epoch", step_in_epoch), ("steps", steps)):
             if value is not None:
@@ -59,6 +64,33 @@ class Reporter:
         if loss is not None and math.isfinite(float(loss)):
             fields["loss"] = round(float(loss), 6)
         self._emit(markers.PROGRESS, **fields)
+
+
+@dataclass(frozen=True)
+class FitFacts:
+    """What decides how tfo's Keras callback (worker_entry.context `Progress`) counts a fit's
+    steps (`context.fit_facts` reads them off the model)."""
+
+    tf_keras: bool  # tf-keras's fit loop (Keras 3's is another)
+    steps_per_execution: int | None  # steps one train_function call runs (None: unreadable)
+    autotuned: bool  # steps_per_execution changed by Keras while the fit runs
+    coordinator: bool  # ParameterServer: a call schedules a step on a worker, later
+    mid_epoch_resume: bool  # a BackupAndRestore that may resume inside an epoch
+
+
+def counts_calls(facts: FitFacts) -> bool:
+    """Does `Progress` count the fit's steps by its train_function's completed calls (then it
+    needs no batch hook, and a fit with no other batch callback skips Keras's per-batch
+    dispatch, ~17 us a step), or by the batch hook, whose `batch` says where it is?
+
+    Counting calls is exact only where a call is one step and every epoch starts at its
+    first step: not with steps_per_execution > 1 or autotuned (a call runs several steps,
+    fewer at an epoch's tail), not under a ParameterServer coordinator (a call schedules a
+    step), not with a backup that resumes mid-epoch (BackupAndRestore's integer save_freq or
+    save_before_preemption: the first epoch starts where only the batch says), and not in
+    Keras 3, whose fit loop is another."""
+    return (facts.tf_keras and facts.steps_per_execution == 1 and not facts.autotuned
+            and not facts.coordinator and not facts.mid_epoch_resume)
 
 
 _reporter = Reporter()
