@@ -9,7 +9,7 @@
 - tf.function: the time per call of a trivial tf.function, counted (the hook's wrapper of
   `Function.__call__`) against not;
 - the bench's job (bench/job.py's model: digits, Dense 64 → 10, batches of 128, one
-  intra-op thread on one core): its throughput with tfo's callback ÷ without, in one
+  intra-op thread, the process on one core): its throughput with tfo's callback ÷ without, in one
   process, fit after fit alternated. Between two tfo runs the same job's throughput swings
   ±10 % (where each run's threads land, its memory), which hides a tenth of that; within
   one process the pairs differ by what the callback does.
@@ -42,12 +42,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--pairs", type=int, default=7)
-    parser.add_argument("--job-steps", type=int, default=300)
-    parser.add_argument("--job-pairs", type=int, default=21)
+    parser.add_argument("--job-steps", type=int, default=2000)
+    # The pinned core runs the job at one of two speeds (about 800 or 1,250 steps a second
+    # here, by turns, whatever the arm): a pair whose fits ran at different speeds reads
+    # 0.6 or 1.6, one at the same speed 0.9996-1.0003. The median needs most pairs alike:
+    # 15 pairs, 2,000 steps a fit (an A/A run of 9 pairs read 1.0002 (q1 1.0000, q3 1.305)).
+    parser.add_argument("--job-pairs", type=int, default=15)
     args = parser.parse_args()
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ["TFO_TASK"] = "worker:0"  # the callback's markers go out, as in a task
     import numpy as np
+    # One core for the whole process, as bench/job.py --pin: set before TensorFlow makes its
+    # threads, which keep the affinity they were made with (set after, only this thread was
+    # pinned: the fits ran at ~1,000 or ~1,900 steps a second by turns, a pair read 0.5-2).
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     import tensorflow as tf
     from tensorflow.python.eager.polymorphic_function.polymorphic_function import Function
 
@@ -80,7 +88,6 @@ def main() -> None:
         Function.__call__ = plain
         return took
 
-    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # as bench/job.py --pin
     from sklearn.datasets import load_digits
 
     dx, dy = load_digits(return_X_y=True)

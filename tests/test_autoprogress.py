@@ -554,6 +554,32 @@ def test_the_last_count_is_told_at_exit_unless_a_fit_took_over(counted: list[dic
     assert counted[-1]["step"] == 5
 
 
+def test_steps_held_back_by_the_markers_rate_go_out_once_its_second_passed(
+        counted: list[dict], monkeypatch: pytest.MonkeyPatch):
+    """Between markers a step costs one compare (the reporter's next_at), and the step
+    count stays current: the first call past the second tells the count then."""
+    import functools
+
+    from worker_entry import autoprogress, progress
+
+    now = [100.0]
+    monkeypatch.setattr(autoprogress, "monotonic", lambda: now[0])
+    autoprogress._state.reporters["tf.function"] = progress.Reporter(
+        clock=lambda: now[0], emit=functools.partial(autoprogress._emit_with,
+                                                     source="tf.function"))
+    step = FakeFunction()
+    for _ in range(42):
+        step()
+        now[0] += 0.01
+    told = [m["step"] for m in counted if m["event"] == "progress"]
+    assert told == [2]  # then held back: under a second since
+    assert autoprogress._state.reporters["tf.function"].step == 42
+    now[0] += 1.0
+    step()
+    told = [m["step"] for m in counted if m["event"] == "progress"]
+    assert told == [2, 43]
+
+
 def test_a_script_s_backup_and_restore_directory_is_told_once(counted: list[dict], tmp_path,
                                                              monkeypatch):
     """A script's own BackupAndRestore (any subclass: by its class's name, TensorFlow not

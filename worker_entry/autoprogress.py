@@ -46,6 +46,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from time import monotonic
 from types import ModuleType
 from typing import Any
 
@@ -113,6 +114,10 @@ class _State:
             return
         self.best = count
         if count < 2:
+            return
+        reporter = self.reporters.get(source)
+        if reporter is not None and monotonic() < reporter.next_at:
+            reporter.step = count  # the next marker tells it: one compare, not a report()
             return
         if not self.first_told:
             self.first_told = True
@@ -285,7 +290,8 @@ def _counted(call: Callable[..., Any]) -> Callable[..., Any]:
             local.depth = 0
         calls = function.__dict__
         count = calls["_tfo_calls"] = calls.get("_tfo_calls", 0) + 1
-        state.completed(count, "tf.function")
+        if count > state.best:  # a step of the loop (the completed call's own check, inline:
+            state.completed(count, "tf.function")  # this runs once a step of every loop)
         return result
     run._tfo_wrapped = True  # type: ignore[attr-defined]
     return run
