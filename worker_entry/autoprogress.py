@@ -290,8 +290,7 @@ def _counted(call: Callable[..., Any]) -> Callable[..., Any]:
             local.depth = 0
         calls = function.__dict__
         count = calls["_tfo_calls"] = calls.get("_tfo_calls", 0) + 1
-        if count > state.best:  # a step of the loop (the completed call's own check, inline:
-            state.completed(count, "tf.function")  # this runs once a step of every loop)
+        state.completed(count, "tf.function")
         return result
     run._tfo_wrapped = True  # type: ignore[attr-defined]
     return run
