@@ -10,6 +10,7 @@ once, as pdsh does.
   into lab.png in the output directory.
 - at 16 hosts, with every task ready: the coordinator's CPU per wall second over WINDOW s and
   its threads; then SIGINT → every task process (wrappers and tasks) gone.
+- `--quick` (make test's harness check) runs the 16 hosts only, with a 2 s idle window.
 
 TFO_BENCH_CODE=DIR runs the tfo of another checkout (e.g. `git worktree add` of the code
 before a change) against the same lab: the before → after of the closing note. Skipped
@@ -34,6 +35,7 @@ import psutil
 
 from bench import run
 from bench.run import FIGURES, OUT, PY, REPO, Figure, Setting, add, detail, events
+from tests.procs import alive
 
 PREFIX, SUBNET = "t26", ipaddress.ip_network("10.202.0.0/24")
 HOSTS, TASKS = 16, 8
@@ -138,7 +140,7 @@ def _run_processes(run_id: str) -> list[int]:
     return found
 
 
-def tfo_run(hosts: list, tmp: Path, code: Path, idle: bool) -> float:
+def tfo_run(hosts: list, tmp: Path, code: Path, idle: bool, window: float = WINDOW) -> float:
     """`tfo run` of every host's tasks: → all listening; with `idle`, the idle coordinator's
     CPU and threads, then SIGINT → all stopped. Ends the run either way."""
     rd = tmp / f"run-{len(hosts)}-{time.monotonic_ns()}"
@@ -161,7 +163,7 @@ def tfo_run(hosts: list, tmp: Path, code: Path, idle: bool) -> float:
                 e["time"] for e in ev if e["event"] == "run_started"))
             time.sleep(2.0)  # the start's own work settled
             before, t = coordinator.cpu_times(), time.monotonic()
-            time.sleep(WINDOW)
+            time.sleep(window)
             after, wall = coordinator.cpu_times(), time.monotonic() - t
             add("lab_idle_cpu", (after.user + after.system - before.user - before.system)
                 / wall)
@@ -172,8 +174,7 @@ def tfo_run(hosts: list, tmp: Path, code: Path, idle: bool) -> float:
             stop_at = time.monotonic()
             proc.send_signal(signal.SIGINT)
             until = stop_at + 60
-            while time.monotonic() < until and any(psutil.pid_exists(p) and psutil.Process(
-                    p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            while time.monotonic() < until and any(alive(p) for p in pids):
                 time.sleep(0.01)
             add("lab_stop", time.monotonic() - stop_at)
             proc.wait(60)
@@ -194,14 +195,16 @@ def bench_lab(s: Setting, tmp: Path) -> None:
     sshlab.ensure_openssh()
     code = Path(os.environ.get("TFO_BENCH_CODE") or REPO)
     reps = 1 if s.fake else 2
+    # --quick checks the harness (make test): the 16-host lab once, a short idle window.
+    counts, window = ((HOSTS,), 2.0) if s.fake else (COUNTS, WINDOW)
     with sshlab.lab_hosts(tmp / "lab", prefix=PREFIX, count=HOSTS, subnet=SUBNET) as hosts:
         tfo_run(hosts, tmp, code, idle=False)  # copies the code to every host: not counted
         for rep in range(reps):
-            for n in COUNTS:
+            for n in counts:
                 # Alternated, the order flipped each repeat: drift falls on both.
                 arms = [("OpenSSH fan-out", lambda n=n: fan_out(hosts[:n])),
                         ("tfo run", lambda n=n: tfo_run(hosts[:n], tmp, code,
-                                                        idle=n == HOSTS))]
+                                                        idle=n == HOSTS, window=window))]
                 for name, arm in arms[::-1] if rep % 2 else arms:
                     took = arm()
                     CURVE[name].setdefault(n, []).append(took)

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tests import sshlab
+from tests.procs import alive
 from tests.sshlab import SshLabError
 
 SUBNET = ipaddress.ip_network("10.201.0.0/24")
@@ -107,7 +108,7 @@ class SlurmLab:
                         continue
                 with open(f"/proc/{entry}/environ", "rb") as f:
                     if f"SLURM_CONF={self.conf}".encode() in f.read().split(b"\0") \
-                            and sshlab._pid_alive(int(entry)):
+                            and alive(int(entry)):
                         found.append(int(entry))
             except (OSError, ValueError):
                 continue
@@ -194,7 +195,7 @@ def cleanup_stale() -> list[str]:
     removed = sshlab.cleanup_stale("tfoslurm")
     for d in FREEZER.glob("tfolab-*"):
         pid = d.name.split("-")[1]
-        if pid.isdigit() and not sshlab._pid_alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             _remove_cgroup(d)
             removed.append(f"cgroup {d}")
     for d in Path("/etc/netns").glob("tfoslurm-*"):

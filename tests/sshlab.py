@@ -54,6 +54,11 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+try:
+    from tests.procs import alive
+except ImportError:  # imported as a plain module with tests/ on sys.path (test_sshlab's client)
+    from procs import alive
+
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
 LAB_SUBNET = ipaddress.ip_network("10.200.0.0/24")
@@ -91,21 +96,6 @@ def _ip(*args: str, check: bool = True, timeout: float = 15) -> subprocess.Compl
     return _run(["ip", *args], check=check, timeout=timeout)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie still "exists"; treat it as dead
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _children_map() -> dict[int, list[int]]:
     kids: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -137,10 +127,10 @@ def _terminate_pids(pids: Sequence[int], grace: float = 3.0) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(p, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.05)
     for p in pids:
-        if _pid_alive(p):
+        if alive(p):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(p, signal.SIGKILL)
 
@@ -627,7 +617,7 @@ def cleanup_stale(prefix: str = "tfo") -> list[str]:
         ns = line.split()[0] if line.split() else ""
         parts = ns.split("-")
         if (ns.startswith(f"{prefix}-lab") and len(parts) >= 4 and parts[-2].isdigit()
-                and not _pid_alive(int(parts[-2]))):
+                and not alive(int(parts[-2]))):
             _kill_netns_pids(ns)
             _ip("netns", "del", ns, check=False)
             removed.append(f"netns {ns}")
@@ -640,7 +630,7 @@ def cleanup_stale(prefix: str = "tfo") -> list[str]:
         alias = link.get("ifalias", "")
         if alias.startswith(f"{_ALIAS_PREFIX} {prefix} pid="):
             pid = alias.rsplit("=", 1)[1]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not alive(int(pid)):
                 _ip("link", "del", link["ifname"], check=False)
                 removed.append(f"link {link['ifname']}")
     return removed

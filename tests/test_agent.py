@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, wait_until
+from tests.procs import alive
 from worker_entry import frames
 
 pytestmark = pytest.mark.timeout(60)
@@ -124,18 +125,9 @@ def test_silence_from_the_coordinator_ends_every_task_and_the_agent():
         # No BEAT frames from us: after 2 s the agent takes us for gone.
         assert wait_until(lambda: agent.proc.poll() is not None, 15), "the agent outlived it"
         for pid in pids:
-            assert wait_until(lambda p=pid: not _alive(p), 5), f"task {pid} outlived it"
+            assert wait_until(lambda p=pid: not alive(p), 5), f"task {pid} outlived it"
     finally:
         agent.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_what_a_killed_task_left_is_killed_and_its_neighbours_are_not():
@@ -155,8 +147,8 @@ def test_what_a_killed_task_left_is_killed_and_its_neighbours_are_not():
         left, neighbour = (int(agent.output(s)) for s in (1, 2))
         agent.send(frames.SIGNAL, 1, b"KILL")
         assert agent.wait(frames.EXITED, 1) == str(-signal.SIGKILL).encode()
-        assert wait_until(lambda: not _alive(left), 5), "the detached child outlived its task"
-        assert _alive(pids[2]) and _alive(neighbour)
+        assert wait_until(lambda: not alive(left), 5), "the detached child outlived its task"
+        assert alive(pids[2]) and alive(neighbour)
     finally:
         agent.close()
 

@@ -37,6 +37,7 @@ from tests.conftest import (
     wait_until,
     write_spec,
 )
+from tests.procs import alive
 from tests.test_ssh import lab, lab_spec  # noqa: F401 (a fixture)
 from worker_entry import markers
 from worker_entry.markers import USAGE_SECONDS, Role
@@ -213,8 +214,7 @@ def test_a_sigterm_to_the_group_ends_a_task_without_a_handler_and_its_wrapper_cl
         task_pid = int(re.search(r"pid=(\d+)", w.task_line()).group(1))
         os.kill(w.proc.pid, signal.SIGSTOP)
         os.kill(task_pid, signal.SIGTERM)
-        assert wait_until(lambda: not psutil.pid_exists(task_pid) or psutil.Process(
-            task_pid).status() == psutil.STATUS_ZOMBIE, 10)
+        assert wait_until(lambda: not alive(task_pid), 10)
         os.kill(w.proc.pid, signal.SIGTERM)
         os.kill(w.proc.pid, signal.SIGCONT)
         code = w.proc.wait(timeout=10)

@@ -33,6 +33,7 @@ from tests.conftest import (
     wait_until,
     write_spec,
 )
+from tests.procs import alive
 
 pytestmark = [FIXED_PORTS]  # see tests/conftest.py
 
@@ -309,8 +310,7 @@ def test_a_straggler_that_left_the_group_is_killed(run_dir: Path, tmp_path: Path
     assert res.returncode == 0, res.output[-3000:]
     log = (run_dir / "logs" / "worker-1.log").read_text()
     pid = int(re.search(r"started a straggler pid=(\d+)", log).group(1))
-    assert wait_until(lambda: not psutil.pid_exists(pid)
-                      or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 3)
+    assert wait_until(lambda: not alive(pid), 3)
 
 
 @pytest.mark.timeout(60)

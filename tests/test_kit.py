@@ -4,7 +4,6 @@ would: these tests run their clusters through the fixture themselves."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ import pytest
 import orchestrator
 from orchestrator.errors import SpecError
 from tests.conftest import REPO
+from tests.procs import alive
 
 pytestmark = [pytest.mark.tf]
 
@@ -111,9 +111,8 @@ def test_a_new_project_runs_the_example_under_xdist_and_leaves_nothing(tmp_path:
     assert proc.returncode == 0, out[-6000:]
     assert "4 passed" in out, out[-3000:]
     assert len(seen) >= 4, seen  # the pools' standbys and the tasks were there
-    alive = [p for p in seen if psutil.pid_exists(p)
-             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert alive == [], f"processes outlived the pytest session: {alive}"
+    left = _alive(seen)
+    assert left == [], f"processes outlived the pytest session: {left}"
     # The session's warm pools served the later tests: their tasks started warm.
     starts = [json.loads(line) for found in (tmp_path / "tmp").glob("**/events.jsonl")
               for line in found.read_text().splitlines() if '"task_started"' in line]
@@ -240,12 +239,7 @@ def test_a_killed_session_leaves_nothing(tmp_path: Path):
 
 
 def _alive(pids: set[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-    return alive
+    return [pid for pid in pids if alive(pid)]
 
 
 @pytest.mark.timeout(240)

@@ -10,7 +10,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.conftest import (
@@ -27,6 +26,7 @@ from tests.conftest import (
     wait_until,
     write_spec,
 )
+from tests.procs import alive
 
 pytestmark = [pytest.mark.tf, FIXED_PORTS]
 
@@ -101,8 +101,7 @@ def test_localhost_cluster_trains_and_chief_saves(run_dir: Path):
 
     # Nothing of the run is left, and the ports are free again.
     assert run_processes(plan["run_id"]) == []
-    assert not any(psutil.pid_exists(e["pid"]) and psutil.Process(e["pid"]).status()
-                   != psutil.STATUS_ZOMBIE for e in exits.values())
+    assert not any(alive(e["pid"]) for e in exits.values())
     assert port_is_free(20000) and port_is_free(20001)
 
     # status and logs read the run back.
@@ -127,7 +126,7 @@ def test_failing_worker_fails_the_job_fast(tf_cluster):
     assert ended_at - exited["time"] < 15
     # worker:0 is gone.
     pid = next(e["pid"] for e in w0.events if e["event"] == "task_started")
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    assert not alive(pid)
     # What a failed assertion shows names the task, its exit code and the end of its log.
     assert result.failed_task == "worker:1" and "exit code 3" in result.reason
     assert "[faulty] exiting with 3 after epoch 0" in repr(result)

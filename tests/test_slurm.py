@@ -40,6 +40,7 @@ from tests.conftest import (
     wait_until,
     write_spec,
 )
+from tests.procs import alive
 from tests.test_faults import Tfo, attempt_end, first
 
 pytestmark = [SLURM_LAB]  # see tests/conftest.py
@@ -235,10 +236,6 @@ def _step_of(lab: slurmlab.SlurmLab, job_id: str, task: str, attempt: int) -> st
     return None
 
 
-def _alive(pid: int) -> bool:
-    return slurmlab.sshlab._pid_alive(pid)
-
-
 @pytest.mark.tf
 @pytest.mark.timeout(300)
 def test_mwms_one_worker_per_node_and_a_killed_step_restarts_in_the_allocation(
@@ -257,9 +254,9 @@ def test_mwms_one_worker_per_node_and_a_killed_step_restarts_in_the_allocation(
         assert step, lab.run("squeue", "-s").stdout
         log = (run_dir / "logs" / "worker-1.log").read_text()
         straggler = int(re.search(r"started a straggler pid=(\d+)", log).group(1))
-        assert _alive(straggler)
+        assert alive(straggler)
         assert lab.run("scancel", "--signal=KILL", step).returncode == 0
-        assert wait_until(lambda: not _alive(straggler), 5), "the setsid straggler survived"
+        assert wait_until(lambda: not alive(straggler), 5), "the setsid straggler survived"
         tfo.wait_event("task_started", "worker:1", attempt=1, timeout=60)
         rc, err = tfo.finish(timeout=200)
     finally:

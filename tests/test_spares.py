@@ -18,6 +18,7 @@ from orchestrator.launch.spares import SPARE_RSS, Spares, spares_pay_off, spares
 from orchestrator.plan import make_plan
 from orchestrator.spec import cluster_schema, parse_spec
 from tests.conftest import events, wait_until, write_spec
+from tests.procs import gone
 from tests.test_faults import Tfo, attempt_end, first, kill_task
 
 GIB = 2**30
@@ -162,13 +163,6 @@ def run_with_spares(run_dir: Path, tmp_path: Path, epochs: int, sleep: float,
     finally:
         tfo.close()
     return got
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.mark.tf

@@ -347,7 +347,8 @@ def test_sigkill_coordinator_leaves_no_standby_on_the_hosts(lab, run_dir: Path,
     tfo = Tfo(spares_spec(lab, tmp_path, 5, 30), run_dir)
     try:
         tfo.wait_event("task_standby_started", "worker:1", attempt=1, timeout=180)
-        from tests.test_spares import gone, standbys
+        from tests.procs import gone
+        from tests.test_spares import standbys
 
         run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
         standby = standbys(run_dir)[("worker:1", 1)]

@@ -18,6 +18,7 @@ except ImportError:  # pragma: no cover - tests/ used as a plain directory
     import sshlab
 
 from tests.conftest import SSH_LAB  # noqa: E402
+from tests.procs import alive  # noqa: E402
 
 paramiko = pytest.importorskip("paramiko")
 pytest.importorskip("fabric")
@@ -40,7 +41,7 @@ def _openssh():
 def sshd(tmp_path):
     with sshlab.start_sshd(tmp_path / "sshd") as host:
         yield host
-    assert not sshlab._pid_alive(host.sshd_pid)
+    assert not alive(host.sshd_pid)
 
 
 def _wait_for_file(path: Path, timeout: float) -> str | None:
@@ -209,7 +210,7 @@ def test_lab_hosts_addresses_and_cross_host_tcp(tmp_path):
 
     listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(ns in listing for ns in namespaces)
-    assert not any(sshlab._pid_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
     assert "10.200.0." not in subprocess.run(["ip", "-4", "addr"], capture_output=True,
                                              text=True).stdout
 
