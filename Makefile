@@ -41,7 +41,7 @@ test: $(STAMP) pyc sshd slurm
 	$(BIN)/ruff check orchestrator worker_entry tests bench
 	$(BIN)/pytest -q -rfEs -n 2 --dist loadgroup --durations=25
 
-# make bench: every figure of issue 13 against its target (about 10 minutes on 2 cores);
+# make bench: every figure against its target (about 25 minutes on 2 cores);
 # writes bench/results.json and bench/results.png. Installs the `bench` extra (matplotlib).
 bench: $(STAMP) pyc
 	$(BIN)/python -c 'import matplotlib, dill' 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
