@@ -228,7 +228,7 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
         account: AccountOpt = None, slurm_arg: SlurmArgOpt = None,
         ctx: typer.Context = None) -> None:  # type: ignore[assignment]  # last: run(FILE) works
-    """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/143.
+    """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/131/143.
     FILE may be a run's plan.json: the same tasks again, in a new run directory. Without
     FILE, the command after -- runs (`tfo run --workers 2 -- python train.py --epochs 3`), and
     the cluster file made for it is written into the run directory as cluster.yaml. With
@@ -250,7 +250,7 @@ def _str(path: Path | None) -> str | None:
 
 
 class _Interrupted(BaseException):
-    """SIGTERM or SIGHUP before the supervisor took over (it has its own handlers)."""
+    """SIGTERM, SIGHUP or SIGQUIT before the supervisor took over (it has its own handlers)."""
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
@@ -263,13 +263,13 @@ def _interrupt(signum: int, frame: object) -> None:
 def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True) -> None:
     """orchestrator.pipeline.run, printing: its lines, the tasks' (a ConsoleWriter, and the
     live view on a terminal), the summary; its errors as the user's, with the exit code."""
-    # Until the supervisor takes over, SIGTERM and SIGHUP end tfo as Ctrl-C does: what was
+    # Until the supervisor takes over, SIGTERM, SIGHUP and SIGQUIT end tfo as Ctrl-C does: what was
     # under way (a host's check, a code sync) is said and cleaned up, not cut off silently.
     import signal
 
     from orchestrator.pipeline import run as run_pipeline
 
-    for s in (signal.SIGTERM, signal.SIGHUP):
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(s, _interrupt)
     stage = ["planning"]  # what was under way, for the message
     shown: list[ConsoleWriter] = []  # the console, once the supervisor takes over

@@ -110,7 +110,7 @@ class JobState(str, Enum):
         FINISHING ──sidecars done, their time up, or a signal──▶ SUCCEEDED
         RUNNING/RESTARTING ──lost/stalled, no restart left; startup timeout; deadline──▶ FAILED
         RUNNING/RESTARTING/FINISHING ──supervisor error──▶ FAILED
-        RUNNING/RESTARTING ──SIGHUP/SIGINT/SIGTERM──▶ INTERRUPTED
+        RUNNING/RESTARTING ──SIGHUP/SIGINT/SIGQUIT/SIGTERM──▶ INTERRUPTED
     """
 
     PENDING = "pending"

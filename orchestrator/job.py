@@ -65,6 +65,7 @@ class Job:
         self.hold: Hold | None = None
         self.signal: signal.Signals | None = None
         self.signal_count = 0
+        self.suspend_asked = 0  # Ctrl-Z: 1 once asked, 2 once refused aloud
         self.in_start = False  # a signal now raises Interrupted (a backend's start waits)
 
     @property

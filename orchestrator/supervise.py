@@ -2,7 +2,8 @@
 
     supervisor = Supervisor(plan, start=backends.start)   # standby=backends.standby: spares
     result = supervisor.run()          # blocks; SIGINT/SIGTERM tear everything down
-    sys.exit(result.exit_code)         # 0 ok, 1 failed, 129 SIGHUP, 130 SIGINT, 143 SIGTERM
+    sys.exit(result.exit_code)         # 0 ok, 1 failed, 129 SIGHUP, 130 SIGINT, 131 SIGQUIT,
+                                       # 143 SIGTERM
 
 One thread, one loop: pump output into logs and console, notice exits and stalls, decide
 restarts, start what is due. Between rounds it sleeps until the kernel says something
@@ -58,6 +59,7 @@ standby of the task's next attempt (`task_standby_started`); a restart that gets
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 import traceback
@@ -103,9 +105,14 @@ IDLE_SECONDS = 0.25  # the longest the loop sleeps with nothing happening
 # (launch/output.py), each round takes those queued.
 OUTPUT_SECONDS = 0.1
 WATCH_SECONDS = 1.0  # how often the loop hands itself to a watcher (the live view)
-# A closed terminal or a dropped SSH session to the user's machine sends SIGHUP: a teardown
-# like Ctrl-C, not a silent death that leaves the run looking alive.
-SIGNAL_EXIT = {signal.SIGHUP: 129, signal.SIGINT: 130, signal.SIGTERM: 143}
+# A closed terminal or a dropped SSH session to the user's machine sends SIGHUP, Ctrl-\ sends
+# SIGQUIT: each a teardown like Ctrl-C, not a silent death that leaves the run looking alive.
+SIGNAL_EXIT = {signal.SIGHUP: 129, signal.SIGINT: 130, signal.SIGQUIT: 131, signal.SIGTERM: 143}
+# Ctrl-Z (SIGTSTP) is refused: a stopped coordinator's tasks would run on unwatched, their
+# output pipes filling, their lab hosts' heartbeats missed (lost contact), their peers' stall
+# limits running. It is said once, with how to stop the job instead.
+NO_SUSPEND = ("tfo cannot be suspended (Ctrl-Z): its tasks would run on unwatched and time "
+              "out; it keeps running. To stop the job: Ctrl-C (or kill -TERM {pid})")
 
 
 class Supervisor:
@@ -161,7 +168,7 @@ class Supervisor:
         are started: what the caller does there (`tfo run`: its announcement and rich's
         import, 0.05 s) then overlaps the tasks' own start-up instead of delaying it."""
         job = self.job
-        old = {s: signal.signal(s, self._on_signal) for s in SIGNAL_EXIT}
+        old = {s: signal.signal(s, self._on_signal) for s in (*SIGNAL_EXIT, signal.SIGTSTP)}
         job.events.write("run_started", run_id=self.plan.run_id,
                          strategy=self.plan.strategy.value,
                          tasks=[t.name for t in self.plan.tasks], **coordinator_identity())
@@ -227,6 +234,10 @@ class Supervisor:
     def _tick(self) -> None:
         job, checks = self.job, self.checks
         self.intake.pump()
+        if job.suspend_asked == 1:  # said once, here: a handler must not write to the console
+            job.suspend_asked += 1
+            job.events.write("suspend_refused", signal="SIGTSTP")
+            job.echo("tfo", NO_SUSPEND.format(pid=os.getpid()))
         if job.hold is not None:  # a stop or a stacks request under way: only it, until over
             return job.hold.step(job.clock())
         finishing = job.state is JobState.FINISHING
@@ -275,6 +286,10 @@ class Supervisor:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         job = self.job
+        if signum == signal.SIGTSTP:  # refused; the loop says so (once)
+            job.suspend_asked = max(job.suspend_asked, 1)
+            wakeup.notify(urgent=True)
+            return
         job.signal_count += 1
         if job.signal is None:
             job.signal = signal.Signals(signum)
