@@ -75,6 +75,18 @@ class QuickFlags:
         return [f"--{f.name.replace('_', '-')}" for f in fields(self)
                 if f.name != "hosts_data" and getattr(self, f.name) != getattr(unset, f.name)]
 
+    def args(self) -> list[str]:
+        """The flags given, as typed: `["--workers", "2", "--chief"]`."""
+        unset, out = QuickFlags(), []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "hosts_data" or value == getattr(unset, f.name):
+                continue
+            out.append(f"--{f.name.replace('_', '-')}")
+            if not isinstance(value, bool):
+                out.append(str(value))
+        return out
+
 
 def job_from_command(command: list[str]) -> dict[str, Any]:
     """The `job:` of a cluster file from the command after `--`."""
@@ -375,6 +387,34 @@ def source_from(command: list[str] | None, file: Path | None, flags: QuickFlags,
         raise SpecError(str(e)) from None
 
 
+CLUSTER_SUFFIXES = (".yaml", ".yml", ".json")
+SCRIPT_SUFFIXES = (".py", ".pyw", ".ipynb", ".sh")
+
+
+def _not_a_script(file: Path, flags: QuickFlags, verb: str) -> None:
+    """A script given where a cluster file goes (`tfo run train.py`) is refused with the
+    command that runs it, not with a YAML parser's complaint about line 19. A file of another
+    name that does not read as a cluster file gets the hint next to the parser's words."""
+    suffix = file.suffix.lower()
+    if suffix in CLUSTER_SUFFIXES:
+        return
+    program = ["python", str(file)] if suffix != ".sh" else ["bash", str(file)]
+    hint = shlex.join(["tfo", verb, *(flags.args() or ["--workers", "2"]), "--", *program])
+    if suffix in SCRIPT_SUFFIXES:
+        raise FlagError(f"{file} is a script, not a cluster file: to run it as a job's "
+                        f"tasks, give the command after --: {hint}")
+    try:
+        data = read_data(file)
+    except SpecFileError as e:
+        if not file.is_file():
+            return  # the cluster file's own message (no such file) says it
+        raise FlagError(f"{e}\n(if {file} is a script, not a cluster file, give the command "
+                        f"after --: {hint})") from None
+    if not isinstance(data, dict):
+        raise FlagError(f"{file}: not a cluster file (no mapping at its top level); if it is "
+                        f"a script, give the command after --: {hint}")
+
+
 def _file_or_command(command: list[str] | None, file: Path | None, flags: QuickFlags,
                      verb: str) -> Path | dict:
     usage = USAGE.format(verb)
@@ -384,6 +424,7 @@ def _file_or_command(command: list[str] | None, file: Path | None, flags: QuickF
     if command is None and file is None:
         raise FlagError(f"nothing to run: {usage}")
     if file is not None:
+        _not_a_script(file, flags, verb)
         if flags.given():
             raise FlagError(f"{', '.join(flags.given())}: these flags make a cluster for a "
                             f"command after --; {file} says it all already (edit it instead)")

@@ -309,6 +309,48 @@ def test_flags_with_a_file_are_exit_2_naming_them() -> None:
     assert "--workers, --evaluator: these flags make a cluster for a command" in res.stderr
 
 
+# As TensorFlow's multi-worker tutorial starts: its line 19 made YAML's complaint.
+TUTORIAL = """import json
+import os
+
+import tensorflow as tf
+
+import mnist_setup
+
+per_worker_batch_size = 64
+tf_config = json.loads(os.environ['TF_CONFIG'])
+num_workers = len(tf_config['cluster']['worker'])
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+global_batch_size = per_worker_batch_size * num_workers
+multi_worker_dataset = mnist_setup.mnist_dataset(global_batch_size)
+
+with strategy.scope():
+  # Model building/compiling need to be within `strategy.scope()`.
+  multi_worker_model = mnist_setup.build_and_compile_cnn_model()
+
+multi_worker_model.fit(multi_worker_dataset, epochs=3, steps_per_epoch=70)
+"""
+
+
+@pytest.mark.parametrize(("name", "flags", "hint"), [
+    ("train.py", [], "tfo run --workers 2 -- python {path}"),
+    ("train.py", ["--workers", "3", "--chief"], "tfo run --workers 3 --chief -- python {path}"),
+    ("train", [], "tfo run --workers 2 -- python {path}"),  # no suffix: YAML's words, and the hint
+])
+def test_a_script_given_as_the_cluster_file_gets_the_command_that_runs_it(
+        tmp_path: Path, name: str, flags: list[str], hint: str) -> None:
+    path = tmp_path / name
+    path.write_text(TUTORIAL)
+    res = run_tfo("run", *flags, str(path), timeout=30)
+    assert res.returncode == 2, res.output
+    said = " ".join(res.stderr.split())
+    assert f"give the command after --: {hint.format(path=path)}" in said, said
+    assert ("not valid YAML" in said) == (name == "train")
+    assert "Traceback" not in res.output
+
+
 @pytest.mark.parametrize(("flags", "expected"), [
     (["--workers", "0"], "--workers 0: at least 1"),
     (["--ps", "1"], "--ps 1: ps tasks are for --strategy parameter_server"),
