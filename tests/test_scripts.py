@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import REPO, events, run_task, run_tfo, wait_until, write_spec
+from tests.conftest import PYTHON, REPO, events, run_task, run_tfo, wait_until, write_spec
 from tests.test_faults import Tfo, first, kill_task
 
 SCRIPTS = REPO / "tests" / "scripts"
@@ -395,6 +395,35 @@ def test_a_scripts_traceback_starts_at_the_users_file(tmp_path, run_dir):
     assert trace[1].startswith(f'  File "{SCRIPTS / "show_env.py"}", line '), log
     assert trace[1].endswith(", in <module>") and "runpy" not in log and "runner.py" not in log
     assert trace[-1] == "ValueError: the learning rate is negative"
+
+
+BROKEN = """import tensorflow as tf
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1)]
+    model.compile(loss="mse", optimizer="sgd")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_scripts_syntax_error_is_shown_as_python_shows_it(tmp_path, run_dir):
+    """No frame of tfo's (runner.py's compile): the file, the line, the caret, the error."""
+    script = tmp_path / "train.py"
+    script.write_text(BROKEN)
+    plain = subprocess.run([PYTHON, str(script)], capture_output=True, text=True, timeout=30)
+    assert plain.returncode == 1 and "SyntaxError" in plain.stderr, plain.stderr
+    cluster = write_spec(tmp_path / "cluster.yaml", SPEC.replace(
+        "tests/scripts/{script}", str(script)).format(
+        strategy="multi_worker_mirrored", args="[]", tasks="  worker: [localhost:auto]",
+        policy="never"))
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
+    assert res.returncode == 1, res.output[-3000:]
+    log = [line for line in (run_dir / "logs" / "worker-0.log").read_text().splitlines()
+           if not line.startswith("@tfo ")]
+    assert "\n".join(log).endswith(plain.stderr.rstrip("\n")), log
+    assert not any("Traceback" in line or "runner.py" in line for line in log), log
+    assert plain.stderr.splitlines()[-1] in res.stderr  # the summary's last lines show it
 
 
 @pytest.mark.parametrize(("env", "shown"), [

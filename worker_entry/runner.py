@@ -128,11 +128,21 @@ def _ours(filename: str) -> bool:
         or os.path.basename(filename) == "runpy.py"
 
 
+def _only_importlib(tb: types.TracebackType | None) -> bool:
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith("<frozen importlib"):
+            return False
+        tb = tb.tb_next
+    return True
+
+
 def user_traceback(exc_type: type[BaseException], exc: BaseException,
                    tb: types.TracebackType | None) -> None:
     """sys.excepthook in the task: the traceback starts at the user's own frame, as `python
-    train.py` prints it, not with five frames of runpy and this runner. A traceback with no
-    frame of the user's (an error of ours) is printed whole."""
+    train.py` prints it, not with five frames of runpy and this runner. A syntax error in
+    the user's file (raised by our compile) has no frame of theirs: it is shown as Python
+    shows it, the file, line and caret alone. Any other traceback with no frame of the
+    user's (an error of ours) is printed whole."""
     seen: set[int] = set()
     link: BaseException | None = exc
     while link is not None and id(link) not in seen:
@@ -140,7 +150,10 @@ def user_traceback(exc_type: type[BaseException], exc: BaseException,
         first = link.__traceback__
         while first is not None and _ours(first.tb_frame.f_code.co_filename):
             first = first.tb_next
-        if first is not None:
+        if isinstance(link, SyntaxError) and link.filename and not _ours(link.filename) \
+                and _only_importlib(first):  # our compile, or a `-m` module's loader
+            link.__traceback__ = None
+        elif first is not None:
             link.__traceback__ = first
         link = link.__cause__ or link.__context__
     sys.__excepthook__(exc_type, exc, exc.__traceback__)
