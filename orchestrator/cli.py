@@ -355,7 +355,8 @@ def status(run_ref: RunArg = None) -> None:
         events, skipped = rd.read_events()
     except OSError as e:
         raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
-    out.print(table(rows_from_events(events), STATUS, title=f"{rd.name}: {job_line(events)}"))
+    line, abnormal = job_line(events, skipped, rd.held())
+    out.print(table(rows_from_events(events, over=abnormal), STATUS, title=f"{rd.name}: {line}"))
     for line in resize_lines([e for e in events if e["event"] == "job_resized"]):
         out.print(printable(line), soft_wrap=True, highlight=False, markup=False)
     if skipped:

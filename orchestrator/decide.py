@@ -109,7 +109,7 @@ class JobState(str, Enum):
         RUNNING/RESTARTING ──success policy met: wait for the sidecars──▶ FINISHING
         FINISHING ──sidecars done, their time up, or a signal──▶ SUCCEEDED
         RUNNING/RESTARTING ──lost/stalled, no restart left; startup timeout; deadline──▶ FAILED
-        RUNNING/RESTARTING/FINISHING ──supervisor error──▶ FAILED
+        RUNNING/RESTARTING/FINISHING ──supervisor error; run directory unwritable──▶ FAILED
         RUNNING/RESTARTING ──SIGHUP/SIGINT/SIGQUIT/SIGTERM──▶ INTERRUPTED
     """
 

@@ -111,10 +111,12 @@ def row_from_outcome(t: TaskOutcome) -> Row:
                **_progress(t.progress))
 
 
-def rows_from_events(events: Iterable[dict[str, Any]]) -> list[Row]:
+def rows_from_events(events: Iterable[dict[str, Any]], over: bool = False) -> list[Row]:
     """Each task's row as a run's events.jsonl tells it: its last attempt's pid and host,
     its last progress, its restarts, how it ended, and its last event (not a standby's: that
-    is the next attempt's, started beside this one)."""
+    is the next attempt's, started beside this one). `over`: the run ended abnormally (its
+    coordinator is gone: so are its tasks), so a task still starting or running then is
+    `unfinished`, not running now."""
     tasks: dict[str, dict[str, Any]] = {}
     for e in events:
         name = e.get("task")
@@ -144,6 +146,9 @@ def rows_from_events(events: Iterable[dict[str, Any]]) -> list[Row]:
                 "succeeded" if rc == 0 or t["torn_down"] else "failed"
         elif kind == "task_start_failed":
             t["state"] = "failed"
+    for t in tasks.values():
+        if over and t.get("state", "pending") in ("starting", "running", "pending"):
+            t["state"] = "unfinished"
     return [Row(**t) for _, t in sorted(tasks.items())]
 
 

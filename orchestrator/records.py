@@ -123,6 +123,7 @@ class RunResult:
     stalls: list[Stall] = field(default_factory=list)  # every stall, in order, cause first
     preemptions: int = 0  # restarts after a preemption (not in `restarts`)
     resizes: list[dict[str, Any]] = field(default_factory=list)  # job_resized's, in order
+    notes: list[str] = field(default_factory=list)  # the run directory's faults (rundirwatch)
 
 
 def tail(path: str, n: int = 20) -> list[str]:

@@ -143,6 +143,8 @@ def print_summary(result: RunResult) -> None:
                   soft_wrap=True)
     for line in resize_lines(result.resizes):
         err.print(line, soft_wrap=True, highlight=False, markup=False)
+    for note in result.notes:
+        err.print(labeled("run directory:", "bold red", note), soft_wrap=True)
     preempted = f", preemptions: {result.preemptions}" if result.preemptions else ""
     err.print(f"run directory: {result.run_dir} (restarts: {result.restarts}{preempted})",
               soft_wrap=True)
@@ -222,12 +224,38 @@ def resize_lines(resized: list[dict[str, Any]]) -> list[str]:
             for r in resized]
 
 
-def job_line(events: list[dict[str, Any]]) -> str:
-    """How a run's events.jsonl says its job ended (or that its coordinator was lost)."""
-    started = next((e for e in events if e["event"] == "run_started"), {})
+ABNORMAL = "ended abnormally"
+
+
+def job_line(events: list[dict[str, Any]], skipped: int = 0,
+             held: bool = False) -> tuple[str, bool]:
+    """How a run's events.jsonl says its job ended, and whether it ended abnormally (its
+    tasks' last states are not what they are now). `skipped`: its lines that were no event
+    (a line cut short by a full disk, garbage); `held`: a tfo holds the run's lock now."""
+    if not events:
+        return ("no events: events.jsonl is empty (the run never started, or the file was "
+                "emptied)" if not skipped else f"unreadable: events.jsonl holds {skipped} "
+                "line(s), none of them an event (corrupt)"), True
+    started = next((e for e in events if e["event"] == "run_started"), None)
     finished = next((e for e in reversed(events) if e["event"] == "job_finished"), None)
-    state = outcome(started, finished)
+    cut = f"; {skipped} unreadable line(s) skipped" if skipped else ""
+    last = f"; its last event: {_event_words(events[-1])}{cut}"
+    if started is None and finished is None:  # its start is gone: the lock tells
+        if held:
+            return "running (events.jsonl lost its run_started: emptied while it ran?)", False
+        return f"{ABNORMAL}: events.jsonl has neither run_started nor job_finished{last}", True
+    state = outcome(started or {}, finished)
     if state is Outcome.LOST:
-        return (f"coordinator lost: pid {started.get('coordinator_pid')} is gone; the run did "
-                "not finish cleanly")
-    return f"{state.value}: {finished.get('reason', '')}" if finished else state.value
+        return (f"{ABNORMAL}: coordinator lost: pid {started.get('coordinator_pid')} is gone; "
+                f"the run did not finish cleanly{last}"), True
+    if finished is None:
+        return state.value, False
+    return f"{state.value}: {finished.get('reason', '')}", False
+
+
+def _event_words(e: dict[str, Any]) -> str:
+    task = f" ({e['task']})" if isinstance(e.get("task"), str) else ""
+    when = e.get("time")
+    at = f" at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}" \
+        if isinstance(when, int | float) and not isinstance(when, bool) else ""
+    return f"{e['event']}{task}{at}"

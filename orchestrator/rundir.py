@@ -26,6 +26,7 @@ workdir, which may start with ~.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import itertools
 import json
@@ -174,6 +175,17 @@ class RunDir(RunPaths):
 
     def read_events(self) -> tuple[list[dict[str, Any]], int]:
         return read_events(Path(self.events_path))
+
+    def held(self) -> bool:
+        """Whether a tfo holds the run's lock now (it runs the job)."""
+        try:
+            with open(self._join(LOCK), "rb") as f:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return False
 
     def task_logs(self) -> dict[str, Path]:
         """Each task's log by task name (`worker:1`), in name order."""
@@ -361,17 +373,81 @@ def _lines_backwards(f: BinaryIO, end: int) -> Iterator[bytes]:
 
 
 class EventLog:
-    """events.jsonl: one JSON object a line, with `time` (unix seconds) and `event`."""
+    """events.jsonl: one JSON object a line, with `time` (unix seconds) and `event`.
+
+    Each record is one write(2) to a file opened O_APPEND. A write that fails (a full disk)
+    cuts the file back to its last whole record (ftruncate needs no space) and nothing more
+    is written: `error` says why, naming the file, and the loop stops the job. Deleted under
+    us (`rm -rf` of the run directory), `relink` puts what it held back at its path."""
 
     def __init__(self, path: Path) -> None:
-        self._file = path.open("a", buffering=1)
+        self.path = path
+        self._fd = _open_append(path)
+        self.error: OSError | None = None
 
     def write(self, event: str, task: str | None = None, **fields: Any) -> None:
+        if self.error is not None or self._fd < 0:
+            return
         record = {"time": round(time.time(), 4), "event": event, "task": task, **fields}
-        self._file.write(json.dumps(record, default=str) + "\n")
+        data = (json.dumps(record, default=str) + "\n").encode()
+        try:
+            if os.write(self._fd, data) < len(data):  # the disk filled up within it
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as e:
+            self._cut_to_last_record()
+            self.error = OSError(e.errno, e.strerror, str(self.path))
+
+    def _cut_to_last_record(self) -> None:
+        with contextlib.suppress(OSError):
+            size = os.fstat(self._fd).st_size
+            tail = os.pread(self._fd, min(size, _TAIL_BYTES), max(0, size - _TAIL_BYTES))
+            if not tail.endswith(b"\n"):
+                os.ftruncate(self._fd, size - len(tail) + tail.rfind(b"\n") + 1)
+
+    @property
+    def unlinked(self) -> bool:
+        """The file was deleted (its directory too, maybe) while we write it."""
+        return self._fd >= 0 and unlinked(self._fd)
+
+    def relink(self) -> None:
+        """What the deleted file held, written back at its path, and the writes go on there.
+        Raises OSError (the directory cannot be made again)."""
+        old, self._fd = self._fd, write_back(self._fd, self.path)
+        os.close(old)
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+
+def _open_append(path: Path | str) -> int:
+    return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+
+
+def write_back(fd: int, path: Path | str) -> int:
+    """A deleted file we still hold open (`fd`, left open), copied whole to `path` (made
+    anew): a new O_APPEND descriptor of it. Linux opens a deleted file again through
+    /proc/self/fd. Raises OSError."""
+    new = _open_append(path)
+    try:
+        os.ftruncate(new, 0)
+        with open(f"/proc/self/fd/{fd}", "rb") as old:
+            while chunk := old.read(LOG_CHUNK):
+                os.write(new, chunk)
+    except BaseException:
+        os.close(new)
+        raise
+    return new
+
+
+def unlinked(fd: int) -> bool:
+    """Whether the open file `fd` was deleted (its directory too, maybe)."""
+    try:
+        return os.fstat(fd).st_nlink == 0
+    except OSError:
+        return False
 
 
 def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:

@@ -5,6 +5,7 @@ does not answer may hold it up to its connect timeout."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -67,7 +68,8 @@ class Starts:
                 rec.attempt += 1
                 if rec.log is None:
                     rec.log = open(rec.task.log_path, "a", buffering=1)  # noqa: SIM115 (kept)
-                rec.log.write(f"===== tfo: {rec.name} attempt {rec.attempt} =====\n")
+                with contextlib.suppress(OSError):  # a full disk: RunDirWatch stops the job
+                    rec.log.write(f"===== tfo: {rec.name} attempt {rec.attempt} =====\n")
                 if job.signal is not None:
                     raise Interrupted
                 job.in_start = True  # a signal now abandons the start (a host may not answer)

@@ -58,6 +58,7 @@ standby of the task's next attempt (`task_standby_started`); a restart that gets
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -90,6 +91,7 @@ from orchestrator.plan import Plan
 from orchestrator.policy import restart_allowed
 from orchestrator.records import RunResult, TaskOutcome, TaskRecord, tail
 from orchestrator.rundir import RunDir, coordinator_identity
+from orchestrator.rundirwatch import RunDirWatch
 from orchestrator.starts import Standby, Starts
 from orchestrator.stopping import stop, teardown_waits
 
@@ -139,6 +141,7 @@ class Supervisor:
         self.job = job = Job(plan, self.run_dir.open_events(), echo or _print_line,
                              timing or Timing(), clock)
         self.intake = Intake(job)
+        self.dirwatch = RunDirWatch(self.run_dir)  # deleted under us, or its disk full
         self.exits = Exits(job, self.intake)
         # What is due in a round starts as one batch (Backends.start_batch); a caller that
         # gives only `start` has its tasks started one by one.
@@ -187,7 +190,8 @@ class Supervisor:
                     self._wait()
         except Exception as e:  # a bug of ours: still tear down, and say where to look
             crash_log = Path(self.run_dir.crash_log)
-            crash_log.write_text(traceback.format_exc())
+            with contextlib.suppress(OSError):  # a full disk: the reason says where to look
+                crash_log.write_text(traceback.format_exc())
             job.end(JobState.FAILED, f"supervisor error {e!r}; traceback in {crash_log}")
         finally:
             self._stop_all()
@@ -202,17 +206,20 @@ class Supervisor:
             code = SIGNAL_EXIT[job.signal]
         else:
             code = 0 if end.state is JobState.SUCCEEDED else 1
+        self.dirwatch.check(job, float("inf"))  # deleted in the teardown: put back first
+        self.dirwatch.close()
         job.events.write("job_finished", state=end.state.value, exit_code=code,
                          reason=end.reason, failed_task=end.failed_task, restarts=job.restarts)
         job.events.close()
         self.run_dir.remove_tmp()  # empty once every task cleaned up
         for rec in job.records.values():
             if rec.log:
-                rec.log.close()
+                with contextlib.suppress(OSError):  # a full disk: its last line is lost
+                    rec.log.close()
         return RunResult(
             state=end.state, exit_code=code, reason=end.reason, run_dir=self.plan.run_dir,
             restarts=job.restarts, failed_task=end.failed_task, evaluation=job.evaluation,
-            stalls=job.stalls, preemptions=job.preemptions,
+            stalls=job.stalls, preemptions=job.preemptions, notes=self.dirwatch.notes,
             resizes=self.resizing.resized if self.resizing is not None else [],
             tasks=[TaskOutcome(r.name, r.state, r.current.returncode, r.restarts, r.task.log_path,
                                r.task.host, r.current.work.progress, r.torn_down_ok,
@@ -238,6 +245,9 @@ class Supervisor:
             job.suspend_asked += 1
             job.events.write("suspend_refused", signal="SIGTSTP")
             job.echo("tfo", NO_SUSPEND.format(pid=os.getpid()))
+        self.dirwatch.check(job, job.clock())
+        if job.ending is not None:
+            return None
         if job.hold is not None:  # a stop or a stacks request under way: only it, until over
             return job.hold.step(job.clock())
         finishing = job.state is JobState.FINISHING

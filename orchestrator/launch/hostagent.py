@@ -381,6 +381,10 @@ class AgentTask:
     def lines(self) -> list[str]:
         return self._output.lines() if self._output is not None else []
 
+    def relink_log(self, path: str) -> bool:
+        """The run directory was made again: the attempt's log goes on at `path`."""
+        return self._output is not None and self._output.relink(path)
+
     def terminate(self) -> None:
         self._agent.send(frames.SIGNAL, self.slot, b"TERM")
 

@@ -104,6 +104,10 @@ class LocalHandle:
     def lines(self) -> list[str]:
         return self._output.lines() if self._output is not None else []
 
+    def relink_log(self, path: str) -> bool:
+        """The run directory was made again: the attempt's log goes on at `path`."""
+        return self._output is not None and self._output.relink(path)
+
     def _signal_group(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._pgid, sig)

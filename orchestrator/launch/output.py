@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from orchestrator import wakeup
 from orchestrator.console import overstrike
+from orchestrator.rundir import write_back
 from worker_entry import markers
 from worker_entry.markers import START
 
@@ -259,6 +260,18 @@ class TaskOutput:
             size += sum(map(len, got))
             self._ended.wait(0.02)
         return rest + self._queue.shut()
+
+    def relink(self, log_path: str) -> bool:
+        """The log was deleted (its run directory with it) and is made again at `log_path`:
+        what it held, copied from our open file, then written on there. False: no log open
+        here (the caller copies it)."""
+        with self._log_lock:
+            if self._log is None:
+                return False
+            self._log.flush()
+            old, self._log = self._log, os.fdopen(write_back(self._log.fileno(), log_path), "ab")
+        old.close()
+        return True
 
     # ---- the reader thread --------------------------------------------------------------
     def _run(self) -> None:
