@@ -51,6 +51,8 @@ class Attempt:
     ended_at: float | None = None  # monotonic time its exit was collected
     torn_down: bool = False  # stopped by us in its teardown (its exit: its exiting_code)
     standby_asked: bool = False  # a warm spare for its next attempt was asked for
+    standby_pid: int | None = None  # that spare's, once started: asked after now and then
+    standbys_lost: int = 0  # spares for its next attempt that died waiting (and were replaced)
 
     def __post_init__(self) -> None:
         self.work = Work(Pace(self.started_at), self.started_at)

@@ -19,12 +19,17 @@ from orchestrator.records import Attempt, TaskRecord
 
 T = TypeVar("T")
 Standby = Callable[[TaskPlan, int], "int | None"]
+# A spare that died waiting (SIGKILLed, the OOM killer) is noticed this often: asked for
+# again, the backend reaps the dead one (no <defunct> wrapper left) and starts another.
+STANDBY_CHECK_SECONDS = 2.0
+STANDBY_REPLACEMENTS = 3  # per attempt: one that keeps dying (memory?) is not made for ever
 
 
 class Starts:
     def __init__(self, job: Job, exits: Exits, start_many: BatchLauncher,
                  standby: Standby | None) -> None:
         self.job, self.exits, self.start_many, self.standby = job, exits, start_many, standby
+        self._standbys_checked_at = float("-inf")
 
     def ready(self, rec: TaskRecord) -> bool:
         """The roles that serve first (PS: ps and workers) are up before the others start."""
@@ -133,20 +138,42 @@ class Starts:
             if decide.standby_wanted(rec.role, job.policy, job.rules, rec.restarts,
                                      job.restarts):
                 self._make_standby(rec)
+        if now - self._standbys_checked_at >= STANDBY_CHECK_SECONDS:
+            self._standbys_checked_at = now
+            for rec in job.records.values():
+                if rec.state is TaskState.RUNNING and rec.current.standby_pid is not None \
+                        and not rec.current.done \
+                        and rec.current.standbys_lost < STANDBY_REPLACEMENTS \
+                        and decide.standby_wanted(rec.role, job.policy, job.rules,
+                                                  rec.restarts, job.restarts):
+                    self._make_standby(rec)
 
     def _make_standby(self, rec: TaskRecord) -> None:
+        """A spare for the task's next attempt; asked again while one is held, the backend
+        answers None while it lives, or reaps it and starts another (a new pid): the one
+        before died waiting."""
         assert self.standby is not None
+        before = rec.current.standby_pid
         try:
             pid = self.starting(self.standby, rec.task, rec.attempt + 1)
         except Interrupted:
             return
         except Exception as e:  # noqa: BLE001 - no spare is no failure: a restart starts cold
+            rec.current.standby_pid = None
             self.job.events.write("task_standby_failed", rec.name, attempt=rec.attempt + 1,
                                   error=str(e))
             return
-        if pid is not None:
-            self.job.events.write("task_standby_started", rec.name, pid=pid,
-                                  attempt=rec.attempt + 1)
+        if pid is None:
+            return
+        if before is not None:
+            rec.current.standbys_lost += 1
+            self.job.events.write("task_standby_lost", rec.name, pid=before,
+                                  attempt=rec.attempt + 1, replaced_by=pid)
+            self.job.echo("tfo", f"{rec.name}'s warm spare (pid {before}) died waiting; "
+                          f"started another (pid {pid})")
+        rec.current.standby_pid = pid
+        self.job.events.write("task_standby_started", rec.name, pid=pid,
+                              attempt=rec.attempt + 1)
 
     def starting(self, start: Callable[[TaskPlan, int], T], task: TaskPlan, attempt: int) -> T:
         """A backend's start, which a signal interrupts: it may wait on a host for its

@@ -5,6 +5,7 @@ outlives the run."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -195,6 +196,35 @@ def assert_restart_served_by_spares(run_dir: Path, killed_at: float, killed_rc: 
     resumed = [e["epoch"] for e in ev if e["event"] == "task_epoch" and e["attempt"] == 1]
     assert resumed and min(resumed) >= 1, resumed  # from its checkpoint, not the start
     assert ev[-1]["event"] == "job_finished" and ev[-1]["exit_code"] == 0
+
+
+def zombie_or_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() is not None
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_a_sigkilled_standby_is_reaped_said_and_replaced(run_dir: Path, tmp_path: Path):
+    """A standby's wrapper SIGKILLed while it waits: within seconds it is reaped (no
+    <defunct> left), an event says so, another standby takes its place, and the restart that
+    follows is still warm."""
+    def kill_standby_then_task(tfo: Tfo) -> float:
+        old = standbys(run_dir)[("worker:1", 1)]
+        os.kill(old, signal.SIGKILL)
+        lost = tfo.wait_event("task_standby_lost", "worker:1", timeout=30, pid=old)
+        assert not zombie_or_alive(old), f"pid {old} left <defunct>"
+        new = lost["replaced_by"]
+        assert new != old and standbys(run_dir)[("worker:1", 1)] == new
+        tfo.wait_event("task_epoch", "worker:1", epoch=1, timeout=180)
+        return kill_task(tfo, "worker:1")
+
+    killed_at = run_with_spares(run_dir, tmp_path, 8, 2, kill_standby_then_task)
+    assert_restart_served_by_spares(run_dir, killed_at, -signal.SIGKILL, within=10.0)
+    lost = [e for e in events(run_dir) if e["event"] == "task_standby_lost"]
+    assert len(lost) == 1, lost
 
 
 @pytest.mark.tf
