@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, TypeAlias
 
 from orchestrator.errors import SpecError
-from orchestrator.rundir import RunDir, RunDirError
+from orchestrator.rundir import RunDir, RunDirError, write_private
 from orchestrator.startup import settled
 
 if TYPE_CHECKING:
@@ -204,7 +204,7 @@ def write_cluster_file(p: Plan, spec: dict, made_by: str) -> Path:
 
     path = Path(RunDir(p.run_dir).cluster_path)
     try:
-        path.write_text(cluster_yaml(spec, made_by))
+        write_private(path, cluster_yaml(spec, made_by))
     except OSError as e:
         raise SpecError(f"run directory {p.run_dir}: cannot write {path}: "
                         f"{e.strerror or e}") from None

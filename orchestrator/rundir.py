@@ -21,6 +21,9 @@ workdir, which may start with ~.
         tensorboard/           the chief's training scalars (train/), the evaluator's (eval/)
         supervisor-error.log   only if tfo itself failed
         lock                   held (flock) by the tfo running it; holds that tfo's pid
+
+The directory is its user's alone (0700), plan.json and cluster.yaml too (0600): they hold
+the spec's `env:` values, an API token as often as not.
 """
 
 from __future__ import annotations
@@ -49,11 +52,20 @@ LOCK = "lock"  # flock'ed by the tfo that runs it, while it runs
 LAST = "last"
 
 
+PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600  # a run's files are its user's alone
 SHOWN_MATCHES = 10  # runs an ambiguous prefix lists (5,000 of them made a 140 KB message)
 
 
 class RunDirError(Exception):
     """No such run, or more than one matches; the message says which and what to give."""
+
+
+def write_private(path: Path, text: str) -> None:
+    """`text` into `path`, readable by its user only from its first byte."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    os.fchmod(fd, PRIVATE_FILE)  # a file that was there keeps its mode through O_CREAT
+    with open(fd, "w") as f:
+        f.write(text)
 
 
 def task_file(role: str, index: int) -> str:
@@ -144,7 +156,8 @@ class RunDir(RunPaths):
         by the returned file until it is closed or this process ends (the kernel lets go,
         even after SIGKILL). Raises RunDirError for a directory another tfo holds or that
         holds a run already, OSError."""
-        Path(self.path).mkdir(parents=True, exist_ok=True)
+        Path(self.path).mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+        os.chmod(self.path, PRIVATE_DIR)  # a --run-dir that was there already too
         lock = open(self._join(LOCK), "a+b")  # noqa: SIM115 (held for the run)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -160,7 +173,7 @@ class RunDir(RunPaths):
             lock.write(f"{os.getpid()}\n".encode())
             lock.flush()
             Path(self.logs).mkdir(parents=True, exist_ok=True)
-            Path(self.plan_path).write_text(json.dumps(plan, indent=2))
+            write_private(Path(self.plan_path), json.dumps(plan, indent=2))
         except BaseException:
             lock.close()
             raise

@@ -211,6 +211,12 @@ class JobSpec(_Model):
     code: str | None = Field(default=None, description=(
         "the directory copied to lab hosts' workdirs; default: the script's directory, or "
         "the entry's or module's top-level package"))
+    # The sync leaves out what .gitignore/.tfoignore name and what looks like a credential
+    # (launch/projectfiles.py); these patterns send such files all the same.
+    code_include: list[str] = Field(default_factory=list, description=(
+        "files in the code directory to copy to lab hosts although .gitignore or .tfoignore "
+        "leave them out or they look like credentials (.env, private keys, *.pem, .ssh/): "
+        "patterns as .gitignore writes them, relative to the code directory"))
     # {run_id} and {run_dir} are filled in by the plan; relative paths are under the workdir.
     model_dir: str = Field(default="{run_dir}/model", description=(
         "where the chief saves the model (TFO_MODEL_DIR, ctx.model_dir); {run_id} and "

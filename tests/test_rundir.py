@@ -273,3 +273,34 @@ def test_two_runs_in_one_run_directory_one_is_refused(run_dir: Path, tmp_path: P
         for p in both:
             if p.poll() is None:
                 kill_tree(p.pid)
+
+
+@pytest.mark.timeout(120)
+def test_the_run_directory_and_its_plan_are_its_users_alone(run_dir: Path, tmp_path: Path):
+    """A spec's `env:` holds an API token: plan.json keeps it, so the run directory is 0700
+    and plan.json 0600 (cluster.yaml too, for a command line's run), under the usual umask
+    and in a --run-dir that was there already, 0755. Before: 0755 and 0644, the token
+    readable by every local user."""
+    script = tmp_path / "hello.py"
+    script.write_text("import os\nprint('token length', len(os.environ['API_TOKEN']))\n")
+    spec = write_spec(tmp_path / "secret.yaml", f"""\
+name: private-test
+job: {{script: {script}}}
+env: {{API_TOKEN: tok-1234567890}}
+tasks:
+  worker: [localhost:auto]
+""")
+    run_dir.mkdir(mode=0o755)
+    os.chmod(run_dir, 0o755)
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=100)
+    assert res.returncode == 0, res.output[-3000:]
+    assert "tok-1234567890" in (run_dir / "plan.json").read_text()
+    assert (run_dir.stat().st_mode & 0o777) == 0o700
+    assert ((run_dir / "plan.json").stat().st_mode & 0o777) == 0o600
+    quick = tmp_path / "quick"
+    res = run_tfo("run", "--run-dir", str(quick), "--", "python", str(script),
+                  env={**os.environ, "API_TOKEN": "x"}, timeout=100)
+    assert res.returncode == 0, res.output[-3000:]
+    assert (quick.stat().st_mode & 0o777) == 0o700
+    for name in ("plan.json", "cluster.yaml"):
+        assert ((quick / name).stat().st_mode & 0o777) == 0o600, name

@@ -123,6 +123,8 @@ class Agent:
         env = {**os.environ, **{k: _expand(v) for k, v in spec["env"].items()}}
         cwd = _expand(spec["cwd"])
         try:
+            if run_dir := env.get("TFO_RUN_DIR"):  # its logs and tmp: the user's alone
+                os.makedirs(run_dir, mode=0o700, exist_ok=True)
             os.makedirs(cwd, exist_ok=True)
             if forkstart.can_fork(spec["command"], env):
                 pid, stdin, out = forkstart.spawn(cwd, env)

@@ -1,26 +1,30 @@
 """The job's code copied to the lab hosts' workdirs (`CodeSync`), over a host's connection:
-what to copy (`job_packages`, `local_files`: files over BIG_FILE named, sparse ones too),
-what is there already (same size and mtime: skipped), whether it fits (the workdir's free
-space, checked first: the preflight's probe asks, `plan`). Each file is written as
-`.tfo-partial` and renamed, removed on failure or interrupt; the sftp session is closed
-before the host's agent opens its own (at most 2 sessions on a host at once)."""
+what to copy (`job_packages`; which of their files, launch/projectfiles.py: no ignored files,
+credentials or symlinks out of the project), what is there already (same size, mtime and
+mode: skipped), whether it fits (the workdir's free space, checked first: the preflight's
+probe asks, `plan`). Each file is written as `.tfo-partial`, its mode set before its first
+byte (a 0600 file is never readable by others there), a sparse one's data only (its holes
+stay holes), and renamed, removed on failure or interrupt; the sftp session is closed before
+the host's agent opens its own (at most 2 sessions on a host at once)."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import shlex
 import stat
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.launch.hostagent import SshError, _remote_path
+from orchestrator.launch.projectfiles import SyncFile
 from orchestrator.launch.remote import PROBE_SECONDS, bounded, remote_exec, run_remote
 from orchestrator.plan import Plan
-from orchestrator.rundir import RUNS
 from orchestrator.spec import HostSpec, SpecError
 
 if TYPE_CHECKING:  # fabric and paramiko cost 0.16 s to import: only when a host is reached
@@ -30,14 +34,11 @@ if TYPE_CHECKING:  # fabric and paramiko cost 0.16 s to import: only when a host
 @dataclass
 class Workdir:
     """What a host says of its workdir: its path there, free bytes, and the job's files
-    already there (relative path → size, whole-second mtime)."""
+    already there (relative path → size, whole-second mtime, permission bits)."""
 
     root: str
     free: int | None
-    there: dict[str, tuple[int, int]]
-
-
-_SKIP_DIRS = {"__pycache__", ".git", ".venv", RUNS, ".pytest_cache", ".ruff_cache"}
+    there: dict[str, tuple[int, int, int]]
 
 
 def job_packages(plan: Plan) -> list[tuple[Path, Path]]:
@@ -78,11 +79,11 @@ class CodeSync:
         self._connection, self._drop = connection, drop  # the backend's: one per host
         self._cancel = threading.Event()  # the code sync was interrupted
         self._partials: set[tuple[str, str]] = set()  # (host, file) being written now
-        self._planned: dict[str, tuple[tuple, str, list[tuple[Path, str, int]]]] = {}
+        self._planned: dict[str, tuple[tuple, str, list[SyncFile]]] = {}
 
-    def copy(self, host: str, files: list[tuple[Path, str, int, str]], workdir: str) -> int:
-        """Copy `files` (local_files) into the host's workdir, skipping files whose size and
-        mtime already match; first check that what will be written fits there. Each file
+    def copy(self, host: str, files: list[SyncFile], workdir: str) -> int:
+        """Copy `files` (projectfiles) into the host's workdir, skipping files whose size,
+        mtime and mode already match; first check that what will be written fits there. Each file
         goes to a `.tfo-partial` name and is renamed when whole: a copy that fails or is
         interrupted removes its partial file. Returns files copied."""
         planned = self._planned.pop(host, None)
@@ -95,14 +96,13 @@ class CodeSync:
         conn = self._connection(host)
         sftp = self._sftp(host, conn)
         try:
-            for path, rel, size in todo:
-                self._put(host, conn, sftp, path, f"{root}/{rel}", size)
+            for f in todo:
+                self._put(host, conn, sftp, f, f"{root}/{f.rel}")
         finally:
             sftp.close()  # its session: the agent's comes next
         return len(todo)
 
-    def up_to_date(self, host: str, files: list[tuple[Path, str, int, str]], workdir: str
-                   ) -> bool:
+    def up_to_date(self, host: str, files: list[SyncFile], workdir: str) -> bool:
         """The host has every file as it is here, as its preflight's probe said a moment
         ago (`plan`): nothing to copy."""
         planned = self._planned.get(host)
@@ -120,20 +120,20 @@ class CodeSync:
             remote_exec(self._connection(host), f"rm -f {shlex.quote(partial)}",
                         self.hosts[host].connect_timeout_seconds)
 
-    def _to_copy(self, host: str, files: list[tuple[Path, str, int, str]], workdir: str
-                 ) -> tuple[str, list[tuple[Path, str, int]]]:
+    def _to_copy(self, host: str, files: list[SyncFile], workdir: str
+                 ) -> tuple[str, list[SyncFile]]:
         """`plan` with what the host says now (one command): where the preflight's probe
         did not ask, or the files changed since."""
         timeout = self.hosts[host].connect_timeout_seconds
         conn = self._connection(host)
         where = f"{_remote_path(workdir)}"
-        # The files' sizes and mtimes there in the same command (GNU stat), where the list
-        # fits in one argument; else one sftp stat each (a round trip each).
-        listed = " ".join(shlex.quote(rel) for _, rel, _, _ in files)
+        # The files' sizes, mtimes and modes there in the same command (GNU stat), where the
+        # list fits in one argument; else one sftp stat each (a round trip each).
+        listed = " ".join(shlex.quote(f.rel) for f in files)
         stat_them = len(listed) < _STAT_ARGS_MAX
         status, out, err = run_remote(
             conn, f"mkdir -p {where} && cd {where} && pwd && df -Pk . && echo {_STATS} && "
-            f"{{ stat -c '%s %Y %n' -- {listed if stat_them else '.'} 2>/dev/null; true; }}",
+            f"{{ stat -c '%s %Y %a %n' -- {listed if stat_them else '.'} 2>/dev/null; true; }}",
             timeout + PROBE_SECONDS, lambda: self._drop(host), host)
         if status != 0:
             raise SshError(f"host {host}: cannot use workdir {workdir}: "
@@ -142,27 +142,28 @@ class CodeSync:
         state = Workdir(head.splitlines()[0].strip(), _df_free(head), {})
         for line in stats.splitlines():
             with contextlib.suppress(ValueError):
-                size, mtime, rel = line.split(" ", 2)
-                state.there[rel] = (int(size), int(mtime))
+                size, mtime, mode, rel = line.split(" ", 3)
+                state.there[rel] = (int(size), int(mtime), int(mode, 8))
         if not stat_them:
             sftp = self._sftp(host, conn)
             try:
-                for _, rel, _, _ in files:
+                for f in files:
                     with contextlib.suppress(OSError):
-                        rst = sftp.stat(f"{state.root}/{rel}")
-                        state.there[rel] = (rst.st_size or 0, int(rst.st_mtime or 0))
+                        rst = sftp.stat(f"{state.root}/{f.rel}")
+                        state.there[f.rel] = (rst.st_size or 0, int(rst.st_mtime or 0),
+                                              (rst.st_mode or 0) & 0o777)
             finally:
                 sftp.close()
         return self.plan(host, files, workdir, state)
 
-    def plan(self, host: str, files: list[tuple[Path, str, int, str]], workdir: str,
-             state: Workdir) -> tuple[str, list[tuple[Path, str, int]]]:
-        """(the workdir's path there, the files to copy: not there with the same size and
-        mtime), kept for the sync that follows; SshError where they do not fit in its free
+    def plan(self, host: str, files: list[SyncFile], workdir: str, state: Workdir
+             ) -> tuple[str, list[SyncFile]]:
+        """(the workdir's path there, the files to copy: not there with the same size, mtime
+        and mode), kept for the sync that follows; SshError where they do not fit in its free
         space. `state` is what the host said of its workdir: the preflight's probe asks."""
-        todo = [(path, rel, size) for path, rel, size, _ in files
-                if state.there.get(rel) != (size, int(path.stat().st_mtime))]
-        need = sum(size for _, _, size in todo)
+        todo = [f for f in files
+                if state.there.get(f.rel) != (f.size, int(f.path.stat().st_mtime), f.mode)]
+        need = sum(f.written for f in todo)
         if state.free is not None and need > state.free:
             raise SshError(f"host {host}: no space left in {state.root}: the code sync writes "
                            f"{_size(need)} there, {_size(state.free)} free "
@@ -177,19 +178,20 @@ class CodeSync:
         sftp.get_channel().settimeout(timeout + PROBE_SECONDS)  # each request's answer
         return sftp
 
-    def _put(self, host: str, conn: fabric.Connection, sftp: paramiko.SFTPClient, path: Path,
-             remote: str, size: int) -> None:
+    def _put(self, host: str, conn: fabric.Connection, sftp: paramiko.SFTPClient, f: SyncFile,
+             remote: str) -> None:
         partial = remote + ".tfo-partial"
         self._partials.add((host, partial))
+        path, size = f.path, f.written
 
-        def check_cancel(done: int, total: int) -> None:
+        def check_cancel() -> None:
             if self._cancel.is_set():
                 raise SshError(f"host {host}: code sync interrupted")
 
         st = path.stat()
         try:
             _sftp_makedirs(sftp, remote.rsplit("/", 1)[0])
-            sftp.put(str(path), partial, callback=check_cancel)
+            _send(sftp, f, partial, check_cancel)
             sftp.utime(partial, (st.st_atime, st.st_mtime))
             sftp.posix_rename(partial, remote)
         except BaseException as e:  # an interrupt too: no partial file is left behind
@@ -212,30 +214,61 @@ _STATS = "--tfo-stats--"
 _STAT_ARGS_MAX = 100_000  # Linux takes 128 KiB in one argument (the command is one)
 
 
-def _files_key(files: list[tuple[Path, str, int, str]], workdir: str) -> tuple:
+def _files_key(files: list[SyncFile], workdir: str) -> tuple:
     """What a host's list of files to copy depends on here: the files as they are now."""
-    return workdir, tuple((rel, size, int(path.stat().st_mtime)) for path, rel, size, _ in files)
+    return workdir, tuple((f.rel, f.size, int(f.path.stat().st_mtime), f.mode) for f in files)
 
 
-BIG_FILE = 64 << 20  # a file the sync names: it goes to every host, whole
+BIG_FILE = 64 << 20  # a file the sync names: it goes to every host
+_CHUNK = 32768  # an sftp write's most (paramiko's, and OpenSSH's servers')
 
 
-def local_files(packages: list[tuple[Path, Path]]) -> list[tuple[Path, str, int, str]]:
-    """What the sync copies: (path, path relative to the host's workdir, size, ", sparse:
-    N on disk here" or ""), without caches and byte code."""
-    found = []
-    for pkg, base in packages:
-        paths = [pkg] if pkg.is_file() else sorted(
-            p for p in pkg.rglob("*") if p.is_file()
-            and not _SKIP_DIRS & set(p.relative_to(pkg).parts)
-            and p.suffix not in (".pyc", ".pyo"))
-        for path in paths:
-            st = path.stat()
-            on_disk = st.st_blocks * 512
-            sparse = f" (sparse: {_size(on_disk)} on disk here)" \
-                if on_disk < st.st_size // 2 else ""
-            found.append((path, path.relative_to(base).as_posix(), st.st_size, sparse))
-    return found
+def big_file_note(f: SyncFile, hosts: int) -> str:
+    """What the sync says of a file of BIG_FILE or more before it copies it."""
+    how = (f"sparse: {_size(f.on_disk)} on disk here, kept sparse there" if f.sparse
+           else "copied whole")
+    return (f"sync: {f.rel} is {_size(f.size)} ({how}), to each host ({hosts}); move it out of "
+            "the job's code directory if the tasks do not need it")
+
+
+def _send(sftp: paramiko.SFTPClient, f: SyncFile, remote: str,
+          check_cancel: Callable[[], None]) -> None:
+    """`f` written to `remote`: its mode set first, then its data; a sparse file's data
+    extents only, at their offsets (the server's writes past the end leave holes), and its
+    length set last."""
+    with open(f.path, "rb") as src, sftp.open(remote, "wb") as dst:
+        dst.chmod(f.mode)  # before any byte: the file was made with the server's umask
+        dst.set_pipelined(True)
+        for start, end in (_extents(src.fileno()) if f.sparse else [(0, None)]):
+            src.seek(start)
+            dst.seek(start)
+            pos = start
+            while end is None or pos < end:
+                data = src.read(_CHUNK if end is None else min(_CHUNK, end - pos))
+                if not data:
+                    break
+                dst.write(data)
+                pos += len(data)
+                check_cancel()
+        if f.sparse:
+            dst.truncate(os.fstat(src.fileno()).st_size)  # a hole at its end too
+
+
+def _extents(fd: int) -> Iterator[tuple[int, int | None]]:
+    """A file's data extents (SEEK_DATA/SEEK_HOLE); the whole file where the filesystem
+    cannot tell."""
+    size, pos = os.fstat(fd).st_size, 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # only a hole after pos
+                return
+            yield pos, None
+            return
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        yield start, end
+        pos = end
 
 
 def _size(n: int) -> str:

@@ -58,7 +58,7 @@ def files_there(names):
             st = os.stat(name)
         except OSError:
             continue
-        there[name] = [st.st_size, int(st.st_mtime)]
+        there[name] = [st.st_size, int(st.st_mtime), st.st_mode & 0o777]
     try:
         vfs = os.statvfs(".")
         free = vfs.f_bavail * vfs.f_frsize

@@ -38,22 +38,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.launch import BackendError, HostBackend, TaskHandle, answered
-from orchestrator.launch.codesync import (
-    BIG_FILE,
-    CodeSync,
-    Workdir,
-    _size,
-    job_packages,
-    local_files,
-)
+from orchestrator.launch.codesync import BIG_FILE, CodeSync, Workdir, big_file_note, job_packages
 from orchestrator.launch.gpus import GpuReport, remote_gpus
 from orchestrator.launch.hostagent import AgentTask, HostAgent, SshError
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, check_remote
+from orchestrator.launch.projectfiles import Listing, SyncFile, project_files
 from orchestrator.launch.remote import (
     PROBE_SECONDS,
     bounded,
@@ -85,7 +78,7 @@ class SshBackend(HostBackend):
         self._code = CodeSync(hosts, self.connection, self.drop)
         self._starting: dict[str, threading.Lock] = {}  # by host: one agent started at once
         self._spares = Spares(self._start_standby)
-        self._files: list[tuple[Path, str, int, str]] | None = None  # expect_code's
+        self._files: list[SyncFile] | None = None  # expect_code's
         self._agent_env: dict[str, dict[str, str]] = {}  # by host: agent_env
         self._probes: dict[str, paramiko.Channel] = {}  # by host: a preflight probe waiting
 
@@ -163,7 +156,7 @@ class SshBackend(HostBackend):
         are there already, and whether the rest fits (one command for both questions). Not
         found here: the sync names it, with "nothing was started"."""
         try:
-            self._files = local_files(job_packages(plan))
+            self._files = code_listing(plan).files
         except SpecError:
             self._files = None
 
@@ -181,7 +174,7 @@ class SshBackend(HostBackend):
             host = self.hosts[name]
             row, there, probe = check_host(name, host, by_host[name], self.connection,
                                            lambda: self.drop(name),
-                                           [rel for _, rel, _, _ in files] if files else None,
+                                           [f.rel for f in files] if files else None,
                                            self._agent_env[name])
             if files and there is not None and row.reachable and not row.problems:
                 try:
@@ -202,16 +195,15 @@ class SshBackend(HostBackend):
         """Each host's copy at once; what to say, as it comes (a big file is named before
         its copy begins). Interrupted (a signal's exception in this thread), the copies stop
         at their next chunk and remove what they had half written."""
-        packages = job_packages(plan)
+        listing = code_listing(plan)
         names = list(dict.fromkeys(t.host for t in tasks))
         for name in names:
             self._agent_env.setdefault(name, agent_env([t.env for t in tasks if t.host == name]))
-        files = local_files(packages)
-        for _, rel, size, sparse in files:
-            if size >= BIG_FILE:
-                yield (f"sync: {rel} is {_size(size)}{sparse}, copied whole to each host "
-                       f"({len(names)}); move it out of the job's code directory if the tasks "
-                       "do not need it")
+        files = listing.files
+        yield from listing.notes()  # what was left out: credentials, symlinks out
+        for f in files:
+            if f.size >= BIG_FILE:
+                yield big_file_note(f, len(names))
 
         def sync_and_start_agent(name: str) -> int:
             """The host's code, then its agent, warm before the first start (its python's
@@ -267,6 +259,11 @@ class SshBackend(HostBackend):
         agents, self._agents = self._agents, {}
         in_parallel(lambda n: agents[n].close(), agents)
         in_parallel(self.drop, list(self._conns))
+
+
+def code_listing(plan: Plan) -> Listing:
+    """What the sync sends: the job's packages' files, less what it must not send."""
+    return project_files(job_packages(plan), plan.spec.job.code_include)
 
 
 def agent_env(envs: list[Mapping[str, str]]) -> dict[str, str]:
