@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 from orchestrator.decide import JobState, TaskState
-from orchestrator.markers import Progress, Usage, is_marker
+from orchestrator.markers import Joined, Progress, Usage, is_marker
 from orchestrator.plan import TaskPlan
 from orchestrator.stall import Pace, Stall
 from worker_entry.markers import Role
@@ -51,6 +51,8 @@ class Attempt:
     ended_at: float | None = None  # monotonic time its exit was collected
     torn_down: bool = False  # stopped by us in its teardown (its exit: its exiting_code)
     standby_asked: bool = False  # a warm spare for its next attempt was asked for
+    joins: list[Joined] = field(default_factory=list)  # the clusters its strategies joined
+    judged: bool = False  # whether it trained in the plan's cluster was asked (joined.judge)
 
     def __post_init__(self) -> None:
         self.work = Work(Pace(self.started_at), self.started_at)
