@@ -34,6 +34,8 @@ _RIGHT = {
     Strategy.PARAMETER_SERVER: ("`tf.distribute.experimental.ParameterServerStrategy("
                                 "tf.distribute.cluster_resolver.TFConfigClusterResolver())`"),
 }
+# The other kind's strategy: never the plan's cluster, whatever its peers.
+_WRONG = {Strategy.MULTI_WORKER_MIRRORED: PS, Strategy.PARAMETER_SERVER: MWMS}
 _LOOPBACK = ("127.0.0.1", "::1", "[::1]", "localhost")
 DTENSOR_ROLES = (Role.CHIEF.value, Role.WORKER.value)
 DTENSOR_JOB_NAME = "worker"
@@ -130,7 +132,7 @@ def joined_plan(planned: Planned, j: Joined) -> bool:
         return (planned.strategy is Strategy.MULTI_WORKER_MIRRORED and j.clients == len(jobs)
                 and len(j.cluster) == 1 and _same(got, jobs) and index < len(mine)
                 and j.client == jobs.index(mine[index]))
-    if j.via in ONE_PROCESS or j.in_process:
+    if j.via in ONE_PROCESS or j.in_process or j.via == _WRONG[planned.strategy]:
         return False
     if any(not _same(j.cluster.get(r, []), planned.cluster.get(r, [])) for r in _peers(planned)):
         return False
@@ -188,8 +190,7 @@ def _why(planned: Planned, j: Joined | None) -> tuple[str, str, str]:
     if j.via in ONE_PROCESS:
         return (f"the script built `{j.via}`, which trains in one process",
                 f"use {right}", f"no cluster: {j.via} in this one process")
-    wrong = {Strategy.MULTI_WORKER_MIRRORED: PS, Strategy.PARAMETER_SERVER: MWMS}
-    if j.via == wrong[planned.strategy]:
+    if j.via == _WRONG[planned.strategy]:
         other = "ps" if j.via == PS else "mwms"
         return (f"the script built {j.via} in a {kind} job",
                 f"run it with --strategy {other} (the cluster file's strategy:)",
