@@ -74,6 +74,15 @@ class Checks:
         why = f"stalled ({stalls[0].limit}): " + "; ".join(s.describe() for s in stalls)
         self.exits.lost(job.records[stalls[0].task], None, why)
 
+    def alone(self) -> None:
+        """A task trained outside the plan's cluster (Intake._judge told it): the job fails,
+        however its processes end."""
+        job = self.job
+        if job.alone:
+            others = [a.task for a in job.alone[1:]]
+            also = f" (also {', '.join(others)})" if others else ""
+            job.end(JobState.FAILED, job.alone[0].reason() + also, job.alone[0].task)
+
     def success(self) -> None:
         """Training done: the servers are stopped (they never exit on their own), then the
         sidecars are waited for (FINISHING)."""

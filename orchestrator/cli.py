@@ -45,6 +45,7 @@ from orchestrator.cli_options import (
     GpusPerTaskOpt,
     HostsFileOpt,
     HostsOpt,
+    IndependentOpt,
     LogsOpt,
     MaxRestartsOpt,
     NameOpt,
@@ -159,8 +160,9 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
          workers: WorkersOpt = None, chief: ChiefOpt = False, ps: PsOpt = None,
          evaluator: EvaluatorOpt = False, strategy: StrategyOpt = None, hosts: HostsOpt = None,
          hosts_file: HostsFileOpt = None, name: NameOpt = None, restart: RestartOpt = None,
-         max_restarts: MaxRestartsOpt = None, on: OnOpt = None, partition: PartitionOpt = None,
-         time_limit: TimeOpt = None, nodes: NodesOpt = None,
+         max_restarts: MaxRestartsOpt = None, independent: IndependentOpt = False,
+         on: OnOpt = None, partition: PartitionOpt = None, time_limit: TimeOpt = None,
+         nodes: NodesOpt = None,
          tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
          account: AccountOpt = None, slurm_arg: SlurmArgOpt = None) -> None:
     """Print what `run` would start, without starting anything: `tfo plan FILE`, or
@@ -169,7 +171,7 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
 
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
-        max_restarts), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
+        max_restarts, independent), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
                                   gpus_per_task, account, tuple(slurm_arg or ())))
     try:
         p, backends = prepare(source, run_dir, dry_run=True, ask_hosts=False)
@@ -223,7 +225,8 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         chief: ChiefOpt = False, ps: PsOpt = None, evaluator: EvaluatorOpt = False,
         strategy: StrategyOpt = None,
         hosts: HostsOpt = None, hosts_file: HostsFileOpt = None, name: NameOpt = None,
-        restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None, on: OnOpt = None,
+        restart: RestartOpt = None, max_restarts: MaxRestartsOpt = None,
+        independent: IndependentOpt = False, on: OnOpt = None,
         partition: PartitionOpt = None, time_limit: TimeOpt = None, nodes: NodesOpt = None,
         tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
         account: AccountOpt = None, slurm_arg: SlurmArgOpt = None,
@@ -240,7 +243,7 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
 
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
-        max_restarts), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
+        max_restarts, independent), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
                                   gpus_per_task, account, tuple(slurm_arg or ())))
     _run(source, run_dir, verbose, logs)
 

@@ -59,6 +59,10 @@ RestartOpt = Annotated[str | None, typer.Option(
 MaxRestartsOpt = Annotated[int | None, typer.Option(
     "--max-restarts", help="restarts over the whole job [default: 3]",
     rich_help_panel=_QUICK, show_default=False)]
+IndependentOpt = Annotated[bool, typer.Option(
+    "--independent", help="the tasks train independently, on purpose: a task that trains "
+    "outside the planned cluster does not fail the job (expect_cluster: false)",
+    rich_help_panel=_QUICK)]
 _SLURM = "on Slurm (`--on slurm`: one allocation, each task a job step)"
 OnOpt = Annotated[str | None, typer.Option(
     "--on", help="hand the job to a scheduler: slurm (each role's tasks become a count; Slurm "

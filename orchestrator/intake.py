@@ -10,12 +10,14 @@ import posixpath
 from orchestrator import decide
 from orchestrator.decide import TaskState
 from orchestrator.job import Job
+from orchestrator.joined import Planned, judge
 from orchestrator.markers import (
     Backup,
     BadMarker,
     Evaluated,
     Exiting,
     FirstStep,
+    Joined,
     Progress,
     SigTerm,
     Usage,
@@ -42,6 +44,10 @@ class Intake:
         self.consume(rec, rec.handle.close())  # the handle also removes the task's temp dir
         rec.current.returncode = rc
         rec.current.exit_reason = getattr(rec.handle, "exit_reason", None) or ""
+        # A task that ended well without a step seen is asked too where it built a strategy
+        # (an eager loop takes no counted step) or drives servers (a ParameterServer chief).
+        if (rc == 0 or rec.torn_down_ok) and (rec.current.joins or self.job.rules.servers):
+            self._judge(rec)
 
     def consume(self, rec: TaskRecord, lines: list[str]) -> None:
         job = self.job
@@ -76,12 +82,36 @@ class Intake:
                 job.evaluation = {"epoch": marker.epoch, "metrics": marker.metrics}
             elif isinstance(marker, Backup) and rec.role is Role.WORKER:
                 job.script_backup = under(marker.dir, rec.task.cwd)
+            elif isinstance(marker, Joined):
+                rec.current.joins.append(marker)
             job.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})
+            if isinstance(marker, Progress | FirstStep):
+                self._judge(rec)  # at its first step: did it join the plan's cluster?
             if isinstance(marker, Progress | FirstStep) and rec.state is TaskState.STARTING:
                 # It trains, so it is up: a one-process script (MirroredStrategy, the
                 # default strategy) opens no port for its wrapper to see.
                 self._up(rec)
                 job.events.write("task_ready", rec.name, **own, what="training", by="step")
+
+    def _judge(self, rec: TaskRecord) -> None:
+        """Once an attempt: a training task that trains outside the plan's cluster is told
+        at once (task_alone, the console) and fails the job (Checks.alone)."""
+        job, attempt = self.job, rec.current
+        if attempt.judged:
+            return
+        attempt.judged = True
+        if not job.policy.expect_cluster or not decide.training(rec.role, job.rules) \
+                or decide.serving(rec.role, job.rules):
+            return
+        alone = judge(Planned(rec.name, job.plan.strategy, rec.task.tf_config["cluster"]),
+                      attempt.joins)
+        if alone is None:
+            return
+        job.events.write("task_alone", rec.name, attempt=rec.attempt, pid=rec.pid,
+                         **alone.fields())
+        for line in alone.lines():
+            job.echo("tfo", line)
+        job.alone.append(alone)
 
     def _up(self, rec: TaskRecord) -> None:
         self.job.set(rec, TaskState.RUNNING)

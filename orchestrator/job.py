@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from orchestrator import decide
 from orchestrator.decide import JobState, TaskState, advance
+from orchestrator.joined import Alone
 from orchestrator.launch import TaskHandle
 from orchestrator.plan import Plan
 from orchestrator.policy import Policy
@@ -61,6 +62,9 @@ class Job:
         # A script's own BackupAndRestore directory, relative to its task's cwd (absolute
         # where outside it), from a worker's `backup` marker: what an elastic resize fills.
         self.script_backup: str | None = None
+        # Tasks that trained outside the plan's cluster (joined.judge), told already: the
+        # job ends failed (Checks.alone).
+        self.alone: list[Alone] = []
         self.ending: Ending | None = None
         self.hold: Hold | None = None
         self.signal: signal.Signals | None = None

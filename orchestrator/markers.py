@@ -59,6 +59,26 @@ class Ready(_Marker):
     target: str | None = None
 
 
+# Bounds on what a `joined` marker may carry: a task's word, one line of at most 64 KiB.
+_Address = Annotated[str, Field(min_length=1, max_length=300)]
+
+
+class Joined(_Marker):
+    """The cluster a strategy (or a DTensor mesh) the task built joined (worker_entry/
+    joined.py): `via` what built it, `cluster` its roles' addresses as the strategy saw them
+    ({}: none, one process), `member` who it joined as ("worker:1"), `in_process` the
+    addresses of it the task's own process serves; DTensor's `clients` and `client`."""
+
+    event: Literal[m.JOINED]
+    via: str = Field(min_length=1, max_length=100)
+    cluster: dict[Annotated[str, Field(min_length=1, max_length=100)],
+                  Annotated[list[_Address], Field(max_length=10_000)]] = Field(max_length=20)
+    member: str | None = Field(default=None, max_length=200)
+    in_process: list[_Address] = Field(default_factory=list, max_length=10_000)
+    clients: int | None = Field(default=None, ge=0)
+    client: int | None = Field(default=None, ge=0)
+
+
 class FirstStep(_Marker):
     event: Literal[m.FIRST_STEP]
     batch: int | None = None
@@ -140,7 +160,7 @@ class Exiting(_Marker):
     code: int | None = Field(default=None, ge=0, le=255)
 
 
-Marker = Annotated[Up | Connecting | Ready | FirstStep | Epoch | Progress | Usage | SigTerm
+Marker = Annotated[Up | Connecting | Ready | Joined | FirstStep | Epoch | Progress | Usage | SigTerm
                    | Evaluated | Saved | Backup | Done | Exiting,
                    Field(discriminator="event")]
 _MARKER: TypeAdapter[Marker] = TypeAdapter(Marker)

@@ -21,6 +21,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from orchestrator.devices import task_gpus, visible_devices
+from orchestrator.joined import dtensor_env
 from orchestrator.policy import Policy
 from orchestrator.rundir import RunDir
 from orchestrator.spec import (
@@ -294,7 +295,7 @@ def make_policy(spec: ClusterSpec) -> Policy:
         grace_seconds=t.grace_seconds, evaluator_seconds=t.evaluator_seconds,
         evaluator_required=spec.evaluator_required, stall_seconds=t.stall_seconds or None,
         stall_min_seconds=t.stall_min_seconds,
-        warm_spares=spec.restart.warm_spares,
+        warm_spares=spec.restart.warm_spares, expect_cluster=spec.expect_cluster,
         evaluator_idle_seconds=t.evaluator_idle_seconds or None if spec.job.kind != "entry"
         else None)
 
@@ -377,6 +378,8 @@ def make_plan(
             **spec.env,
             **(spec.hosts[where.host].env if where.host in spec.hosts else {}),
             "TF_CONFIG": tf_config_env(cluster_json, task),
+            # DTensor's clients, where the job has two or more (joined.dtensor_env).
+            **dtensor_env(spec.strategy, cluster, role, index),
             "TFO_TASK": name,
             "TFO_JOB": tfo_job,
             "PYTHONUNBUFFERED": "1",

@@ -58,6 +58,9 @@ class Policy:
     # Once the job is done, a sidecar quiet (no output, no CPU) this long has evaluated the
     # last checkpoint and is stopped; None: waited for (an entry's evaluator exits by itself).
     evaluator_idle_seconds: float | None = None
+    # A task of a job of more than one task that trains outside the plan's cluster fails
+    # the job (orchestrator/joined.py); False: independent tasks on purpose.
+    expect_cluster: bool = True
 
     def to_json(self) -> dict[str, Any]:
         """plan.json's `policy`; pydantic reads it back as this dataclass (plan._PlanFile)."""

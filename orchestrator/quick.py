@@ -68,6 +68,7 @@ class QuickFlags:
     name: str | None = None
     restart: str | None = None
     max_restarts: int | None = None
+    independent: bool = False  # expect_cluster: false
 
     def given(self) -> list[str]:
         """The flags given (`--workers`): with a FILE, they are a mistake."""
@@ -270,6 +271,8 @@ def spec_from_command(command: list[str], flags: QuickFlags) -> dict[str, Any]:
         restart["max_restarts"] = flags.max_restarts
     if restart:
         spec["restart"] = restart
+    if flags.independent:
+        spec["expect_cluster"] = False
     return spec
 
 

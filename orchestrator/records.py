@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 from orchestrator.decide import JobState, TaskState
-from orchestrator.markers import Progress, Usage, is_marker
+from orchestrator.markers import Joined, Progress, Usage, is_marker
 from orchestrator.plan import TaskPlan
 from orchestrator.stall import Pace, Stall
 from worker_entry.markers import Role
@@ -53,6 +53,8 @@ class Attempt:
     standby_asked: bool = False  # a warm spare for its next attempt was asked for
     standby_pid: int | None = None  # that spare's, once started: asked after now and then
     standbys_lost: int = 0  # spares for its next attempt that died waiting (and were replaced)
+    joins: list[Joined] = field(default_factory=list)  # the clusters its strategies joined
+    judged: bool = False  # whether it trained in the plan's cluster was asked (joined.judge)
 
     def __post_init__(self) -> None:
         self.work = Work(Pace(self.started_at), self.started_at)

@@ -122,11 +122,13 @@ def print_summary(result: RunResult) -> None:
     if result.failed_task:
         failed = next(t for t in result.tasks if t.name == result.failed_task)
         # No exit code: it never started (its start failed), so it cannot be "still running".
-        from orchestrator.decide import exited_how
+        from orchestrator.decide import TaskState, exited_how
 
         how = exited_how(describe_exit(failed.returncode), failed.exit_reason) \
             if failed.returncode is not None else "could not start"
-        err.print(labeled(f"{failed.name} failed: {how};", "bold red",
+        # A task the job's end stopped (it trained alone) is not said to have failed.
+        said = "failed" if failed.state is TaskState.FAILED else failed.state.value
+        err.print(labeled(f"{failed.name} {said}: {how};", "bold red",
                            f"last lines of {failed.log_path}:"), soft_wrap=True)
         for line in _last_lines(failed.name, failed.log_path, 20):
             err.print(f"  {line}", soft_wrap=True)
@@ -181,6 +183,8 @@ def print_plan(p: Plan, run_dir_given: bool, made: dict | None, made_by: str) ->
     for note in auto_notes(p.spec, auto_gpus(p.spec, None)):  # local_gpus is cached
         out.print(note)
     out.print(f"cluster: {json.dumps(p.cluster)}")
+    for line in cluster_check_lines(p):
+        out.print(line)
     # The command column is the task wrapper; this is what it runs.
     args = p.spec.job.args if isinstance(p.spec.job.args, list) else []
     out.print(f"job: {' '.join([p.job, *map(shlex.quote, args)])}")
@@ -192,6 +196,27 @@ def print_plan(p: Plan, run_dir_given: bool, made: dict | None, made_by: str) ->
     if made is not None:
         out.print("cluster file (`tfo run` writes it into the run directory as cluster.yaml):")
         out.print(cluster_yaml(made, made_by), end="", soft_wrap=True)
+
+
+def cluster_check_lines(p: Plan) -> list[str]:
+    """`tfo plan`: the DTensor clients the tasks are given, and whether a task that trains
+    outside the cluster fails the job (orchestrator/joined.py)."""
+    from orchestrator.joined import expects_cluster
+
+    lines = []
+    clients = [(t.name, t.env["DTENSOR_CLIENT_ID"]) for t in p.tasks if "DTENSOR_JOBS" in t.env]
+    if clients:
+        env = next(t.env for t in p.tasks if "DTENSOR_JOBS" in t.env)
+        lines.append(f"DTensor: DTENSOR_JOBS={env['DTENSOR_JOBS']} DTENSOR_NUM_CLIENTS="
+                     f"{env['DTENSOR_NUM_CLIENTS']} DTENSOR_JOB_NAME={env['DTENSOR_JOB_NAME']}"
+                     f"; DTENSOR_CLIENT_ID: {', '.join(f'{n} {c}' for n, c in clients)}")
+    if not expects_cluster(p.cluster):
+        return lines
+    if p.policy.expect_cluster:
+        return [*lines, "cluster check: a training task that trains outside this cluster fails "
+                "the job (expect_cluster: false, --independent: allowed)"]
+    return [*lines, "cluster check: off (expect_cluster: false): the tasks may train "
+            "independently"]
 
 
 def runs_table(found: list[RunInfo]) -> Table:

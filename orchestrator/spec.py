@@ -680,6 +680,10 @@ class ClusterSpec(_Model):
         "extra environment for every task (not CUDA_VISIBLE_DEVICES: tfo sets it)"))
     evaluator_required: bool = Field(default=False, description=(
         "true: the evaluator's failure fails the job; false: it restarts alone"))
+    expect_cluster: bool = Field(default=True, description=(
+        "true: every training task must train in the planned cluster (its strategy, or "
+        "DTensor mesh, joins the chief, workers and ps TF_CONFIG names), else the job "
+        "fails; false: the tasks may train independently, on purpose"))
     backend: SchedulerSpec | None = Field(default=None, description=(
         "a scheduler that places the tasks, by kind: {slurm: {...}}; default: none, "
         "the tasks name their hosts"))

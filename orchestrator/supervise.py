@@ -262,10 +262,13 @@ class Supervisor:
         now = job.clock()
         if (why := decide.deadline_passed(job.policy, now - self._t0)) is not None:
             return job.end(JobState.FAILED, why)
+        checks.alone()  # a task that trained outside the plan's cluster: nothing restarts
+        if job.busy:
+            return None
         self.starts.start_due(now)
         for check in (self._poll_exits, lambda: teardown_waits(job, job.clock()),
                       lambda: checks.startup(job.clock()), lambda: checks.stalls(job.clock()),
-                      lambda: self.starts.standbys(job.clock()), checks.success,
+                      lambda: self.starts.standbys(job.clock()), checks.alone, checks.success,
                       self._resizes):
             if job.busy:
                 return None

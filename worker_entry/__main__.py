@@ -1,11 +1,12 @@
 import os
 import sys
 
-from worker_entry import autoprogress, defaults, faults, tfimport
+from worker_entry import autoprogress, defaults, faults, joined, tfimport
 
 defaults.apply(os.environ)  # before anything imports TensorFlow: tf-keras, gRPC's backoff
 tfimport.install()  # TensorFlow's import, whoever makes it (a standby first), without the gc
 autoprogress.install()  # Keras's fit and tf.function loops report, once the job imports them
+joined.install()  # each strategy (or DTensor mesh) the job builds tells the cluster it joined
 faults.install()  # a test's kill=/preempt=/stall= (TFO_FAULTS), at an epoch or step
 
 from worker_entry import lifeline  # noqa: E402

@@ -133,6 +133,10 @@ GO = b"!"
 UP = "up"  # the process runs; TensorFlow not imported yet
 CONNECTING = "connecting"  # building the strategy: waiting for every peer to connect
 READY = "ready"  # training: the strategy is built (all peers connected); serving: server up
+# The cluster a strategy (or a DTensor mesh) the task built joined (worker_entry/joined.py):
+# `via` (what built it), `cluster` (role -> addresses), `member`, `in_process` (addresses of it
+# served by the task's own process), and DTensor's `clients`/`client`.
+JOINED = "joined"
 FIRST_STEP = "first_step"  # the first training step finished
 EPOCH = "epoch"  # an epoch began (`epoch`, 0-based)
 PROGRESS = "progress"  # training moved: `step` (steps this attempt) and where (at most 1/s)
