@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from orchestrator import backups
 from orchestrator.plan import Plan, make_plan, task_name
 from orchestrator.rundir import task_file
 from orchestrator.spec import LOCALHOST, Address, ClusterSpec, ElasticSpec
@@ -411,9 +412,10 @@ BACKUP_DIR_ENV = "TFO_BACKUP_DIR"
 
 def backup_dirs(plan: Plan, script: str | None = None) -> dict[str, Dir]:
     """Each worker's backup directory in `plan`: task name → (host, path on that host).
-    `script`: a script's own BackupAndRestore directory (its `backup` marker's), relative to
-    the task's cwd or absolute, in place of tfo's TFO_BACKUP_DIR."""
-    return {t.name: (t.host, posixpath.join(t.cwd, script) if script else t.env[BACKUP_DIR_ENV])
+    `script`: a script's own BackupAndRestore directory (its `backup` marker's, as
+    backups.told keeps it: relative to the task's cwd, absolute, or in its TFO_BACKUP_DIR)."""
+    return {t.name: (t.host, backups.script_dir(script, t.cwd, t.env[BACKUP_DIR_ENV])
+                     if script else t.env[BACKUP_DIR_ENV])
             for t in plan.tasks if t.role is Role.WORKER}
 
 
