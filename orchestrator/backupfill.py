@@ -42,14 +42,20 @@ def group_trains(records: Iterable[TaskRecord]) -> bool:
     """Every worker of the group runs and took a step since its start (a fresh attempt's
     progress): it restored its backup."""
     return all(r.state is TaskState.RUNNING and r.current.work.progress is not None
-               for r in records if r.role is Role.WORKER)
+               for r in records if r.role in (Role.WORKER, Role.CHIEF))
+
+
+def chief_dir(wanted: Mapping[str, Dir]) -> Dir | None:
+    """The chief's directory among the training tasks' (elastic.backup_dirs): a chief
+    task's, else worker 0's."""
+    return wanted.get("chief:0") or wanted.get("worker:0")
 
 
 def unfillable(wanted: Mapping[str, Dir], reaches: Callable[[str], bool]) -> list[str]:
     """The workers whose backup directory is on another host than the chief's and cannot
     be filled from here (`reaches(host)` False: a scheduler's node): with the chief's backup
     the only one, they restore nothing beside the chief's epoch unless the path is shared."""
-    chief = wanted.get("worker:0")
+    chief = chief_dir(wanted)
     if chief is None:
         return []
     return [task for task, (host, path) in wanted.items()
@@ -65,22 +71,27 @@ class Refill:
         # once the group trains.
         self.copies: list[Dir] = []
         self._checked: str | None = None  # the script_backup `tick` last looked at
+        self.filled: list[str] = []  # the last fill's: the tasks whose directory got it
+        self.unfilled: str | None = None  # the last fill's: why some could not get it
 
     def fill(self, wanted: Mapping[str, Dir], had: Mapping[str, Dir | None]) -> int | None:
         """The backup the group resumes from (None: none in common, or not known), copied
         into the directories of `wanted` (each worker's) that lack it; `had`: the directory
         each worker's place wrote before (elastic.previous_dirs; the same on a restart)."""
         job, script = self.job, self.job.script_backup
+        self.filled, self.unfilled = [], None
         dirs = set(wanted.values()) | {x for x in had.values() if x is not None}
-        if not all(self.store.reaches(host) for host, _ in dirs):
+        if far := sorted({host for host, _ in dirs if not self.store.reaches(host)}):
+            self.unfilled = f"{', '.join(far)}: cannot be reached from here"
             return None
         try:
             r = elastic.resume_from(wanted, had, {x: self.store.held(x) for x in dirs},
                                     chief_keeps=script is not None)
         except Exception as e:  # noqa: BLE001 - a host gone mid-restart: its start fails
             job.events.write("job_backups_not_read", error=str(e))
+            self.unfilled = f"reading the backups: {e}"
             return None
-        filled = []
+        filled = self.filled
         for task, source in r.fills.items():
             try:
                 self.store.copy(source, wanted[task], r.save)  # type: ignore[arg-type]
@@ -88,9 +99,10 @@ class Refill:
             except Exception as e:  # noqa: BLE001 - as above
                 job.events.write("task_backup_not_copied", task, source=list(source),
                                  error=str(e))
+                self.unfilled = f"copying to {task}'s: {e}"
         if filled:
             job.events.write("job_backups_filled", save=r.save, tasks=filled)
-        chief = wanted.get("worker:0")
+        chief = chief_dir(wanted)
         new = [wanted[t] for t in filled if script and wanted[t] != chief]
         self.copies = [d for d in dict.fromkeys([*self.copies, *new]) if d != chief]
         return r.save
@@ -100,14 +112,17 @@ class Refill:
         the only backup, the other workers' directories get it."""
         job = self.job
         if job.script_backup is None or job.plan.strategy is not Strategy.MULTI_WORKER_MIRRORED \
-                or not any(r.role is Role.WORKER for r in unit):
+                or not any(r.role in (Role.WORKER, Role.CHIEF) for r in unit):
             return
         wanted = elastic.backup_dirs(job.plan, job.script_backup)
-        before = len(self.copies)
         save = self.fill(wanted, wanted)
-        if save is not None and len(self.copies) > before:
-            job.echo("tfo", f"the chief's backup {save} copied to every worker's backup "
-                     "directory: all resume from it")
+        if self.unfilled is not None:
+            job.echo("tfo", f"the chief's backup could not be copied to every worker "
+                     f"({self.unfilled}): the workers may restore different epochs, and "
+                     "this start fail on mismatched collectives")
+        elif self.filled:
+            job.echo("tfo", f"the chief's backup {save} copied to "
+                     f"{', '.join(self.filled)}: every worker resumes from it")
 
     def tick(self) -> None:
         """Each round: the copies removed once the group trains; a script's backup directory
@@ -145,7 +160,8 @@ def told_before(plan: Plan, events: Iterable[Mapping[str, Any]]) -> str | None:
     found = None
     for e in events:
         t = tasks.get(e.get("task", ""))
-        if e.get("event") == "task_backup" and t is not None and t.role is Role.WORKER \
+        if e.get("event") == "task_backup" and t is not None \
+                and t.role in (Role.WORKER, Role.CHIEF) \
                 and isinstance(e.get("dir"), str):
             found = backups.told(e["dir"], t.cwd, t.env.get(BACKUP_DIR_ENV, "/nonexistent"))
     return found

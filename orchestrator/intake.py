@@ -74,7 +74,7 @@ class Intake:
                 self._up(rec)
             elif isinstance(marker, Evaluated):
                 job.evaluation = {"epoch": marker.epoch, "metrics": marker.metrics}
-            elif isinstance(marker, Backup) and rec.role is Role.WORKER:
+            elif isinstance(marker, Backup) and rec.role in (Role.WORKER, Role.CHIEF):
                 job.script_backup = told(marker.dir, rec.task.cwd,
                                          rec.task.env.get(BACKUP_DIR_ENV, "/nonexistent"))
             job.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})

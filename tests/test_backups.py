@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backupfill import unfillable
+from orchestrator.backupfill import chief_dir, unfillable
 from orchestrator.backups import TASK_DIR
 from orchestrator.elastic import backup_dirs
 from tests.conftest import REPO, events, run_processes, run_tfo, wait_until, write_spec
@@ -76,6 +76,24 @@ def test_the_chief_s_backup_alone_on_a_host_tfo_cannot_reach_is_said() -> None:
     assert unfillable(wanted, {"lab3"}.__contains__) == []
     assert unfillable(backup_dirs(plan, "/shared/bk"), lambda host: False) == ["worker:1"]
     assert unfillable(backup_dirs(plan, TASK_DIR), lambda host: True) == []
+
+
+def test_a_chief_task_s_backup_is_the_one_the_workers_get() -> None:
+    """MWMS with a chief task: the chief keeps the backup (tf-keras's should_checkpoint), so
+    its directory is among those read and is the source the workers are filled from."""
+    from orchestrator.elastic import resume_from
+    from orchestrator.plan import make_plan
+    from orchestrator.spec import parse_spec
+
+    spec = parse_spec({"name": "c", "job": {"script": "train.py"},
+                       "tasks": {"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"]}})
+    plan = make_plan(spec, run_id="r", run_dir="/runs/r", workdir="/w")
+    wanted = backup_dirs(plan, TASK_DIR)
+    assert sorted(wanted) == ["chief:0", "worker:0", "worker:1"]
+    assert chief_dir(wanted) == wanted["chief:0"] == ("localhost", "/runs/r/backup/chief-0")
+    r = resume_from(wanted, wanted, {wanted["chief:0"]: {3}}, chief_keeps=True)
+    assert r.save == 3 and r.fills == {"worker:0": wanted["chief:0"],
+                                       "worker:1": wanted["chief:0"]}
 
 
 @pytest.mark.tf
