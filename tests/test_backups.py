@@ -86,7 +86,8 @@ def test_a_chief_task_s_backup_is_the_one_the_workers_get() -> None:
     from orchestrator.spec import parse_spec
 
     spec = parse_spec({"name": "c", "job": {"script": "train.py"},
-                       "tasks": {"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"]}})
+                       "tasks": {"chief": ["localhost:1"],
+                                 "worker": ["localhost:2", "localhost:3"]}})
     plan = make_plan(spec, run_id="r", run_dir="/runs/r", workdir="/w")
     wanted = backup_dirs(plan, TASK_DIR)
     assert sorted(wanted) == ["chief:0", "worker:0", "worker:1"]
@@ -94,6 +95,47 @@ def test_a_chief_task_s_backup_is_the_one_the_workers_get() -> None:
     r = resume_from(wanted, wanted, {wanted["chief:0"]: {3}}, chief_keeps=True)
     assert r.save == 3 and r.fills == {"worker:0": wanted["chief:0"],
                                        "worker:1": wanted["chief:0"]}
+
+
+def test_a_restart_copies_the_chief_s_backup_and_the_copy_goes_once_the_group_trains(
+        tmp_path: Path) -> None:
+    """The loop's part, on real directories: before a restart worker:1's TFO_BACKUP_DIR gets
+    the chief's newest backup (and a [tfo] line says so); once both train, the copy is
+    removed and the chief's stays; ctx.callbacks()'s own backups (no script directory) are
+    left alone."""
+    from orchestrator.backupfill import Refill
+    from orchestrator.backups import held
+    from orchestrator.decide import TaskState, Timing
+    from orchestrator.job import Job
+    from orchestrator.markers import Progress
+    from orchestrator.plan import make_plan
+    from orchestrator.rundir import RunDir
+    from orchestrator.spec import parse_spec
+    from tests.test_elastic import write_backup
+
+    spec = parse_spec({"name": "r", "job": {"script": "train.py"},
+                       "tasks": {"worker": ["localhost:1", "localhost:2"]}})
+    plan = make_plan(spec, run_id="r", run_dir=tmp_path / "run", workdir=tmp_path)
+    (tmp_path / "run").mkdir()
+    lines: list[str] = []
+    job = Job(plan, RunDir(plan.run_dir).open_events(), lambda task, line: lines.append(line),
+              Timing(), None)
+    dirs = {t.name: Path(t.env["TFO_BACKUP_DIR"]) for t in plan.tasks}
+    write_backup(dirs["worker:0"], [2, 3])
+    refill = Refill(job)
+    refill.restarting(list(job.records.values()))  # tfo's own backups: nothing to do
+    assert held(dirs["worker:1"]) == frozenset() and not lines
+    job.script_backup = TASK_DIR
+    refill.restarting(list(job.records.values()))
+    assert held(dirs["worker:1"]) == {3} and held(dirs["worker:0"]) == {2, 3}
+    assert lines == ["the chief's backup 3 copied to worker:1: every worker resumes from it"]
+    refill.tick()  # not training yet: the copy stays
+    assert held(dirs["worker:1"]) == {3}
+    for rec in job.records.values():
+        rec.state = TaskState.RUNNING
+        rec.current.work.progress = Progress(event="progress", step=1)
+    refill.tick()
+    assert held(dirs["worker:1"]) == frozenset() and held(dirs["worker:0"]) == {2, 3}
 
 
 @pytest.mark.tf
