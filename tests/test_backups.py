@@ -97,6 +97,58 @@ def test_a_chief_task_s_backup_is_the_one_the_workers_get() -> None:
                                        "worker:1": wanted["chief:0"]}
 
 
+def two_workers(tmp_path: Path, name: str):  # noqa: ANN201 - (Plan, Job, said lines)
+    """A plan of 2 workers on this machine in tmp_path/name, and its Job."""
+    from orchestrator.decide import Timing
+    from orchestrator.job import Job
+    from orchestrator.plan import make_plan
+    from orchestrator.rundir import RunDir
+    from orchestrator.spec import parse_spec
+
+    spec = parse_spec({"name": "r", "job": {"script": "train.py"},
+                       "tasks": {"worker": ["localhost:1", "localhost:2"]}})
+    plan = make_plan(spec, run_id=name, run_dir=tmp_path / name, workdir=tmp_path)
+    (tmp_path / name).mkdir()
+    lines: list[str] = []
+    job = Job(plan, RunDir(plan.run_dir).open_events(), lambda task, line: lines.append(line),
+              Timing(), None)
+    return plan, job, lines
+
+
+@pytest.mark.parametrize("saves", [[2, 3], []], ids=["interrupted", "finished"])
+def test_a_rerun_carries_the_backups_over_or_says_it_starts_over(tmp_path: Path,
+                                                                  saves: list[int]) -> None:
+    """The old run's TFO_BACKUP_DIRs (the script's BackupAndRestore on them, its
+    task_backup events say) copied into the new run's, the chief's to worker:1, and said;
+    a run that left none: 'starts over'."""
+    from orchestrator.backupfill import Refill, rerun
+    from orchestrator.backups import held
+    from tests.test_elastic import write_backup
+
+    old, old_job, _ = two_workers(tmp_path, "old")
+    old_dirs = {t.name: Path(t.env["TFO_BACKUP_DIR"]) for t in old.tasks}
+    for t in old.tasks:
+        old_job.events.write("task_backup", t.name, dir=t.env["TFO_BACKUP_DIR"])
+    old_job.events.close()
+    if saves:
+        write_backup(old_dirs["worker:0"], saves)
+    new, job, lines = two_workers(tmp_path, "new")
+    said: list[str] = []
+    rerun(old, Refill(job), said.append)
+    dirs = {t.name: Path(t.env["TFO_BACKUP_DIR"]) for t in new.tasks}
+    if saves:
+        assert said == ["rerun of old: training resumes from its backup 3 (copied into this "
+                        "run's backup directories)"]
+        assert held(dirs["worker:0"]) == {2, 3} and held(dirs["worker:1"]) == {3}
+        assert lines == ["the chief's backup 3 copied to worker:1: every worker resumes "
+                         "from it"]
+    else:
+        assert said == ["rerun of old: it left no backup (its training finished, or never "
+                        "got to one): training starts over"]
+        assert not held(dirs["worker:0"]) and not held(dirs["worker:1"])
+    assert held(old_dirs["worker:0"]) == set(saves)  # the old run's stay as they were
+
+
 def test_a_restart_copies_the_chief_s_backup_and_the_copy_goes_once_the_group_trains(
         tmp_path: Path) -> None:
     """The loop's part, on real directories: before a restart worker:1's TFO_BACKUP_DIR gets
@@ -105,21 +157,11 @@ def test_a_restart_copies_the_chief_s_backup_and_the_copy_goes_once_the_group_tr
     left alone."""
     from orchestrator.backupfill import Refill
     from orchestrator.backups import held
-    from orchestrator.decide import TaskState, Timing
-    from orchestrator.job import Job
+    from orchestrator.decide import TaskState
     from orchestrator.markers import Progress
-    from orchestrator.plan import make_plan
-    from orchestrator.rundir import RunDir
-    from orchestrator.spec import parse_spec
     from tests.test_elastic import write_backup
 
-    spec = parse_spec({"name": "r", "job": {"script": "train.py"},
-                       "tasks": {"worker": ["localhost:1", "localhost:2"]}})
-    plan = make_plan(spec, run_id="r", run_dir=tmp_path / "run", workdir=tmp_path)
-    (tmp_path / "run").mkdir()
-    lines: list[str] = []
-    job = Job(plan, RunDir(plan.run_dir).open_events(), lambda task, line: lines.append(line),
-              Timing(), None)
+    plan, job, lines = two_workers(tmp_path, "run")
     dirs = {t.name: Path(t.env["TFO_BACKUP_DIR"]) for t in plan.tasks}
     write_backup(dirs["worker:0"], [2, 3])
     refill = Refill(job)
