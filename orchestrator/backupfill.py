@@ -40,8 +40,10 @@ from worker_entry.markers import Role, Strategy
 
 def group_trains(records: Iterable[TaskRecord]) -> bool:
     """Every worker of the group runs and took a step since its start (a fresh attempt's
-    progress): it restored its backup."""
-    return all(r.state is TaskState.RUNNING and r.current.work.progress is not None
+    progress): it restored its backup; or finished (tf-keras removed the chief's backup
+    then: a copy left would be a rerun's newest)."""
+    return all(r.finished or (r.state is TaskState.RUNNING
+                              and r.current.work.progress is not None)
                for r in records if r.role in (Role.WORKER, Role.CHIEF))
 
 

@@ -190,6 +190,7 @@ class Supervisor:
             job.end(JobState.FAILED, f"supervisor error {e!r}; traceback in {crash_log}")
         finally:
             self._stop_all()
+            self.refill.tick()  # backup copies a group that finished no longer needs
             for s, handler in old.items():
                 signal.signal(s, handler)
         return self._result()

@@ -152,9 +152,9 @@ def test_a_rerun_carries_the_backups_over_or_says_it_starts_over(tmp_path: Path,
 def test_a_restart_copies_the_chief_s_backup_and_the_copy_goes_once_the_group_trains(
         tmp_path: Path) -> None:
     """The loop's part, on real directories: before a restart worker:1's TFO_BACKUP_DIR gets
-    the chief's newest backup (and a [tfo] line says so); once both train, the copy is
-    removed and the chief's stays; ctx.callbacks()'s own backups (no script directory) are
-    left alone."""
+    the chief's newest backup (and a [tfo] line says so); once both train (or finished),
+    the copy is removed and the chief's stays; ctx.callbacks()'s own backups (no script
+    directory) are left alone."""
     from orchestrator.backupfill import Refill
     from orchestrator.backups import held
     from orchestrator.decide import TaskState
@@ -178,6 +178,14 @@ def test_a_restart_copies_the_chief_s_backup_and_the_copy_goes_once_the_group_tr
         rec.current.work.progress = Progress(event="progress", step=1)
     refill.tick()
     assert held(dirs["worker:1"]) == frozenset() and held(dirs["worker:0"]) == {2, 3}
+    # A group that finished before the loop saw it train (a restart in the last epoch):
+    # the copy goes too, or a rerun would resume a finished run from it.
+    refill.restarting(list(job.records.values()))
+    assert held(dirs["worker:1"]) == {3}
+    for rec in job.records.values():
+        rec.state = TaskState.SUCCEEDED
+    refill.tick()
+    assert held(dirs["worker:1"]) == frozenset()
 
 
 @pytest.mark.tf
