@@ -16,11 +16,15 @@ backup (they save together), and carried by a copy.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import shutil
 from pathlib import Path
 
 SUBDIR = "chief"  # tf-keras's name for the directory it keeps
+# A script's BackupAndRestore directory that is its task's TFO_BACKUP_DIR (or inside it), as
+# the coordinator keeps it (`told`): each worker's own, not one path for all.
+TASK_DIR = "$TFO_BACKUP_DIR"
 STATE = "checkpoint"  # tf.train.CheckpointManager's list of backups
 _PATHS = re.compile(r'^(?:all_)?model_checkpoint_paths?: "([^"]*)"', re.M)
 
@@ -55,9 +59,57 @@ def state_text(save: int) -> str:
     return f'model_checkpoint_path: "ckpt-{save}"\nall_model_checkpoint_paths: "ckpt-{save}"\n'
 
 
+def told(path: str, cwd: str, own: str) -> str:
+    """A script's BackupAndRestore directory, as a task told it (absolute), kept for every
+    worker: inside the task's own TFO_BACKUP_DIR `own` as TASK_DIR (each worker's own
+    directory then, tf-keras keeping the chief's backup in the chief's alone), else relative
+    to the task's `cwd` where it lies inside it (the same directory under each host's
+    workdir), else as it is. `cwd` and `own` as the plan has them (a lab host's `~/tfo`,
+    which the task saw expanded)."""
+    path = posixpath.normpath(path)
+    for base, name in ((own, TASK_DIR), (cwd, "")):
+        rest = _within(path, posixpath.normpath(base))
+        if rest is not None:
+            return rest if not name else name if rest == "." else f"{name}/{rest}"
+    return path
+
+
+def _within(path: str, base: str) -> str | None:
+    """`path` relative to `base` ("." for itself) where it lies inside it; a base under a
+    home directory (`~/x`) found by its tail (the task's home is not known here)."""
+    if base.startswith("~/"):
+        tail = base[1:]  # "/x"
+        at = path.find(f"{tail}/")
+        if at < 0 and path.endswith(tail):
+            at = len(path) - len(tail)
+        if at <= 0:
+            return None
+        base = path[:at] + tail
+    if path == base:
+        return "."
+    return posixpath.relpath(path, base) if path.startswith(f"{base}/") else None
+
+
+def script_dir(script: str, cwd: str, own: str) -> str:
+    """`told`'s form back to a task's path: its TFO_BACKUP_DIR `own` for TASK_DIR, a relative
+    path under its `cwd`."""
+    if script == TASK_DIR or script.startswith(f"{TASK_DIR}/"):
+        return posixpath.join(own, script[len(TASK_DIR) + 1:]).rstrip("/") or own
+    return posixpath.join(cwd, script)
+
+
 def remove_backup(directory: str | Path) -> None:
     """The backups in a backup directory gone (its `chief` directory), on this machine."""
     shutil.rmtree(Path(directory) / SUBDIR, ignore_errors=True)
+
+
+def carry_backup(old: str | Path, new: str | Path) -> bool:
+    """A whole backup directory copied (a rerun's, into its new run directory), on this
+    machine; False: no `old`."""
+    if not Path(old).is_dir():
+        return False
+    shutil.copytree(old, new, symlinks=True, dirs_exist_ok=True)
+    return True
 
 
 def copy_backup(source: str | Path, target: str | Path, save: int) -> None:

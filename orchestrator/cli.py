@@ -336,7 +336,8 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
 @app.command()
 def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt = False,
           logs: LogsOpt = True) -> None:
-    """Run a run's plan again: the same tasks, ports and TF_CONFIGs, in a new run directory."""
+    """Run a run's plan again: the same tasks, ports and TF_CONFIGs, in a new run directory;
+    training resumes from the run's backups (or starts over where it left none, as said)."""
     _run(Path(_find_run(run_ref).plan_path), run_dir, verbose, logs)
 
 

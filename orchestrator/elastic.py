@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from orchestrator import backups
 from orchestrator.plan import Plan, make_plan, task_name
 from orchestrator.rundir import task_file
 from orchestrator.spec import LOCALHOST, Address, ClusterSpec, ElasticSpec
-from worker_entry.markers import NUM_WORKERS_ENV, Role
+from worker_entry.markers import NUM_WORKERS_ENV, Role, Strategy
 
 
 class Why(str, Enum):
@@ -410,11 +411,14 @@ BACKUP_DIR_ENV = "TFO_BACKUP_DIR"
 
 
 def backup_dirs(plan: Plan, script: str | None = None) -> dict[str, Dir]:
-    """Each worker's backup directory in `plan`: task name → (host, path on that host).
-    `script`: a script's own BackupAndRestore directory (its `backup` marker's), relative to
-    the task's cwd or absolute, in place of tfo's TFO_BACKUP_DIR."""
-    return {t.name: (t.host, posixpath.join(t.cwd, script) if script else t.env[BACKUP_DIR_ENV])
-            for t in plan.tasks if t.role is Role.WORKER}
+    """Each worker's backup directory in `plan` (and a multi_worker_mirrored chief task's,
+    where there is one): task name → (host, path on that host). `script`: a script's own
+    BackupAndRestore directory (its `backup` marker's, as backups.told keeps it: relative to
+    the task's cwd, absolute, or in its TFO_BACKUP_DIR)."""
+    return {t.name: (t.host, backups.script_dir(script, t.cwd, t.env[BACKUP_DIR_ENV])
+                     if script else t.env[BACKUP_DIR_ENV])
+            for t in plan.tasks if t.role is Role.WORKER
+            or (t.role is Role.CHIEF and plan.strategy is Strategy.MULTI_WORKER_MIRRORED)}
 
 
 def previous_dirs(old_plan: Plan, old: Group, new_plan: Plan, new: Group,

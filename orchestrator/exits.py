@@ -25,6 +25,9 @@ class Exits:
         # An elastic parameter_server job's (Resizing.replan), before a restart of its
         # chief: True when the plan (and the records) changed.
         self.replan: Callable[[list[TaskRecord]], bool] | None = None
+        # Before a stopped unit starts again (backupfill.Refill.restarting): the chief's
+        # backup copied where a script's BackupAndRestore needs it.
+        self.refill: Callable[[list[TaskRecord]], None] | None = None
 
     def exited(self, rec: TaskRecord, rc: int) -> None:
         """Every task's exit, the sidecars' too, and while finishing."""
@@ -110,6 +113,8 @@ class Exits:
                 # The records follow a new plan; a unit with the chief is every training task.
                 again = [r for r in job.records.values()
                          if decide.training(r.role, job.rules) and not r.finished]
+            if self.refill is not None:
+                self.refill(again)
             for r in again:
                 r.restarts += counted
                 job.set(r, TaskState.PENDING)

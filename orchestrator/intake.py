@@ -5,10 +5,10 @@ a marker is an ordinary line."""
 
 from __future__ import annotations
 
-import posixpath
-
 from orchestrator import decide
+from orchestrator.backups import told
 from orchestrator.decide import TaskState
+from orchestrator.elastic import BACKUP_DIR_ENV
 from orchestrator.job import Job
 from orchestrator.joined import Planned, judge
 from orchestrator.markers import (
@@ -80,8 +80,9 @@ class Intake:
                 self._up(rec)
             elif isinstance(marker, Evaluated):
                 job.evaluation = {"epoch": marker.epoch, "metrics": marker.metrics}
-            elif isinstance(marker, Backup) and rec.role is Role.WORKER:
-                job.script_backup = under(marker.dir, rec.task.cwd)
+            elif isinstance(marker, Backup) and rec.role in (Role.WORKER, Role.CHIEF):
+                job.script_backup = told(marker.dir, rec.task.cwd,
+                                         rec.task.env.get(BACKUP_DIR_ENV, "/nonexistent"))
             elif isinstance(marker, Joined):
                 rec.current.joins.append(marker)
             job.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})
@@ -136,10 +137,3 @@ class Intake:
         work.pace = paced(work.pace, now, marker.step, marker.epoch, marker.step_in_epoch,
                           marker.steps, marker.epochs)
         work.progress = marker
-
-
-def under(path: str, cwd: str) -> str:
-    """`path` relative to `cwd` where it lies inside it (the same directory on every host,
-    each under its own workdir), else as it is."""
-    path, cwd = posixpath.normpath(path), posixpath.normpath(cwd)
-    return posixpath.relpath(path, cwd) if path.startswith(f"{cwd}/") else path

@@ -59,8 +59,9 @@ class Job:
         self.preemptions = 0  # restarts that do not count: a preempted task asked for them
         self.stalls: list[Stall] = []
         self.evaluation: dict[str, Any] | None = None
-        # A script's own BackupAndRestore directory, relative to its task's cwd (absolute
-        # where outside it), from a worker's `backup` marker: what an elastic resize fills.
+        # A script's own BackupAndRestore directory, from a worker's `backup` marker, as
+        # backups.told keeps it ($TFO_BACKUP_DIR: each task's own; relative to the task's
+        # cwd; absolute): what a restart or a resize fills (backupfill.Refill).
         self.script_backup: str | None = None
         # Tasks that trained outside the plan's cluster (joined.judge), told already: the
         # job ends failed (Checks.alone).

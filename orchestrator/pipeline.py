@@ -139,7 +139,6 @@ def load_source(source: Source) -> tuple[ClusterSpec, dict[str, int] | None]:
     """A cluster file; or a run's plan.json, to run the same tasks again: the spec it was
     made from, and the ports it had (the same TF_CONFIGs, `auto` ports included); or a
     cluster file's data (a dict: made from flags, or a Python caller's); or a ClusterSpec."""
-    from orchestrator.plan import Plan
     from orchestrator.spec import ClusterSpec, parse_spec
     from orchestrator.specfile import SpecFileError, read_data
 
@@ -151,10 +150,32 @@ def load_source(source: Source) -> tuple[ClusterSpec, dict[str, int] | None]:
         data = read_data(Path(source))
     except SpecFileError as err:
         raise SpecError(str(err)) from None
-    if not (isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys()):
+    old = _as_plan(data, str(source))
+    if old is None:
         return parse_spec(data, str(source)), None
-    old = Plan.from_json(data, str(source))  # SpecError naming the field in plan.json
     return old.spec, old.ports()
+
+
+def _as_plan(data: object, source: str) -> Plan | None:
+    """A file's data as a run's plan.json (SpecError naming the field), None: a cluster
+    file's."""
+    from orchestrator.plan import Plan
+
+    if not (isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys()):
+        return None
+    return Plan.from_json(data, source)
+
+
+def previous_plan(source: Source) -> Plan | None:
+    """The plan of the run `source` reruns (its plan.json), None for a cluster file."""
+    from orchestrator.specfile import SpecFileError, read_data
+
+    if not isinstance(source, str | Path):
+        return None
+    try:
+        return _as_plan(read_data(Path(source)), str(source))
+    except SpecFileError:
+        return None
 
 
 def prepare(source: Source, run_dir: Path | None, dry_run: bool = False,
@@ -227,6 +248,7 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
     run directory as cluster.yaml (`made_by` its first comment). A `pool` (orchestrator/pool.py)
     serves local tasks with processes that imported TensorFlow already; `timing`, the loop's own
     limits (decide.Timing: the test kit's shorter teardown grace)."""
+    from orchestrator import backupfill
     from orchestrator.launch.backupstore import for_lab
     from orchestrator.launch.spares import spares_wanted
     from orchestrator.supervise import Supervisor
@@ -255,12 +277,14 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
             wanted = spares_wanted(p, checks)
             standby = functools.partial(backends.standby, wanted=wanted) if wanted else None
             stage("supervising")
-            return Supervisor(p, start=backends.start, echo=echo, watch=watch,
-                              standby=standby, start_batch=backends.start_batch,
-                              backup_store=for_lab(p.spec.hosts, lambda: backends.get("ssh"))
-                              if p.spec.elastic else None,
-                              timing=timing).run(
-                started=functools.partial(started, p) if started else None)
+            supervisor = Supervisor(p, start=backends.start, echo=echo, watch=watch,
+                                    standby=standby, start_batch=backends.start_batch,
+                                    backup_store=for_lab(p.spec.hosts,
+                                                         lambda: backends.get("ssh")),
+                                    timing=timing)
+            if (old := previous_plan(source)) is not None:  # a rerun resumes
+                backupfill.rerun(old, supervisor.refill, say)
+            return supervisor.run(started=functools.partial(started, p) if started else None)
     finally:
         backends.close()
         if lock is not None:

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection
 from typing import NamedTuple
 
 from orchestrator import decide, elastic
+from orchestrator.backupfill import Refill
 from orchestrator.decide import JobState, TaskState
 from orchestrator.elastic import Act, Group, NoResize, Place, Resize
 from orchestrator.intake import Intake
@@ -70,11 +71,12 @@ def first(plan: Plan) -> First:
 
 
 def make(job: Job, intake: Intake, first: First, probe: Probe | None = None,
-         store: BackupStore | None = None) -> Resizing:
-    """The job's Resizing: a parameter_server job's (its ps places) is a PsResizing."""
+         store: BackupStore | None = None, refill: Refill | None = None) -> Resizing:
+    """The job's Resizing: a parameter_server job's (its ps places) is a PsResizing.
+    `refill`: the job's (the restart policy's restarts fill the same copies)."""
     if first.ps_places:
         return PsResizing(job, intake, first.places, first.group, first.ps_places, probe, store)
-    return Resizing(job, intake, first.places, first.group, probe, store)
+    return Resizing(job, intake, first.places, first.group, probe, store, refill)
 
 
 def _set_aside(gone: dict[str, TaskRecord], rec: TaskRecord) -> None:
@@ -102,30 +104,18 @@ def reachable(spec: ClusterSpec, where: str) -> bool:
     return True
 
 
-def group_trains(records: Iterable[TaskRecord]) -> bool:
-    """Every worker of the group runs and took a step since its start (a fresh attempt's
-    progress): it restored its backup."""
-    return all(r.state is TaskState.RUNNING and r.current.work.progress is not None
-               for r in records if r.role is Role.WORKER)
-
-
-def drop_copies(store: BackupStore, copies: list[elastic.Dir], job: Job) -> None:
-    """A script's backup copies removed (Resizing.copies), once the group trains."""
-    for d in copies:
-        try:
-            store.remove(d)
-        except Exception as e:  # noqa: BLE001 - a host gone since: its copy stays
-            job.events.write("job_backup_not_removed", dir=list(d), error=str(e))
-
-
 class Resizing:
     """An elastic multi_worker_mirrored job's (and, through PsResizing, a parameter_server
     job's) resizes in the loop."""
 
     def __init__(self, job: Job, intake: Intake, places: tuple[Place, ...], group: Group,
-                 probe: Probe | None = None, store: BackupStore | None = None) -> None:
+                 probe: Probe | None = None, store: BackupStore | None = None,
+                 refill: Refill | None = None) -> None:
         self.job, self.intake, self.places, self.group = job, intake, places, group
         self.store = store or BackupStore()  # this machine's backups only
+        # The chief's backup copied where a script's BackupAndRestore needs it (its copies
+        # removed once the group trains: Refill.tick, each round of the loop).
+        self.refill = refill or Refill(job, self.store)
         assert job.plan.spec.elastic is not None
         self.elastic = job.plan.spec.elastic
         self.probe = probe or (lambda where: reachable(job.plan.spec, where))
@@ -138,10 +128,6 @@ class Resizing:
         self.gone: dict[str, TaskRecord] = {}  # records of names a shrink dropped
         self.resized: list[dict] = []  # each job_resized's fields (RunResult.resizes)
         self._not_grown: set[str] = set()  # lab hosts back that a grow was refused, said once
-        # Copies of a script's backup in workers' directories other than worker 0's, removed
-        # once the group trains (drop_copies): tf-keras never updates them, and a later
-        # start would restore the stale copy beside the chief's newer backup.
-        self.copies: list[elastic.Dir] = []
 
     # ---- shrink -------------------------------------------------------------------------
     def where(self, rec: TaskRecord) -> str | None:
@@ -207,9 +193,6 @@ class Resizing:
         epoch = chief.current.work.progress.epoch if chief is not None and \
             chief.current.work.progress is not None and chief.state is TaskState.RUNNING \
             else None
-        if self.copies and group_trains(self.job.records.values()):
-            copies, self.copies = self.copies, []
-            drop_copies(self.store, copies, self.job)
         boundary = elastic.at_epoch_boundary(self.seen_epoch, epoch)
         self.seen_epoch = epoch
         if not boundary or not self.answering or self.job.state is not JobState.RUNNING:
@@ -287,32 +270,13 @@ class Resizing:
     def _fill_backups(self, old_plan: Plan, old: Group, new_plan: Plan,
                       new: Group) -> int | None:
         """The backup the new group resumes from (None: none in common, or not known),
-        copied into the directories of workers that lack it. Each worker's directory is its
-        place's (elastic.plan_for), so after a shrink none lacks it; a place joining may. On
-        this machine only: a lab host's directory would be read and filled through its
-        connection (backups.copy_backup's docstring), not yet wired; its workers agree on a
-        backup among themselves (_TaskBackup)."""
+        copied into the directories of workers that lack it (Refill.fill). Each worker's
+        directory is its place's (elastic.plan_for), so after a shrink none lacks tfo's own
+        backup; a place joining may, and with a script's own BackupAndRestore (the chief's
+        alone) every worker but the chief does."""
         script = self.job.script_backup
-        wanted = elastic.backup_dirs(new_plan, script)
-        had = elastic.previous_dirs(old_plan, old, new_plan, new, script)
-        dirs = set(wanted.values()) | {x for x in had.values() if x is not None}
-        if not all(self.store.reaches(host) for host, _ in dirs):
-            return None
-        try:
-            r = elastic.resume_from(wanted, had, {x: self.store.held(x) for x in dirs},
-                                    chief_keeps=script is not None)
-        except Exception as e:  # noqa: BLE001 - a host gone mid-resize: the tasks agree
-            self.job.events.write("job_backups_not_read", error=str(e))
-            return None
-        for task, source in r.fills.items():
-            try:
-                self.store.copy(source, wanted[task], r.save)  # type: ignore[arg-type]
-            except Exception as e:  # noqa: BLE001 - as above
-                self.job.events.write("task_backup_not_copied", task, source=list(source),
-                                      error=str(e))
-        chief = wanted.get("worker:0")
-        self.copies = [wanted[t] for t in r.fills if script and wanted[t] != chief]
-        return r.save
+        return self.refill.fill(elastic.backup_dirs(new_plan, script),
+                                elastic.previous_dirs(old_plan, old, new_plan, new, script))
 
 
 class PsResizing(Resizing):

@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import decide, resizing, wakeup
+from orchestrator.backupfill import Refill
 from orchestrator.checks import Checks
 from orchestrator.decide import (
     JOB_TRANSITIONS,
@@ -130,7 +131,8 @@ class Supervisor:
         and a waiter that moves it); `timing` the loop's own limits (decide.Timing). An
         elastic job (`spec.elastic`) starts as its first group (resizing.first); `probe` asks
         whether a lost or spare place answers (default resizing.reachable); `backup_store`
-        reads and fills the backups on resizes (default: this machine's only)."""
+        reads and fills the backups on restarts and resizes (default: this machine's
+        only)."""
         first = resizing.first(plan) if plan.spec.elastic is not None else None
         if first is not None:
             plan = first.plan
@@ -148,8 +150,12 @@ class Supervisor:
         self.starts = Starts(job, self.exits, start_batch or functools.partial(one_by_one, start),
                              standby)
         self.checks = Checks(job, self.intake, self.exits)
+        # A script's BackupAndRestore keeps the chief's backup alone: copied to every
+        # worker's directory before the group starts again (backupfill).
+        self.refill = Refill(job, backup_store)
+        self.exits.refill = self.refill.restarting
         self.resizing = None if first is None else resizing.make(
-            job, self.intake, first, probe=probe, store=backup_store)
+            job, self.intake, first, probe=probe, store=backup_store, refill=self.refill)
         if self.resizing is not None:
             self.exits.resize = self.resizing.lost
             self.exits.replan = self.resizing.replan
@@ -195,6 +201,7 @@ class Supervisor:
             job.end(JobState.FAILED, f"supervisor error {e!r}; traceback in {crash_log}")
         finally:
             self._stop_all()
+            self.refill.tick()  # backup copies a group that finished no longer needs
             for s, handler in old.items():
                 signal.signal(s, handler)
         return self._result()
@@ -276,6 +283,7 @@ class Supervisor:
         return None
 
     def _resizes(self) -> None:
+        self.refill.tick()
         if self.resizing is not None:
             self.resizing.tick(self.job.clock())
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import backups, elastic
+from orchestrator.backups import TASK_DIR, told
 from orchestrator.elastic import (
     NUM_WORKERS_ENV,
     Act,
@@ -35,7 +36,6 @@ from orchestrator.elastic import (
     resume_from,
     to_probe,
 )
-from orchestrator.intake import under
 from orchestrator.launch.ports import free_ports
 from orchestrator.plan import Plan, make_plan
 from orchestrator.spec import ClusterSpec, ElasticSpec, parse_spec
@@ -408,13 +408,32 @@ def test_resume_from_a_script_s_own_backup(wanted, had, held, save, fills) -> No
     assert (r.save, r.fills) == (save, fills)
 
 
+def test_a_script_s_backup_directory_in_tfo_backup_dir_is_each_worker_s_own() -> None:
+    """`BackupAndRestore(backup_dir=os.environ["TFO_BACKUP_DIR"])`: each worker's own
+    directory (its place's), not the path of the worker that told it, for every worker."""
+    plan = plan_for(plan0(), PLACES, Group((1, 2)))
+    for own in ("/w2/runs/r1/backup/worker-1", "~/w2/runs/r1/backup/worker-1"):
+        assert told(own.replace("~", "/home/u"), "/w2", own) == TASK_DIR
+    assert told("/w2/runs/r1/backup/worker-1/keras", "/w2",
+                "/w2/runs/r1/backup/worker-1") == f"{TASK_DIR}/keras"
+    assert backup_dirs(plan, TASK_DIR) == backup_dirs(plan)
+    assert backup_dirs(plan, f"{TASK_DIR}/keras") == {
+        t: (h, f"{d}/keras") for t, (h, d) in backup_dirs(plan).items()}
+
+
 def test_a_script_s_backup_directory_is_under_each_host_s_workdir() -> None:
     """The tutorial's relative --backup_dir, reported by a task as an absolute path: the
     same directory under each worker's cwd (its host's workdir); an absolute one outside
     the cwd is that path on every host."""
     plan = plan_for(plan0(), PLACES, Group((1, 2)))
-    assert under("/w2/backup", "/w2") == "backup" and under("/w2/", "/w2") == "/w2"
-    assert under("/tmp/backup", "/w2") == "/tmp/backup" == under("/w22/x/../../tmp/backup", "/w2")
+    own = "/w2/runs/r1/backup/worker-1"
+    assert told("/w2/backup", "/w2", own) == "backup" and told("/w2/", "/w2", own) == "."
+    assert told("/tmp/backup", "/w2", own) == "/tmp/backup" == \
+        told("/w22/x/../../tmp/backup", "/w2", own)
+    # A lab host's `~/tfo` workdir, which the task saw expanded.
+    assert told("/home/u/tfo/bk", "~/tfo", "~/tfo/runs/r1/backup/worker-1") == "bk"
+    assert told("/home/u/tfox/bk", "~/tfo", "~/tfo/runs/r1/backup/worker-1") == \
+        "/home/u/tfox/bk"
     assert backup_dirs(plan, "backup") == {"worker:0": ("lab2", "/w2/backup"),
                                            "worker:1": ("lab3", "/w3/backup")}
     assert backup_dirs(plan, "/tmp/backup") == {"worker:0": ("lab2", "/tmp/backup"),

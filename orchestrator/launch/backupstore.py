@@ -83,6 +83,17 @@ class BackupStore:
                  timeout=spec.connect_timeout_seconds * 3)
         return None
 
+    def carry(self, host: str, old: str, new: str) -> bool:
+        """A whole backup directory `old` copied to `new` on `host` (a rerun's); False: no
+        `old` there."""
+        if host == LOCALHOST:
+            return backups.carry_backup(old, new)
+        conn, spec = self._conn(host)
+        out = conn.run(f"if [ -d {_sh(old)} ]; then mkdir -p {_sh(new)} && "
+                       f"cp -pR {_sh(old)}/. {_sh(new)}/ && echo carried; fi",
+                       hide=True, in_stream=False, timeout=spec.connect_timeout_seconds * 3)
+        return "carried" in out.stdout
+
     def _conn(self, host: str) -> tuple[fabric.Connection, HostSpec]:
         if self._connect is None or host not in self._hosts:
             raise OSError(f"{host}: no connection to read its backups through")

@@ -18,7 +18,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--steps_per_epoch", type=int, default=20)
 parser.add_argument("--model_path", default="/tmp/keras-model")
-parser.add_argument("--backup_dir", default="/tmp/backup")
+# Under tfo, by default, the task's own directory, as docs/guide/scripts.md suggests.
+parser.add_argument("--backup_dir", default=os.environ.get("TFO_BACKUP_DIR", "/tmp/backup"))
 args = parser.parse_args()
 
 
