@@ -17,6 +17,7 @@ from orchestrator.launch import TaskHandle
 from orchestrator.plan import Plan
 from orchestrator.policy import Policy
 from orchestrator.records import TaskRecord
+from orchestrator.resumes import Ledger
 from orchestrator.rundir import EventLog
 from orchestrator.stall import Stall, Watched
 from orchestrator.strategy import StrategyRules
@@ -61,6 +62,7 @@ class Job:
         # A script's own BackupAndRestore directory, relative to its task's cwd (absolute
         # where outside it), from a worker's `backup` marker: what an elastic resize fills.
         self.script_backup: str | None = None
+        self.resumes = Ledger()  # where each attempt began, what a restart lost
         self.ending: Ending | None = None
         self.hold: Hold | None = None
         self.signal: signal.Signals | None = None

@@ -123,6 +123,8 @@ class RunResult:
     stalls: list[Stall] = field(default_factory=list)  # every stall, in order, cause first
     preemptions: int = 0  # restarts after a preemption (not in `restarts`)
     resizes: list[dict[str, Any]] = field(default_factory=list)  # job_resized's, in order
+    # task_resumed's (with `task`), in order: how each attempt after the first began
+    resumes: list[dict[str, Any]] = field(default_factory=list)
 
 
 def tail(path: str, n: int = 20) -> list[str]:
