@@ -77,6 +77,8 @@ class Result:
     restarts: int = 0
     failed_task: str | None = None
     stalls: list[str] = field(default_factory=list)  # each stall, described
+    # How each restart began: `worker:0, worker:1 attempt 1: resumed at epoch 2 (lost 7 steps)`
+    resumes: list[str] = field(default_factory=list)
     raw: RunResult | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
@@ -271,6 +273,7 @@ def result_of(raw: RunResult) -> Result:
     """The Result of a RunResult: each task's value, attempts and events from events.jsonl
     (the `done` marker's fields, untrusted, checked by orchestrator.markers), stacks from
     the last faulthandler dump in its log."""
+    from orchestrator.resumes import lines
     from orchestrator.rundir import RunDir
     from orchestrator.stall import stuck_thread, threads, where
 
@@ -292,4 +295,5 @@ def result_of(raw: RunResult) -> Result:
     return Result(ok=raw.exit_code == 0, outcome=raw.state.value, reason=raw.reason,
                   exit_code=raw.exit_code, run_dir=raw.run_dir, tasks=tasks,
                   restarts=raw.restarts, failed_task=raw.failed_task,
-                  stalls=[s.describe() for s in raw.stalls], raw=raw)
+                  stalls=[s.describe() for s in raw.stalls], resumes=lines(raw.resumes),
+                  raw=raw)

@@ -352,6 +352,7 @@ def _find_run(ref: str | None) -> RunDir:
 def status(run_ref: RunArg = None) -> None:
     """The tasks of a run (the latest by default) as its events.jsonl tells them: state,
     restarts, last epoch, step and loss, last event, exit."""
+    from orchestrator import resumes
     from orchestrator.liveview import STATUS, rows_from_events, table
 
     rd = _find_run(run_ref)
@@ -361,7 +362,8 @@ def status(run_ref: RunArg = None) -> None:
         raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
     line, abnormal = job_line(events, skipped, rd.held())
     out.print(table(rows_from_events(events, over=abnormal), STATUS, title=f"{rd.name}: {line}"))
-    for line in resize_lines([e for e in events if e["event"] == "job_resized"]):
+    for line in resize_lines([e for e in events if e["event"] == "job_resized"]) + \
+            resumes.lines([e for e in events if e["event"] == "task_resumed"]):
         out.print(printable(line), soft_wrap=True, highlight=False, markup=False)
     if skipped:
         err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)")

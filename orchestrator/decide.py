@@ -409,8 +409,23 @@ def stall_rule(policy: Policy) -> StallRule | None:
     return StallRule(seconds=float(seconds))
 
 
-def grace(policy: Policy) -> float:
-    """From a task's SIGTERM to its SIGKILL."""
+# A group stopped because one of its members is gone (it exited with a failure, its start
+# failed, its lifeline was cut, it stalled) has survivors that cannot save: a checkpoint's
+# collectives (PreemptionCheckpointHandler's agreed step, BackupAndRestore's save) need every
+# peer, and a task blocked in a collective with the dead peer never reaches its handler. So
+# their grace is this, not grace_seconds. Measured (tests/test_resumes.py's grace test,
+# 2 loaded cores): a PreemptionCheckpointHandler survivor was still running at every grace
+# tried (it waits on its dead peer); a Python SIGTERM handler not blocked in an op runs and
+# exits within 0.3 s, so 2 s leaves it time to log, flush and exit, with margin for load.
+# A preemption, Ctrl-C and the job's end keep grace_seconds.
+PEER_LOST_GRACE_SECONDS = 2.0
+
+
+def grace(policy: Policy, peer_lost: bool = False) -> float:
+    """From a task's SIGTERM to its SIGKILL: grace_seconds, or where its group is stopped
+    because a peer is gone, at most PEER_LOST_GRACE_SECONDS."""
+    if peer_lost:
+        return min(policy.grace_seconds, PEER_LOST_GRACE_SECONDS)
     return policy.grace_seconds
 
 

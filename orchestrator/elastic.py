@@ -22,7 +22,9 @@ the restart policy decides.
 
 A place's host moves between these states (what `Group` holds, as sets):
 
-    IN USE ──lost: unreachable or refusing a start, lifeline cut, N failures in a row──▶ LOST
+    IN USE ──lost: unreachable or refusing a start, lifeline cut, N failures of its own in a
+             row (a failure after a peer's loss or stall is not its own; an epoch trained
+             ends the row)──▶ LOST
     LOST ──answers a probe, at the next epoch boundary, below max_workers──▶ IN USE
     SPARE (listed, not in use) ──answers a probe, at an epoch boundary or a shrink──▶ IN USE
     IN USE ──the group would fall below min_workers, or max_resizes spent──▶ the restart policy
@@ -33,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import posixpath
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -75,10 +77,24 @@ def lost_why(elastic: ElasticSpec, *, start_failed: bool = False, lifeline_cut: 
     return None
 
 
-def failures_in_row(before: int, trained: bool) -> int:
-    """A place's failures in a row, one more failed: a failure after its task's first step
-    starts a new row (it trained there, so the place worked); one before it adds to it."""
-    return 1 if trained else before + 1
+def failures_in_row(before: int, own: bool) -> int:
+    """A place's failures in a row after its task failed: one more where the failure was its
+    own (`own_failure`); one that followed a peer's loss or stall leaves the row as it was.
+    A success resets the row (`trained_well`: the loop forgets the count)."""
+    return before + 1 if own else before
+
+
+def own_failure(peers: Iterable[tuple[bool, bool]]) -> bool:
+    """Was a task's failure its own? Not where, when it failed, a peer of its group was
+    (gone, stopped): gone (failed, exited with a failure, its contact lost) or stopped (its
+    usage said state T: a SIGSTOP). A worker's collective fails when its peer does."""
+    return not any(gone or stopped for gone, stopped in peers)
+
+
+def trained_well(epoch_known: bool, epoch_done: bool, stepped: bool) -> bool:
+    """A success that ends a place's row of failures: an epoch trained this attempt; for a
+    task that tells no epochs (a counted loop), a step."""
+    return epoch_done if epoch_known else stepped
 
 
 def probe_due(now: float, probed_at: float | None, elastic: ElasticSpec) -> bool:
@@ -476,6 +492,6 @@ def resume_from(wanted: Mapping[str, Dir], had: Mapping[str, Dir | None],
 
 __all__ = ["NUM_WORKERS_ENV", "Act", "Decision", "Group", "NoResize", "Place", "Resize",
            "Resume", "Why", "at_epoch_boundary", "backup_dirs", "failures_in_row",
-           "first_group", "lost_why", "on_answer", "on_lost", "plan_for", "pool",
+           "first_group", "lost_why", "on_answer", "on_lost", "own_failure", "plan_for", "pool",
            "previous_dirs", "probe_due", "ps_on_answer", "ps_on_lost", "resume_from",
-           "to_probe", "unfilled_joiners"]
+           "to_probe", "trained_well", "unfilled_joiners"]

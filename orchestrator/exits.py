@@ -89,14 +89,17 @@ class Exits:
             job.end(JobState.FAILED, action.reason, action.task)
         elif isinstance(action, Restart):
             job.restarts += action.counted
-            self.restart([rec] if action.alone else job.unit(rec), action.reason)
+            self.restart([rec] if action.alone else job.unit(rec), action.reason,
+                         peer_lost=True)
         else:
             job.echo("tfo", action.text)
 
-    def restart(self, unit: list[TaskRecord], why: str, counted: bool = True) -> None:
+    def restart(self, unit: list[TaskRecord], why: str, counted: bool = True,
+                peer_lost: bool = False) -> None:
         """Stop `unit` and start it again after the backoff. Not `counted`: a preemption,
-        which no task's restarts count either. A task of the unit that finished stays
-        finished: its work is done, and it could only do it again."""
+        which no task's restarts count either. `peer_lost`: a member of the unit is gone,
+        and the rest are stopped with the short grace. A task of the unit that finished
+        stays finished: its work is done, and it could only do it again."""
         job = self.job
         unit = [r for r in unit if not r.finished]
         job.set(None, JobState.RESTARTING)
@@ -123,4 +126,4 @@ class Exits:
                                  restarts=r.restarts, reason=why, backoff=backoff,
                                  counted=counted)
 
-        stop(job, self.intake, unit, "restart", then=stopped)
+        stop(job, self.intake, unit, "restart", then=stopped, peer_lost=peer_lost)

@@ -14,6 +14,7 @@ from orchestrator.joined import Planned, judge
 from orchestrator.markers import (
     Backup,
     BadMarker,
+    Checkpointed,
     Evaluated,
     Exiting,
     FirstStep,
@@ -75,7 +76,13 @@ class Intake:
             if isinstance(marker, Exiting):
                 rec.current.exiting_at, rec.current.exiting_code = job.clock(), marker.code
             if isinstance(marker, Progress):
+                self._resumed(rec, marker)
                 self._progressed(rec, marker)
+            elif isinstance(marker, Checkpointed):
+                last = rec.current.work.progress
+                job.resumes.checkpoint(rec.name, rec.attempt, marker.op, marker.path,
+                                       marker.step, marker.epoch,
+                                       last.epoch if last is not None else None)
             if marker.event == markers.READY and rec.state is TaskState.STARTING:
                 self._up(rec)
             elif isinstance(marker, Evaluated):
@@ -127,6 +134,24 @@ class Intake:
             work.stopped_since = None
         elif work.stopped_since is None:
             work.stopped_since = work.usage_at
+
+    def _resumed(self, rec: TaskRecord, marker: Progress) -> None:
+        """A training task's progress: on its attempt's first, how the attempt began against
+        what its unit had reached (orchestrator/resumes.py), said once per attempt and words
+        (every worker of a group restart says the same)."""
+        job = self.job
+        if not decide.training(rec.role, job.rules):
+            return
+        unit = rec.name if decide.restarts_alone(rec.role, job.rules) else "training"
+        said = job.resumes.progressed(rec.name, unit, rec.attempt, marker.step, marker.epoch)
+        if said is None:
+            return
+        fields = said.event()
+        job.events.write("task_resumed", rec.name, attempt=rec.attempt, pid=rec.pid, **fields)
+        told = job.resumes.said
+        if not any(t["attempt"] == rec.attempt and t["words"] == fields["words"] for t in told):
+            job.echo("tfo", f"{rec.name} (attempt {rec.attempt}) {fields['words']}")
+        told.append({"task": rec.name, "attempt": rec.attempt, **fields})
 
     def _progressed(self, rec: TaskRecord, marker: Progress) -> None:
         work = rec.current.work

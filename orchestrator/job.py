@@ -18,6 +18,7 @@ from orchestrator.launch import TaskHandle
 from orchestrator.plan import Plan
 from orchestrator.policy import Policy
 from orchestrator.records import TaskRecord
+from orchestrator.resumes import Ledger
 from orchestrator.rundir import EventLog
 from orchestrator.stall import Stall, Watched
 from orchestrator.strategy import StrategyRules
@@ -66,6 +67,7 @@ class Job:
         # Tasks that trained outside the plan's cluster (joined.judge), told already: the
         # job ends failed (Checks.alone).
         self.alone: list[Alone] = []
+        self.resumes = Ledger()  # where each attempt began, what a restart lost
         self.ending: Ending | None = None
         self.hold: Hold | None = None
         self.signal: signal.Signals | None = None

@@ -145,6 +145,16 @@ class Backup(_Marker):
     dir: str = Field(min_length=1, max_length=4096)
 
 
+class Checkpointed(_Marker):
+    """A tf.train.Checkpoint the task wrote or read back (worker_entry/checkpoints.py)."""
+
+    event: Literal[m.CHECKPOINT]
+    op: Literal["saved", "restored"]
+    path: str = Field(min_length=1, max_length=4096)
+    step: int = Field(ge=0)  # steps this attempt had done then
+    epoch: int | None = Field(default=None, ge=0)  # a restore's: the checkpoint's own
+
+
 class Done(_Marker):
     event: Literal[m.DONE]
     # What an entry returned (worker_entry.runner.returned): the task's word, untrusted.
@@ -160,8 +170,8 @@ class Exiting(_Marker):
     code: int | None = Field(default=None, ge=0, le=255)
 
 
-Marker = Annotated[Up | Connecting | Ready | Joined | FirstStep | Epoch | Progress | Usage | SigTerm
-                   | Evaluated | Saved | Backup | Done | Exiting,
+Marker = Annotated[Up | Connecting | Ready | Joined | FirstStep | Epoch | Progress | Usage
+                   | SigTerm | Evaluated | Saved | Backup | Checkpointed | Done | Exiting,
                    Field(discriminator="event")]
 _MARKER: TypeAdapter[Marker] = TypeAdapter(Marker)
 

@@ -128,6 +128,8 @@ class RunResult:
     preemptions: int = 0  # restarts after a preemption (not in `restarts`)
     resizes: list[dict[str, Any]] = field(default_factory=list)  # job_resized's, in order
     notes: list[str] = field(default_factory=list)  # the run directory's faults (rundirwatch)
+    # task_resumed's (with `task`), in order: how each attempt after the first began
+    resumes: list[dict[str, Any]] = field(default_factory=list)
 
 
 def tail(path: str, n: int = 20) -> list[str]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.console import ChatterFilter, point_at_devnull, printable
 from orchestrator.launch import describe_exit
+from orchestrator.resumes import lines
 from orchestrator.rundir import RUNS, Outcome, RunDir, RunInfo, outcome
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ def print_summary(result: RunResult) -> None:
     if Path(board).is_dir():
         err.print(f"tensorboard: {board} (to view: tensorboard --logdir {shlex.quote(board)})",
                   soft_wrap=True)
-    for line in resize_lines(result.resizes):
+    for line in resize_lines(result.resizes) + lines(result.resumes):
         err.print(line, soft_wrap=True, highlight=False, markup=False)
     for note in result.notes:
         err.print(labeled("run directory:", "bold red", note), soft_wrap=True)

@@ -20,7 +20,8 @@ restarts the training tasks on the plan of the ps left, the chief from its own b
 
 A place is lost (elastic.Why) when a start on it failed, its lifeline was cut (exit
 EXIT_LIFELINE, or its handle lost contact), or its tasks failed lost_after_failures times
-in a row (elastic.failures_in_row: a failure after the task's first step starts a new row).
+of their own in a row (elastic.failures_in_row: a failure that followed a peer's loss or stall
+is not the place's own, `own_failure`; an epoch trained ends the row, `trained_well`).
 Probes run in a daemon thread, each bounded by the host's connect timeout: the loop never
 waits on a host that does not answer.
 """
@@ -104,6 +105,14 @@ def reachable(spec: ClusterSpec, where: str) -> bool:
     return True
 
 
+def trained_well(rec: TaskRecord) -> bool:
+    """Its attempt trained well (elastic.trained_well): an epoch, or a step where it tells
+    no epochs."""
+    pace = rec.current.work.pace
+    return elastic.trained_well(pace.epoch is not None, pace.epoch_over or pace.epoch_end,
+                                pace.step is not None)
+
+
 class Resizing:
     """An elastic multi_worker_mirrored job's (and, through PsResizing, a parameter_server
     job's) resizes in the loop."""
@@ -143,8 +152,13 @@ class Resizing:
         where = self.where(rec)
         if where is None or job.state is JobState.FINISHING:
             return False
-        trained = rec.current.work.progress is not None
-        self.failures[where] = elastic.failures_in_row(self.failures.get(where, 0), trained)
+        own = elastic.own_failure(
+            (r.state is TaskState.FAILED or bool(lost_contact(r)) or (
+                r.handle is not None and r.handle.poll() not in (None, 0)),
+             r.current.work.stopped_since is not None)
+            for r in job.unit(rec) if r is not rec and r.state is not TaskState.PENDING)
+        before = 0 if trained_well(rec) else self.failures.get(where, 0)
+        self.failures[where] = elastic.failures_in_row(before, own)
         lifeline = rc == EXIT_LIFELINE or bool(lost_contact(rec))
         how = elastic.lost_why(self.elastic, start_failed=rec.handle is None and rc is None,
                                lifeline_cut=lifeline, failures_in_row=self.failures[where])
@@ -163,7 +177,7 @@ class Resizing:
         return elastic.on_lost(self.elastic, self.places, self.group, lost, self.answering)
 
     def _act(self, d: Resize, why: str) -> None:
-        self.resize(d, f"{why}; {d.words}")
+        self.resize(d, f"{why}; {d.words}", peer_lost=True)
 
     def _resized(self, d: Resize, save: int | None) -> None:
         """job_resized, the run's list of resizes, and the [tfo] line."""
@@ -174,8 +188,15 @@ class Resizing:
 
     # ---- grow ---------------------------------------------------------------------------
     def tick(self, now: float) -> None:
-        """Each round: take a probe's answers, start the next probe when due, and at an
-        epoch boundary with a place answering, grow."""
+        """Each round: a place whose task trained well ends its row of failures; take a
+        probe's answers, start the next probe when due, and at an epoch boundary with a
+        place answering, grow."""
+        for rec in self.job.records.values() if self.failures else ():
+            # A running attempt's success ends its place's row (a failed one's: `lost`).
+            where = self.where(rec)
+            if where in self.failures and rec.state is TaskState.RUNNING and \
+                    trained_well(rec):
+                del self.failures[where]
         if self._answers is not None:
             self.answering, self._answers = self._answers, None
         if self._probing is None or not self._probing.is_alive():
@@ -214,14 +235,17 @@ class Resizing:
         self._answers = frozenset(w for w in wanted if self.probe(w))
 
     # ---- the resize itself --------------------------------------------------------------
-    def resize(self, d: Resize, why: str) -> None:
-        """Stop the training group, then restart it as `d.group`: not counted."""
+    def resize(self, d: Resize, why: str, peer_lost: bool = False) -> None:
+        """Stop the training group, then restart it as `d.group`: not counted. `peer_lost`:
+        a shrink (its survivors get the short grace); a grow's stop is a preemption the
+        tasks save at, with the whole grace."""
         job = self.job
         job.set(None, JobState.RESTARTING)
         job.echo("tfo", f"resizing, {why}")
         unit = [r for r in job.records.values()
                 if decide.training(r.role, job.rules) and not r.finished]
-        stop(job, self.intake, unit, "resize", then=lambda: self._regroup(d, why))
+        stop(job, self.intake, unit, "resize", then=lambda: self._regroup(d, why),
+             peer_lost=peer_lost)
 
     def _regroup(self, d: Resize, why: str) -> None:
         job = self.job

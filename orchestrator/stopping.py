@@ -30,12 +30,14 @@ def lost_contact(rec: TaskRecord) -> str:
 
 
 def stop(job: Job, intake: Intake, recs: list[TaskRecord], why: str,
-         then: Callable[[], None] | None = None) -> None:
+         then: Callable[[], None] | None = None, peer_lost: bool = False) -> None:
     """Stop `recs` (those live), then `then()`: at once where none is live or all exit at
-    their SIGTERM, else once the loop finds them gone (`job.hold` until then)."""
+    their SIGTERM, else once the loop finds them gone (`job.hold` until then). `peer_lost`:
+    they are stopped because a member of their group is gone, and get its short grace
+    (decide.grace)."""
     live = [r for r in recs if (r.state.live or r.state is TaskState.STOPPING)
             and r.handle is not None]  # STOPPING: a stop the run's end cut short
-    stopping = Stopping(job, intake, live, why, then)
+    stopping = Stopping(job, intake, live, why, then, decide.grace(job.policy, peer_lost))
     if live:
         job.hold = stopping
         intake.pump()
@@ -44,7 +46,7 @@ def stop(job: Job, intake: Intake, recs: list[TaskRecord], why: str,
 
 class Stopping:
     def __init__(self, job: Job, intake: Intake, recs: list[TaskRecord], why: str,
-                 then: Callable[[], None] | None) -> None:
+                 then: Callable[[], None] | None, grace: float) -> None:
         self.job, self.intake, self.recs, self.then = job, intake, recs, then
         # A task whose code ended 42 before this SIGTERM: why that was no preemption. Only a
         # task whose code said its status can have one (64 tasks: a restart unit each, 64²).
@@ -57,7 +59,7 @@ class Stopping:
             job.events.write("task_stopping", r.name, pid=r.pid, reason=why)
             r.handle.terminate()
             job.set(r, TaskState.STOPPING)
-        self.grace = decide.grace(job.policy)
+        self.grace = grace
         self.kill_at = job.clock() + self.grace
         self.killed: list[TaskRecord] | None = None  # at the kill deadline, those still running
         self.gone_by = 0.0  # then: their exits are waited for until this time

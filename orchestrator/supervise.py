@@ -228,6 +228,7 @@ class Supervisor:
             restarts=job.restarts, failed_task=end.failed_task, evaluation=job.evaluation,
             stalls=job.stalls, preemptions=job.preemptions, notes=self.dirwatch.notes,
             resizes=self.resizing.resized if self.resizing is not None else [],
+            resumes=job.resumes.said,
             tasks=[TaskOutcome(r.name, r.state, r.current.returncode, r.restarts, r.task.log_path,
                                r.task.host, r.current.work.progress, r.torn_down_ok,
                                r.current.exit_reason)

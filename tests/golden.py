@@ -24,12 +24,14 @@ VARYING = {"time", "pid", "coordinator_pid", "coordinator_created", "coordinator
            "run_id", "waited"}
 # Per-task streams whose interleaving with other tasks' events depends on timing: their
 # count and content per task is kept, their place in the whole sequence is not.
-UNORDERED = {"task_usage", "task_progress", "task_first_step", "task_standby_started"}
+# How a restart began (task_resumed) is said at its first progress, and its steps are counted.
+UNORDERED = {"task_usage", "task_progress", "task_first_step", "task_standby_started",
+             "task_resumed"}
 # What tasks print (their markers) arrives in the order the loop reads them, which for two
 # tasks that print at about the same moment depends on timing: in a row of such events,
 # each task's keep their order, the tasks are put in name order.
 PRINTED = {f"task_{m}" for m in ("up", "connecting", "ready", "epoch", "sigterm", "evaluated",
-                                 "saved", "done", "exiting", "bad_marker")}
+                                 "saved", "checkpoint", "done", "exiting", "bad_marker")}
 # Exits the loop notices in one wake-up (two tasks that end at about the same moment) are
 # alike: in a row of them and the markers, each task's keep their order, tasks in name order.
 SAME_MOMENT = PRINTED | {"task_exited"}

@@ -26,11 +26,45 @@ E = parse_spec({"name": "e", "job": {"entry": "a.b:c"},
 
 
 # ---- the loop's own decisions, pure ----------------------------------------------------------
-@pytest.mark.parametrize(("before", "trained", "after"), [
-    (0, False, 1), (1, False, 2), (2, True, 1), (0, True, 1)])
-def test_failures_in_a_row_start_again_after_a_step(before: int, trained: bool,
-                                                    after: int) -> None:
-    assert elastic.failures_in_row(before, trained) == after
+# A place's row of failures (issue 37 item 4): only its own count, a success ends the row.
+# Each case: the failures seen in order, as (own?, an epoch trained before it this attempt?),
+# and the successes (an epoch trained, the attempt then stopped for a peer) between them as
+# "ok" → the row after each; lost_after_failures 2 loses the place at 2.
+@pytest.mark.parametrize(("seen", "rows"), [
+    ([(True, False), (True, False)], [1, 2]),  # two of its own in a row: lost
+    # the issue's: its first failure followed its peer's SIGSTOP, then 14 epochs trained
+    ([(False, False), "ok", (True, False)], [0, 0, 1]),
+    ([(True, False), "ok", (True, False)], [1, 0, 1]),  # a success between: not in a row
+    ([(True, False), (True, True)], [1, 1]),  # an epoch trained, then it failed: a new row
+    ([(True, False), (False, False), (True, False)], [1, 1, 2]),  # a peer's: the row stays
+])
+def test_a_place_s_row_counts_its_own_failures_since_its_last_success(seen, rows) -> None:
+    row, got = 0, []
+    for what in seen:
+        if what == "ok":
+            row = 0
+        else:
+            own, trained = what
+            row = elastic.failures_in_row(0 if trained else row, own)
+        got.append(row)
+    assert got == rows
+    assert [elastic.lost_why(E, failures_in_row=n) for n in rows][-1] is (
+        elastic.Why.FAILURES if rows[-1] >= 2 else None)
+
+
+@pytest.mark.parametrize(("peers", "own"), [
+    ([], True), ([(False, False)], True), ([(False, False), (True, False)], False),
+    ([(False, True)], False)])  # (gone, stopped) each
+def test_a_failure_is_the_place_s_own_unless_a_peer_was_gone_or_stopped(peers, own) -> None:
+    assert elastic.own_failure(peers) is own
+
+
+@pytest.mark.parametrize(("epoch_known", "epoch_done", "stepped", "ok"), [
+    (True, True, True, True), (True, False, True, False), (False, False, True, True),
+    (False, False, False, False)])
+def test_a_success_is_an_epoch_trained_or_a_step_where_no_epoch_is_told(
+        epoch_known, epoch_done, stepped, ok) -> None:
+    assert elastic.trained_well(epoch_known, epoch_done, stepped) is ok
 
 
 @pytest.mark.parametrize(("now", "probed_at", "due"), [
@@ -126,6 +160,34 @@ def test_a_place_failing_twice_in_a_row_is_lost_and_the_job_goes_on_with_2(tmp_p
     assert any("resized: 3 → 2 workers" in line for line in lines), lines
     restarted = [e for e in events if e["event"] == "task_restarted"]
     assert [e["counted"] for e in restarted] == [True, True, True, False, False]
+
+
+STOPPED = '@tfo {"event": "usage", "cpu": 0, "rss": 1, "stopped": true}'
+
+
+@pytest.mark.timeout(20)
+def test_a_place_is_not_lost_for_a_peer_s_failure_nor_across_a_success(tmp_path) -> None:
+    """Issue 37 item 4, lost_after_failures 2. Attempt 0: worker:1 is SIGSTOPped (its usage
+    says so) and worker:2's collective fails, exit 1: its peer's doing, not counted. Attempt
+    1: the group trains epochs 0-2, then worker:0 fails (its own: a row of 1 for its place).
+    Attempt 2: worker:2 fails before its first step: 1 in its row, not 2, as the epochs
+    trained in between ended any row. No place is lost; attempt 3 finishes with 3 workers.
+    (Counted the old way, worker:2's place was lost at attempt 2: "failed 2 times in a row".)"""
+    trained = {1: epochs((0.1, 0), (0.3, 1), (0.5, 2))}
+    scripts = {"worker:0": Script([(None, 0, True), (3, 0.8, True), (None, 0, True),
+                                   (0, 0.5, True)], output=trained),
+               "worker:1": Script([(None, 0, True), (None, 0, True), (None, 0, True),
+                                   (0, 0.5, True)], output={0: [(0.1, STOPPED)], **trained}),
+               "worker:2": Script([(1, 0.3, True), (None, 0, True), (1, 0.2, False),
+                                   (0, 0.5, True)], output=trained)}
+    data = elastic_spec(probe_seconds=3600)
+    data["restart"]["max_restarts"] = 3
+    result, started, events, lines = run_scripted(tmp_path, data, scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    assert not [e for e in events if e["event"] == "job_resized"], lines
+    assert result.restarts == 3 and [t.name for t in result.tasks] == [
+        "worker:0", "worker:1", "worker:2"]
+    assert [a for n, a, _ in started if n == "worker:2"] == [0, 1, 2, 3]
 
 
 @pytest.mark.timeout(20)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import wakeup
+from orchestrator.decide import PEER_LOST_GRACE_SECONDS
 from orchestrator.plan import Plan, TaskPlan, make_plan
 from orchestrator.rundir import RunDir
 from orchestrator.spec import parse_spec
@@ -213,15 +214,21 @@ class Stubborn(FakeHandle):
 
 
 @pytest.mark.timeout(20)
-def test_a_task_that_outlives_its_sigterm_is_stopping_until_its_kill_deadline(tmp_path):
-    """worker:1 fails and worker:0 ignores its SIGTERM: worker:0 is STOPPING, the loop goes on
-    meanwhile (the live view is drawn) and wakes at the kill deadline, grace_seconds after
-    the SIGTERM, to SIGKILL it; then the group restarts."""
+@pytest.mark.parametrize(("code", "output", "grace"), [
+    (3, {}, PEER_LOST_GRACE_SECONDS),  # a peer lost: its survivor cannot save
+    (42, {0: [(0.1, '@tfo {"event": "sigterm", "grace": 3}')]}, 3.0),  # a preemption
+], ids=["peer_lost", "preempted"])
+def test_a_task_that_outlives_its_sigterm_is_stopping_until_its_kill_deadline(
+        tmp_path, code, output, grace):
+    """worker:1 fails (or is preempted) and worker:0 ignores its SIGTERM: worker:0 is
+    STOPPING, the loop goes on meanwhile (the live view is drawn) and wakes at the kill
+    deadline to SIGKILL it, then the group restarts. The deadline: grace_seconds after the
+    SIGTERM for a preemption, the short grace where the group stops for a lost peer."""
     data = spec(max_restarts=1)
     data["timeouts"] = {**data["timeouts"], "grace_seconds": 3.0}
     clock = FakeClock()
     scripts = {"worker:0": Script([(None, 0, True), (0, 0.1, True)]),
-               "worker:1": Script([(3, 0.2, True), (0, 0.1, True)])}
+               "worker:1": Script([(code, 0.2, True), (0, 0.1, True)], output)}
     handles: list[FakeHandle] = []
 
     def start(task: TaskPlan, attempt: int) -> FakeHandle:
@@ -233,15 +240,16 @@ def test_a_task_that_outlives_its_sigterm_is_stopping_until_its_kill_deadline(tm
     result = Supervisor(planned(tmp_path, data), start=start, echo=lambda task, line: None,
                         watch=lambda job: seen.append(job.records["worker:0"].state),
                         clock=clock, waiter=FakeWaiter(clock)).run()
-    assert result.state is JobState.SUCCEEDED and result.restarts == 1
+    assert result.state is JobState.SUCCEEDED
+    assert (result.restarts, result.preemptions) == ((1, 0) if code == 3 else (0, 1))
     stubborn = handles[0]
     assert isinstance(stubborn, Stubborn) and stubborn.termed_at and stubborn.killed_at
-    assert 3.0 <= stubborn.killed_at - stubborn.termed_at < 3.1
+    assert grace <= stubborn.killed_at - stubborn.termed_at < grace + 0.1
     assert TaskState.STOPPING in seen  # the loop went on while it was stopping
     events = run_events(tmp_path / "run")
     killed = [e for e in events if e["event"] == "task_killed"]
     assert [(e["task"], e["reason"]) for e in killed] == [
-        ("worker:0", "still running 3 s after SIGTERM")]
+        ("worker:0", f"still running {grace:g} s after SIGTERM")]
 
 
 @pytest.mark.timeout(20)

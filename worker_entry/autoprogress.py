@@ -50,7 +50,7 @@ from time import monotonic
 from types import ModuleType
 from typing import Any
 
-from worker_entry import markers, progress, tfimport
+from worker_entry import checkpoints, markers, progress, tfimport
 
 ENV = "TFO_AUTO_PROGRESS"
 # Keras's own loops: their tf.function calls are Keras's steps, which its callback reports.
@@ -65,6 +65,7 @@ def install() -> None:
     if not enabled():
         return
     tfimport.after_import("tensorflow", _guarded(_count_functions))
+    tfimport.after_import("tensorflow", _guarded(checkpoints.install(steps_done)))
     for name in ("tf_keras", "keras"):
         tfimport.after_import(name, _guarded(_wrap_keras))
 
@@ -140,6 +141,17 @@ def _emit_with(event: str, source: str, **fields: Any) -> None:
 
 
 _state = _State()
+
+
+def steps_done() -> int:
+    """The steps this attempt has done as tfo counts them, now (not at the last marker):
+    the script's own reports, a Keras fit's callback, else the counted loop's."""
+    if progress.reported_by_script():
+        return progress.steps_reported()
+    callback = _state.keras_callback[1] if _state.keras_callback else None
+    if _state.fitted and callback is not None and hasattr(callback, "steps_done"):
+        return int(callback.steps_done())
+    return _state.best
 
 
 # --- Keras ------------------------------------------------------------------------------

@@ -444,6 +444,12 @@ class Progress(_EpochProgress):
         self._hooked = done
         self._tell(done, logs)
 
+    def steps_done(self) -> int:
+        """The steps of every fit of this callback's so far, now."""
+        counter = self._counter
+        return self._before + self._hooked + (
+            counter.calls - self._epoch_start if counter is not None else 0)
+
     def _next_epoch(self) -> None:
         """The epoch's steps join the steps before it."""
         counter = self._counter

@@ -147,6 +147,9 @@ SAVED = "saved"  # the model was written (`path`, `chief`)
 # A script's own BackupAndRestore: the directory it keeps its backups in (`dir`, absolute on
 # the task's host), which an elastic resize reads and fills (orchestrator/resizing.py).
 BACKUP = "backup"
+# A tf.train.Checkpoint written or read back (`op`, `path`, `step`: steps this attempt had
+# done; a restore's `epoch`: the checkpoint's own), told by worker_entry/checkpoints.py.
+CHECKPOINT = "checkpoint"
 DONE = "done"  # the entry returned (`value`: what it returned, as JSON; or `value_error`)
 # The most JSON an entry's return value may take in its `done` marker (a marker is one line,
 # and the coordinator reads lines of at most 64 KiB).

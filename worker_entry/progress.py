@@ -103,6 +103,11 @@ def reported_by_script() -> bool:
     return _by_script
 
 
+def steps_reported() -> int:
+    """The steps the script has reported so far."""
+    return _reporter.step
+
+
 def report(*, epoch: int | None = None, epochs: int | None = None,
            step_in_epoch: int | None = None, steps: int | None = None,
            loss: float | None = None) -> None:

@@ -1,12 +1,15 @@
 """Multi-worker training with a custom training loop, as TensorFlow's tutorial writes it
 (tensorflow.org/tutorials/distribute/multi_worker_with_ctl), on scikit-learn's digits
 instead of MNIST. It knows nothing of tfo: `strategy.run`, a tf.train.CheckpointManager
-written with the chief / temporary-directory pattern, restored on start.
+written with the chief / temporary-directory pattern, restored on start (by default under
+`multiprocessing.util.get_temp_dir()`, as the tutorial keeps it). One change: its loss is
+not divided by zero batches when it resumes (the tutorial's own would fail there).
 """
 
 import argparse
 import json
 import os
+from multiprocessing import util
 
 import numpy as np
 import tensorflow as tf
@@ -15,7 +18,8 @@ from sklearn.datasets import load_digits
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--steps_per_epoch", type=int, default=20)
-parser.add_argument("--checkpoint_dir", default="/tmp/ckpt")
+# The tutorial's own: a new temporary directory per process, which no restart finds again.
+parser.add_argument("--checkpoint_dir", default=os.path.join(util.get_temp_dir(), "ckpt"))
 parser.add_argument("--model_path", default="/tmp/ctl-model")
 args = parser.parse_args()
 
@@ -141,7 +145,9 @@ while epoch.numpy() < num_epochs:
         num_batches += 1
         step_in_epoch.assign_add(1)
 
-    train_loss = total_loss / num_batches
+    # The tutorial divides by num_batches, which is 0 when it resumes from its own checkpoint
+    # (saved at an epoch's end, before step_in_epoch is reset): ZeroDivisionError.
+    train_loss = total_loss / max(num_batches, 1)
     print("Epoch: %d, accuracy: %f, train_loss: %f."
           % (epoch.numpy(), train_accuracy.result(), train_loss))
 

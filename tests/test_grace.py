@@ -1,0 +1,107 @@
+"""The grace a stopped task gets: short where its group stops because a peer is gone (it
+cannot save without that peer), grace_seconds for a preemption. Real TensorFlow workers
+running TensorFlow's PreemptionCheckpointHandler pattern (tests/scripts/mwms_preemption.py),
+real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.decide import PEER_LOST_GRACE_SECONDS
+from tests.conftest import events, write_spec
+from tests.test_faults import Tfo, first
+from tests.test_hangs import progressed, task_process
+
+GRACE = 10  # the spec's default grace_seconds
+SPEC = """\
+name: grace
+job:
+  script: tests/scripts/mwms_preemption.py
+  args: {args}
+tasks:
+  worker: [localhost:auto, localhost:auto]
+restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0.5}}
+timeouts: {{startup_seconds: 120, grace_seconds: {grace}}}
+"""
+ARGS = ["--epochs", "2", "--steps_per_epoch", "60", "--step_seconds", "0.05"]
+
+
+def spec(tmp_path: Path) -> Path:
+    return write_spec(tmp_path / "cluster.yaml", SPEC.format(args=json.dumps(ARGS),
+                                                             grace=GRACE))
+
+
+def training_again(run_dir: Path, attempt: int) -> float:
+    """When every worker of `attempt` had told its first step (events' wall time)."""
+    ev = events(run_dir)
+    return max(first(ev, "task_progress", task, attempt=attempt)["time"]
+               for task in ("worker:0", "worker:1"))
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_the_survivor_of_a_sigkilled_worker_is_killed_after_the_short_grace(
+        run_dir: Path, tmp_path: Path):
+    """worker:1's task SIGKILLed: worker:0, its SIGTERM handler TensorFlow's
+    PreemptionCheckpointHandler's, cannot save without it and waits on its dead peer; tfo
+    SIGKILLs it PEER_LOST_GRACE_SECONDS after the SIGTERM, not grace_seconds. Nothing was
+    saved, so the restart says it started over."""
+    tfo = Tfo(spec(tmp_path), run_dir)
+    try:
+        progressed(tfo, "worker:1", 20)
+        task = task_process(tfo, "worker:1")
+        killed_at = time.time()
+        task.kill()
+        code, err = tfo.finish(timeout=240)
+    finally:
+        tfo.close()
+    assert code == 0, err[-3000:]
+    ev = events(run_dir)
+    stopping = first(ev, "task_stopping", "worker:0")
+    assert stopping and stopping["reason"] == "restart", [e for e in ev if e["task"] == "worker:0"]
+    killed = first(ev, "task_killed", "worker:0")
+    assert killed, "worker:0 exited by itself: no grace was waited"
+    assert killed["reason"] == f"still running {PEER_LOST_GRACE_SECONDS:g} s after SIGTERM"
+    # the loop wakes at the deadline; a loaded machine may add to it, never 10 s
+    assert PEER_LOST_GRACE_SECONDS <= killed["time"] - stopping["time"] < GRACE - 4
+    restart = training_again(run_dir, 1) - killed_at
+    print(f"SIGKILL → both workers training again: {restart:.1f} s")
+    said = [e for e in ev if e["event"] == "task_resumed"]
+    assert said and all(e["how"] == "started over" and e["lost_steps"] >= 20 for e in said)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_a_preemption_keeps_its_grace_saves_and_says_where_it_resumed(
+        run_dir: Path, tmp_path: Path):
+    """SIGTERM to worker:1's wrapper from outside (a preemption notice): every worker saves
+    at the agreed step within grace_seconds and exits 42, nothing is killed, and the
+    restart says it resumed from that checkpoint having lost next to nothing."""
+    tfo = Tfo(spec(tmp_path), run_dir)
+    try:
+        wrapper = tfo.wait_event("task_started", "worker:1")["pid"]
+        progressed(tfo, "worker:1", 20)
+        os.kill(wrapper, signal.SIGTERM)
+        code, err = tfo.finish(timeout=240)
+    finally:
+        tfo.close()
+    assert code == 0, err[-3000:]
+    ev = events(run_dir)
+    assert first(ev, "task_preempted", attempt=0)
+    assert not [e for e in ev if e["event"] == "task_killed"]
+    saved = [e for e in ev if e["event"] == "task_checkpoint" and e["op"] == "saved"
+             and e["attempt"] == 0]
+    said = [e for e in ev if e["event"] == "task_resumed"]
+    assert {e["task"] for e in said} == {"worker:0", "worker:1"}, said
+    for e in said:
+        assert e["how"] == "resumed" and e["restored"] in {s["path"] for s in saved}
+        # the handler saves at the step the workers agree on, at most a few past the last
+        # marker: the steps lost are those after the last marker tfo saw, none
+        assert e["lost_steps"] == 0 and e["epoch"] in (0, 1), e
+        assert e["words"] == f"resumed at epoch {e['epoch']} (lost 0 steps)"
