@@ -21,6 +21,7 @@ from orchestrator.markers import (
     Usage,
     read_marker,
 )
+from orchestrator.rate import rated, shown
 from orchestrator.records import TaskRecord
 from orchestrator.stall import paced
 from worker_entry import markers
@@ -76,6 +77,8 @@ class Intake:
                 job.evaluation = {"epoch": marker.epoch, "metrics": marker.metrics}
             elif isinstance(marker, Backup) and rec.role is Role.WORKER:
                 job.script_backup = under(marker.dir, rec.task.cwd)
+            if isinstance(marker, Progress):  # the rate as the live table shows it now
+                own["steps_per_second"] = _rounded(shown(rec.current.work.rate, job.clock()))
             job.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})
             if isinstance(marker, Progress | FirstStep) and rec.state is TaskState.STARTING:
                 # It trains, so it is up: a one-process script (MirroredStrategy, the
@@ -99,13 +102,15 @@ class Intake:
 
     def _progressed(self, rec: TaskRecord, marker: Progress) -> None:
         work = rec.current.work
-        now, before, moved_at = self.job.clock(), work.progress, work.pace.moved_at
-        if before is not None and marker.step > before.step and moved_at is not None \
-                and now > moved_at:
-            work.steps_per_second = (marker.step - before.step) / (now - moved_at)
+        now = self.job.clock()
+        work.rate = rated(work.rate, marker.at, marker.step, now)
         work.pace = paced(work.pace, now, marker.step, marker.epoch, marker.step_in_epoch,
                           marker.steps, marker.epochs)
         work.progress = marker
+
+
+def _rounded(rate: float | None) -> float | None:
+    return None if rate is None else float(f"{rate:.4g}")
 
 
 def under(path: str, cwd: str) -> str:
