@@ -24,6 +24,7 @@ from orchestrator.markers import (
     Usage,
     read_marker,
 )
+from orchestrator.rate import rated, shown
 from orchestrator.records import TaskRecord
 from orchestrator.stall import paced
 from worker_entry import markers
@@ -92,6 +93,8 @@ class Intake:
                                          rec.task.env.get(BACKUP_DIR_ENV, "/nonexistent"))
             elif isinstance(marker, Joined):
                 rec.current.joins.append(marker)
+            if isinstance(marker, Progress):  # the rate as the live table shows it now
+                own["steps_per_second"] = _rounded(shown(rec.current.work.rate, job.clock()))
             job.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})
             if isinstance(marker, Progress | FirstStep):
                 self._judge(rec)  # at its first step: did it join the plan's cluster?
@@ -155,10 +158,12 @@ class Intake:
 
     def _progressed(self, rec: TaskRecord, marker: Progress) -> None:
         work = rec.current.work
-        now, before, moved_at = self.job.clock(), work.progress, work.pace.moved_at
-        if before is not None and marker.step > before.step and moved_at is not None \
-                and now > moved_at:
-            work.steps_per_second = (marker.step - before.step) / (now - moved_at)
+        now = self.job.clock()
+        work.rate = rated(work.rate, marker.at, marker.step, now)
         work.pace = paced(work.pace, now, marker.step, marker.epoch, marker.step_in_epoch,
                           marker.steps, marker.epochs)
         work.progress = marker
+
+
+def _rounded(rate: float | None) -> float | None:
+    return None if rate is None else float(f"{rate:.4g}")

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.console import ConsoleWriter, printable
 from orchestrator.decide import exited_how
 from orchestrator.launch import describe_exit
+from orchestrator.rate import shown
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -97,7 +98,7 @@ def row_from_record(rec: TaskRecord, now: float, last: str | None = None) -> Row
         state=state, restarts=rec.restarts,
         uptime=now - rec.current.started_at if live and rec.current.started_at else None,
         cpu=usage.cpu if usage else None, rss=usage.rss if usage else None,
-        steps_per_second=rec.current.work.steps_per_second if live else None,
+        steps_per_second=shown(rec.current.work.rate, now) if live else None,
         exit=rec.current.returncode,
         torn_down=rec.torn_down_ok, exit_reason=rec.current.exit_reason,
         last=rec.last_line if last is None else last,
@@ -128,11 +129,12 @@ def rows_from_events(events: Iterable[dict[str, Any]], over: bool = False) -> li
             t["last"] = kind
         if kind == "task_started":
             t.update(pid=_int(e.get("pid")), host=str(e.get("host") or "-"), state="starting",
-                     exit=None, exit_reason="", trained=Trained())
+                     exit=None, exit_reason="", trained=Trained(), steps_per_second=None)
         elif kind == "task_ready":
             t["state"] = "running"
         elif kind == "task_progress":
             t["trained"] = Trained(**{k: _number(e.get(k)) for k in TRAINED})
+            t["steps_per_second"] = _number(e.get("steps_per_second"))
         elif kind == "task_restarted":
             t.update(restarts=_int(e.get("restarts")) or 0, state="pending")
         elif kind in ("task_exited", "task_stopped"):
@@ -220,8 +222,8 @@ CELLS: dict[str, Any] = {
 LIVE = ("task", "host", "pid", "state", "restarts", "up", "cpu", "rss", "epoch", "step",
         "steps/s", "loss", "last line")
 FINAL = ("task", "host", "state", "exit", "restarts", "epoch", "step", "loss")
-STATUS = ("task", "host", "state", "restarts", "epoch", "step", "loss", "last event", "pid",
-          "exit")
+STATUS = ("task", "host", "state", "restarts", "epoch", "step", "steps/s", "loss", "last event",
+          "pid", "exit")
 _STYLES = {"running": "green", "succeeded": "green", "failed": "red", "stopped": "yellow"}
 
 
@@ -294,20 +296,37 @@ def size_note(spec: ClusterSpec, workers: int) -> str:
     return f", {workers} workers ({e.min_workers}-{most})"
 
 
+# While tasks print, the table is redrawn as often as this (the loop's watch alone, once a
+# second, left it 9 epochs behind the lines above it in a fit of short epochs) ...
+LINES_REFRESH_SECONDS = 0.25
+# ... but a redraw may take at most this share of a core (rich takes 5-20 ms for 2 rows,
+# 30-100 for 36: a big job's table is refreshed by the loop's watch alone).
+RENDER_SHARE = 0.05
+
+
 class LiveView:
     """The table under the tasks' lines on a terminal, redrawn once a second (the loop's
-    `watch`). Rows that do not fit the terminal's height are left out, and counted."""
+    `watch`), and while tasks print lines, as they are shown (LINES_REFRESH_SECONDS, where
+    a redraw is cheap enough), so the table is never older than the lines above it. Rows
+    that do not fit the terminal's height are left out, and counted."""
 
     def __init__(self, writer: ConsoleWriter, fd: int) -> None:
         self._writer, self._fd = writer, fd
         self._t0 = time.monotonic()
         self._last: dict[str, str] = {}  # each task's last line that is not TF's chatter
+        self._job: Job | None = None
+        self._next = 0.0  # when a line may redraw the table next (monotonic)
+        self._render_seconds = 0.0  # the last redraw's (the writer's thread sets it)
 
     def seen(self, task: str, line: str) -> None:
         self._last[task] = line
+        if self._job is not None and time.monotonic() >= self._next:
+            self(self._job)
 
     def __call__(self, job: Job) -> None:
         now = time.monotonic()
+        self._job = job
+        self._next = now + max(LINES_REFRESH_SECONDS, self._render_seconds / RENDER_SHARE)
         rows = [row_from_record(rec, now, self._last.get(rec.name, ""))
                 for rec in job.records.values()]
         title = (f"{job.plan.run_id}: {job.state.value}, {duration(now - self._t0)}, "
@@ -317,6 +336,13 @@ class LiveView:
         self._writer.set_footer(lambda: self._render(rows, title))
 
     def _render(self, rows: list[Row], title: str) -> str:
+        t0 = time.perf_counter()
+        try:
+            return self._rendered(rows, title)
+        finally:
+            self._render_seconds = time.perf_counter() - t0
+
+    def _rendered(self, rows: list[Row], title: str) -> str:
         try:
             width, height = os.get_terminal_size(self._fd)
         except OSError:

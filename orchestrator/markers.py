@@ -105,6 +105,8 @@ class Progress(_Marker):
     steps: int | None = Field(default=None, ge=0)  # steps per epoch, when known
     loss: float | None = None
     source: str | None = None  # as FirstStep's
+    # The task's monotonic clock at `step`: the steps/s is taken over it (orchestrator/rate.py)
+    at: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class Usage(_Marker):

@@ -10,6 +10,7 @@ from typing import IO, TYPE_CHECKING, Any
 from orchestrator.decide import JobState, TaskState
 from orchestrator.markers import Joined, Progress, Usage, is_marker
 from orchestrator.plan import TaskPlan
+from orchestrator.rate import Rate
 from orchestrator.stall import Pace, Stall
 from worker_entry.markers import Role
 
@@ -27,7 +28,7 @@ class Work:
     # (decide.busy_cpu: a training task's bar is lower than a sidecar's).
     busy_at: float
     progress: Progress | None = None  # its last progress marker
-    steps_per_second: float | None = None  # between the last two progress markers
+    rate: Rate = field(default_factory=Rate)  # its steps/s, from its markers' own times
     usage: Usage | None = None  # the wrapper's last measure of the task's processes
     usage_at: float | None = None  # monotonic time of `usage`
     stopped_since: float | None = None  # since when its usage says stopped (state T)

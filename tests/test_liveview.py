@@ -230,7 +230,7 @@ def test_runs_status_and_logs_show_the_run(pty_run: PtyRun):
     assert f"{run_id}: succeeded: all training tasks finished" in status.stdout
     for task in ("worker:0", "worker:1"):
         assert re.search(rf"{task}\s+localhost\s+succeeded\s+0\s+3/3\s+20/20\s+[\d.]+\s+"
-                         rf"task_exited\s+\d+\s+{ENDED}", status.stdout), status.stdout
+                         rf"[\d.]+\s+task_exited\s+\d+\s+{ENDED}", status.stdout), status.stdout
 
     logs = run_tfo("logs", "last", "worker:1", cwd=cwd, env=tfo_env(cwd), timeout=30)
     assert logs.returncode == 0, logs.output

@@ -17,13 +17,14 @@ def test_reporter_counts_every_step_and_emits_at_most_once_a_second() -> None:
         r.report(epoch=0, step_in_epoch=i + 1, steps=10, loss=0.5)
     # t=0, 1.2 and 2.4 s, and the epoch's last step whatever the time
     assert [f["step"] for f in out] == [1, 5, 9, 10]
-    assert out[-1] == {"step": 10, "epoch": 0, "step_in_epoch": 10, "steps": 10, "loss": 0.5}
+    assert out[-1] == {"step": 10, "at": 2.7, "epoch": 0, "step_in_epoch": 10, "steps": 10,
+                       "loss": 0.5}
 
 
 def test_reporter_drops_a_loss_that_is_not_finite() -> None:
     out: list[dict] = []
-    Reporter(emit=lambda event, **f: out.append(f)).report(loss=float("nan"))
-    assert out == [{"step": 1}]
+    Reporter(clock=lambda: 3.0, emit=lambda event, **f: out.append(f)).report(loss=float("nan"))
+    assert out == [{"step": 1, "at": 3.0}]
 
 
 def test_progress_marker_round_trip_and_bad_ones() -> None:

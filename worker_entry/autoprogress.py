@@ -43,6 +43,7 @@ import atexit
 import functools
 import json
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -55,6 +56,8 @@ from worker_entry import checkpoints, markers, progress, tfimport
 ENV = "TFO_AUTO_PROGRESS"
 # Keras's own loops: their tf.function calls are Keras's steps, which its callback reports.
 _KERAS_LOOPS = ("fit", "evaluate", "predict")
+# The sources whose steps are a loop's calls (`_State.loop_step`), not a count of their own.
+_LOOPS = ("tf.function", "coordinator")
 
 
 def enabled(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
@@ -94,6 +97,8 @@ class _State:
         self.reporters: dict[str, progress.Reporter] = {}
         self.keras_callback: Any = None
         self.told: dict[str, int] = {}  # per source, the last step a marker told
+        self.told_calls: dict[str, int] = {}  # per loop source, its calls when it was told
+        self.leader: Any = None  # the tf.function whose calls were the step at the last marker
         self.evaluations = 0  # a script's evaluator: evaluate calls completed
         self.backup_told = False  # the script's BackupAndRestore's directory (_tell_backup)
 
@@ -103,14 +108,21 @@ class _State:
         if self.fitted or progress.reported_by_script():
             return
         for source, reporter in self.reporters.items():
-            if reporter.step > self.told.get(source, 0):
+            if source in _LOOPS:
+                if self.best <= self.told_calls.get(source, 0):
+                    continue
+                step, step_from = self.loop_step(source, self.best)
+                # No `at`: when the held steps ended is not known (the rate stays the window's)
+                _emit_with(markers.PROGRESS, source=source, step=step, step_from=step_from)
+            elif reporter.step > self.told.get(source, 0):
                 _emit_with(markers.PROGRESS, source=source, step=reporter.step)
 
     def counting(self) -> bool:
         return not (self.in_keras or self.fitted or progress.reported_by_script())
 
-    def completed(self, count: int, source: str) -> None:
-        """A counted call completed, the `count`th of its kind: a step if it is the most."""
+    def completed(self, count: int, source: str, function: Any = None) -> None:
+        """A counted call (of `function`, a tf.function) completed, the `count`th of its
+        kind: a step if it is the most."""
         if count <= self.best:
             return
         self.best = count
@@ -118,12 +130,24 @@ class _State:
             return
         reporter = self.reporters.get(source)
         if reporter is not None and monotonic() < reporter.next_at:
-            reporter.step = count  # the next marker tells it: one compare, not a report()
-            return
+            return  # the next marker (or tell_the_last) tells it: one compare, not a report()
+        if function is not None:
+            self.leader = function
         if not self.first_told:
             self.first_told = True
             markers.emit(markers.FIRST_STEP, batch=None, approximate=True, source=source)
-        self.reporter(source).report(step=count)
+        reporter = self.reporter(source)
+        step, step_from = self.loop_step(source, count)
+        reporter.report(step=step, step_from=step_from)
+
+    def loop_step(self, source: str, calls: int) -> tuple[int, str]:
+        """The step to tell `calls` calls in, and where it came from (progress.loop_step):
+        the optimizer's, read now, where the loop's function holds one."""
+        iterations = _iterations(self.leader) if source == "tf.function" else None
+        step, step_from = progress.loop_step(self.reporter(source).step,
+                                             self.told_calls.get(source, 0), calls, iterations)
+        self.told_calls[source] = calls
+        return step, step_from
 
     def reporter(self, source: str) -> progress.Reporter:
         """The markers of one source, at most one a second."""
@@ -302,10 +326,44 @@ def _counted(call: Callable[..., Any]) -> Callable[..., Any]:
             local.depth = 0
         calls = function.__dict__
         count = calls["_tfo_calls"] = calls.get("_tfo_calls", 0) + 1
-        state.completed(count, "tf.function")
+        state.completed(count, "tf.function", function)
         return result
     run._tfo_wrapped = True  # type: ignore[attr-defined]
     return run
+
+
+# An optimizer's step counter, as its graph names it: tf-keras's `iteration` (optimizer_v2's
+# `iter`, under the loop's scope where it was made: `while/Adam/iter:0`), Keras 3's
+# `sgd/iteration:0`.
+_ITERATIONS = re.compile(r"(?:^|/)(?:iter|iteration|iterations)(?:_\d+)?:\d+$")
+
+
+def _iterations(function: Any) -> int | None:
+    """The optimizer's step after `function`'s last call: the largest step counter (an
+    optimizer's `iterations`) its traced graphs touch. The counters are looked for once a
+    tracing (TensorFlow's private function cache: where it is missing, None), and read
+    only when a marker goes out. None: no optimizer in the function (the loop's calls count)."""
+    try:
+        held = function.__dict__
+        traced = function.experimental_get_tracing_count()
+        found = held.get("_tfo_iterations")
+        if found is None or found[0] != traced:
+            found = held["_tfo_iterations"] = (traced, _step_counters(function))
+        return max((int(v.numpy()) for v in found[1]), default=None)
+    except Exception:  # noqa: BLE001 (another TensorFlow's internals; a variable gone)
+        return None
+
+
+def _step_counters(function: Any) -> tuple[Any, ...]:
+    """The int64 scalar variables named as an optimizer's step counter in the function's
+    concrete functions (each a graph's variables: the ones it reads or writes, nested
+    functions' and loops' included; a distributed variable's local components)."""
+    found: dict[int, Any] = {}
+    for concrete in function._function_cache.values():
+        for v in concrete.graph.variables:
+            if v.dtype.name == "int64" and v.shape.rank == 0 and _ITERATIONS.search(v.name):
+                found[id(v)] = v
+    return tuple(found.values())
 
 
 def _closures_counted(mark_finished: Callable[..., Any]) -> Callable[..., Any]:

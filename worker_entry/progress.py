@@ -43,10 +43,10 @@ class Reporter:
     def report(self, *, epoch: int | None = None, epochs: int | None = None,
                step_in_epoch: int | None = None, steps: int | None = None,
                loss: float | Callable[[], float] | None = None,
-               step: int | None = None) -> None:
-        """One more step done (`step`: the count so far, where the caller counts). `loss`
-        may be a function, called only when a marker goes out (reading a tensor waits for
-        its step)."""
+               step: int | None = None, step_from: str | None = None) -> None:
+        """One more step done (`step`: the count so far, where the caller counts; `step_from`:
+        where that count came from, `loop_step`'s). `loss` may be a function, called only when
+        a marker goes out (reading a tensor waits for its step)."""
         self.step = self.step + 1 if step is None else step
         now = self._clock()
         last_of_epoch = steps is not None and step_in_epoch == steps
@@ -54,16 +54,39 @@ class Reporter:
             return
         self._last = now
         self.next_at = now + EVERY_SECONDS
-        fields: dict[str, Any] = {"step": int(self.step)}
+        # `at`: the task's clock, which the coordinator's steps/s is taken over (orchestrator/
+        # rate.py); the markers' arrival bunches them
+        fields: dict[str, Any] = {"step": int(self.step), "at": round(now, 3)}
         for key, value in (("epoch", epoch), ("epochs", epochs),
                            ("step_in_epoch", step_in_epoch), ("steps", steps)):
             if value is not None:
                 fields[key] = int(value)
+        if step_from is not None:
+            fields["step_from"] = step_from
         if callable(loss):
             loss = loss()
         if loss is not None and math.isfinite(float(loss)):
             fields["loss"] = round(float(loss), 6)
         self._emit(markers.PROGRESS, **fields)
+
+
+# Where a loop's step came from (`loop_step`): its optimizer's iteration count, or its calls.
+FROM_OPTIMIZER = "optimizer"
+FROM_CALLS = "calls"
+
+
+def loop_step(told: int, told_calls: int, calls: int, iterations: int | None) -> tuple[int, str]:
+    """The step a marker of a loop tfo counts tells (worker_entry/autoprogress.py), after
+    `told` at `told_calls` calls, now `calls` calls in: the optimizer's `iterations` where
+    it moved past the step told (a call that ran 10 steps, orbit's steps_per_loop, moved it
+    10; a resumed training's starts where its checkpoint left it), else the step told plus
+    the calls since (no optimizer found in the loop's function; one that did not move
+    with its calls, such as a schedule read in an evaluation loop). Never back."""
+    if iterations is not None and iterations > told:
+        return iterations, FROM_OPTIMIZER
+    if iterations is not None and calls == told_calls:
+        return told, FROM_OPTIMIZER
+    return told + max(0, calls - told_calls), FROM_CALLS
 
 
 @dataclass(frozen=True)
