@@ -23,6 +23,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 from typing import IO
 
@@ -41,10 +42,17 @@ LOST_WORDS = {"backup": "backup/ (BackupAndRestore's state: a restart starts ove
 class RunDirWatch:
     def __init__(self, run_dir: RunDir) -> None:
         self.run_dir = run_dir
-        self._kept: dict[str, bytes] = {}  # plan.json, cluster.yaml: written back from here
+        # plan.json, cluster.yaml: written back from here, with their modes (plan.json's
+        # env may hold secrets), as is the directory's own.
+        self._kept: dict[str, tuple[bytes, int]] = {}
         for name in (PLAN, CLUSTER):
             with contextlib.suppress(OSError):
-                self._kept[name] = Path(run_dir.path, name).read_bytes()
+                path = Path(run_dir.path, name)
+                self._kept[name] = (path.read_bytes(), stat.S_IMODE(path.stat().st_mode))
+        try:
+            self._mode = stat.S_IMODE(os.stat(run_dir.path).st_mode)
+        except OSError:
+            self._mode = 0o700
         self._seen = self._entries() or set()
         self._checked_at = float("-inf")
         self._lock: IO[bytes] | None = None  # the new lock, once the directory was made again
@@ -74,13 +82,16 @@ class RunDirWatch:
         rd = self.run_dir
         lost = sorted(self._seen - entries - RESTORED)
         try:
-            Path(rd.logs).mkdir(parents=True, exist_ok=True)
+            Path(rd.path).mkdir(mode=self._mode, parents=True, exist_ok=True)
+            Path(rd.logs).mkdir(mode=self._mode, exist_ok=True)
             if job.events.unlinked:
                 job.events.relink()
-            for name, data in self._kept.items():
+            for name, (data, mode) in self._kept.items():
                 path = Path(rd.path, name)
                 if not path.exists():
-                    path.write_bytes(data)
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
             for rec in job.records.values():
                 if rec.log is None or not unlinked(rec.log.fileno()):
                     continue

@@ -61,6 +61,7 @@ def test_a_run_directory_deleted_mid_run_is_made_again_and_said(run_dir: Path):
         assert wait_until(lambda: last_epoch(run_dir) >= 3 or tfo.proc.poll() is not None,
                           200), "never reached epoch 3"
         run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+        modes = {p: (run_dir / p).stat().st_mode for p in (".", "plan.json")}
         shutil.rmtree(run_dir)  # rm -rf at epoch 3 of 12
         t0 = time.monotonic()
         assert wait_until(lambda: (run_dir / "events.jsonl").exists(), 15), \
@@ -81,6 +82,7 @@ def test_a_run_directory_deleted_mid_run_is_made_again_and_said(run_dir: Path):
     epochs = {e.get("epoch") for e in ev if e["event"] == "task_progress"}
     assert {1, 2, 3, 11} <= epochs, sorted(e for e in epochs if e is not None)
     assert json.loads((run_dir / "plan.json").read_text())["run_id"] == run_id
+    assert {p: (run_dir / p).stat().st_mode for p in modes} == modes  # private stays private
     log = (run_dir / "logs" / "worker-0.log").read_text()
     assert "Epoch 1/12" in log and "Epoch 12/12" in log, log[-2000:]
     said = " ".join(err.split())

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -472,10 +473,40 @@ def test_a_task_s_short_name_is_one_word(title, name):
     assert short_name(title) == name
 
 
-def test_without_setproctitle_the_title_is_left_alone(monkeypatch):
-    from worker_entry import title
-    monkeypatch.setitem(__import__("sys").modules, "setproctitle", None)  # not installed
-    assert title.set_title("tfo worker:0 x.py") is False
+@pytest.mark.timeout(90)
+def test_a_lab_task_forked_without_setproctitle_is_titled_as_a_local_one(tmp_path):
+    """A lab host's agent forks each wrapper (forkstart), and a python there may lack
+    setproctitle: the wrapper and its task showed the agent's command line in ps
+    (`python -m worker_entry.agent 15`). Both are titled by hand instead."""
+    from orchestrator.plan import make_plan
+    from orchestrator.spec import parse_spec
+
+    script = tmp_path / "train.py"
+    script.write_text("import os, time\nprint('task', os.getpid(), flush=True)\ntime.sleep(60)\n")
+    spec = parse_spec({"name": "t", "job": {"script": str(script)},
+                       "tasks": {"worker": ["localhost:1", "localhost:2"]}})
+    task = make_plan(spec, run_id="r", run_dir=tmp_path / "run", workdir=tmp_path).tasks[1]
+    env = {**os.environ, **task.env, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    env.pop("TFO_LIFELINE", None)
+    agent = subprocess.Popen([PYTHON, "-m", "tests.jobs.bare_agent", "15"], cwd=tmp_path,
+                             env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wrapper = int(agent.stdout.readline().split()[1])
+        line = agent.stdout.readline()
+        while line and not line.startswith("task "):
+            line = agent.stdout.readline()
+        assert line, "the task never started"
+        shown = {}
+        for name, pid in (("wrapper", wrapper), ("task", int(line.split()[1]))):
+            proc = psutil.Process(pid)
+            shown[name] = (" ".join(proc.cmdline()).strip(), proc.name())
+    finally:
+        os.killpg(agent.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(wrapper, signal.SIGKILL)
+        agent.wait()
+    assert shown == {"wrapper": ("tfo worker:1 train.py [wrapper]", "tfo-worker:1"),
+                     "task": ("tfo worker:1 train.py", "tfo-worker:1")}, shown
 
 
 @pytest.mark.timeout(60)

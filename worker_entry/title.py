@@ -11,13 +11,18 @@ whitespace), took the wrapper for no task of the step's, and sent it no `scancel
 (SIGKILL only), so a step stopped by tfo sat out its whole grace. The short name is
 `tfo-worker:0` instead: one word, as a process's name is expected to be.
 
-A lab host without setproctitle keeps the plain command line: nothing fails. It runs with
-SPT_NOENV, so it only uses the command line's own room and leaves the environment
-as it is in /proc/PID/environ, where tfo tells its tasks' processes apart (launch/orphans.py).
+It runs with SPT_NOENV, so it only uses the command line's own room and leaves the
+environment as it is in /proc/PID/environ, where tfo tells its tasks' processes apart
+(launch/orphans.py). A lab host's python without setproctitle gets the same by hand
+(`_by_hand`): the short name by prctl(PR_SET_NAME), the command line's own bytes rewritten
+through /proc/self/mem (its bounds from /proc/self/stat). Without that, a lab task forked
+from its host's agent (worker_entry/forkstart.py) showed the agent's command line,
+`python -m worker_entry.agent 15`. Where neither works, nothing fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping
@@ -82,14 +87,14 @@ def short_name(title: str) -> str:
 
 
 def set_title(text: str) -> bool:
-    """The process's title, where setproctitle is installed (else False, nothing done), and
-    its short name (`short_name`)."""
+    """The process's title and its short name (`short_name`): by setproctitle where it is
+    installed, else by hand (`_by_hand`). False: neither could."""
     had = os.environ.get(_NOENV)
     os.environ[_NOENV] = "1"  # read as the module loads: keep /proc/PID/environ readable
     try:
         from setproctitle import setproctitle, setthreadtitle
     except ImportError:
-        return False
+        return _by_hand(text)
     else:
         setproctitle(text)
         setthreadtitle(short_name(text))  # the main thread's name is the process's `comm`
@@ -99,3 +104,32 @@ def set_title(text: str) -> bool:
             os.environ.pop(_NOENV, None)
         else:
             os.environ[_NOENV] = had
+
+
+PR_SET_NAME = 15  # linux/prctl.h
+# /proc/PID/stat's fields after the name's closing parenthesis start at field 3 (state):
+# arg_start and arg_end are fields 48 and 49 (proc(5), Linux 3.5+).
+_ARG_START = 48 - 3
+
+
+def _by_hand(text: str) -> bool:
+    """setproctitle's work without it: the kernel's short name (prctl on this, the main,
+    thread) and the command line's bytes, overwritten in place and padded with NULs (no
+    byte beyond them: the environment after them stays as it is)."""
+    done = False
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        done = libc.prctl(PR_SET_NAME, ctypes.c_char_p(short_name(text).encode()[:15]),
+                          0, 0, 0) == 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[_ARG_START]), int(fields[_ARG_START + 1])
+        if end - start > 1:
+            with open("/proc/self/mem", "r+b", buffering=0) as mem:
+                mem.seek(start)
+                mem.write(text.encode()[:end - start - 1].ljust(end - start, b"\0"))
+            done = True
+    return done
