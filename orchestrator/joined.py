@@ -12,8 +12,7 @@ plan's, a DTensor mesh of fewer clients) trains alone, and the job fails (`expec
 false` allows independent tasks). A ParameterServer chief that trains alone leaves the
 plan's ps and worker servers unused: its verdict names them.
 
-Also here, as the one place that says who DTensor's clients are: `dtensor_env`, the
-DTENSOR_* variables of a task (plan.py gives them; this checks against them).
+DTensor's clients are worker_entry.markers.dtensor_env's (the task sets them from TF_CONFIG).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.markers import Joined
-from worker_entry.markers import Role, Strategy
+from worker_entry.markers import DTENSOR_ROLES, Role, Strategy, dtensor_jobs
 
 # Strategies that train in one process, whatever TF_CONFIG says.
 ONE_PROCESS = ("MirroredStrategy", "OneDeviceStrategy", "CentralStorageStrategy")
@@ -37,8 +36,6 @@ _RIGHT = {
 # The other kind's strategy: never the plan's cluster, whatever its peers.
 _WRONG = {Strategy.MULTI_WORKER_MIRRORED: PS, Strategy.PARAMETER_SERVER: MWMS}
 _LOOPBACK = ("127.0.0.1", "::1", "[::1]", "localhost")
-DTENSOR_ROLES = (Role.CHIEF.value, Role.WORKER.value)
-DTENSOR_JOB_NAME = "worker"
 
 
 @dataclass(frozen=True)
@@ -84,26 +81,6 @@ def size(cluster: dict[str, list[str]]) -> int:
 def expects_cluster(cluster: dict[str, list[str]]) -> bool:
     """A job whose tasks must train together: its cluster has more than one task."""
     return size(cluster) > 1
-
-
-def dtensor_jobs(cluster: dict[str, list[str]]) -> list[str]:
-    """DTensor's clients, in order: the chief, then the workers (MWMS numbers them so too)."""
-    return [a for role in DTENSOR_ROLES for a in cluster.get(role, [])]
-
-
-def dtensor_env(strategy: Strategy, cluster: dict[str, list[str]], role: Role,
-                index: int) -> dict[str, str]:
-    """A task's DTENSOR_* variables: a multi_worker_mirrored job's chief and workers, where
-    there are two or more, are one DTensor client each, on the ports TF_CONFIG gives them (a
-    DTensor script builds no other strategy, so its client's server is the task's only one).
-    One process runs DTensor's local mode: no variables."""
-    jobs = dtensor_jobs(cluster)
-    if strategy is not Strategy.MULTI_WORKER_MIRRORED or role.value not in DTENSOR_ROLES \
-            or len(jobs) < 2:
-        return {}
-    client = cluster[role.value][index]
-    return {"DTENSOR_JOBS": ",".join(jobs), "DTENSOR_NUM_CLIENTS": str(len(jobs)),
-            "DTENSOR_CLIENT_ID": str(jobs.index(client)), "DTENSOR_JOB_NAME": DTENSOR_JOB_NAME}
 
 
 def _address(address: str) -> str:

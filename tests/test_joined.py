@@ -8,12 +8,14 @@ import json
 
 import pytest
 
-from orchestrator.joined import Planned, dtensor_env, judge
+from orchestrator import decide
+from orchestrator.joined import Planned, judge
 from orchestrator.markers import BadMarker, Joined, read_marker
 from orchestrator.plan import make_plan
 from orchestrator.spec import parse_spec
+from orchestrator.strategy import RULES
 from worker_entry import markers as m
-from worker_entry.markers import Role, Strategy
+from worker_entry.markers import Role, Strategy, dtensor_env
 
 MWMS, PS = Strategy.MULTI_WORKER_MIRRORED, Strategy.PARAMETER_SERVER
 TWO = {"worker": ["localhost:1001", "localhost:1002"]}
@@ -127,18 +129,15 @@ def test_a_ps_chief_alone_names_the_servers_nobody_used():
     (PS, PS_PLAN, Role.CHIEF, 0, {}),
 ])
 def test_dtensor_clients_are_the_chief_and_the_workers(strategy, cluster, role, index, want):
-    assert dtensor_env(strategy, cluster, role, index) == want
+    """The task sets them from its TF_CONFIG (worker_entry/runner.py), so plan.json does not
+    carry the cluster once more per task."""
+    assert dtensor_env(strategy.value, cluster, role.value, index) == want
 
 
-def test_the_plan_gives_each_worker_its_dtensor_client_and_expect_cluster():
+def test_the_plan_says_whether_the_job_expects_a_cluster():
     spec = parse_spec({"name": "d", "job": {"script": "train.py"},
-                       "tasks": {"worker": ["localhost:1001", "localhost:1002"],
-                                 "evaluator": ["localhost:1003"]}})
+                       "tasks": {"worker": ["localhost:1001", "localhost:1002"]}})
     plan = make_plan(spec, run_id="r", run_dir="/tmp/r", workdir="/tmp")
-    env = {t.name: t.env for t in plan.tasks}
-    assert env["worker:1"]["DTENSOR_CLIENT_ID"] == "1"
-    assert env["worker:0"]["DTENSOR_JOBS"] == "localhost:1001,localhost:1002"
-    assert "DTENSOR_JOBS" not in env["evaluator:0"]
     assert plan.policy.expect_cluster is True
     off = parse_spec({**spec.model_dump(exclude_defaults=True), "expect_cluster": False})
     assert make_plan(off, run_id="r", run_dir="/tmp/r", workdir="/tmp").policy \
@@ -156,3 +155,24 @@ def test_a_joined_marker_is_checked_as_untrusted_input():
                 {"via": "x", "cluster": {}, "task": "worker:0"}):  # the record's own key
         with pytest.raises(BadMarker):
             read_marker(m.PREFIX + json.dumps({"event": m.JOINED, **bad}))
+
+
+POLICY = make_plan(parse_spec({"name": "d", "job": {"script": "t.py"}, "tasks": {
+    "worker": ["localhost:1"]}}), run_id="r", run_dir="/tmp/r", workdir="/tmp").policy
+OFF = POLICY.__class__(**{**POLICY.__dict__, "expect_cluster": False})
+
+
+@pytest.mark.parametrize(("role", "strategy", "policy", "stepped", "ended_well", "built",
+                          "want"), [
+    (Role.WORKER, MWMS, POLICY, True, False, False, True),  # its first step
+    (Role.WORKER, MWMS, OFF, True, False, False, False),  # expect_cluster: false
+    (Role.EVALUATOR, MWMS, POLICY, True, False, False, False),  # a sidecar
+    (Role.WORKER, PS, POLICY, True, False, False, False),  # a server takes no steps
+    (Role.WORKER, MWMS, POLICY, False, True, True, True),  # ended well, built a strategy
+    (Role.WORKER, MWMS, POLICY, False, True, False, False),  # no step, no strategy: no training
+    (Role.CHIEF, PS, POLICY, False, True, False, True),  # a PS chief that never stepped
+    (Role.CHIEF, PS, POLICY, False, False, False, False),  # failed: the failure says enough
+])
+def test_when_a_task_is_judged(role, strategy, policy, stepped, ended_well, built, want):
+    assert decide.judged_now(role, policy, RULES[strategy], stepped, ended_well,
+                             built) is want
