@@ -14,6 +14,8 @@ from orchestrator.markers import BadMarker, Joined, read_marker
 from orchestrator.plan import make_plan
 from orchestrator.spec import parse_spec
 from orchestrator.strategy import RULES
+from orchestrator.supervise import JobState
+from tests.test_supervise import FakeClock, Script, spec, steps, supervise
 from worker_entry import markers as m
 from worker_entry.markers import Role, Strategy, dtensor_env
 
@@ -176,3 +178,38 @@ OFF = POLICY.__class__(**{**POLICY.__dict__, "expect_cluster": False})
 def test_when_a_task_is_judged(role, strategy, policy, stepped, ended_well, built, want):
     assert decide.judged_now(role, policy, RULES[strategy], stepped, ended_well,
                              built) is want
+
+
+# ---- the loop: the verdict's effect (scripted tasks on a fake clock) ---------------------
+
+def alone_job(tmp_path, **more) -> tuple:
+    """Two workers that step without having built a strategy (a script that ignores
+    TF_CONFIG), each exiting 0 a moment after its steps: their last steps reach the loop
+    with their exits, in the same round."""
+    scripts = {n: Script([(0, 0.35, False)], {0: steps(0.3)}) for n in ("worker:0", "worker:1")}
+    lines: list[str] = []
+    result, _, events = supervise(tmp_path, {**spec(policy="on-failure"), **more}, scripts,
+                                  echo=lambda task, line: lines.append(f"[{task}] {line}"),
+                                  clock=FakeClock())
+    return result, events, lines
+
+
+@pytest.mark.timeout(20)
+def test_tasks_that_train_alone_fail_the_job_though_every_one_exits_0(tmp_path):
+    result, events, lines = alone_job(tmp_path)
+    assert result.state is JobState.FAILED and result.exit_code == 1
+    assert result.reason.startswith("worker:0 trained alone (no cluster: no strategy): "), \
+        result.reason
+    assert result.failed_task == "worker:0"
+    told = [e for e in events if e["event"] == "task_alone"]
+    assert [e["task"] for e in told][0] == "worker:0"
+    assert "[tfo] worker:0 trains alone: it joined no cluster: no strategy, not the plan's " \
+        "cluster of 2 (2 worker)" in lines
+    assert not [e for e in events if e["event"] == "task_restarted"]  # nothing restarts
+
+
+@pytest.mark.timeout(20)
+def test_expect_cluster_false_lets_them_train_alone(tmp_path):
+    result, events, _ = alone_job(tmp_path, expect_cluster=False)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    assert not [e for e in events if e["event"] == "task_alone"]
