@@ -99,17 +99,29 @@ def _peers(planned: Planned) -> tuple[str, ...]:
     return DTENSOR_ROLES
 
 
+def _own(planned: Planned) -> str | None:
+    """The task's own address in the plan's cluster (the evaluator has none)."""
+    role, _, index = planned.task.partition(":")
+    tasks = planned.cluster.get(role, [])
+    return tasks[int(index)] if index.isdigit() and int(index) < len(tasks) else None
+
+
+def _in_process(planned: Planned, j: Joined) -> list[str]:
+    """The peers of `j`'s cluster the task's own process serves: an in-process cluster. Its
+    own address is no peer (a script may start a server for itself, as a PS chief can)."""
+    own = _own(planned)
+    return [a for a in j.in_process if own is None or _address(a) != _address(own)]
+
+
 def joined_plan(planned: Planned, j: Joined) -> bool:
     """`j` is the plan's cluster, with the task as the plan made it."""
     if j.clients is not None:  # DTensor: its clients are the plan's chief and workers
-        jobs = dtensor_jobs(planned.cluster)
+        jobs, own = dtensor_jobs(planned.cluster), _own(planned)
         got = next(iter(j.cluster.values()), [])
-        mine = planned.cluster.get(planned.task.split(":")[0], [])
-        index = int(planned.task.split(":")[1])
         return (planned.strategy is Strategy.MULTI_WORKER_MIRRORED and j.clients == len(jobs)
-                and len(j.cluster) == 1 and _same(got, jobs) and index < len(mine)
-                and j.client == jobs.index(mine[index]))
-    if j.via in ONE_PROCESS or j.in_process or j.via == _WRONG[planned.strategy]:
+                and len(j.cluster) == 1 and _same(got, jobs) and own in jobs
+                and j.client == jobs.index(own))
+    if j.via in ONE_PROCESS or _in_process(planned, j) or j.via == _WRONG[planned.strategy]:
         return False
     if any(not _same(j.cluster.get(r, []), planned.cluster.get(r, [])) for r in _peers(planned)):
         return False
@@ -158,8 +170,8 @@ def _why(planned: Planned, j: Joined | None) -> tuple[str, str, str]:
                 "dtensor.initialize_accelerator_system() ran",
                 "leave the DTENSOR_* variables tfo sets as they are",
                 f"a DTensor mesh of {j.clients} client(s)")
-    if j.in_process:
-        return (f"the {role} built its own in-process cluster ({len(j.in_process)} servers in "
+    if served := _in_process(planned, j):
+        return (f"the {role} built its own in-process cluster ({len(served)} servers in "
                 "its own process, as create_in_process_cluster does)",
                 "use `tf.distribute.cluster_resolver.TFConfigClusterResolver()`: it reads "
                 "the cluster tfo started from TF_CONFIG",
