@@ -5,16 +5,19 @@ TensorFlow runs of the same are in tests/test_alone.py."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from orchestrator import decide
+from orchestrator.api import spec_from_flags
 from orchestrator.joined import Planned, judge
 from orchestrator.markers import BadMarker, Joined, read_marker
 from orchestrator.plan import make_plan
 from orchestrator.spec import parse_spec
 from orchestrator.strategy import RULES
 from orchestrator.supervise import JobState
+from tests.conftest import run_tfo
 from tests.test_supervise import FakeClock, Script, spec, steps, supervise
 from worker_entry import markers as m
 from worker_entry.markers import Role, Strategy, dtensor_env
@@ -216,3 +219,23 @@ def test_expect_cluster_false_lets_them_train_alone(tmp_path):
     result, events, _ = alone_job(tmp_path, expect_cluster=False)
     assert result.state is JobState.SUCCEEDED, result.reason
     assert not [e for e in events if e["event"] == "task_alone"]
+
+
+@pytest.mark.timeout(60)
+def test_tfo_plan_shows_the_dtensor_clients_and_the_cluster_check():
+    res = run_tfo("plan", "--workers", "2", "--chief", "--", "python",
+                  "tests/scripts/dtensor_mlp.py")
+    assert res.returncode == 0, res.stderr
+    out = " ".join(res.stdout.split())  # rich wraps long lines
+    jobs = re.search(r"DTENSOR_JOBS=(\S+) DTENSOR_NUM_CLIENTS=3 DTENSOR_JOB_NAME=worker; "
+                     r"DTENSOR_CLIENT_ID: worker:0 1, worker:1 2, chief:0 0", out)
+    cluster = json.loads(re.search(r"^cluster: (.*)$", res.stdout, re.M)[1])
+    assert jobs and jobs[1].split(",") == cluster["chief"] + cluster["worker"], out
+    assert "cluster check: a training task that trains outside this cluster fails the job" \
+        in out
+    res = run_tfo("plan", "--workers", "2", "--independent", "--", "python",
+                  "tests/scripts/dtensor_mlp.py")
+    assert "cluster check: off (expect_cluster: false)" in " ".join(res.stdout.split())
+    assert "expect_cluster: false" in res.stdout  # the cluster file it makes
+    assert spec_from_flags(workers=2, script="t.py", independent=True)["expect_cluster"] \
+        is False
