@@ -121,7 +121,8 @@ def spec_from_flags(*, workers: int | None = None, script: str | None = None,
                     args: Sequence[str] | Mapping[str, Any] | None = None,
                     strategy: str | None = None, ps: int | None = None, chief: bool = False,
                     evaluator: bool = False, restart: str | None = None,
-                    max_restarts: int | None = None, name: str | None = None) -> dict[str, Any]:
+                    max_restarts: int | None = None, name: str | None = None,
+                    independent: bool = False) -> dict[str, Any]:
     """The cluster file's data `tfo run FLAGS -- COMMAND` would make, from keywords."""
     from orchestrator.quick import FlagError, QuickFlags, spec_from_command
 
@@ -140,7 +141,8 @@ def spec_from_flags(*, workers: int | None = None, script: str | None = None,
         rest = [str(a) for a in args or []]
         command = ["python", script, *rest] if script else ["python", "-m", str(module), *rest]
     flags = QuickFlags(workers=workers, chief=chief, ps=ps, evaluator=evaluator,
-                       strategy=strategy, name=name, restart=restart, max_restarts=max_restarts)
+                       strategy=strategy, name=name, restart=restart, max_restarts=max_restarts,
+                       independent=independent)
     spec = spec_from_command(command, flags)
     if entry is not None and args:
         spec["job"]["args"] = dict(args)  # type: ignore[arg-type]
@@ -177,20 +179,21 @@ def run(source: str | Path | Mapping[str, Any] | None = None, *,
         kill: Mapping[str, Any] | None = None, preempt: Mapping[str, Any] | None = None,
         stall: Mapping[str, Any] | None = None, run_dir: str | Path | None = None,
         echo: bool = False, pool: WarmPool | None = None,
-        teardown_grace: float | None = None) -> Result:
+        teardown_grace: float | None = None, independent: bool = False) -> Result:
     """Run a job to its end and return its Result. `source` is a cluster file's path or its
     data; without one, the keywords are `tfo run`'s flags (`workers=2, script="train.py",
     args=[...]`, or `entry="pkg.mod:fn", args={...}`). `env` adds to every task's environment,
     `timeout` is the job's deadline in seconds (every task's stacks are taken just before),
     `timeouts` the cluster file's `timeouts:`; `teardown_grace`, how long a task whose code
     and atexit handlers are done may spend in Python's teardown once its peers are there too
-    (decide.Timing's, 3 s by default). Raises SpecError for a bad spec (nothing
+    (decide.Timing's, 3 s by default); `independent`, `tfo run --independent` (the tasks may
+    train outside one cluster: `expect_cluster: false`). Raises SpecError for a bad spec (nothing
     started); KeyboardInterrupt on Ctrl-C (the tasks stopped)."""
     from orchestrator import pipeline
 
     flags = dict(workers=workers, script=script, module=module, entry=entry, args=args,
                  strategy=strategy, ps=ps, chief=chief, evaluator=evaluator, restart=restart,
-                 max_restarts=max_restarts, name=name)
+                 max_restarts=max_restarts, name=name, independent=independent)
     if source is None:
         spec: dict[str, Any] = spec_from_flags(**flags)  # type: ignore[arg-type]
     else:

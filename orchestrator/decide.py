@@ -361,6 +361,17 @@ def finishing_fields(verdict: str, policy: Policy) -> dict[str, float | None]:
             "evaluator_idle_seconds": policy.evaluator_idle_seconds}
 
 
+def judged_now(role: Role, policy: Policy, rules: StrategyRules, stepped: bool,
+               ended_well: bool = False, built: bool = False) -> bool:
+    """Whether to ask now if a task trained in the plan's cluster (orchestrator/joined.py):
+    only where the job expects one (`expect_cluster`), of a training task that is no server;
+    at its first step, or at a good end where it built a strategy (an eager loop's steps go
+    uncounted) or drives servers (a ParameterServer chief that never stepped used none)."""
+    if not policy.expect_cluster or not training(role, rules) or serving(role, rules):
+        return False
+    return stepped or (ended_well and (built or bool(rules.servers)))
+
+
 def training_done(rules: StrategyRules, tasks: Iterable[tuple[Role, bool]]) -> bool:
     """The job's training is done: every task (role, finished) of the roles the strategy
     names (`done_when`) finished."""

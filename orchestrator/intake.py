@@ -46,10 +46,7 @@ class Intake:
         self.consume(rec, rec.handle.close())  # the handle also removes the task's temp dir
         rec.current.returncode = rc
         rec.current.exit_reason = getattr(rec.handle, "exit_reason", None) or ""
-        # A task that ended well without a step seen is asked too where it built a strategy
-        # (an eager loop takes no counted step) or drives servers (a ParameterServer chief).
-        if (rc == 0 or rec.torn_down_ok) and (rec.current.joins or self.job.rules.servers):
-            self._judge(rec)
+        self._judge(rec, ended_well=rc == 0 or rec.torn_down_ok)
 
     def consume(self, rec: TaskRecord, lines: list[str]) -> None:
         job = self.job
@@ -104,16 +101,16 @@ class Intake:
                 self._up(rec)
                 job.events.write("task_ready", rec.name, **own, what="training", by="step")
 
-    def _judge(self, rec: TaskRecord) -> None:
-        """Once an attempt: a training task that trains outside the plan's cluster is told
-        at once (task_alone, the console) and fails the job (Checks.alone)."""
+    def _judge(self, rec: TaskRecord, ended_well: bool | None = None) -> None:
+        """Once an attempt, at its first step (`ended_well` None) or its end: a training
+        task that trains outside the plan's cluster is told at once (task_alone, the
+        console) and fails the job (Checks.alone)."""
         job, attempt = self.job, rec.current
-        if attempt.judged:
+        if attempt.judged or not decide.judged_now(
+                rec.role, job.policy, job.rules, stepped=ended_well is None,
+                ended_well=bool(ended_well), built=bool(attempt.joins)):
             return
         attempt.judged = True
-        if not job.policy.expect_cluster or not decide.training(rec.role, job.rules) \
-                or decide.serving(rec.role, job.rules):
-            return
         alone = judge(Planned(rec.name, job.plan.strategy, rec.task.tf_config["cluster"]),
                       attempt.joins)
         if alone is None:

@@ -12,8 +12,7 @@ plan's, a DTensor mesh of fewer clients) trains alone, and the job fails (`expec
 false` allows independent tasks). A ParameterServer chief that trains alone leaves the
 plan's ps and worker servers unused: its verdict names them.
 
-Also here, as the one place that says who DTensor's clients are: `dtensor_env`, the
-DTENSOR_* variables of a task (plan.py gives them; this checks against them).
+DTensor's clients are worker_entry.markers.dtensor_env's (the task sets them from TF_CONFIG).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.markers import Joined
-from worker_entry.markers import Role, Strategy
+from worker_entry.markers import DTENSOR_ROLES, Role, Strategy, dtensor_jobs
 
 # Strategies that train in one process, whatever TF_CONFIG says.
 ONE_PROCESS = ("MirroredStrategy", "OneDeviceStrategy", "CentralStorageStrategy")
@@ -37,8 +36,6 @@ _RIGHT = {
 # The other kind's strategy: never the plan's cluster, whatever its peers.
 _WRONG = {Strategy.MULTI_WORKER_MIRRORED: PS, Strategy.PARAMETER_SERVER: MWMS}
 _LOOPBACK = ("127.0.0.1", "::1", "[::1]", "localhost")
-DTENSOR_ROLES = (Role.CHIEF.value, Role.WORKER.value)
-DTENSOR_JOB_NAME = "worker"
 
 
 @dataclass(frozen=True)
@@ -86,26 +83,6 @@ def expects_cluster(cluster: dict[str, list[str]]) -> bool:
     return size(cluster) > 1
 
 
-def dtensor_jobs(cluster: dict[str, list[str]]) -> list[str]:
-    """DTensor's clients, in order: the chief, then the workers (MWMS numbers them so too)."""
-    return [a for role in DTENSOR_ROLES for a in cluster.get(role, [])]
-
-
-def dtensor_env(strategy: Strategy, cluster: dict[str, list[str]], role: Role,
-                index: int) -> dict[str, str]:
-    """A task's DTENSOR_* variables: a multi_worker_mirrored job's chief and workers, where
-    there are two or more, are one DTensor client each, on the ports TF_CONFIG gives them (a
-    DTensor script builds no other strategy, so its client's server is the task's only one).
-    One process runs DTensor's local mode: no variables."""
-    jobs = dtensor_jobs(cluster)
-    if strategy is not Strategy.MULTI_WORKER_MIRRORED or role.value not in DTENSOR_ROLES \
-            or len(jobs) < 2:
-        return {}
-    client = cluster[role.value][index]
-    return {"DTENSOR_JOBS": ",".join(jobs), "DTENSOR_NUM_CLIENTS": str(len(jobs)),
-            "DTENSOR_CLIENT_ID": str(jobs.index(client)), "DTENSOR_JOB_NAME": DTENSOR_JOB_NAME}
-
-
 def _address(address: str) -> str:
     host, sep, port = address.strip().lower().rpartition(":")
     return f"localhost:{port}" if sep and host in _LOOPBACK else address.strip().lower()
@@ -122,17 +99,29 @@ def _peers(planned: Planned) -> tuple[str, ...]:
     return DTENSOR_ROLES
 
 
+def _own(planned: Planned) -> str | None:
+    """The task's own address in the plan's cluster (the evaluator has none)."""
+    role, _, index = planned.task.partition(":")
+    tasks = planned.cluster.get(role, [])
+    return tasks[int(index)] if index.isdigit() and int(index) < len(tasks) else None
+
+
+def _in_process(planned: Planned, j: Joined) -> list[str]:
+    """The peers of `j`'s cluster the task's own process serves: an in-process cluster. Its
+    own address is no peer (a script may start a server for itself, as a PS chief can)."""
+    own = _own(planned)
+    return [a for a in j.in_process if own is None or _address(a) != _address(own)]
+
+
 def joined_plan(planned: Planned, j: Joined) -> bool:
     """`j` is the plan's cluster, with the task as the plan made it."""
     if j.clients is not None:  # DTensor: its clients are the plan's chief and workers
-        jobs = dtensor_jobs(planned.cluster)
+        jobs, own = dtensor_jobs(planned.cluster), _own(planned)
         got = next(iter(j.cluster.values()), [])
-        mine = planned.cluster.get(planned.task.split(":")[0], [])
-        index = int(planned.task.split(":")[1])
         return (planned.strategy is Strategy.MULTI_WORKER_MIRRORED and j.clients == len(jobs)
-                and len(j.cluster) == 1 and _same(got, jobs) and index < len(mine)
-                and j.client == jobs.index(mine[index]))
-    if j.via in ONE_PROCESS or j.in_process or j.via == _WRONG[planned.strategy]:
+                and len(j.cluster) == 1 and _same(got, jobs) and own in jobs
+                and j.client == jobs.index(own))
+    if j.via in ONE_PROCESS or _in_process(planned, j) or j.via == _WRONG[planned.strategy]:
         return False
     if any(not _same(j.cluster.get(r, []), planned.cluster.get(r, [])) for r in _peers(planned)):
         return False
@@ -181,8 +170,8 @@ def _why(planned: Planned, j: Joined | None) -> tuple[str, str, str]:
                 "dtensor.initialize_accelerator_system() ran",
                 "leave the DTENSOR_* variables tfo sets as they are",
                 f"a DTensor mesh of {j.clients} client(s)")
-    if j.in_process:
-        return (f"the {role} built its own in-process cluster ({len(j.in_process)} servers in "
+    if served := _in_process(planned, j):
+        return (f"the {role} built its own in-process cluster ({len(served)} servers in "
                 "its own process, as create_in_process_cluster does)",
                 "use `tf.distribute.cluster_resolver.TFConfigClusterResolver()`: it reads "
                 "the cluster tfo started from TF_CONFIG",

@@ -21,7 +21,6 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from orchestrator.devices import task_gpus, visible_devices
-from orchestrator.joined import dtensor_env
 from orchestrator.policy import Policy
 from orchestrator.rundir import RunDir
 from orchestrator.spec import (
@@ -378,8 +377,6 @@ def make_plan(
             **spec.env,
             **(spec.hosts[where.host].env if where.host in spec.hosts else {}),
             "TF_CONFIG": tf_config_env(cluster_json, task),
-            # DTensor's clients, where the job has two or more (joined.dtensor_env).
-            **dtensor_env(spec.strategy, cluster, role, index),
             "TFO_TASK": name,
             "TFO_JOB": tfo_job,
             "PYTHONUNBUFFERED": "1",

@@ -203,11 +203,14 @@ def cluster_check_lines(p: Plan) -> list[str]:
     """`tfo plan`: the DTensor clients the tasks are given, and whether a task that trains
     outside the cluster fails the job (orchestrator/joined.py)."""
     from orchestrator.joined import expects_cluster
+    from worker_entry.markers import dtensor_env
 
     lines = []
-    clients = [(t.name, t.env["DTENSOR_CLIENT_ID"]) for t in p.tasks if "DTENSOR_JOBS" in t.env]
-    if clients:
-        env = next(t.env for t in p.tasks if "DTENSOR_JOBS" in t.env)
+    envs = [(t.name, e) for t in p.tasks
+            if (e := dtensor_env(p.strategy.value, p.cluster, t.role.value, t.index))]
+    clients = [(name, env["DTENSOR_CLIENT_ID"]) for name, env in envs]
+    if envs:
+        env = envs[0][1]
         lines.append(f"DTensor: DTENSOR_JOBS={env['DTENSOR_JOBS']} DTENSOR_NUM_CLIENTS="
                      f"{env['DTENSOR_NUM_CLIENTS']} DTENSOR_JOB_NAME={env['DTENSOR_JOB_NAME']}"
                      f"; DTENSOR_CLIENT_ID: {', '.join(f'{n} {c}' for n, c in clients)}")

@@ -30,8 +30,9 @@ UNORDERED = {"task_usage", "task_progress", "task_first_step", "task_standby_sta
 # What tasks print (their markers) arrives in the order the loop reads them, which for two
 # tasks that print at about the same moment depends on timing: in a row of such events,
 # each task's keep their order, the tasks are put in name order.
-PRINTED = {f"task_{m}" for m in ("up", "connecting", "ready", "epoch", "sigterm", "evaluated",
-                                 "saved", "checkpoint", "done", "exiting", "bad_marker")}
+PRINTED = {f"task_{m}" for m in ("up", "connecting", "joined", "ready", "epoch", "sigterm",
+                                 "evaluated", "saved", "checkpoint", "done", "exiting",
+                                 "bad_marker")}
 # Exits the loop notices in one wake-up (two tasks that end at about the same moment) are
 # alike: in a row of them and the markers, each task's keep their order, tasks in name order.
 SAME_MOMENT = PRINTED | {"task_exited"}

@@ -73,7 +73,9 @@ def test_the_ps_tutorials_in_process_cluster_fails_and_tf_config_succeeds(run_di
 @pytest.mark.tf
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize(("script", "cause", "fix"), [
-    ("mirrored_keras.py", "the script built `MirroredStrategy`, which trains in one process",
+    # TensorFlow's custom-training tutorial (it saves nothing: two independent copies of a
+    # script that checkpoints to one directory would race there).
+    ("mirrored_ctl.py", "the script built `MirroredStrategy`, which trains in one process",
      "use `tf.distribute.MultiWorkerMirroredStrategy()`"),
     ("keras_quickstart.py", "the script built no distribution strategy",
      "build `tf.distribute.MultiWorkerMirroredStrategy()` before the model"),

@@ -5,15 +5,22 @@ TensorFlow runs of the same are in tests/test_alone.py."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from orchestrator.joined import Planned, dtensor_env, judge
+from orchestrator import decide
+from orchestrator.api import spec_from_flags
+from orchestrator.joined import Planned, judge
 from orchestrator.markers import BadMarker, Joined, read_marker
 from orchestrator.plan import make_plan
 from orchestrator.spec import parse_spec
+from orchestrator.strategy import RULES
+from orchestrator.supervise import JobState
+from tests.conftest import run_tfo
+from tests.test_supervise import FakeClock, Script, spec, steps, supervise
 from worker_entry import markers as m
-from worker_entry.markers import Role, Strategy
+from worker_entry.markers import Role, Strategy, dtensor_env
 
 MWMS, PS = Strategy.MULTI_WORKER_MIRRORED, Strategy.PARAMETER_SERVER
 TWO = {"worker": ["localhost:1001", "localhost:1002"]}
@@ -65,6 +72,9 @@ CASES = [
      [joined("ParameterServerStrategy", cluster=IN_PROCESS,
              in_process=[a for v in IN_PROCESS.values() for a in v])],
      ("the chief built its own in-process cluster (5 servers", "TFConfigClusterResolver()")),
+    ("PS chief that serves its own address too", "chief:0", PS_PLAN, PS,
+     [joined("ParameterServerStrategy", cluster=PS_PLAN, member="chief:0",
+             in_process=["localhost:1000"])], None),
     ("PS chief with no strategy", "chief:0", PS_PLAN, PS, [],
      ("built no distribution strategy", "ParameterServerStrategy(")),
     ("MWMS in a PS job", "chief:0", PS_PLAN, PS, [joined(cluster=PS_PLAN, member="chief:0")],
@@ -127,18 +137,15 @@ def test_a_ps_chief_alone_names_the_servers_nobody_used():
     (PS, PS_PLAN, Role.CHIEF, 0, {}),
 ])
 def test_dtensor_clients_are_the_chief_and_the_workers(strategy, cluster, role, index, want):
-    assert dtensor_env(strategy, cluster, role, index) == want
+    """The task sets them from its TF_CONFIG (worker_entry/runner.py), so plan.json does not
+    carry the cluster once more per task."""
+    assert dtensor_env(strategy.value, cluster, role.value, index) == want
 
 
-def test_the_plan_gives_each_worker_its_dtensor_client_and_expect_cluster():
+def test_the_plan_says_whether_the_job_expects_a_cluster():
     spec = parse_spec({"name": "d", "job": {"script": "train.py"},
-                       "tasks": {"worker": ["localhost:1001", "localhost:1002"],
-                                 "evaluator": ["localhost:1003"]}})
+                       "tasks": {"worker": ["localhost:1001", "localhost:1002"]}})
     plan = make_plan(spec, run_id="r", run_dir="/tmp/r", workdir="/tmp")
-    env = {t.name: t.env for t in plan.tasks}
-    assert env["worker:1"]["DTENSOR_CLIENT_ID"] == "1"
-    assert env["worker:0"]["DTENSOR_JOBS"] == "localhost:1001,localhost:1002"
-    assert "DTENSOR_JOBS" not in env["evaluator:0"]
     assert plan.policy.expect_cluster is True
     off = parse_spec({**spec.model_dump(exclude_defaults=True), "expect_cluster": False})
     assert make_plan(off, run_id="r", run_dir="/tmp/r", workdir="/tmp").policy \
@@ -156,3 +163,79 @@ def test_a_joined_marker_is_checked_as_untrusted_input():
                 {"via": "x", "cluster": {}, "task": "worker:0"}):  # the record's own key
         with pytest.raises(BadMarker):
             read_marker(m.PREFIX + json.dumps({"event": m.JOINED, **bad}))
+
+
+POLICY = make_plan(parse_spec({"name": "d", "job": {"script": "t.py"}, "tasks": {
+    "worker": ["localhost:1"]}}), run_id="r", run_dir="/tmp/r", workdir="/tmp").policy
+OFF = POLICY.__class__(**{**POLICY.__dict__, "expect_cluster": False})
+
+
+@pytest.mark.parametrize(("role", "strategy", "policy", "stepped", "ended_well", "built",
+                          "want"), [
+    (Role.WORKER, MWMS, POLICY, True, False, False, True),  # its first step
+    (Role.WORKER, MWMS, OFF, True, False, False, False),  # expect_cluster: false
+    (Role.EVALUATOR, MWMS, POLICY, True, False, False, False),  # a sidecar
+    (Role.WORKER, PS, POLICY, True, False, False, False),  # a server takes no steps
+    (Role.WORKER, MWMS, POLICY, False, True, True, True),  # ended well, built a strategy
+    (Role.WORKER, MWMS, POLICY, False, True, False, False),  # no step, no strategy: no training
+    (Role.CHIEF, PS, POLICY, False, True, False, True),  # a PS chief that never stepped
+    (Role.CHIEF, PS, POLICY, False, False, False, False),  # failed: the failure says enough
+])
+def test_when_a_task_is_judged(role, strategy, policy, stepped, ended_well, built, want):
+    assert decide.judged_now(role, policy, RULES[strategy], stepped, ended_well,
+                             built) is want
+
+
+# ---- the loop: the verdict's effect (scripted tasks on a fake clock) ---------------------
+
+def alone_job(tmp_path, **more) -> tuple:
+    """Two workers that step without having built a strategy (a script that ignores
+    TF_CONFIG), each exiting 0 a moment after its steps: their last steps reach the loop
+    with their exits, in the same round."""
+    scripts = {n: Script([(0, 0.35, False)], {0: steps(0.3)}) for n in ("worker:0", "worker:1")}
+    lines: list[str] = []
+    result, _, events = supervise(tmp_path, {**spec(policy="on-failure"), **more}, scripts,
+                                  echo=lambda task, line: lines.append(f"[{task}] {line}"),
+                                  clock=FakeClock())
+    return result, events, lines
+
+
+@pytest.mark.timeout(20)
+def test_tasks_that_train_alone_fail_the_job_though_every_one_exits_0(tmp_path):
+    result, events, lines = alone_job(tmp_path)
+    assert result.state is JobState.FAILED and result.exit_code == 1
+    assert result.reason.startswith("worker:0 trained alone (no cluster: no strategy): "), \
+        result.reason
+    assert result.failed_task == "worker:0"
+    told = [e for e in events if e["event"] == "task_alone"]
+    assert [e["task"] for e in told][0] == "worker:0"
+    assert "[tfo] worker:0 trains alone: it joined no cluster: no strategy, not the plan's " \
+        "cluster of 2 (2 worker)" in lines
+    assert not [e for e in events if e["event"] == "task_restarted"]  # nothing restarts
+
+
+@pytest.mark.timeout(20)
+def test_expect_cluster_false_lets_them_train_alone(tmp_path):
+    result, events, _ = alone_job(tmp_path, expect_cluster=False)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    assert not [e for e in events if e["event"] == "task_alone"]
+
+
+@pytest.mark.timeout(60)
+def test_tfo_plan_shows_the_dtensor_clients_and_the_cluster_check():
+    res = run_tfo("plan", "--workers", "2", "--chief", "--", "python",
+                  "tests/scripts/dtensor_mlp.py")
+    assert res.returncode == 0, res.stderr
+    out = " ".join(res.stdout.split())  # rich wraps long lines
+    jobs = re.search(r"DTENSOR_JOBS=(\S+) DTENSOR_NUM_CLIENTS=3 DTENSOR_JOB_NAME=worker; "
+                     r"DTENSOR_CLIENT_ID: worker:0 1, worker:1 2, chief:0 0", out)
+    cluster = json.loads(re.search(r"^cluster: (.*)$", res.stdout, re.M)[1])
+    assert jobs and jobs[1].split(",") == cluster["chief"] + cluster["worker"], out
+    assert "cluster check: a training task that trains outside this cluster fails the job" \
+        in out
+    res = run_tfo("plan", "--workers", "2", "--independent", "--", "python",
+                  "tests/scripts/dtensor_mlp.py")
+    assert "cluster check: off (expect_cluster: false)" in " ".join(res.stdout.split())
+    assert "expect_cluster: false" in res.stdout  # the cluster file it makes
+    assert spec_from_flags(workers=2, script="t.py", independent=True)["expect_cluster"] \
+        is False

@@ -38,6 +38,19 @@ from tests.conftest import events as run_events
 from worker_entry.markers import EXIT_PERMANENT
 
 READY = '@tfo {"event": "ready", "what": "training"}'
+VIA = {"multi_worker_mirrored": "MultiWorkerMirroredStrategy",
+       "parameter_server": "ParameterServerStrategy"}
+
+
+def joined(task: TaskPlan) -> list[str]:
+    """What an entry's task tells once the runner built its strategy (worker_entry/joined.py):
+    the cluster of its TF_CONFIG, as itself. A server and the evaluator build none."""
+    job = json.loads(task.env["TFO_JOB"])
+    if job["serve"] or task.role.value == "evaluator":
+        return []
+    return ["@tfo " + json.dumps({"event": "joined", "via": VIA[job["strategy"]],
+                                  "cluster": task.tf_config["cluster"], "member": task.name,
+                                  "in_process": []})]
 
 
 @pytest.fixture(autouse=True)
@@ -98,7 +111,9 @@ class FakeHandle:
         self.code, self.after, ready = script.for_attempt(attempt)
         self._clock = clock
         self._t0 = clock()
-        self._lines = [READY] if ready else ["booting"]
+        # A task that does not come up has not built its strategy either (MWMS's
+        # construction is what waits for the peers).
+        self._lines = [*joined(task), READY] if ready else ["booting"]
         self._timed = sorted(script.output.get(attempt, []))
         self._stacks = script.stacks
         self._rc: int | None = None

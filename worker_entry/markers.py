@@ -60,6 +60,34 @@ class Strategy(str, Enum):
     PARAMETER_SERVER = "parameter_server"
 
 
+# DTensor's clients (it reads DTENSOR_JOBS, DTENSOR_CLIENT_ID, DTENSOR_JOB_NAME; TF 2.21's
+# dtensor/python/config.py): a multi_worker_mirrored job's chief, then its workers, on
+# their TF_CONFIG addresses, job name "worker", as TensorFlow's own DTensor-based
+# MultiWorkerMirroredStrategy derives them (distribute/experimental/
+# multi_worker_mirrored_strategy.py). A DTensor script builds no other strategy, so its
+# client's server is the task's only one, on its TF_CONFIG port.
+DTENSOR_ROLES = (Role.CHIEF.value, Role.WORKER.value)
+DTENSOR_JOB_NAME = "worker"
+
+
+def dtensor_jobs(cluster: dict[str, list[str]]) -> list[str]:
+    return [a for role in DTENSOR_ROLES for a in cluster.get(role) or []]
+
+
+def dtensor_env(strategy: str, cluster: dict[str, list[str]], role: str,
+                index: int) -> dict[str, str]:
+    """A task's DTENSOR_* variables, from its TF_CONFIG (the task sets them before the job's
+    code runs, as it does TFO_TASK): a chief or worker of a multi_worker_mirrored job of two
+    or more of them is a DTensor client; one process alone runs DTensor's local mode."""
+    jobs = dtensor_jobs(cluster)
+    if strategy != Strategy.MULTI_WORKER_MIRRORED.value or role not in DTENSOR_ROLES \
+            or len(jobs) < 2:
+        return {}
+    return {"DTENSOR_JOBS": ",".join(jobs), "DTENSOR_NUM_CLIENTS": str(len(jobs)),
+            "DTENSOR_CLIENT_ID": str(jobs.index(cluster[role][index])),
+            "DTENSOR_JOB_NAME": DTENSOR_JOB_NAME}
+
+
 # The lifeline (worker_entry.lifeline): the task's stdin, whose write end the coordinator
 # holds. TFO_LIFELINE is "stdin" (EOF means the coordinator is gone) or "stdin:SECONDS"
 # (heartbeats both ways: the coordinator sends a byte down stdin every HEARTBEAT_SECONDS, the

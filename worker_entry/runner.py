@@ -167,7 +167,9 @@ def main() -> int:
     for key in ("model_dir", "run_dir", "tmp_dir", "backup_dir"):
         job[key] = os.path.expanduser(job[key])
     role, index = tf_config["task"]["type"], int(tf_config["task"]["index"])
-    for key, value in task_env(role, index, tf_config.get("cluster", {})).items():
+    cluster = tf_config.get("cluster", {})
+    for key, value in {**task_env(role, index, cluster),
+                       **markers.dtensor_env(job["strategy"], cluster, role, index)}.items():
         os.environ.setdefault(key, value)
     markers.emit(markers.UP, pid=os.getpid(), host=socket.gethostname())
     ps_job = job["strategy"] == Strategy.PARAMETER_SERVER
