@@ -58,14 +58,13 @@ def test_fit(tf_cluster, n):
 
 
 def project(root: Path, tests: int) -> Path:
+    from bench.kit import link_checkout
+
     (root / "soakpkg").mkdir(parents=True, exist_ok=True)
     (root / "soakpkg" / "__init__.py").write_text("")
     (root / "soakpkg" / "steps.py").write_text(STEPS)
     (root / "test_soak.py").write_text(TESTS.format(tests=tests, deadline=DEADLINE))
-    for package in ("orchestrator", "worker_entry"):  # this checkout's tfo, first on the path
-        link = root / package
-        if not link.exists():
-            link.symlink_to(REPO / package)
+    link_checkout(root)
     return root
 
 
@@ -145,6 +144,7 @@ def main() -> int:
     args = parser.parse_args()
     import tempfile
 
+    sys.path.insert(0, str(REPO))  # `python bench/kitsoak.py`: bench.kit
     tmp = args.dir or Path(tempfile.mkdtemp(prefix="tfo-kitsoak-"))
     total = soak(tmp, args.runs, args.tests)
     print(json.dumps({k: (len(v) if isinstance(v, list) and k != "sessions" else v)
