@@ -65,6 +65,8 @@ def test_the_fork_server_forks_alone_and_refuses_where_a_thread_is_there(tmp_pat
             else:
                 assert proc is None, "forked from a server with 2 threads"
                 assert forks.pid is None  # not asked again: the pool execs its standbys
+                said = (tmp_path / "forks.log").read_text(errors="replace")
+                assert "2 threads in the fork server" in said, said[-3000:]
         finally:
             if proc is not None:
                 proc.stdin.close()  # the lifeline's EOF: the standby ends

@@ -75,6 +75,8 @@ def main() -> None:
             answer: dict[str, Any] = {"pid": _fork_wrapper(json.loads(data), fds)}
         except Exception as e:  # noqa: BLE001 - told to the coordinator, which starts cold
             answer = {"error": repr(e)}
+            print(f"fork server: {e}; the pool execs its standbys", file=sys.stderr,
+                  flush=True)  # its log (the pool's forks.log): why the kit got slower
         finally:
             for fd in fds:
                 os.close(fd)
