@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
 TESTS = 10
 
 STEPS = '''\
@@ -88,7 +89,18 @@ def project(tmp: Path) -> Path:
     (root / "benchpkg" / "steps.py").write_text(STEPS)
     (root / "test_tfo.py").write_text(TFO_TESTS)
     (root / "test_mpr.py").write_text(MPR_TESTS)
+    link_checkout(root)
     return root
+
+
+def link_checkout(root: Path) -> None:
+    """This checkout's tfo first on the project's path (its plugin, and every task's
+    worker_entry: the pool gives tasks the project as PYTHONPATH), whatever the environment
+    installed: an editable install may point at another checkout."""
+    for package in ("orchestrator", "worker_entry"):
+        link = root / package
+        if not link.exists():
+            link.symlink_to(REPO / package)
 
 
 def warm_starts(basetemp: Path) -> tuple[int, int]:

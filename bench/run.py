@@ -37,6 +37,8 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
 - progress (issue 29): the same job under tfo with the automatic progress (the default) and
   without (TFO_AUTO_PROGRESS=0), alternated: throughput on ÷ off; and bench/progress_cost.py:
   the callback's hook alone, a tiny fit's step and a tf.function call, with it − without.
+- kitsoak (bench/kitsoak.py, issue 37): 2-worker tf_cluster runs in pytest sessions, plain
+  and under -n 2 alternately: how many hung (target 0) or failed otherwise.
 - lab (bench/lab.py), kit (bench/kit.py); elastic (bench/elastic.py, issue 27): a 3-worker
   elastic job on 3 SSH lab hosts, one host's link down → training again with 2 workers, and
   back → with 3, in seconds; the loss curve across both (elastic-loss.json/.png).
@@ -168,6 +170,11 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     Figure("kit_ratio", "10 cluster tests, tf_cluster ÷ TF's multi_process_runner", "×", 0.5),
     Figure("kit_tfo", "… tf_cluster, one pytest run", "s", None),
     Figure("kit_mpr", "… multi_process_runner, one pytest run", "s", None),
+    # Issue 37 item 9: the kit's forked tasks must never hang (bench/kitsoak.py).
+    Figure("kit_soak_hangs", "kit soak: 2-worker tf_cluster runs that hung", "runs", 0),
+    Figure("kit_soak_failed", "… that failed otherwise", "runs", 0),
+    Figure("kit_soak_runs", "… runs (half of them under pytest -n 2)", "runs", None),
+    Figure("kit_soak_slowest", "… the slowest run", "s", None),
 ]}
 CURVE: dict[int, list[float]] = {}  # light tasks → coordinator CPU per wall second
 DETAIL: dict[str, list[float]] = {}  # breakdowns and absolute values, informational
@@ -868,6 +875,22 @@ def bench_kit(s: Setting, tmp: Path) -> None:
         add("kit_ratio", tfo_s / mpr_s)
 
 
+def bench_kitsoak(s: Setting, tmp: Path) -> None:
+    """bench/kitsoak.py: SOAK_RUNS 2-worker tf_cluster runs in pytest sessions, plain and
+    under -n 2 alternately; none may hang (the full setting only: `python bench/kitsoak.py
+    --runs 200` is the issue's soak)."""
+    if s.fake:
+        return
+    from bench import kitsoak
+
+    print(f"kit soak: {kitsoak.SOAK_RUNS} runs", flush=True)
+    total = kitsoak.soak(tmp, kitsoak.SOAK_RUNS)
+    add("kit_soak_runs", total["runs"])
+    add("kit_soak_hangs", len(total["hangs"]))
+    add("kit_soak_failed", len(total["failed"]))
+    add("kit_soak_slowest", total["slowest"])
+
+
 def bench_elastic(s: Setting, tmp: Path) -> None:
     """bench/elastic.py: a 3-worker elastic job on 3 SSH lab hosts, one host's link down
     and back: → training again with 2, → with 3, and the loss curve across both."""
@@ -881,7 +904,7 @@ OUT: list[Path] = [REPO / "bench"]  # this run's output directory (main sets it)
 SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
     "cli": bench_cli, "light": bench_light, "paired": bench_paired, "resume": bench_resume,
     "progress": bench_progress, "lab": bench_lab, "kit": bench_kit,
-    "elastic": bench_elastic}
+    "kitsoak": bench_kitsoak, "elastic": bench_elastic}
 
 
 def main(argv: list[str] | None = None) -> int:

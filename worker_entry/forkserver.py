@@ -23,9 +23,17 @@ What a fork shares that an exec would not, and is undone here: numpy's global ra
 itself after a fork). What is shared and left: the hash seed (every task of the pool orders
 a set of strings alike) and the memory, copy-on-write.
 
-Safe to fork: after its import TensorFlow has made no op, context nor thread pool; two
-threads of its own wait on a futex (measured: 36 2-worker MultiWorkerMirrored all-reduces and
-fits in forked children, none hung). The coordinator's end: orchestrator/launch/forkserver.py.
+Safe to fork only from one thread: a fork copies the memory of every thread but runs
+only the caller, so a lock another thread held (malloc's, a thread pool's, gRPC's or absl's)
+stays held for good in the child, and a runtime that believes its threads exist waits for
+them forever. After its import TensorFlow has made no op, context, thread pool nor gRPC
+channel (measured: `threading.enumerate()` and /proc/self/task after the import); the only
+threads are OpenBLAS's (numpy's and scipy's), parked on a condition variable, which
+OpenBLAS's own pthread_atfork handler joins before any fork. So the server forks once and
+discards the child (`quiesce`: every library's atfork handler runs), then checks before each
+fork that it is alone (`threads`); where it is not (a library that started a thread at its
+import), it refuses, and the pool execs its standbys as before. The coordinator's end:
+orchestrator/launch/forkserver.py.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ def main() -> None:
     forkstart.preload()
     sys.stdout.flush()
     sys.stderr.flush()
+    quiesce()
     server = socket.socket(fileno=0)
     while True:
         try:
@@ -60,14 +69,37 @@ def main() -> None:
         if not data:
             return  # the coordinator closed its end (or is gone)
         try:
+            if (count := threads()) != 1:
+                raise RuntimeError(f"{count} threads in the fork server: a fork would copy "
+                                   "their locks without them")
             answer: dict[str, Any] = {"pid": _fork_wrapper(json.loads(data), fds)}
         except Exception as e:  # noqa: BLE001 - told to the coordinator, which starts cold
             answer = {"error": repr(e)}
+            print(f"fork server: {e}; the pool execs its standbys", file=sys.stderr,
+                  flush=True)  # its log (the pool's forks.log): why the kit got slower
         finally:
             for fd in fds:
                 os.close(fd)
         with contextlib.suppress(OSError):
             server.send(json.dumps(answer).encode())
+
+
+def threads() -> int:
+    """This process's threads, as the kernel counts them (Python's count misses C++'s)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1  # no /proc: nothing to tell by (not Linux)
+
+
+def quiesce() -> None:
+    """Fork once and let the child exit at once: the libraries' pthread_atfork handlers run
+    (OpenBLAS joins its idle thread pools), so the first wrapper is forked from a process
+    as alone as the later ones."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
 
 
 def _fork_wrapper(request: dict[str, Any], fds: list[int]) -> int:
