@@ -347,7 +347,7 @@ def _find_run(ref: str | None) -> RunDir:
 @app.command()
 def status(run_ref: RunArg = None) -> None:
     """The tasks of a run (the latest by default) as its events.jsonl tells them: state,
-    restarts, last epoch, step and loss, last event, exit."""
+    restarts, last epoch, step, steps/s and loss, last event, exit."""
     from orchestrator.liveview import STATUS, rows_from_events, table
 
     rd = _find_run(run_ref)
@@ -355,7 +355,8 @@ def status(run_ref: RunArg = None) -> None:
         events, skipped = rd.read_events()
     except OSError as e:
         raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
-    out.print(table(rows_from_events(events), STATUS, title=f"{rd.name}: {job_line(events)}"))
+    out.print(table(rows_from_events(events, now=time.time()), STATUS,
+                    title=f"{rd.name}: {job_line(events)}"))
     for line in resize_lines([e for e in events if e["event"] == "job_resized"]):
         out.print(printable(line), soft_wrap=True, highlight=False, markup=False)
     if skipped:

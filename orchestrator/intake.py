@@ -13,6 +13,7 @@ from orchestrator.job import Job
 from orchestrator.markers import (
     Backup,
     BadMarker,
+    Epoch,
     Evaluated,
     Exiting,
     FirstStep,
@@ -71,6 +72,8 @@ class Intake:
                 rec.current.exiting_at, rec.current.exiting_code = job.clock(), marker.code
             if isinstance(marker, Progress):
                 self._progressed(rec, marker)
+            elif isinstance(marker, Epoch):
+                rec.current.work.epoch_begun = marker.epoch
             if marker.event == markers.READY and rec.state is TaskState.STARTING:
                 self._up(rec)
             elif isinstance(marker, Evaluated):
