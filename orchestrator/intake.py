@@ -80,9 +80,11 @@ class Intake:
                 job.evaluation = {"epoch": marker.epoch, "metrics": marker.metrics}
             elif isinstance(marker, Backup) and rec.role is Role.WORKER:
                 job.script_backup = under(marker.dir, rec.task.cwd)
-            if isinstance(marker, Progress):  # the rate as the live table shows it now
-                own["steps_per_second"] = _rounded(shown(rec.current.work.rate, job.clock()))
-            job.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})
+            ours = own
+            if isinstance(marker, Progress) and \
+                    (rate := shown(rec.current.work.rate, job.clock())) is not None:
+                ours = {**own, "steps_per_second": float(f"{rate:.4g}")}  # as the table shows
+            job.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **ours})
             if isinstance(marker, Progress | FirstStep) and rec.state is TaskState.STARTING:
                 # It trains, so it is up: a one-process script (MirroredStrategy, the
                 # default strategy) opens no port for its wrapper to see.
@@ -110,10 +112,6 @@ class Intake:
         work.pace = paced(work.pace, now, marker.step, marker.epoch, marker.step_in_epoch,
                           marker.steps, marker.epochs)
         work.progress = marker
-
-
-def _rounded(rate: float | None) -> float | None:
-    return None if rate is None else float(f"{rate:.4g}")
 
 
 def under(path: str, cwd: str) -> str:
