@@ -351,7 +351,7 @@ def _find_run(ref: str | None) -> RunDir:
 @app.command()
 def status(run_ref: RunArg = None) -> None:
     """The tasks of a run (the latest by default) as its events.jsonl tells them: state,
-    restarts, last epoch, step and loss, last event, exit."""
+    restarts, last epoch, step, steps/s and loss, last event, exit."""
     from orchestrator import resumes
     from orchestrator.liveview import STATUS, rows_from_events, table
 
@@ -361,7 +361,8 @@ def status(run_ref: RunArg = None) -> None:
     except OSError as e:
         raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
     line, abnormal = job_line(events, skipped, rd.held())
-    out.print(table(rows_from_events(events, over=abnormal), STATUS, title=f"{rd.name}: {line}"))
+    out.print(table(rows_from_events(events, over=abnormal, now=time.time()), STATUS,
+                    title=f"{rd.name}: {line}"))
     for line in resize_lines([e for e in events if e["event"] == "job_resized"]) + \
             resumes.lines([e for e in events if e["event"] == "task_resumed"]):
         out.print(printable(line), soft_wrap=True, highlight=False, markup=False)

@@ -15,6 +15,7 @@ from orchestrator.markers import (
     Backup,
     BadMarker,
     Checkpointed,
+    Epoch,
     Evaluated,
     Exiting,
     FirstStep,
@@ -81,6 +82,8 @@ class Intake:
                 job.resumes.checkpoint(rec.name, rec.attempt, marker.op, marker.path,
                                        marker.step, marker.epoch,
                                        last.epoch if last is not None else None)
+            elif isinstance(marker, Epoch):
+                rec.current.work.epoch_begun = marker.epoch
             if marker.event == markers.READY and rec.state is TaskState.STARTING:
                 self._up(rec)
             elif isinstance(marker, Evaluated):
@@ -90,9 +93,11 @@ class Intake:
                                          rec.task.env.get(BACKUP_DIR_ENV, "/nonexistent"))
             elif isinstance(marker, Joined):
                 rec.current.joins.append(marker)
-            if isinstance(marker, Progress):  # the rate as the live table shows it now
-                own["steps_per_second"] = _rounded(shown(rec.current.work.rate, job.clock()))
-            job.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **own})
+            ours = own
+            if isinstance(marker, Progress) and \
+                    (rate := shown(rec.current.work.rate, job.clock())) is not None:
+                ours = {**own, "steps_per_second": float(f"{rate:.4g}")}  # as the table shows
+            job.events.write(f"task_{marker.event}", rec.name, **{**marker.record(), **ours})
             if isinstance(marker, Progress | FirstStep):
                 self._judge(rec)  # at its first step: did it join the plan's cluster?
             if isinstance(marker, Progress | FirstStep) and rec.state is TaskState.STARTING:
@@ -160,7 +165,3 @@ class Intake:
         work.pace = paced(work.pace, now, marker.step, marker.epoch, marker.step_in_epoch,
                           marker.steps, marker.epochs)
         work.progress = marker
-
-
-def _rounded(rate: float | None) -> float | None:
-    return None if rate is None else float(f"{rate:.4g}")

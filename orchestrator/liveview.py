@@ -21,13 +21,13 @@ import io
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.console import ConsoleWriter, printable
 from orchestrator.decide import exited_how
 from orchestrator.launch import describe_exit
-from orchestrator.rate import shown
+from orchestrator.rate import STALE_INTERVALS, STALE_SECONDS, shown
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -79,10 +79,19 @@ class Row:
     last: str = ""  # the last line it printed, or (tfo status) its last event
 
 
-def _progress(progress: Any) -> dict[str, Any]:
-    if progress is None:
-        return {}
-    return {"trained": Trained(**{k: getattr(progress, k) for k in TRAINED})}
+def _progress(progress: Any, epoch_begun: int | None = None) -> dict[str, Any]:
+    trained = Trained() if progress is None else \
+        Trained(**{k: getattr(progress, k) for k in TRAINED})
+    return {"trained": begun(trained, epoch_begun)}
+
+
+def begun(trained: Trained, epoch: int | None) -> Trained:
+    """`trained` once an `epoch` marker said `epoch` began: that epoch, none of its steps
+    done yet (the last progress told the epoch before's last step; shown, its epoch lagged
+    the "Epoch 5/200" Keras printed as the next one began)."""
+    if epoch is None or (trained.epoch is not None and epoch <= trained.epoch):
+        return trained
+    return replace(trained, epoch=epoch, step_in_epoch=0 if trained.steps else None)
 
 
 def row_from_record(rec: TaskRecord, now: float, last: str | None = None) -> Row:
@@ -102,7 +111,7 @@ def row_from_record(rec: TaskRecord, now: float, last: str | None = None) -> Row
         exit=rec.current.returncode,
         torn_down=rec.torn_down_ok, exit_reason=rec.current.exit_reason,
         last=rec.last_line if last is None else last,
-        **_progress(rec.current.work.progress))
+        **_progress(rec.current.work.progress, rec.current.work.epoch_begun))
 
 
 def row_from_outcome(t: TaskOutcome) -> Row:
@@ -112,13 +121,16 @@ def row_from_outcome(t: TaskOutcome) -> Row:
                **_progress(t.progress))
 
 
-def rows_from_events(events: Iterable[dict[str, Any]], over: bool = False) -> list[Row]:
+def rows_from_events(events: Iterable[dict[str, Any]], over: bool = False,
+                     now: float | None = None) -> list[Row]:
     """Each task's row as a run's events.jsonl tells it: its last attempt's pid and host,
-    its last progress, its restarts, how it ended, and its last event (not a standby's: that
-    is the next attempt's, started beside this one). `over`: the run ended abnormally (its
-    coordinator is gone: so are its tasks), so a task still starting or running then is
-    `unfinished`, not running now."""
+    its last progress (and its steps/s then: at `now`, a wall-clock time, a running task's
+    only while its progress events still come, as the live table's), its restarts, how it
+    ended, and its last event (not a standby's: that is the next attempt's, started beside
+    this one). `over`: the run ended abnormally (its coordinator is gone: so are its tasks),
+    so a task still starting or running then is `unfinished`, not running now."""
     tasks: dict[str, dict[str, Any]] = {}
+    progressed: dict[str, tuple[float, float]] = {}  # a task's last two progress times
     for e in events:
         name = e.get("task")
         if not isinstance(name, str):
@@ -135,6 +147,10 @@ def rows_from_events(events: Iterable[dict[str, Any]], over: bool = False) -> li
         elif kind == "task_progress":
             t["trained"] = Trained(**{k: _number(e.get(k)) for k in TRAINED})
             t["steps_per_second"] = _number(e.get("steps_per_second"))
+            if isinstance(at := _number(e.get("time")), float | int):
+                progressed[name] = (progressed.get(name, (at, at))[1], at)
+        elif kind == "task_epoch" and _int(e.get("epoch")) is not None:
+            t["trained"] = begun(t.get("trained", Trained()), e["epoch"])
         elif kind == "task_restarted":
             t.update(restarts=_int(e.get("restarts")) or 0, state="pending")
         elif kind in ("task_exited", "task_stopped"):
@@ -148,6 +164,11 @@ def rows_from_events(events: Iterable[dict[str, Any]], over: bool = False) -> li
                 "succeeded" if rc == 0 or t["torn_down"] else "failed"
         elif kind == "task_start_failed":
             t["state"] = "failed"
+    for name, (before, last) in progressed.items():
+        t = tasks[name]
+        if now is not None and t.get("state") == "running" \
+                and now - last > max(STALE_SECONDS, STALE_INTERVALS * (last - before)):
+            t["steps_per_second"] = None  # its steps stopped coming: the rate is not known
     for t in tasks.values():
         if over and t.get("state", "pending") in ("starting", "running", "pending"):
             t["state"] = "unfinished"

@@ -29,6 +29,7 @@ class Work:
     busy_at: float
     progress: Progress | None = None  # its last progress marker
     rate: Rate = field(default_factory=Rate)  # its steps/s, from its markers' own times
+    epoch_begun: int | None = None  # the last epoch its `epoch` marker said began
     usage: Usage | None = None  # the wrapper's last measure of the task's processes
     usage_at: float | None = None  # monotonic time of `usage`
     stopped_since: float | None = None  # since when its usage says stopped (state T)

@@ -25,6 +25,7 @@ from orchestrator.liveview import (
     LIVE,
     Row,
     Trained,
+    begun,
     render,
     rows_from_events,
     table,
@@ -361,3 +362,45 @@ def test_the_failure_summary_shows_the_log_s_end_as_the_console_did(tmp_path: Pa
         "\x1b[2J[bold]boom[/]\n",
     ]))
     assert _last_lines("worker:1", str(log), 20) == ["Epoch 2/3", "\\x1b[2J[bold]boom[/]"]
+
+
+def test_the_epoch_column_is_the_epoch_begun_not_the_one_before():
+    """Keras prints "Epoch 5/200" as epoch 4 (0-based) begins; the last progress marker
+    still tells epoch 3's last step until a step of epoch 4 is done (a second, at the
+    markers' rate). The `epoch` marker says it began: 5/200, 0 of its steps."""
+    before = Trained(epoch=3, epochs=200, step=40, step_in_epoch=10, steps=10, loss=0.5)
+    assert begun(before, 4) == Trained(epoch=4, epochs=200, step=40, step_in_epoch=0,
+                                       steps=10, loss=0.5)
+    assert begun(before, 3) == before and begun(before, None) == before
+    assert begun(Trained(), 0) == Trained(epoch=0)  # ParameterServer: epochs alone
+    ev = [{"event": "task_started", "task": "worker:0", "pid": 1, "host": "h"},
+          {"event": "task_progress", "task": "worker:0", "step": 40, "epoch": 3,
+           "epochs": 200, "step_in_epoch": 10, "steps": 10, "steps_per_second": 61.5},
+          {"event": "task_epoch", "task": "worker:0", "epoch": 4}]
+    (row,) = rows_from_events(ev)
+    assert row.steps_per_second == 61.5
+    text = render(table([row], LIVE), width=200)
+    assert re.search(r"5/200\s+0/10\s+61.5", text), text
+
+
+def test_status_shows_a_running_task_s_rate_only_while_its_steps_come():
+    """`tfo status` of a live run: a task whose progress events stopped (stuck, or the
+    coordinator gone) shows its steps/s as unknown, not the last one; a finished task keeps
+    the rate it ended at."""
+    def run(state_events: list[dict]) -> list[dict]:
+        return [{"event": "task_started", "task": "worker:0", "pid": 1, "host": "h"},
+                {"event": "task_ready", "task": "worker:0"},
+                {"event": "task_progress", "task": "worker:0", "step": 10, "time": 100.0,
+                 "steps_per_second": 9.9},
+                {"event": "task_progress", "task": "worker:0", "step": 20, "time": 101.0,
+                 "steps_per_second": 10.0}, *state_events]
+
+    def rate(state_events: list[dict], now: float) -> float | None:
+        (row,) = rows_from_events(run(state_events), now=now)
+        return row.steps_per_second
+
+    assert rate([], now=102.5) == 10.0
+    assert rate([], now=104.5) is None  # 3.5 s since its last: stale
+    assert rate([{"event": "task_exited", "task": "worker:0", "returncode": 0}],
+                now=1000.0) == 10.0
+    assert rows_from_events(run([]))[0].steps_per_second == 10.0  # no clock given
