@@ -148,7 +148,7 @@ class Refill:
                 if script.startswith(backups.TASK_DIR) else \
                 "unless that path is on a filesystem every host shares,"
             job.echo("tfo", f"the script's BackupAndRestore keeps its backup in the chief's "
-                     f"{script} alone, and tfo cannot copy it to {', '.join(far)}'s host: "
+                     f"{script} alone, and tfo cannot copy it to the host of {', '.join(far)}: "
                      f"{shared} a restart will fail (the workers would restore different "
                      "epochs); ctx.callbacks()'s backup, kept by every task, needs no copy")
 

@@ -115,6 +115,31 @@ def two_workers(tmp_path: Path, name: str):  # noqa: ANN201 - (Plan, Job, said l
     return plan, job, lines
 
 
+def test_a_script_s_directory_tfo_cannot_fill_is_said_once_as_training_begins(
+        tmp_path: Path) -> None:
+    """Lab hosts the store cannot reach (here: none but this machine): the [tfo] line names
+    the workers, once, when the directory is told; tfo's own backups need nothing said."""
+    from orchestrator.backupfill import Refill
+    from orchestrator.decide import Timing
+    from orchestrator.job import Job
+    from orchestrator.plan import make_plan
+    from orchestrator.rundir import RunDir
+    from tests.test_elastic import PORTS, SPEC
+
+    plan = make_plan(SPEC, run_id="r", run_dir=tmp_path, workdir="/w", ports=PORTS)
+    lines: list[str] = []
+    job = Job(plan, RunDir(plan.run_dir).open_events(), lambda task, line: lines.append(line),
+              Timing(), None)
+    refill = Refill(job)
+    refill.tick()
+    assert lines == []
+    job.script_backup = "bk"
+    refill.tick()
+    refill.tick()
+    assert len(lines) == 1 and "cannot copy it to the host of worker:1, worker:2, worker:3" in \
+        lines[0] and "unless that path is on a filesystem every host shares" in lines[0], lines
+
+
 @pytest.mark.parametrize("saves", [[2, 3], []], ids=["interrupted", "finished"])
 def test_a_rerun_carries_the_backups_over_or_says_it_starts_over(tmp_path: Path,
                                                                   saves: list[int]) -> None:
