@@ -29,11 +29,11 @@ CASES = [
     # a save newer than what the markers told (they come at most once a second)
     (38, Restored(CKPT), Save(40), None, "resumed at step 40 (lost 0 steps)"),
     (47, Restored(CKPT), None, None,
-     f"resumed from {CKPT}, a checkpoint tfo did not see saved in this run: steps lost not "
+     f"restored {CKPT} before training, a checkpoint not saved in this run: steps lost not "
      "known"),
     # a rerun's first attempt restoring the last run's checkpoint: said too
     (0, Restored(CKPT), None, 2,
-     f"resumed from {CKPT}, a checkpoint tfo did not see saved in this run: steps lost not "
+     f"restored {CKPT} before training, a checkpoint not saved in this run: steps lost not "
      "known"),
 ]
 
