@@ -424,11 +424,12 @@ def stall_rule(policy: Policy) -> StallRule | None:
 # failed, its lifeline was cut, it stalled) has survivors that cannot save: a checkpoint's
 # collectives (PreemptionCheckpointHandler's agreed step, BackupAndRestore's save) need every
 # peer, and a task blocked in a collective with the dead peer never reaches its handler. So
-# their grace is this, not grace_seconds. Measured (tests/test_resumes.py's grace test,
-# 2 loaded cores): a PreemptionCheckpointHandler survivor was still running at every grace
-# tried (it waits on its dead peer); a Python SIGTERM handler not blocked in an op runs and
-# exits within 0.3 s, so 2 s leaves it time to log, flush and exit, with margin for load.
-# A preemption, Ctrl-C and the job's end keep grace_seconds.
+# their grace is this, not grace_seconds. Measured on 2 cores at load 26: a
+# PreemptionCheckpointHandler survivor of a SIGKILLed peer was still running 10 s after its
+# SIGTERM (its code ended by itself after 8.3 s, then hung in its teardown); a Python SIGTERM
+# handler not blocked in an op ran 0-15 ms after the SIGTERM (the process then spent 13-16 s
+# in TensorFlow's teardown, which saves nothing). 2 s lets such a handler log and flush with
+# a wide margin for load. A preemption, Ctrl-C and the job's end keep grace_seconds.
 PEER_LOST_GRACE_SECONDS = 2.0
 
 

@@ -54,8 +54,8 @@ class Resumption:
         if not self.resumed:
             return f"started over: {self.lost} steps lost, nothing restored"
         if self.step is None:
-            return (f"resumed from {self.restored}, a checkpoint tfo did not see saved "
-                    "in this run: steps lost not known")
+            return (f"restored {self.restored} before training, a checkpoint not saved in "
+                    "this run: steps lost not known")
         where = f"epoch {self.epoch}" if self.epoch is not None else f"step {self.step}"
         return f"resumed at {where} (lost {self.lost} steps)"
 

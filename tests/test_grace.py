@@ -50,8 +50,9 @@ def test_the_survivor_of_a_sigkilled_worker_is_killed_after_the_short_grace(
         run_dir: Path, tmp_path: Path):
     """worker:1's task SIGKILLed: worker:0, its SIGTERM handler TensorFlow's
     PreemptionCheckpointHandler's, cannot save without it and waits on its dead peer; tfo
-    SIGKILLs it PEER_LOST_GRACE_SECONDS after the SIGTERM, not grace_seconds. Nothing was
-    saved, so the restart says it started over."""
+    SIGKILLs it PEER_LOST_GRACE_SECONDS after the SIGTERM, not grace_seconds (before: 10 s,
+    `still running 10 s after SIGTERM`). Nothing was saved, so the restart says it started
+    over."""
     tfo = Tfo(spec(tmp_path), run_dir)
     try:
         progressed(tfo, "worker:1", 20)
@@ -65,11 +66,14 @@ def test_the_survivor_of_a_sigkilled_worker_is_killed_after_the_short_grace(
     ev = events(run_dir)
     stopping = first(ev, "task_stopping", "worker:0")
     assert stopping and stopping["reason"] == "restart", [e for e in ev if e["task"] == "worker:0"]
+    # The restart begins within the short grace (and the exit's collection), never after
+    # grace_seconds; a loaded machine may add a little.
+    restarted = first(ev, "task_restarted", "worker:0")
+    assert restarted["time"] - stopping["time"] < GRACE - 3, (stopping, restarted)
     killed = first(ev, "task_killed", "worker:0")
-    assert killed, "worker:0 exited by itself: no grace was waited"
-    assert killed["reason"] == f"still running {PEER_LOST_GRACE_SECONDS:g} s after SIGTERM"
-    # the loop wakes at the deadline; a loaded machine may add to it, never 10 s
-    assert PEER_LOST_GRACE_SECONDS <= killed["time"] - stopping["time"] < GRACE - 4
+    if killed is not None:  # else its code ended by itself within the grace (1 run in 4)
+        assert killed["reason"] == f"still running {PEER_LOST_GRACE_SECONDS:g} s after SIGTERM"
+        assert PEER_LOST_GRACE_SECONDS <= killed["time"] - stopping["time"] < GRACE - 4
     restart = training_again(run_dir, 1) - killed_at
     print(f"SIGKILL → both workers training again: {restart:.1f} s")
     said = [e for e in ev if e["event"] == "task_resumed"]

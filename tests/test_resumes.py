@@ -29,11 +29,11 @@ CASES = [
     # a save newer than what the markers told (they come at most once a second)
     (38, Restored(CKPT), Save(40), None, "resumed at step 40 (lost 0 steps)"),
     (47, Restored(CKPT), None, None,
-     f"resumed from {CKPT}, a checkpoint tfo did not see saved in this run: steps lost not "
+     f"restored {CKPT} before training, a checkpoint not saved in this run: steps lost not "
      "known"),
     # a rerun's first attempt restoring the last run's checkpoint: said too
     (0, Restored(CKPT), None, 2,
-     f"resumed from {CKPT}, a checkpoint tfo did not see saved in this run: steps lost not "
+     f"restored {CKPT} before training, a checkpoint not saved in this run: steps lost not "
      "known"),
 ]
 
@@ -160,3 +160,27 @@ def test_a_restart_from_checkpoints_under_the_model_dir_says_where_it_resumed(ru
     assert f"Starting at epoch {epoch}." in log  # the script's own word
     words = f"resumed at epoch {epoch} (lost {said[0]['lost_steps']} steps)"
     assert result.resumes == [f"worker:0, worker:1 attempt 1: {words}"]
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_an_entry_with_tfos_backups_resumes_at_its_backup_s_step(run_dir: Path):
+    """An entry with ctx.callbacks() (BackupAndRestore in TFO_BACKUP_DIR, tfo's own Progress
+    callback): worker:1 exits 3 after epoch 1; the restart restores the newest backup, and
+    tfo matches it with the save it saw at that step (the entry's callback's count, not 0)."""
+    import orchestrator
+
+    result = orchestrator.run(
+        entry="tests.jobs.faulty:train", workers=2, restart="on-failure", max_restarts=1,
+        args={"epochs": 4, "fail_task": "worker:1", "fail_epoch": 1, "exit_code": 3},
+        run_dir=run_dir, timeout=270)
+    assert result.ok, result
+    ev = events(run_dir)
+    saves = {e["path"]: e["step"] for e in ev if e["event"] == "task_checkpoint"
+             and e["op"] == "saved" and e["attempt"] == 0}
+    said = resumed_events(run_dir)
+    assert {e["task"] for e in said} == {"worker:0", "worker:1"}, said
+    for e in said:
+        assert e["how"] == "resumed" and e["step"] == saves[e["restored"]] > 0, (e, saves)
+        assert e["lost_steps"] == e["reached"] - e["step"] and e["epoch"] in (1, 2)
+    assert result.resumes[0].startswith("worker:0, worker:1 attempt 1: resumed at epoch ")

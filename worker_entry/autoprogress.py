@@ -96,6 +96,7 @@ class _State:
         self.first_told = False
         self.reporters: dict[str, progress.Reporter] = {}
         self.keras_callback: Any = None
+        self.given_callback: Any = None  # the script's or entry's own, in its last fit
         self.told: dict[str, int] = {}  # per source, the last step a marker told
         self.told_calls: dict[str, int] = {}  # per loop source, its calls when it was told
         self.leader: Any = None  # the tf.function whose calls were the step at the last marker
@@ -172,7 +173,8 @@ def steps_done() -> int:
     the script's own reports, a Keras fit's callback, else the counted loop's."""
     if progress.reported_by_script():
         return progress.steps_reported()
-    callback = _state.keras_callback[1] if _state.keras_callback else None
+    callback = _state.given_callback or (
+        _state.keras_callback[1] if _state.keras_callback else None)
     if _state.fitted and callback is not None and hasattr(callback, "steps_done"):
         return int(callback.steps_done())
     return _state.best
@@ -252,8 +254,11 @@ def _joined(model: Any, callbacks: Any) -> Any:
     except TypeError:
         return callbacks  # something Keras will refuse anyway: left to it
     _tell_backup(cb for cb in held if not isinstance(cb, _TaskBackup))
-    if any(isinstance(cb, _EpochProgress) for cb in held):
+    given = next((cb for cb in held if isinstance(cb, _EpochProgress)), None)
+    if given is not None:
+        _state.given_callback = given  # its steps are the task's (steps_done)
         return callbacks  # the script's own progress.callback(), an entry's ctx.callbacks()
+    _state.given_callback = None
     ours = _callback(_parameter_server(model))
     if hasattr(callbacks, "append") and not isinstance(callbacks, list):
         callbacks.append(ours)  # a CallbackList the script made
