@@ -17,6 +17,10 @@ and all it started at once, SIGKILLs what is left after CLEANUP_SECONDS, and exi
 
 The agent is a child subreaper: what a SIGKILLed wrapper leaves (the task's own children
 that detached) comes to it, not to init, and is killed.
+
+It holds the run's ports on the host while it lives (worker_entry/portlocks.py): the
+preflight's probe's reservations where it was that probe, else each task's port at its
+START; a port another live job holds fails the start, naming that job.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from worker_entry import forkstart, frames
+from worker_entry import forkstart, frames, portlocks
 from worker_entry.markers import beat_seconds
 
 CLEANUP_SECONDS = 5.0  # after the lifeline ends: wrappers still running then are SIGKILLed
@@ -42,6 +46,7 @@ OUT_LIMIT = 4 << 20  # bytes waiting for the channel: task pipes are not read pa
 # together (markers.next_usage), and their lines then cross in one write, one SSH packet,
 # one wake-up of the coordinator's threads instead of eight. Anything else goes at once.
 COALESCE_SECONDS = 0.05
+PROBE_GONE_SECONDS = 2.0  # a port held by this run's own probe: it ends within this
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 
 
@@ -75,8 +80,9 @@ def _prctl(option: int, value: int) -> None:
 
 
 class Agent:
-    def __init__(self, lifeline: float) -> None:
+    def __init__(self, lifeline: float, ports: portlocks.Reservations | None = None) -> None:
         self.lifeline = lifeline
+        self.ports = ports  # the run's, held until the agent ends
         self.tasks: dict[int, _Task] = {}
         self.out = bytearray(frames.SYNC)
         self.hold_until = 0.0  # `out` holds only task output, sent from then (COALESCE_SECONDS)
@@ -122,6 +128,20 @@ class Agent:
         (worker_entry.forkstart), else exec'd."""
         env = {**os.environ, **{k: _expand(v) for k, v in spec["env"].items()}}
         cwd = _expand(spec["cwd"])
+        if spec.get("port"):
+            if self.ports is None:
+                self.ports = portlocks.Reservations(spec.get("owner") or "")
+            holder = self.ports.reserve(spec["port"])
+            until = time.monotonic() + PROBE_GONE_SECONDS
+            while holder == self.ports.owner and time.monotonic() < until:
+                time.sleep(0.05)  # this run's preflight probe, ending as this agent starts
+                holder = self.ports.reserve(spec["port"])
+            # Still this run's (an agent before a reconnect, its lifeline not yet out): the
+            # port is ours all the same; the next start reserves it again.
+            if holder is not None and holder != self.ports.owner:
+                self.send(frames.FAILED, slot, f"port {spec['port']} is reserved by "
+                          f"{holder}".encode())
+                return
         try:
             if run_dir := env.get("TFO_RUN_DIR"):  # its logs and tmp: the user's alone
                 os.makedirs(run_dir, mode=0o700, exist_ok=True)
@@ -304,12 +324,13 @@ class Agent:
             self.handle(kind, slot, payload)
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], ports: portlocks.Reservations | None = None) -> None:
+    """`ports`: the preflight's probe's reservations, where this agent is that probe."""
     lifeline = float(argv[0]) if argv else 30.0
     _prctl(_PR_SET_PDEATHSIG, signal.SIGHUP)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     forkstart.preload()  # before the first START: each task's wrapper is a fork of this
-    agent = Agent(lifeline)
+    agent = Agent(lifeline, ports)
     os.set_blocking(0, False)
 
     def on_signal(signum: int, frame: object) -> None:

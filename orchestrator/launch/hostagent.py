@@ -32,7 +32,7 @@ from orchestrator.launch import BackendError
 from orchestrator.launch.output import TaskOutput
 from orchestrator.plan import TaskPlan
 from orchestrator.spec import HostSpec
-from worker_entry import frames, markers
+from worker_entry import frames, markers, portlocks
 from worker_entry.markers import beat_seconds
 
 if TYPE_CHECKING:
@@ -182,7 +182,8 @@ class HostAgent:
             if standby:
                 env[markers.STANDBY_ENV] = "1"
             self.send(frames.START, slot, json.dumps(
-                {"command": task.command, "env": env, "cwd": task.cwd}).encode())
+                {"command": task.command, "env": env, "cwd": task.cwd, "port": task.port,
+                 "owner": portlocks.owner_of(task.env)}).encode())
         until = time.monotonic() + self._timeout + 5.0  # a fork each: milliseconds
         answers: list[AgentTask | Exception] = []
         for handle in handles:

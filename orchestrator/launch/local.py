@@ -32,11 +32,12 @@ from orchestrator.launch import HostBackend, loopback, orphans
 from orchestrator.launch.gpus import GpuReport, local_gpus
 from orchestrator.launch.output import TaskOutput, close_pipes, pipe_output, send_lifeline
 from orchestrator.launch.ports import free_ports
-from orchestrator.launch.preflight import HostCheck, check_local
+from orchestrator.launch.preflight import HostCheck, check_local, run_owner
 from orchestrator.launch.spares import DISCARD_SECONDS, Spares
 from orchestrator.plan import Plan, TaskPlan
 from orchestrator.spec import HostSpec
 from worker_entry import markers
+from worker_entry.portlocks import Reservations, owner_line
 
 if TYPE_CHECKING:
     from orchestrator.launch.forkserver import Forked, ForkServer
@@ -168,6 +169,9 @@ class LocalBackend(HostBackend):
             task, attempt, standby=True, shim=self._shim(task)))
         self._built: tuple[Path | None, str | None] | None = None  # loopback.try_build's
         self.pool: WarmPool | None = None  # processes warm before their job (orchestrator/pool.py)
+        # This job's ports, held until `close` (the job's end): another job asking for one
+        # of them, together or between two attempts of its task, is told whose it is.
+        self._ports = Reservations(owner_line(None, None))
 
     def _shim(self, task: TaskPlan) -> Path | None:
         """The loopback shim for a task whose whole cluster is on this machine (built at
@@ -179,13 +183,19 @@ class LocalBackend(HostBackend):
         return self._built[0]
 
     def allocate(self, names: list[str], avoid: set[int]) -> dict[str, int]:
-        return dict(zip(names, free_ports(len(names), avoid=avoid), strict=True))
+        """Free ports no other live job holds, this job's from now on."""
+        ports = free_ports(len(names), avoid=avoid,
+                           reserve=lambda port: self._ports.reserve(port) is None)
+        return dict(zip(names, ports, strict=True))
 
     def gpus(self, hosts: list[str], ask: bool) -> dict[str, GpuReport]:
         return {host: local_gpus() for host in hosts}  # localhost: always asked (cached)
 
     def check(self, tasks: list[TaskPlan]) -> list[HostCheck]:
-        return [check_local(tasks)]
+        """The ports reserved first (every task's: they are held until `close`), then
+        checked free."""
+        self._ports.rename(run_owner(tasks))
+        return [check_local(tasks, self._ports.reserve_all([t.port for t in tasks]))]
 
     def sync(self, plan: Plan, tasks: list[TaskPlan]) -> list[str]:
         """Local tasks run in the workdir, where the code is. Here, once before the first
@@ -211,3 +221,4 @@ class LocalBackend(HostBackend):
     def close(self) -> None:
         self._spares.close()
         orphans.sweep_suspected()
+        self._ports.close()

@@ -1,9 +1,11 @@
-"""Local ports: is one free, who holds it, and a free one for `port: auto`."""
+"""Local ports: is one free, who holds it, and a free one for `port: auto` (one no other
+live tfo job holds: worker_entry/portlocks.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
+from collections.abc import Callable
 
 
 def port_free(port: int) -> bool:
@@ -44,8 +46,11 @@ def port_problem(port: int) -> str | None:
     return f"port {port} is in use" + (f" by {holder}" if holder else "")
 
 
-def free_ports(count: int, avoid: set[int] = frozenset()) -> list[int]:
-    """`count` distinct ports the kernel says are free now, none of them in `avoid`."""
+def free_ports(count: int, avoid: set[int] = frozenset(),
+               reserve: Callable[[int], bool] | None = None) -> list[int]:
+    """`count` distinct ports the kernel says are free now, none of them in `avoid`; with
+    `reserve`, only ports it made this job's (False: another live job holds it, perhaps
+    between two attempts of its task)."""
     ports: list[int] = []
     socks = []
     try:
@@ -54,7 +59,7 @@ def free_ports(count: int, avoid: set[int] = frozenset()) -> list[int]:
             socks.append(s)  # held open until all are picked, so they are distinct
             s.bind(("0.0.0.0", 0))
             port = s.getsockname()[1]
-            if port not in avoid:
+            if port not in avoid and (reserve is None or reserve(port)):
                 ports.append(port)
     finally:
         for s in socks:

@@ -18,6 +18,7 @@ import shlex
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from orchestrator.console import printable
@@ -30,13 +31,16 @@ from orchestrator.launch.ports import port_problem
 from orchestrator.launch.remote import PROBE_SECONDS, close_channel, open_command
 from orchestrator.plan import TaskPlan
 from orchestrator.spec import LOCALHOST, HostSpec
+from worker_entry import portlocks
 
 TF_PACKAGES = ("tensorflow", "tf_keras")
 
-# Runs on the host with its own python: versions, ports, workdir, cores, memory, GPUs (its
-# nvidia-smi -L), and the job's files already in the workdir (their names on stdin, as JSON)
-# with its free space: one command where there were four (the sync's own question too).
-_PROBE = """
+# Runs on the host with its own python: the job's ports reserved (worker_entry/portlocks.py's
+# source comes first: the probe holds them, and so does the agent it may become), versions,
+# ports, workdir, cores, memory, GPUs (its nvidia-smi -L), and the job's files already in the
+# workdir (their names on stdin, as JSON) with its free space: one command where there were
+# four (the sync's own question too).
+_PROBE = Path(portlocks.__file__).read_text() + """
 import json, os, shutil, socket, subprocess, sys, tempfile
 from importlib import metadata
 def gpus(timeout):
@@ -79,8 +83,13 @@ def ver(name):
     except Exception:
         return None
 ports, workdir = json.loads(sys.argv[1]), os.path.expanduser(sys.argv[2])
+asked = json.loads(sys.stdin.readline() or "{}")
+reservations = Reservations(asked.get("owner") or owner_line(None, None))
+reserved = reservations.reserve_all(ports)
 busy = []
 for port in ports:
+    if port in reserved:
+        continue
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -89,7 +98,6 @@ for port in ports:
         busy.append(port)
     finally:
         s.close()
-asked = json.loads(sys.stdin.readline() or "{}")
 code = None
 try:
     os.makedirs(workdir, exist_ok=True)
@@ -103,7 +111,8 @@ except OSError as e:
 print(json.dumps({"python": sys.version.split()[0], "tensorflow": ver("tensorflow"),
                   "tf_keras": ver("tf_keras"), "busy": busy, "workdir_error": writable,
                   "cpus": os.cpu_count(), "mem_available": mem_available(),
-                  "gpus": gpus(asked.get("gpu_seconds", 20)), "code": code}), flush=True)
+                  "gpus": gpus(asked.get("gpu_seconds", 20)), "code": code,
+                  "reserved": reserved}), flush=True)
 # Told `agent SECONDS` (its code is there, unchanged), this python becomes the host's agent:
 # one interpreter start and one session less per host. EOF, or no word in time: done.
 import select
@@ -112,7 +121,7 @@ if select.select([0], [], [], asked.get("agent_wait", 0))[0]:
     if word[:1] == ["agent"] and code is not None:
         os.chdir(code["root"])
         from worker_entry import agent
-        agent.main(word[1:])
+        agent.main(word[1:], reservations)
 """
 AGENT_WAIT_SECONDS = 600.0  # a probe waits this long to become its host's agent
 
@@ -132,10 +141,21 @@ class HostCheck:
     problems: list[str] = field(default_factory=list)
 
 
-def check_local(tasks: list[TaskPlan]) -> HostCheck:
-    """This machine's row. Whether TensorFlow is installed is asked of the import system
-    (0.1 ms); its version, of package metadata (`local_versions`: importlib.metadata costs
-    0.01-0.02 s to import), only where it is compared or shown. `tfo plan` checks nothing."""
+def run_owner(tasks: list[TaskPlan]) -> str:
+    """What the job's port reservations say of it: its run, run directory, tfo's pid."""
+    return portlocks.owner_of(tasks[0].env if tasks else {})
+
+
+def reserved_problem(task: str, where: str, port: int, holder: str) -> str:
+    return (f"{task} ({where}:{port}): port {port} is reserved by {holder}, which may be "
+            f"between two attempts of its task; wait for it to end, or give another port")
+
+
+def check_local(tasks: list[TaskPlan], reserved: Mapping[int, str] | None = None) -> HostCheck:
+    """This machine's row; `reserved`, the ports another live tfo job holds (local.py).
+    Whether TensorFlow is installed is asked of the import system (0.1 ms); its version, of
+    package metadata (`local_versions`: importlib.metadata costs 0.01-0.02 s to import), only
+    where it is compared or shown. `tfo plan` checks nothing."""
     import psutil
 
     row = HostCheck(LOCALHOST, "127.0.0.1", reachable=True, python=sys.version.split()[0],
@@ -146,7 +166,9 @@ def check_local(tasks: list[TaskPlan]) -> HostCheck:
         if importlib.util.find_spec(name) is None:
             row.problems.append(f"localhost: {name} is not installed for {sys.executable}")
     for t in tasks:
-        if p := port_problem(t.port):
+        if reserved and t.port in reserved:
+            row.problems.append(reserved_problem(t.name, LOCALHOST, t.port, reserved[t.port]))
+        elif p := port_problem(t.port):
             row.problems.append(f"{t.name} (localhost:{t.port}): {p}")
     return row
 
@@ -181,7 +203,8 @@ def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan], connect: Callabl
     cmd = (f"{exports(env)}exec {shlex.quote(h.python)} -c {shlex.quote(_PROBE)} "
            f"{shlex.quote(json.dumps(row.ports))} {shlex.quote(h.workdir)}")
     wait = AGENT_WAIT_SECONDS if files is not None else 0
-    asked = json.dumps({"files": files, "gpu_seconds": GPU_SECONDS, "agent_wait": wait})
+    asked = json.dumps({"files": files, "gpu_seconds": GPU_SECONDS, "agent_wait": wait,
+                        "owner": run_owner(tasks)})
     try:
         chan, status, out, err = open_command(
             conn, cmd, (asked + "\n").encode(), h.connect_timeout_seconds + PROBE_SECONDS,
@@ -227,6 +250,9 @@ def _read_probe(name: str, h: HostSpec, row: HostCheck, tasks: list[TaskPlan],
         row.versions[pkg] = probe[pkg]
         if probe[pkg] is None:
             row.problems.append(f"host {name}: {pkg} is not installed for {h.python}")
+    for port, holder in probe.get("reserved", {}).items():
+        task = next(t.name for t in tasks if t.port == int(port))
+        row.problems.append(reserved_problem(task, name, int(port), printable(holder[:300])))
     for port in probe["busy"]:
         task = next(t.name for t in tasks if t.port == port)
         row.problems.append(f"{task} ({name}:{port}): port {port} is in use on {h.address}")
