@@ -88,6 +88,7 @@ _GRACE_SECONDS = 10.0  # from SIGTERM to SIGKILL when the plan does not say (spe
 _OUT_LIMIT = 1 << 20
 _READ_BYTES = 65536
 _DRAIN_SECONDS = 2.0  # after the task's end: its pipes' last bytes (a straggler holds them)
+_FLUSH_SECONDS = 30.0  # then, at most this long writing them out to a reader that is slow
 
 
 def _prctl(option: int, value: int) -> None:
@@ -217,7 +218,15 @@ class _Wrapper:
             os.close(self.output_fd)
             self.output_fd = None
             return False
-        self.out += channel.frame(channel.OUTPUT, channel.escape(data))
+        frame = channel.frame(channel.OUTPUT, channel.escape(data))
+        if not self.out:  # most often: straight on, with no copy into `out`
+            try:
+                frame = frame[os.write(1, frame):]
+            except BlockingIOError:
+                pass
+            except OSError:  # nobody reads any more (the coordinator is gone)
+                return True
+        self.out += frame
         return True
 
     def _read_markers(self) -> None:
@@ -244,13 +253,15 @@ class _Wrapper:
                 self.out += channel.frame(channel.MARKER, line[1:])
 
     def _flush(self, wait: bool = False) -> None:
-        """`out` to our stdout, as much as it takes now (`wait`: all of it, the end)."""
+        """`out` to our stdout, as much as it takes now (`wait`: all of it, the end, for at
+        most _FLUSH_SECONDS: the task's status matters more than its last bytes)."""
         self._take_sent()
+        until = time.monotonic() + _FLUSH_SECONDS
         while self.out:
             try:
                 n = os.write(1, self.out)
             except BlockingIOError:
-                if not wait:
+                if not wait or time.monotonic() > until:
                     return
                 select.select([], [1], [], 1.0)
                 continue
@@ -357,11 +368,11 @@ class _Wrapper:
         until = time.monotonic() + _DRAIN_SECONDS
         while (open_fds := [fd for fd in (self.output_fd, self.marker_fd) if fd is not None]) \
                 and (left := until - time.monotonic()) > 0:
-            ready, writable, _ = select.select(open_fds, [1] if self.out else [], [], left)
+            full = len(self.out) >= _OUT_LIMIT  # then only write, until there is room
+            ready, writable, _ = select.select([] if full else open_fds,
+                                               [1] if self.out else [], [], left)
             if writable:
                 self._flush()
-            if len(self.out) >= _OUT_LIMIT:
-                continue
             if self.marker_fd in ready:
                 self._read_markers()
             elif self.output_fd in ready:
