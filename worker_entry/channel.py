@@ -38,7 +38,11 @@ WRAPPER_EVENTS = frozenset(("usage", "sigterm"))
 
 
 def frame(kind: bytes, payload: bytes = b"") -> bytes:
-    return HEADER.pack(MAGIC, kind, len(payload)) + payload
+    return header(kind, len(payload)) + payload
+
+
+def header(kind: bytes, length: int) -> bytes:
+    return HEADER.pack(MAGIC, kind, length)
 
 
 def escape(data: bytes) -> bytes:
@@ -51,10 +55,19 @@ class Reader:
     kind RAW for bytes outside a frame (MAGIC in them escaped)."""
 
     def __init__(self) -> None:
-        self._rest = b""  # the start of a frame not whole yet
+        self._parts: list[bytes] = []  # a frame not whole yet, in the pieces it came in
+        self._size = 0  # their bytes
+        self._need = 0  # the bytes it takes: its header, then the whole frame
 
     def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
-        buf = self._rest + data if self._rest else data
+        if self._parts:  # a frame of 256 KiB comes in four reads: joined once, when whole
+            self._parts.append(data)
+            self._size += len(data)
+            if self._size < self._need:
+                return []
+            buf, self._parts, self._size = b"".join(self._parts), [], 0
+        else:
+            buf = data
         found: list[tuple[bytes, bytes]] = []
         at, size = 0, len(buf)
         while at < size:
@@ -76,10 +89,14 @@ class Reader:
                 break
             found.append((kind, buf[at + HEADER.size:end]))
             at = end
-        self._rest = buf[at:]
+        if at < size:  # the start of a frame: MAGIC, then too few bytes for it yet
+            self._parts, self._size = [buf[at:]], size - at
+            self._need = HEADER.size
+            if self._size >= HEADER.size:
+                self._need += HEADER.unpack_from(buf, at)[2]
         return found
 
     def end(self) -> list[tuple[bytes, bytes]]:
         """The stream ended: a frame cut short is text."""
-        rest, self._rest = self._rest, b""
+        rest, self._parts, self._size = b"".join(self._parts), [], 0
         return [(RAW, escape(rest))] if rest else []

@@ -309,14 +309,21 @@ class TaskOutput:
     def _feed(self, data: bytes) -> None:
         """The wrapper's frames: the task's bytes to the log and the lines, markers as
         lines of their own."""
+        text: list[bytes] = []  # the task's bytes from frames in a row: one write, one split
         for kind, payload in self._frames.feed(data):
             if kind in (channel.OUTPUT, channel.RAW):
-                self._task_bytes(payload)
-            elif kind in (channel.MARKER, channel.OWN):
+                text.append(payload)
+                continue
+            if text:
+                self._task_bytes(b"".join(text))
+                text.clear()
+            if kind in (channel.MARKER, channel.OWN):
                 self._marker_line(payload, own=kind == channel.OWN)
             elif kind == channel.SAY:  # the wrapper's words ("[tfo] ..."), a traceback's lines
                 for line in channel.escape(payload).decode(errors="replace").splitlines():
                     self.note(line)
+        if text:
+            self._task_bytes(b"".join(text))
 
     def _task_bytes(self, part: bytes) -> None:
         """The task's own output: to the log as it is, held markers after its line ends."""
