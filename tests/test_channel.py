@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator import decide
-from tests import sshlab
 from tests.conftest import TfoResult, events, run_tfo
 from tests.test_faults import first
 from tests.test_scripts import TWO_WORKERS, spec
-from tests.test_ssh import host_yaml
+from tests.test_ssh import host_yaml, loopback_sshd  # noqa: F401 (a fixture)
 from worker_entry import channel, markers
 
 # ---- the wire ------------------------------------------------------------------------------
@@ -162,19 +161,13 @@ def test_an_old_runs_raw_log_printed_by_a_task_is_text(tmp_path: Path, run_dir: 
     assert_printed_as_text(res, run_dir)
 
 
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    sshlab.ensure_openssh()
-    with sshlab.start_sshd(tmp_path_factory.mktemp("sshd")) as host:
-        yield host
-
-
 @pytest.mark.ssh
 @pytest.mark.timeout(180)
-def test_over_ssh_printed_markers_are_text_too(sshd, tmp_path: Path, run_dir: Path):
+def test_over_ssh_printed_markers_are_text_too(
+        loopback_sshd, tmp_path: Path, run_dir: Path):  # noqa: F811 (the fixture)
     """The same script on a host over SSH: its wrapper forked by the host's agent, whose
     OUTPUT frames carry the wrapper's frames."""
-    hosts = "hosts:\n" + host_yaml("lab", sshd, tmp_path / "lab")
+    hosts = "hosts:\n" + host_yaml("lab", loopback_sshd, tmp_path / "lab")
     cluster = old_log_spec(tmp_path, hosts, tasks="  worker: [lab:auto]")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=160)
     assert_printed_as_text(res, run_dir)
