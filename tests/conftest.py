@@ -91,12 +91,9 @@ def run_task(job: dict, workdir: Path, path: tuple[str, ...] = (),
            "PYTHONPATH": os.pathsep.join([*path, str(workdir), str(REPO)])}
     env.pop("TFO_LIFELINE", None)
     # The task's wrapper forks it; the task dies with the wrapper (its parent-death signal).
-    res = subprocess.run(task.command, cwd=workdir, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, timeout=timeout)
-    # Its stdout is frames (worker_entry.channel): read as tfo reads them, into a log. The
-    # task's stdout and stderr are one pipe to its wrapper: both `stdout` and `stderr` hold it.
-    text = unframe(res.stdout, workdir / "task.log")
-    return subprocess.CompletedProcess(res.args, res.returncode, text, text)
+    # No lifeline, no coordinator: its stdout is the task's, as text (no frames).
+    return subprocess.run(task.command, cwd=workdir, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def frame_lines(stream: BinaryIO) -> Iterator[str]:

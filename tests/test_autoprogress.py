@@ -279,7 +279,7 @@ def fits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     cases: dict[str, dict] = {}
     case: dict = {}
     for line in res.stdout.splitlines():
-        line = line.removeprefix(markers.START)
+        line = line.removeprefix(markers.START)  # a marker, as printed with no coordinator
         if line.startswith("CASE "):
             case = cases[line[5:]] = {"markers": [], "seen": None}
         elif line.startswith("RESULT "):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import decide
-from tests.conftest import TfoResult, events, run_tfo
+from tests.conftest import REPO, TfoResult, events, run_task, run_tfo
 from tests.test_faults import first
 from tests.test_scripts import TWO_WORKERS, spec
 from tests.test_ssh import host_yaml, loopback_sshd  # noqa: F401 (a fixture)
@@ -159,6 +159,22 @@ def test_an_old_runs_raw_log_printed_by_a_task_is_text(tmp_path: Path, run_dir: 
     99999) and the rest were recorded as tfo's events."""
     res = run_tfo("run", str(old_log_spec(tmp_path)), "--run-dir", str(run_dir), timeout=100)
     assert_printed_as_text(res, run_dir)
+
+
+@pytest.mark.timeout(60)
+def test_without_a_coordinator_the_wrappers_stdout_is_plain_text(tmp_path: Path):
+    """No lifeline (a Kubernetes pod of `tfo export`, `python -m worker_entry` by hand):
+    nobody reads frames, so none are written: the task's output as it printed it, and the
+    markers as text lines among it, as `kubectl logs` shows them."""
+    old = tmp_path / "old.log"
+    old.write_text("hello\n")
+    res = run_task({"script": str(REPO / "tests" / "scripts" / "old_log.py"),
+                    "args": [str(old)]}, tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "\nhello\ndone printing\n" in res.stdout
+    assert "/etc/passwd" in res.stderr
+    assert markers.MARK + '{"event": "done"}\n' in res.stdout  # the runner's, as text
+    assert markers.MARK + 'o' not in res.stdout  # no frame
 
 
 @pytest.mark.ssh

@@ -169,14 +169,15 @@ def _script_port() -> int | None:
 
 class _Wrapper:
     def __init__(self, task_pid: int, tmp_dir: str | None, lifeline: str | None,
-                 grace: float, handler_fd: int, pipes: tuple[int, int],
+                 grace: float, handler_fd: int, pipes: tuple[int, int] | None,
                  go_fd: int | None = None) -> None:
         self.task_pid, self.tmp_dir, self.grace = task_pid, tmp_dir, grace
         # The task's output and its markers (worker_entry.channel), until EOF: read by us
         # alone, and written on our stdout as frames from `out` (non-blocking: the loop
-        # never waits on a reader).
-        self.output_fd: int | None = pipes[0]
-        self.marker_fd: int | None = pipes[1]
+        # never waits on a reader). None: no coordinator reads us (see wrap): our markers
+        # and words are text on our stdout, which the task shares.
+        self.framed = pipes is not None
+        self.output_fd, self.marker_fd = pipes or (None, None)
         self.marker_part = b""  # a marker line not whole yet
         self.out: deque[bytes | memoryview] = deque()  # frames' pieces, written by writev
         self.out_bytes = 0
@@ -202,11 +203,13 @@ class _Wrapper:
     # ---- our stdout: frames ------------------------------------------------------------
     def _own(self, event: str, **fields: Any) -> None:
         """A marker of ours. list.append only: it may run in a signal handler."""
-        self.sent.append(channel.frame(channel.OWN, markers.line(event, **fields)[1:-1].encode()))
+        text = markers.line(event, **fields).encode()
+        self.sent.append(channel.frame(channel.OWN, text[1:-1]) if self.framed else text)
 
     def _say(self, message: str) -> None:
         """Our words, to the task's log (after what the task printed so far)."""
-        self.sent.append(channel.frame(channel.SAY, message.encode(errors="replace")))
+        text = message.encode(errors="replace")
+        self.sent.append(channel.frame(channel.SAY, text) if self.framed else text + b"\n")
 
     def _take_sent(self) -> None:
         """Our frames first: a `sigterm` goes before what the task prints after it."""
@@ -465,7 +468,7 @@ class _Wrapper:
             if self.quiet_limit and now - beat >= markers.HEARTBEAT_SECONDS \
                     and not self.standby:
                 beat = now
-                self.sent.append(channel.frame(channel.BEAT))  # we are alive
+                self.sent.append(channel.frame(channel.BEAT))  # we are alive (framed: SSH)
             if writable or self.sent:
                 self._flush()
             if not watched:
@@ -656,15 +659,20 @@ def wrap() -> None:
         if not waits and not _make_tmp_dir(tmp_dir):
             os._exit(1)
     lifeline = os.environ.get(markers.LIFELINE_ENV)
+    # A coordinator reads our stdout (every backend sets a lifeline): frames. Without one (a
+    # Kubernetes pod, `python -m worker_entry` by hand) our stdout is the task's, as text.
+    framed = bool(lifeline)
     sys.stdout.flush()
     sys.stderr.flush()
     handler_r, handler_w = os.pipe()  # not inherited across exec: only the task writes it
     go_r, go_w = os.pipe() if waits else (None, None)
     # The task's stdout and stderr, and its markers: pipes to us (worker_entry.channel).
-    output_r, output_w = os.pipe()
-    with contextlib.suppress(OSError, AttributeError):  # Linux: fewer hops through us
-        fcntl.fcntl(output_r, fcntl.F_SETPIPE_SZ, _READ_BYTES)
-    marker_r, marker_w = os.pipe()  # not inherited: what the task starts cannot write it
+    output_r, output_w = os.pipe() if framed else (-1, -1)
+    if framed:
+        with contextlib.suppress(OSError, AttributeError):  # Linux: fewer hops through us
+            fcntl.fcntl(output_r, fcntl.F_SETPIPE_SZ, _READ_BYTES)
+    # Not inherited: what the task starts cannot write it. Unframed: a copy of stdout.
+    marker_r, marker_w = os.pipe() if framed else (-1, os.dup(sys.stdout.fileno()))
     # Before the fork, so setproctitle loads once (2.3-2.9 ms here); the task renames itself.
     title.set_title(title.describe(os.environ, "wrapper", title.room()))
     task_pid = os.fork()
@@ -680,10 +688,11 @@ def wrap() -> None:
             faulthandler.register(getattr(signal, markers.STACKS_SIGNAL), all_threads=True)
         # Its output to us, and its markers on a pipe of their own, which nothing it
         # prints can reach: a line that looks like a marker is text.
-        os.dup2(output_w, 1)
-        os.dup2(output_w, 2)
-        for fd in (output_r, output_w, marker_r):
-            os.close(fd)
+        if framed:
+            os.dup2(output_w, 1)
+            os.dup2(output_w, 2)
+            for fd in (output_r, output_w, marker_r):
+                os.close(fd)
         markers.use_channel(marker_w)
         if lifeline:  # the heartbeat is the wrapper's to read
             devnull = os.open(os.devnull, os.O_RDONLY)
@@ -696,14 +705,15 @@ def wrap() -> None:
     os.close(handler_w)
     if go_r is not None:
         os.close(go_r)
-    for fd in (output_w, marker_w):
-        os.close(fd)
-    for fd in (output_r, marker_r, 1):
-        os.set_blocking(fd, False)
-    # Our stdout carries frames only: nothing else of ours may write into it (our words go
-    # in SAY frames).
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    os.close(devnull)
-    _Wrapper(task_pid, tmp_dir, lifeline, _grace(), handler_r, (output_r, marker_r),
-             go_w).run()
+    os.close(marker_w)
+    if framed:
+        os.close(output_w)
+        for fd in (output_r, marker_r, 1):
+            os.set_blocking(fd, False)
+        # Our stdout carries frames only: nothing else of ours may write into it (our words
+        # go in SAY frames).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+    _Wrapper(task_pid, tmp_dir, lifeline, _grace(), handler_r,
+             (output_r, marker_r) if framed else None, go_w).run()
