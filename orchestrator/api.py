@@ -109,10 +109,10 @@ class Result:
 
 
 def _tail(text: str, n: int) -> list[str]:
-    from worker_entry.markers import PREFIX, START
+    from worker_entry.markers import MARK
 
     kept = [line for line in text.splitlines()
-            if not line.lstrip(START).startswith(PREFIX)]  # markers: tfo's, not the task's
+            if not line.startswith(MARK)]  # markers: tfo's, not the task's
     return kept[-n:]
 
 

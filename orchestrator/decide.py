@@ -169,6 +169,18 @@ def exit_state(rc: int, torn_down_ok: bool, role: Role, rules: StrategyRules) ->
     return TaskState.FAILED if lost else TaskState.SUCCEEDED
 
 
+# The exit code our kill makes (-SIGKILL; decide imports no signal module).
+_KILLED = -9
+
+
+def stopped_in_teardown(rc: int) -> bool:
+    """Did our stop of a task in its teardown end it (its exit then is the status its
+    `exiting` marker said its code ended with)? Only if the kernel says our SIGKILL ended
+    it: a task that exited on its own meanwhile (its code, its own crash) is told by the
+    kernel's status, whatever it said before."""
+    return rc == _KILLED
+
+
 def busy_cpu(role: Role, rules: StrategyRules) -> float:
     """The CPU (percent of one core) a task's usage must say to count as a sign of work: a
     training task's IDLE_CPU (one blocked in a collective reads 0.0), a sidecar's

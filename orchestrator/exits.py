@@ -32,6 +32,8 @@ class Exits:
     def exited(self, rec: TaskRecord, rc: int) -> None:
         """Every task's exit, the sidecars' too, and while finishing."""
         job = self.job
+        if rec.current.torn_down and not decide.stopped_in_teardown(rc):
+            rec.current.torn_down = False  # it ended on its own meanwhile: the kernel's status
         if rec.current.torn_down and rec.current.exiting_code:
             # Stopped in its teardown, but its code had ended with an exit status of its own
             # (42: preempted, saved; 1: an error): that is how it exited, not a success.

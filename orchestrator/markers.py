@@ -4,9 +4,12 @@
                                  # starts like a marker but is not a valid one
     marker.event, marker.record()
 
-A task writes markers with worker_entry.markers.emit (kept free of pydantic: lab hosts may
-lack it). Anything a task prints can look like a marker, user code's included, so every one
-is checked here before the supervisor acts on it or records it.
+A task writes markers with worker_entry.markers.emit on a channel of their own, which its
+wrapper frames apart from its output (worker_entry.channel): what it prints is never read as
+one (kept free of pydantic: lab hosts may lack it). Still, a marker is the task's word, user
+code's included, so every one is checked here before the supervisor acts on it or records
+it, and what it may decide is checked against what tfo saw itself (an exit code is the
+kernel's).
 """
 
 from __future__ import annotations
@@ -179,13 +182,14 @@ _MARKER: TypeAdapter[Marker] = TypeAdapter(Marker)
 
 
 def read_marker(line: str) -> Marker | None:
-    """The marker in one output line, or None for an ordinary line. The reader takes
-    markers.START off; a line read some other way (the raw output) may still have it."""
-    line = line.removeprefix(m.START)
-    if not line.startswith(m.PREFIX):
+    """The marker in one line of a task's lines or log, or None for an ordinary line. A
+    marker line starts with markers.MARK: START, which the output reader puts before each
+    marker its task's wrapper framed and never lets the task's own text begin with
+    (orchestrator/launch/output.py), then "@tfo ". Text that only looks like one is text."""
+    if not line.startswith(m.MARK):
         return None
     try:
-        data = json.loads(line[len(m.PREFIX):])
+        data = json.loads(line[len(m.MARK):])
     except (ValueError, RecursionError) as e:  # 64 KiB of `[` is too deep for json
         raise BadMarker(f"not JSON: {str(e)[:200]}") from None
     try:

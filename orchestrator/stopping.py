@@ -102,8 +102,9 @@ class Stopping:
         job.set(r, TaskState.STOPPED)
         rc, said = r.current.returncode, r.current.exiting_code
         # Its code had ended with a status of its own (the `exiting` marker) and it waited in
-        # its teardown: that status is how it ended, as in Exits.exited.
-        told = said is not None and rc is not None
+        # its teardown until our signal ended it: that status is how it ended, as in
+        # Exits.exited. One that exited on its own meanwhile is told by the kernel's status.
+        told = said is not None and rc is not None and rc < 0
         how = decide.stopped_how(describe_exit(rc), lost_contact(r),
                                  describe_exit(said) if told else None,
                                  self.notes.get(r.name, ""))

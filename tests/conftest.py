@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import psutil
 import pytest
@@ -90,8 +91,39 @@ def run_task(job: dict, workdir: Path, path: tuple[str, ...] = (),
            "PYTHONPATH": os.pathsep.join([*path, str(workdir), str(REPO)])}
     env.pop("TFO_LIFELINE", None)
     # The task's wrapper forks it; the task dies with the wrapper (its parent-death signal).
+    # No lifeline, no coordinator: its stdout is the task's, as text (no frames).
     return subprocess.run(task.command, cwd=workdir, env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def frame_lines(stream: BinaryIO) -> Iterator[str]:
+    """A wrapper's stdout, read as it comes, as the lines tfo takes from it: the task's text,
+    and each marker a line starting with markers.START."""
+    from worker_entry import channel
+    from worker_entry.markers import START
+
+    reader, text = channel.Reader(), b""
+    while data := stream.read1(65536):
+        for kind, payload in reader.feed(data):
+            if kind in (channel.MARKER, channel.OWN):
+                yield START + payload.decode()
+            elif kind != channel.BEAT:
+                text += payload + (b"\n" if kind == channel.SAY else b"")
+                *whole, text = text.split(b"\n")
+                yield from (line.decode(errors="replace") for line in whole)
+    if text:
+        yield text.decode(errors="replace")
+
+
+def unframe(data: bytes, log: Path) -> str:
+    """A wrapper's stdout as tfo writes it to the task's log: the task's text, and each
+    marker a line of its own starting with markers.START."""
+    from orchestrator.launch.output import TaskOutput
+
+    out = TaskOutput(str(log), None, "unframe")
+    out.feed(data)
+    out.end()
+    return log.read_text(errors="replace")
 
 
 def kill_tree(pid: int) -> None:

@@ -14,6 +14,7 @@ import re
 import select
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from tests.conftest import (
     REPO,
     SSH_LAB,
     events,
+    frame_lines,
     kill_tree,
     run_processes,
     run_tfo,
@@ -84,16 +86,24 @@ class Wrapped:
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "tests.jobs.escape", marker, action], cwd=REPO,
             env={**wrapper_env(tmp), "TFO_LIFELINE": lifeline},
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True)
         self.output: str | None = None
+        assert self.proc.stdout is not None
+        self._lines = frame_lines(self.proc.stdout)  # its stdout: frames
+        self._seen: list[str] = []
 
     def task_line(self) -> str:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+        for line in self._lines:
+            self._seen.append(line)
             if line.startswith("[escape] task pid="):
                 return line
         raise AssertionError(f"the task never started; exit {self.proc.wait()}")
+
+    def write(self, data: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data.encode())
+        self.proc.stdin.flush()
 
     def close_lifeline(self) -> None:
         """What the kernel does when the coordinator dies."""
@@ -105,11 +115,12 @@ class Wrapped:
         if self.output is None:
             if self.proc.poll() is None:
                 kill_tree(self.proc.pid)
-            try:
-                self.output = self.proc.communicate(timeout=10)[0]
-            except subprocess.TimeoutExpired:  # something still holds the output pipe
-                self.output = ""
-                self.proc.kill()
+            reader = threading.Thread(target=lambda: self._seen.extend(self._lines), daemon=True)
+            reader.start()
+            reader.join(10)  # longer: something still holds the output pipe
+            with contextlib.suppress(OSError):
+                self.proc.wait(10)
+            self.output = "\n".join(self._seen) + "\n"
         return self.output
 
 
@@ -253,8 +264,7 @@ def test_the_wrapper_reports_usage_and_answers_a_stacks_request(marker: str, tmp
     try:
         task_pid = int(re.search(r"pid=(\d+)", w.task_line()).group(1))
         assert w.proc.stdin is not None
-        w.proc.stdin.write("?")  # markers.STACKS down the lifeline
-        w.proc.stdin.flush()
+        w.write("?")  # markers.STACKS down the lifeline
         time.sleep(USAGE_SECONDS + 0.5)
         os.kill(task_pid, signal.SIGSTOP)
         time.sleep(USAGE_SECONDS + 0.5)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, unframe
 from tests.test_agent import Agent
 from worker_entry import forkstart, frames
 
@@ -104,7 +104,7 @@ def _run(agent: Agent, slot: int, tmp: Path, action: str, **extra: str
         "cwd": str(work)}).encode())
     agent.wait(frames.STARTED, slot)
     code = agent.wait(frames.EXITED, slot)
-    text = agent.output(slot).decode()
+    text = unframe(agent.output(slot), tmp / f"task-{slot}.log")  # the wrapper's frames
     seen = json.loads(next(line for line in text.splitlines() if line.startswith("{")))
     return code, seen, text
 

@@ -26,7 +26,7 @@ from tests import sshlab
 from tests.conftest import REPO, events, kill_tree, run_tfo, tfo_cmd, write_spec
 from tests.jobs.noisy import BAD_MARKERS
 from tests.test_ssh import host_yaml
-from worker_entry import markers
+from worker_entry import channel, markers
 
 # ---- markers: (line, what the error names) -------------------------------------------------
 BAD = [
@@ -48,20 +48,25 @@ BAD = [
 
 @pytest.mark.parametrize(("line", "error"), BAD)
 def test_bad_markers_are_refused_with_the_reason(line, error):
+    """A marker line (START first: from a marker's frame) that is not a valid marker."""
     with pytest.raises(BadMarker, match=error.replace(".", r"\.")):
-        read_marker(line)
+        read_marker(markers.START + line)
 
 
 def test_markers_and_ordinary_lines():
+    start = markers.START
     assert read_marker("Epoch 1/5") is None
-    assert read_marker(' @tfo {"event": "done"}') is None
-    up = read_marker('@tfo {"event": "up", "pid": 12, "host": "vm"}')
+    assert read_marker(f' {start}@tfo {{"event": "done"}}') is None
+    # Without START, a line only looks like a marker: text a task printed.
+    assert read_marker('@tfo {"event": "done"}') is None
+    assert read_marker('@tfo {"event": "done"') is None  # not even a bad one
+    up = read_marker(start + '@tfo {"event": "up", "pid": 12, "host": "vm"}')
     assert isinstance(up, Up) and up.record() == {"pid": 12, "host": "vm"}
-    ev = read_marker('@tfo {"event": "evaluated", "epoch": 3, "checkpoint": "c", '
+    ev = read_marker(start + '@tfo {"event": "evaluated", "epoch": 3, "checkpoint": "c", '
                      '"metrics": {"loss": 0.5, "accuracy": NaN}}')
     assert isinstance(ev, Evaluated) and ev.metrics["loss"] == 0.5
     # A field a newer worker_entry may add is recorded as it is.
-    ready = read_marker('@tfo {"event": "ready", "what": "training", "gpus": 2}')
+    ready = read_marker(start + '@tfo {"event": "ready", "what": "training", "gpus": 2}')
     assert ready is not None and ready.record() == {"what": "training", "gpus": 2}
 
 
@@ -89,20 +94,44 @@ def test_an_overlong_line_is_cut_in_memory_and_whole_in_the_log(tmp_path):
     assert data == b"".join(parts) + b"\n"  # every byte, and the log ends a line
 
 
+def _out(data: bytes) -> bytes:
+    return channel.frame(channel.OUTPUT, channel.escape(data))
+
+
 def test_a_marker_amid_a_line_is_taken_out_and_the_line_goes_on_whole(tmp_path):
     """The wrapper's usage marker arrives while the task is half-way through a line (a
     progress bar, a line printed in pieces), once split over two reads."""
-    usage = markers.line(markers.USAGE, cpu=1.0, rss=2**20).encode()
+    line = markers.line(markers.USAGE, cpu=1.0, rss=2**20)
+    usage = channel.frame(channel.OWN, line[1:-1].encode())
     log = tmp_path / "t.log"
-    parts = [b"epoch 1/3 [====", usage, b"====] done\nnext ", usage[:9], usage[9:],
-             b"line\n", usage]
+    parts = [_out(b"epoch 1/3 [===="), usage, _out(b"====] done\nnext "), usage[:9],
+             usage[9:], _out(b"line\n"), usage]
     lines = _collect(TaskOutput(str(log), _chunks(*parts), "t"))
-    marker = usage.decode().removeprefix(markers.START).rstrip("\n")
+    marker = line.rstrip("\n")
+    assert marker.startswith(markers.MARK)
     assert lines == [marker, "epoch 1/3 [========] done", marker, "next line", marker]
-    assert all(isinstance(read_marker(x), Usage) for x in (marker, usage.decode()))
+    assert isinstance(read_marker(marker), Usage)
     # The log: the task's lines whole, each marker after the line it interrupted.
     assert log.read_text().splitlines() == ["epoch 1/3 [========] done", marker, "next line",
                                             marker, marker]
+
+
+def test_what_a_task_prints_is_never_a_marker(tmp_path):
+    """A task's bytes (OUTPUT frames: the wrapper reads its stdout and stderr) that hold a
+    marker's text, START, even a whole marker frame: text in its lines and its log, START
+    escaped."""
+    forged = markers.line(markers.DONE).encode()
+    frame = channel.frame(channel.MARKER, forged[1:-1])
+    log = tmp_path / "t.log"
+    parts = [_out(forged), _out(frame + b"\n"), _out(b"@tfo " + forged[6:])]
+    lines = _collect(TaskOutput(str(log), _chunks(*parts), "t"))
+    assert [read_marker(x) for x in lines] == [None] * 3
+    assert lines[0] == '\\x1f@tfo {"event": "done"}'
+    assert not any(x.startswith(markers.START) for x in log.read_text().splitlines())
+    # A cut frame is text too; bytes outside frames before and after.
+    cut = channel.frame(channel.OWN, b'@tfo {"event": "done"}')[:-3]
+    assert _collect(TaskOutput(str(log), _chunks(b"before\n", cut), "t"))[0] == "before"
+    assert read_marker(markers.START + '@tfo {"event": "done"}') is not None
 
 
 def test_a_full_queue_makes_the_reader_wait_not_grow(tmp_path):
@@ -307,8 +336,8 @@ def test_lines_that_only_look_like_markers_are_ordinary_output(run_dir: Path, tm
     for line in BAD_MARKERS:
         assert line in log
         assert f"[worker:0] {line}" in shown
-    bad = [e for e in events(run_dir) if e["event"] == "task_bad_marker"]
-    assert len(bad) == len(BAD_MARKERS) and all(e["task"] == "worker:0" for e in bad)
+    # Printed, they are the task's text: not markers at all, not even bad ones.
+    assert not [e for e in events(run_dir) if e["event"] == "task_bad_marker"]
     assert "evaluator:" not in stderr  # no evaluation came from the bad `evaluated` lines
 
 
@@ -347,7 +376,7 @@ def test_a_100mb_line_is_logged_whole_without_holding_it(run_dir: Path, tmp_path
         f.seek(-(2**20 + 4096), os.SEEK_END)
         tail = f.read()
     line_end = tail.rindex(b"x" * 2**20 + b"\n") + 2**20 + 1
-    assert all(x.startswith(b"@tfo ") for x in tail[line_end:].splitlines())
+    assert all(x.startswith(markers.MARK.encode()) for x in tail[line_end:].splitlines())
     shown = [line for line in out.read_text().splitlines() if line.startswith("[worker:0] xxx")]
     assert shown == ["[worker:0] " + "x" * LINE_CAP
                      + f" [… {mb * 2**20 - LINE_CAP} bytes more in the log]"]
@@ -379,7 +408,7 @@ timeouts: {{grace_seconds: 3}}
     code = _finish(_start(tmp_path, run_dir, out.open("w"), spec=spec), 180)
     assert code == 0, (tmp_path / "stderr").read_text()[-3000:]
     log = (run_dir / "logs" / "worker-0.log").read_bytes()
-    assert b"@tfo-pid" not in log and markers.BEAT not in log
+    assert b"@tfo-pid" not in log and markers.START.encode() + b"o" not in log
     # The line whole (a usage marker that came while it was printed follows it).
     end = log.index(b"noisy: printed\n")
     assert log[end:].split(b"\n")[1] == b"x" * (mb * 2**20)
@@ -387,18 +416,21 @@ timeouts: {{grace_seconds: 3}}
     assert all(line.encode() in log for line in BAD_MARKERS)
     evs = events(run_dir)
     assert isinstance(next(e["pid"] for e in evs if e["event"] == "task_started"), int)
-    assert sum(e["event"] == "task_bad_marker" for e in evs) == len(BAD_MARKERS)
+    assert not any(e["event"] == "task_bad_marker" for e in evs)  # text, not markers
     assert f" [… {mb * 2**20 - LINE_CAP} bytes more in the log]" in out.read_text()
 
 
 # ---- tfo logs -------------------------------------------------------------------------------
+M = markers.MARK
+
+
 def _fake_run(root: Path, name: str, mtime: float) -> Path:
     rd = root / "runs" / name
     (rd / "logs").mkdir(parents=True)
     for task in ("worker-0", "worker-1"):
         (rd / "logs" / f"{task}.log").write_text(
-            f"===== tfo: {task} attempt 0 =====\n@tfo {{\"event\": \"up\", \"pid\": 1}}\n"
-            f"{name} {task} says hi\n{BAD_MARKERS[0]}\n@tfo {{\"event\": \"done\"}}\n")
+            f"===== tfo: {task} attempt 0 =====\n{M}{{\"event\": \"up\", \"pid\": 1}}\n"
+            f"{name} {task} says hi\n{BAD_MARKERS[0]}\n{M}{{\"event\": \"done\"}}\n")
     (rd / "events.jsonl").write_text("{}\n")
     os.utime(rd / "events.jsonl", (mtime, mtime))
     return rd
@@ -422,7 +454,7 @@ def test_logs_hide_markers_and_take_a_task_name_alone(tmp_path, monkeypatch):
     assert logs("-n", "2", "worker:1") == (0, one[-2:])
     assert logs(str(old), "worker:1") == (0, [x.replace("new", "old") for x in one])
     code, shown = logs("--raw", "worker:1")
-    assert code == 0 and '@tfo {"event": "done"}' in shown and len(shown) == 5
+    assert code == 0 and M + '{"event": "done"}' in shown and len(shown) == 5
     code, shown = logs()
     assert code == 0 and len(shown) == 6 and shown[4] == "[worker:1] new worker-1 says hi"
     code, shown = logs("worker:7")
@@ -520,6 +552,7 @@ def test_a_flooding_task_costs_the_coordinator_little_and_the_log_keeps_every_li
     hidden = sum(map(int, re.findall(r"^\[worker:0\] \[tfo\] (\d+) lines not shown", out, re.M)))
     assert shown + hidden == 2_000_001, (shown, hidden, out[-2000:])  # and its last line
     assert shown <= FLOOD_LINES * (wall + 1)
+    print(f"the coordinator spent {cpu:.2f} s of CPU in {wall:.1f} s")
     assert cpu < 2.5, f"the coordinator spent {cpu:.2f} s of CPU in {wall:.1f} s"
     with open(run_dir / "logs" / "worker-0.log", "rb") as log:
         assert sum(line.startswith(b"flood x") for line in log) == 2_000_000
@@ -534,11 +567,11 @@ def test_a_usage_marker_waits_for_the_loop_s_next_round_and_a_line_wakes_it(tmp_
     out = TaskOutput(str(tmp_path / "log"), None, "t")  # fed, no reader thread
     waiter.wait(0)  # what other tests notified
     usage = markers.line(markers.USAGE, cpu=0.0, rss=1, processes=1, stopped=False)
-    out.feed(usage.encode())
+    out.feed(channel.frame(channel.OWN, usage[1:-1].encode()))
     assert waiter.wait(0) == (set(), False), "a usage marker woke the loop"
-    out.feed(b"epoch 1\n")
+    out.feed(_out(b"epoch 1\n"))
     assert waiter.wait(0) == (set(), True), "a line behind a usage marker did not wake it"
     assert [read_marker(line) is not None for line in out.lines()] == [True, False]
-    out.feed(markers.line(markers.READY).encode())
+    out.feed(channel.frame(channel.MARKER, markers.line(markers.READY)[1:-1].encode()))
     assert waiter.wait(0) == (set(), True), "a ready marker did not wake the loop"
     out.end()

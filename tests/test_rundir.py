@@ -136,7 +136,8 @@ def test_an_ambiguous_prefix_lists_a_few_runs_and_counts_the_rest(tmp_path: Path
 
 
 # ---- tfo logs in constant memory (issue 31) ------------------------------------------------
-LOG = b"one\n@tfo {\"event\": \"up\", \"pid\": 1}\ntwo\n\nthree\n@tfo {\"event\": \"done\"}\n"
+LOG = (b"one\n\x1f@tfo {\"event\": \"up\", \"pid\": 1}\ntwo\n\nthree\n"
+       b"\x1f@tfo {\"event\": \"done\"}\n")
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1 << 20])
@@ -188,11 +189,11 @@ def test_logs_of_a_big_log_take_constant_memory(tmp_path: Path):
     (rd / "logs").mkdir(parents=True)
     (rd / "events.jsonl").write_text("{}\n")
     block = b"".join(b"epoch %d step %d loss 0.%06d %s\n" % (i // 100, i, i, b"x" * 60)
-                     + b"@tfo {\"event\": \"done\"}\n" * (i % 2) for i in range(10_000))
+                     + b"\x1f@tfo {\"event\": \"done\"}\n" * (i % 2) for i in range(10_000))
     with (rd / "logs" / "worker-0.log").open("wb") as f:
         for _ in range(200 * 2**20 // len(block)):
             f.write(block)
-        f.write(b"the last line\n@tfo {\"event\": \"done\"}\n")
+        f.write(b"the last line\n\x1f@tfo {\"event\": \"done\"}\n")
     size = (rd / "logs" / "worker-0.log").stat().st_size
     assert size > 200e6
     logs = tfo_cmd("logs", str(rd), "worker:0")

@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import PYTHON, REPO, events, run_task, run_tfo, wait_until, write_spec
 from tests.test_faults import Tfo, first, kill_task
+from worker_entry import markers
 
 SCRIPTS = REPO / "tests" / "scripts"
 
@@ -48,7 +49,7 @@ def autograph_files() -> set[str]:
 
 def attempts(log: str) -> list[str]:
     """A task's log, cut where each attempt's task starts (its `up` marker)."""
-    return re.split(r'^@tfo \{"event": "up".*$', log, flags=re.M)[1:]
+    return re.split(r'^\x1f@tfo \{"event": "up".*$', log, flags=re.M)[1:]
 
 
 def no_temp_left(run_dir: Path) -> bool:
@@ -392,7 +393,7 @@ def test_a_scripts_traceback_starts_at_the_users_file(tmp_path, run_dir):
     assert res.returncode == 1, res.output[-3000:]
     log = (run_dir / "logs" / "worker-0.log").read_text()
     trace = [line for line in log[log.index("Traceback (most recent call last):"):].splitlines()
-             if not line.startswith("@tfo ")]
+             if not line.startswith(markers.MARK)]
     assert trace[1].startswith(f'  File "{SCRIPTS / "show_env.py"}", line '), log
     assert trace[1].endswith(", in <module>") and "runpy" not in log and "runner.py" not in log
     assert trace[-1] == "ValueError: the learning rate is negative"

@@ -227,6 +227,20 @@ def test_ps_job_has_its_ps_on_one_node_and_workers_on_both(lab: slurmlab.SlurmLa
     _no_job_within(lab, _job_id(res.stderr), 10)
 
 
+@pytest.mark.timeout(240)
+def test_what_a_step_prints_is_text_and_its_markers_come_through_srun(
+        lab: slurmlab.SlurmLab, run_dir: Path, tmp_path: Path):
+    """srun forwards only stdout and stderr: the wrapper's frames on its stdout carry the
+    markers, and marker-shaped lines the task prints (an old run's log) are its text."""
+    from tests.test_channel import assert_printed_as_text, old_log_spec
+
+    backend = f'backend:\n  slurm: {{partition: {slurmlab.PARTITION}, time: "10"}}\n'
+    cluster = old_log_spec(tmp_path, backend, tasks="  worker: 1")
+    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=200)
+    assert_printed_as_text(res, run_dir)
+    _no_job_within(lab, _job_id(res.stderr), 10)
+
+
 def _step_of(lab: slurmlab.SlurmLab, job_id: str, task: str, attempt: int) -> str | None:
     cp = lab.run("squeue", "-h", "-s", "-j", job_id, "-o", "%i %j")
     for line in cp.stdout.splitlines():

@@ -35,7 +35,7 @@ from orchestrator.supervise import (
 )
 from tests import golden
 from tests.conftest import events as run_events
-from worker_entry.markers import EXIT_PERMANENT
+from worker_entry.markers import EXIT_PERMANENT, PREFIX, START
 
 READY = '@tfo {"event": "ready", "what": "training"}'
 VIA = {"multi_worker_mirrored": "MultiWorkerMirroredStrategy",
@@ -139,7 +139,9 @@ class FakeHandle:
         while self._timed and self._timed[0][0] <= now and self._rc is None:
             self._lines.append(self._timed.pop(0)[1])
         out, self._lines = self._lines, []
-        return out
+        # The scripts' "@tfo ..." lines are markers, as the output reader hands on what the
+        # wrapper framed as one (markers.MARK).
+        return [START + line if line.startswith(PREFIX) else line for line in out]
 
     def close(self, timeout: float = 1.0) -> list[str]:
         return self.lines()
@@ -728,9 +730,12 @@ def test_the_summary_tail_skips_markers(tmp_path):
     from orchestrator.supervise import tail
 
     log = tmp_path / "worker-1.log"
-    log.write_text("".join(f"line {i}\n{usage(False)}\n{progress(i)}\n" for i in range(30))
-                   + '@tfo {"event": "usage", "cpu": "lots"}\n')
-    assert tail(str(log), 3) == ["line 28", "line 29", '@tfo {"event": "usage", "cpu": "lots"}']
+    log.write_text("".join(f"line {i}\n{START}{usage(False)}\n{START}{progress(i)}\n"
+                           for i in range(30))
+                   + f'{START}@tfo {{"event": "usage", "cpu": "lots"}}\n'
+                   + '@tfo {"event": "done"}\n')  # the task's text: no START
+    assert tail(str(log), 3) == ["line 29", f'{START}@tfo {{"event": "usage", "cpu": "lots"}}',
+                                 '@tfo {"event": "done"}']
 
 
 class FdHandle(FakeHandle):

@@ -64,6 +64,8 @@ import atexit
 import contextlib
 import ctypes
 import faulthandler
+import fcntl
+import itertools
 import json
 import os
 import resource
@@ -73,16 +75,26 @@ import signal
 import sys
 import time
 import traceback
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from worker_entry import markers, standby, title, usage
+from worker_entry import channel, markers, standby, title, usage
 from worker_entry.listen import listening
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _CLEANUP_SECONDS = 5.0  # at most this long killing descendants (a fork bomb): then give up
 _GRACE_SECONDS = 10.0  # from SIGTERM to SIGKILL when the plan does not say (spec's default)
+# Bytes waiting to go out on our stdout: the task's pipes are not read past it (the task
+# then waits on a full pipe, as it would on the coordinator's).
+_OUT_LIMIT = 1 << 20
+# The task's output pipe's size, and what one read takes (its MAGIC escaped, a frame's payload
+# stays under channel.MAX_PAYLOAD): fewer, bigger hops through us than the default 64 KiB.
+_READ_BYTES = 256 * 1024
+_COALESCE_SECONDS = 0.001
+_DRAIN_SECONDS = 2.0  # after the task's end: its pipes' last bytes (a straggler holds them)
+_FLUSH_SECONDS = 30.0  # then, at most this long writing them out to a reader that is slow
 
 
 def _prctl(option: int, value: int) -> None:
@@ -157,8 +169,19 @@ def _script_port() -> int | None:
 
 class _Wrapper:
     def __init__(self, task_pid: int, tmp_dir: str | None, lifeline: str | None,
-                 grace: float, handler_fd: int, go_fd: int | None = None) -> None:
+                 grace: float, handler_fd: int, pipes: tuple[int, int] | None,
+                 go_fd: int | None = None) -> None:
         self.task_pid, self.tmp_dir, self.grace = task_pid, tmp_dir, grace
+        # The task's output and its markers (worker_entry.channel), until EOF: read by us
+        # alone, and written on our stdout as frames from `out` (non-blocking: the loop
+        # never waits on a reader). None: no coordinator reads us (see wrap): our markers
+        # and words are text on our stdout, which the task shares.
+        self.framed = pipes is not None
+        self.output_fd, self.marker_fd = pipes or (None, None)
+        self.marker_part = b""  # a marker line not whole yet
+        self.out: deque[bytes | memoryview] = deque()  # frames' pieces, written by writev
+        self.out_bytes = 0
+        self.sent: list[bytes] = []  # frames from a signal handler, moved to `out` by the loop
         self.go_fd = go_fd  # a standby's, until GO: the task waits for a byte on it
         self.handler_fd: int | None = handler_fd  # the task: b"1" handler set, b"0" unset
         self.handles_sigterm = False
@@ -173,6 +196,97 @@ class _Wrapper:
         self.kill_at: float | None = None  # after a SIGTERM: when the task gets SIGKILL
         self.meter = usage.Meter()
         self.usage_at = markers.next_usage(time.monotonic())
+        self.ready_at = 0.0  # the port's next look
+        self.output_at = 0.0  # the task's output pipe is read again from then
+        self.last_read = 0  # bytes of the last read of it
+
+    # ---- our stdout: frames ------------------------------------------------------------
+    def _own(self, event: str, **fields: Any) -> None:
+        """A marker of ours. list.append only: it may run in a signal handler."""
+        text = markers.line(event, **fields).encode()
+        self.sent.append(channel.frame(channel.OWN, text[1:-1]) if self.framed else text)
+
+    def _say(self, message: str) -> None:
+        """Our words, to the task's log (after what the task printed so far)."""
+        text = message.encode(errors="replace")
+        self.sent.append(channel.frame(channel.SAY, text) if self.framed else text + b"\n")
+
+    def _take_sent(self) -> None:
+        """Our frames first: a `sigterm` goes before what the task prints after it."""
+        while self.sent:
+            self._queue(self.sent.pop(0))
+
+    def _queue(self, *pieces: bytes) -> None:
+        self.out.extend(pieces)
+        self.out_bytes += sum(map(len, pieces))
+
+    def _read_output(self) -> bool:
+        """The task's next bytes, as one frame: False once there are none for now."""
+        assert self.output_fd is not None
+        self._take_sent()
+        try:
+            data = os.read(self.output_fd, _READ_BYTES)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            os.close(self.output_fd)
+            self.output_fd = None
+            return False
+        self.last_read = len(data)
+        payload = channel.escape(data)
+        self._queue(channel.header(channel.OUTPUT, len(payload)), payload)
+        if self.out_bytes == len(payload) + channel.HEADER.size:
+            self._flush()  # most often: straight on
+        return True
+
+    def _read_markers(self) -> None:
+        """The task's markers, each checked to be one, after every byte the task printed
+        before it (they are in its output pipe by now: emit flushes stdout first)."""
+        assert self.marker_fd is not None
+        self._take_sent()
+        while self.output_fd is not None and self.out_bytes < _OUT_LIMIT and self._read_output():
+            pass
+        try:
+            data = os.read(self.marker_fd, _READ_BYTES)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            os.close(self.marker_fd)
+            self.marker_fd = None
+            return
+        *whole, self.marker_part = (self.marker_part + data).split(b"\n")
+        self.marker_part = self.marker_part[:_READ_BYTES]  # no line without end held for good
+        for line in whole:
+            if _is_task_marker(line):
+                self._queue(channel.frame(channel.MARKER, line[1:]))
+
+    def _flush(self, wait: bool = False) -> None:
+        """`out` to our stdout, as much as it takes now (`wait`: all of it, the end, for at
+        most _FLUSH_SECONDS: the task's status matters more than its last bytes)."""
+        self._take_sent()
+        until = time.monotonic() + _FLUSH_SECONDS
+        while self.out:
+            try:
+                n = os.writev(1, list(itertools.islice(self.out, 64)))
+            except BlockingIOError:
+                if not wait or time.monotonic() > until:
+                    return
+                select.select([], [1], [], 1.0)
+                continue
+            except OSError:  # nobody reads any more (the coordinator is gone)
+                self.out.clear()
+                self.out_bytes = 0
+                return
+            self.out_bytes -= n
+            while n:  # what went out: whole pieces, then the start of the next
+                if len(self.out[0]) <= n:
+                    n -= len(self.out.popleft())
+                else:
+                    self.out[0], n = memoryview(self.out[0])[n:], 0
 
     def _kill_task(self, signum: int = 0, frame: object = None) -> None:
         self._signal_task(signal.SIGKILL)
@@ -191,14 +305,14 @@ class _Wrapper:
         self._read_handler_state()
         if not self.handles_sigterm or self.standby:
             if self.status is None and not self.standby:
-                _write(markers.line(markers.SIGTERM, grace=0))
+                self._own(markers.SIGTERM, grace=0)
             self._kill_task()
             return
         # The marker first: the coordinator must know of the SIGTERM before the task's exit
         # 42 can reach it (and before anything the task prints about saving).
         if self.kill_at is None and self.status is None:
             self.kill_at = time.monotonic() + self.grace
-            _write(markers.line(markers.SIGTERM, grace=self.grace))
+            self._own(markers.SIGTERM, grace=self.grace)
         self._signal_task(signal.SIGTERM)
 
     def _read_handler_state(self) -> None:
@@ -236,7 +350,7 @@ class _Wrapper:
         if standby.adopt_pool_env():  # a pool standby learns its task only now
             self.tmp_dir, self.grace, self.ready_port = _task_tmp_dir(), _grace(), _script_port()
             title.set_title(title.describe(os.environ, "wrapper", title.room()))
-        if self.tmp_dir and not _make_tmp_dir(self.tmp_dir):
+        if self.tmp_dir and not _make_tmp_dir(self.tmp_dir, self._say):
             self._kill_task()
         else:
             with contextlib.suppress(OSError):
@@ -255,23 +369,44 @@ class _Wrapper:
         try:
             self._watch()
         except BaseException:  # a bug of ours: say where, and still clean up
-            _say(traceback.format_exc())
+            self._say(traceback.format_exc())
         self._end_descendants()  # the task too, if a bug left it running
+        if not self.standby:
+            self._drain()
         if self.tmp_dir and not self.standby:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
         if self.lost_contact:  # the task's SIGKILL was ours: say why instead
             self.status = markers.EXIT_LIFELINE << 8
+        self._flush(wait=True)
         _exit_like(self.status if self.status is not None else 70 << 8)
+
+    def _drain(self) -> None:
+        """The task's last bytes and markers, up to EOF (everything that held its pipes is
+        gone by now), or _DRAIN_SECONDS."""
+        until = time.monotonic() + _DRAIN_SECONDS
+        while (open_fds := [fd for fd in (self.output_fd, self.marker_fd) if fd is not None]) \
+                and (left := until - time.monotonic()) > 0:
+            full = self.out_bytes >= _OUT_LIMIT  # then only write, until there is room
+            ready, writable, _ = select.select([] if full else open_fds,
+                                               [1] if self.out else [], [], left)
+            if writable:
+                self._flush()
+            if self.marker_fd in ready:
+                self._read_markers()
+            elif self.output_fd in ready:
+                self._read_output()
 
     def _timeout(self, now: float) -> float | None:
         """How long select may wait: until the next duty falls due (None: no duty, a standby)."""
         due = [] if self.standby else [self.usage_at]
         if self.ready_port and not self.standby:
-            due.append(now + _READY_POLL_SECONDS)
+            due.append(self.ready_at)
         if self.quiet_limit:
             due.append(now + 0.5)
         if self.kill_at is not None:
             due.append(self.kill_at)
+        if self.output_at > now:
+            due.append(self.output_at)
         return max(0.0, min(due) - now) if due else None
 
     def _watch(self) -> None:
@@ -290,16 +425,31 @@ class _Wrapper:
         os.set_blocking(self.handler_fd, False)
         heard = beat = time.monotonic()
         while self.status is None:
-            # Made anew each round: the handler's pipe leaves it at EOF.
+            # Made anew each round: the handler's pipe leaves it at EOF. The task's pipes are
+            # read once it runs (a standby's wait in them until GO) and while `out` has room.
             fds = [wake_r, *watched] + ([self.handler_fd] if self.handler_fd is not None
                                         else [])
-            ready, _, _ = select.select(fds, [], [], self._timeout(time.monotonic()))
+            now = time.monotonic()
+            if not self.standby and self.out_bytes < _OUT_LIMIT:
+                fds += [fd for fd in (self.marker_fd,) + (
+                    (self.output_fd,) if now >= self.output_at else ()) if fd is not None]
+            ready, writable, _ = select.select(fds, [1] if self.out or self.sent else [], [],
+                                               self._timeout(now))
             while self._closing:
                 os.close(self._closing.pop())
             now = time.monotonic()
-            if self.ready_port and not self.standby and listening(self.ready_port):
-                self.ready_port = None
-                _write(markers.line(markers.READY, what="training", by="port"))
+            if self.marker_fd is not None and self.marker_fd in ready:
+                self._read_markers()  # the output before it first
+            elif self.output_fd is not None and self.output_fd in ready \
+                    and self._read_output() and self.last_read < _READ_BYTES // 4:
+                # A task printing in small pieces (a line at a time, flushed) would wake us
+                # for each: after a small read, the next waits _COALESCE_SECONDS.
+                self.output_at = now + _COALESCE_SECONDS
+            if self.ready_port and not self.standby and now >= self.ready_at:
+                self.ready_at = now + _READY_POLL_SECONDS
+                if listening(self.ready_port):
+                    self.ready_port = None
+                    self._own(markers.READY, what="training", by="port")
             if self.handler_fd is not None and self.handler_fd in ready:
                 self._read_handler_state()
             if wake_r in ready:
@@ -309,17 +459,18 @@ class _Wrapper:
                 self._reap()
             if self.kill_at is not None and now >= self.kill_at:
                 self.kill_at = None
-                _say(f"[tfo] task pid {self.task_pid} still running {self.grace:g} s after "
-                     "SIGTERM: killing it")
+                self._say(f"[tfo] task pid {self.task_pid} still running {self.grace:g} s "
+                          "after SIGTERM: killing it")
                 self._kill_task()
             if now >= self.usage_at and not self.standby:
                 self.usage_at = markers.next_usage(now)
-                _write(markers.line(markers.USAGE, **self.meter.measure(
-                    descendants(os.getpid()))))
+                self._own(markers.USAGE, **self.meter.measure(descendants(os.getpid())))
             if self.quiet_limit and now - beat >= markers.HEARTBEAT_SECONDS \
                     and not self.standby:
                 beat = now
-                _write(markers.BEAT.decode())  # we are alive
+                self.sent.append(channel.frame(channel.BEAT))  # we are alive (framed: SSH)
+            if writable or self.sent:
+                self._flush()
             if not watched:
                 continue
             lost = self.quiet_limit is not None and now - heard > self.quiet_limit
@@ -337,13 +488,13 @@ class _Wrapper:
             if lost:
                 watched.clear()
                 if data:  # silence, not EOF: the network, most likely
-                    _say(f"[tfo] lost contact with the coordinator: no heartbeat for "
-                         f"{self.quiet_limit:g} s; killing task pid {self.task_pid} and "
-                         "everything it started")
+                    self._say(f"[tfo] lost contact with the coordinator: no heartbeat for "
+                              f"{self.quiet_limit:g} s; killing task pid {self.task_pid} and "
+                              "everything it started")
                     self.lost_contact = True
                 else:
-                    _say(f"[tfo] lifeline to the coordinator closed: killing task pid "
-                         f"{self.task_pid} and everything it started")
+                    self._say(f"[tfo] lifeline to the coordinator closed: killing task pid "
+                              f"{self.task_pid} and everything it started")
                 self._kill_task()
 
     def _end_descendants(self) -> None:
@@ -406,14 +557,23 @@ def _say_exiting() -> None:
             os.write(_handler_fd, b"0")
 
 
-def _write(text: str) -> None:
-    """A marker (or BEAT) to stdout in one write: a whole line, never split."""
-    with contextlib.suppress(OSError):
-        os.write(sys.stdout.fileno(), text.encode())
+def _is_task_marker(line: bytes) -> bool:
+    """A line from the task's channel that is a marker the task may send (START, "@tfo ",
+    a JSON object with an event that is not one of its wrapper's)."""
+    if not line.startswith(_MARK):
+        return False
+    try:
+        data = json.loads(line[len(_MARK):])
+    except (ValueError, RecursionError):
+        return True  # the coordinator says what is wrong with it (task_bad_marker)
+    return not (isinstance(data, dict) and data.get("event") in channel.WRAPPER_EVENTS)
+
+
+_MARK = markers.MARK.encode()
 
 
 def _say(message: str) -> None:
-    """To stderr, which may be a pipe nobody reads any more (the coordinator is gone)."""
+    """To stderr, before the wrapper's frames begin (the task not forked yet)."""
     with contextlib.suppress(OSError, ValueError):
         print(message, file=sys.stderr, flush=True)
 
@@ -462,11 +622,11 @@ def _job() -> dict:
     return job if isinstance(job, dict) else {}
 
 
-def _make_tmp_dir(tmp_dir: str) -> bool:
+def _make_tmp_dir(tmp_dir: str, say: Any = None) -> bool:
     try:
         os.makedirs(tmp_dir, exist_ok=True)
     except OSError as e:
-        _say(f"[tfo] cannot create the task's temp dir {tmp_dir}: {e.strerror or e}")
+        (say or _say)(f"[tfo] cannot create the task's temp dir {tmp_dir}: {e.strerror or e}")
         return False
     return True
 
@@ -499,10 +659,20 @@ def wrap() -> None:
         if not waits and not _make_tmp_dir(tmp_dir):
             os._exit(1)
     lifeline = os.environ.get(markers.LIFELINE_ENV)
+    # A coordinator reads our stdout (every backend sets a lifeline): frames. Without one (a
+    # Kubernetes pod, `python -m worker_entry` by hand) our stdout is the task's, as text.
+    framed = bool(lifeline)
     sys.stdout.flush()
     sys.stderr.flush()
     handler_r, handler_w = os.pipe()  # not inherited across exec: only the task writes it
     go_r, go_w = os.pipe() if waits else (None, None)
+    # The task's stdout and stderr, and its markers: pipes to us (worker_entry.channel).
+    output_r, output_w = os.pipe() if framed else (-1, -1)
+    if framed:
+        with contextlib.suppress(OSError, AttributeError):  # Linux: fewer hops through us
+            fcntl.fcntl(output_r, fcntl.F_SETPIPE_SZ, _READ_BYTES)
+    # Not inherited: what the task starts cannot write it. Unframed: a copy of stdout.
+    marker_r, marker_w = os.pipe() if framed else (-1, os.dup(sys.stdout.fileno()))
     # Before the fork, so setproctitle loads once (2.3-2.9 ms here); the task renames itself.
     title.set_title(title.describe(os.environ, "wrapper", title.room()))
     task_pid = os.fork()
@@ -516,10 +686,14 @@ def wrap() -> None:
         # Where a stalled task is stuck, on request (the wrapper signals): to its log.
         with contextlib.suppress(ValueError, OSError, RuntimeError, AttributeError):
             faulthandler.register(getattr(signal, markers.STACKS_SIGNAL), all_threads=True)
-        # Markers on a descriptor of their own: what the task does to its stdout cannot
-        # take them (os.dup: not inherited by what the task starts).
-        with contextlib.suppress(OSError):
-            markers.use_channel(os.dup(sys.stdout.fileno()))
+        # Its output to us, and its markers on a pipe of their own, which nothing it
+        # prints can reach: a line that looks like a marker is text.
+        if framed:
+            os.dup2(output_w, 1)
+            os.dup2(output_w, 2)
+            for fd in (output_r, output_w, marker_r):
+                os.close(fd)
+        markers.use_channel(marker_w)
         if lifeline:  # the heartbeat is the wrapper's to read
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, sys.stdin.fileno())
@@ -531,4 +705,15 @@ def wrap() -> None:
     os.close(handler_w)
     if go_r is not None:
         os.close(go_r)
-    _Wrapper(task_pid, tmp_dir, lifeline, _grace(), handler_r, go_w).run()
+    os.close(marker_w)
+    if framed:
+        os.close(output_w)
+        for fd in (output_r, marker_r, 1):
+            os.set_blocking(fd, False)
+        # Our stdout carries frames only: nothing else of ours may write into it (our words
+        # go in SAY frames).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+    _Wrapper(task_pid, tmp_dir, lifeline, _grace(), handler_r,
+             (output_r, marker_r) if framed else None, go_w).run()

@@ -1,9 +1,11 @@
 """The task protocol, imported by both sides: roles, strategies, markers, the lifeline.
 
-A marker is a line on stdout: `@tfo {"event": "ready", ...}`. The coordinator reads
-them from the task's output (local pipe or SSH channel alike), checks each against its
-model in orchestrator.markers and records it as an event. This side stays free of pydantic
-(it is all a lab host gets of tfo, with the job's own code).
+A marker is a line `@tfo {"event": "ready", ...}` that the task writes on a descriptor of
+its own (`use_channel`), not on its stdout: its wrapper reads it and passes it on in a frame
+of its own (worker_entry.channel), apart from the task's output, where the same text is
+only text. The coordinator checks each against its model in orchestrator.markers and
+records it as an event. This side stays free of pydantic (it is all a lab host gets of tfo,
+with the job's own code).
 """
 
 from __future__ import annotations
@@ -138,14 +140,14 @@ def parse_lifeline(value: str | None) -> tuple[bool, float | None]:
 
 
 PREFIX = "@tfo "
-# Every marker is written as START + "@tfo {json}\n" in one write. The task shares its output
-# with the wrapper's markers and may be in the middle of a line (a progress bar, a line
-# printed in pieces) when one arrives: the reader (orchestrator/launch/output.py) takes
-# START…newline out wherever it lands, and the task's line goes on whole around it.
-START = "\x1d"
-# With a heartbeat lifeline (SSH), the task's wrapper writes this byte to stdout every
-# HEARTBEAT_SECONDS; one byte, so it lands whole even amid the task's own output. Readers drop it.
-BEAT = b"\x1e"
+# Every marker is START + "@tfo {json}\n", in one write on the task's channel. In a task's
+# log and in the lines the coordinator's reader hands on, a marker line starts with START
+# (`MARK`); the task's own bytes never do (worker_entry.channel escapes it), so a line that
+# merely looks like a marker is text.
+START = "\x1f"  # not \x1c-\x1e: str.splitlines would split a line there
+MARK = START + PREFIX
+# With a heartbeat lifeline (SSH), the task's wrapper writes a BEAT frame every
+# HEARTBEAT_SECONDS (worker_entry.channel). Readers drop it.
 # Down the lifeline, the coordinator's request for the task's Python stacks (a stall): the
 # wrapper sends the task STACKS_SIGNAL, on which the task's faulthandler writes every
 # thread's stack to its stderr, the task's log. Heartbeats are any other byte.
@@ -204,9 +206,10 @@ def line(event: str, **fields: Any) -> str:
     return START + PREFIX + json.dumps({"event": event, **fields}, default=str) + "\n"
 
 
-# The task's own descriptor for markers (`use_channel`): a copy of its stdout taken before
-# the user's code runs, so a script that closes its stdout and stderr (or points them
-# elsewhere) cannot take the markers with them, nor fail on our DONE.
+# The task's own descriptor for markers (`use_channel`): a pipe to its wrapper, set before
+# the user's code runs and not inherited by what it starts, so nothing it prints reaches it,
+# and a script that closes its stdout and stderr (or points them elsewhere) cannot take the
+# markers with them, nor fail on our DONE.
 _channel: int | None = None
 # Told of each marker after it is written (worker_entry/faults.py): (event, fields).
 _watchers: list[Any] = []
@@ -223,17 +226,16 @@ def use_channel(fd: int | None) -> None:
 
 def emit(event: str, **fields: Any) -> None:
     """One marker, after whatever the task's stdout holds (so its lines come first); never
-    raises: what the task did to its own streams is not the marker's to fail on."""
+    raises: what the task did to its own streams is not the marker's to fail on. Without a
+    channel (outside tfo) it is printed, and tfo would take it for text."""
     text = line(event, **fields)
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     if _channel is not None:
         data = text.encode()
-        try:
+        with contextlib.suppress(OSError):  # the task closed it (a daemon's closerange)
             while data:
                 data = data[os.write(_channel, data):]
-        except OSError:  # the task closed our copy too (a daemon's closerange): stdout, then
-            _print(text)
     else:
         _print(text)
     for watch in _watchers:

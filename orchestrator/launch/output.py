@@ -11,10 +11,14 @@ cut there, with a note of how many bytes more the log has. They wait in a queue 
 size; a task that prints faster than the supervisor takes its lines waits, as it would on
 a full pipe.
 
-Markers (worker_entry.markers.START, "@tfo {json}", newline) can land in the middle of
-the task's line: the task's wrapper writes them into the same pipe whenever it measures
-the task, however far the task got with its line. They are taken out where they land and
-become lines of their own; in the log, after the line they interrupted.
+What arrives is the task's wrapper's stream of frames (worker_entry.channel): the task's
+bytes, its markers and its wrapper's, each in a frame of its own, so nothing the task
+prints is ever read as a marker. A marker can arrive while the task is in the middle of a
+line (the wrapper measures it whenever it is due): it becomes a line of its own at once,
+and in the log it goes after the line it interrupted. In the log and in the lines a marker
+starts with markers.START (`markers.MARK`), which the task's own bytes never do (the
+wrapper escapes it). Bytes outside any frame (a python that failed before the wrapper
+began, srun's own words) are text like the task's.
 """
 
 from __future__ import annotations
@@ -31,15 +35,14 @@ from typing import TYPE_CHECKING, BinaryIO
 from orchestrator import wakeup
 from orchestrator.console import overstrike
 from orchestrator.rundir import write_back
-from worker_entry import markers
-from worker_entry.markers import START
+from worker_entry import channel, markers
 
 if TYPE_CHECKING:
     from orchestrator.launch.forkserver import Forked
 
-_START = START.encode()
-# How a usage marker begins, after its START (what _end_marker holds).
-_USAGE = markers.line(markers.USAGE).removeprefix(START).rstrip("}\n").encode()
+_START = markers.START.encode()
+# How a usage marker's frame begins (the wrapper's own, from markers.line).
+_USAGE = markers.line(markers.USAGE)[1:].rstrip("}\n").encode()
 
 LINE_CAP = 64 * 1024  # characters of one line held in memory
 QUEUE_CHARS = 4 * 1024 * 1024  # lines waiting for the supervisor, in characters
@@ -214,7 +217,7 @@ class TaskOutput:
         self._queue = _LineQueue(QUEUE_CHARS, block=read is not None)
         self._lines = _Lines(self._queue.put)
         self._ended_line = True  # the log ends with a newline
-        self._marker: bytearray | None = None  # a marker being read (START seen, no newline)
+        self._frames = channel.Reader()
         self._held: list[bytes] = []  # markers for the log once the task's line ends
         self._log_lock = threading.Lock()  # the reader and note() both write
         self._ended = threading.Event()
@@ -286,8 +289,8 @@ class TaskOutput:
         self._finish()
 
     def _finish(self) -> None:
-        if self._marker is not None:
-            self._end_marker()
+        for _kind, payload in self._frames.end():
+            self._task_bytes(payload)
         if self._lines.partial:
             self._lines.end_line()
         self._lines.report_hidden()
@@ -317,25 +320,23 @@ class TaskOutput:
         self._queue.put(f"[tfo] cannot write the log any more: {error}")
 
     def _feed(self, data: bytes) -> None:
-        """The task's bytes, with every marker taken out (START up to its newline)."""
-        start = 0
-        while start < len(data):
-            if self._marker is not None:
-                end = data.find(b"\n", start)
-                stop = len(data) if end < 0 else end
-                room = max(0, LINE_CAP - len(self._marker))  # a stray START: held to a cap
-                self._marker += data[start:min(stop, start + room)]
-                if end < 0:
-                    return
-                self._end_marker()
-                start = end + 1
+        """The wrapper's frames: the task's bytes to the log and the lines, markers as
+        lines of their own."""
+        text: list[bytes] = []  # the task's bytes from frames in a row: one write, one split
+        for kind, payload in self._frames.feed(data):
+            if kind in (channel.OUTPUT, channel.RAW):
+                text.append(payload)
                 continue
-            mark = data.find(_START, start)
-            stop = len(data) if mark < 0 else mark
-            self._task_bytes(data[start:stop])
-            if mark >= 0:
-                self._marker = bytearray()
-            start = stop + len(_START) if mark >= 0 else stop
+            if text:
+                self._task_bytes(b"".join(text))
+                text.clear()
+            if kind in (channel.MARKER, channel.OWN):
+                self._marker_line(payload, own=kind == channel.OWN)
+            elif kind == channel.SAY:  # the wrapper's words ("[tfo] ..."), a traceback's lines
+                for line in channel.escape(payload).decode(errors="replace").splitlines():
+                    self.note(line)
+        if text:
+            self._task_bytes(b"".join(text))
 
     def _task_bytes(self, part: bytes) -> None:
         """The task's own output: to the log as it is, held markers after its line ends."""
@@ -349,9 +350,8 @@ class TaskOutput:
             self._write(part)
             self._lines.split(part)
 
-    def _end_marker(self) -> None:
-        assert self._marker is not None
-        raw, self._marker = bytes(self._marker).rstrip(b"\r") + b"\n", None
+    def _marker_line(self, payload: bytes, own: bool) -> None:
+        raw = _START + payload + b"\n"
         if self._ended_line:
             self._write(raw)
         else:  # the log is in the middle of the task's line: the marker goes after it
@@ -359,7 +359,8 @@ class TaskOutput:
         # A usage marker (every task's, every USAGE_SECONDS) is state, not an event: it waits
         # for the loop's next round, at most IDLE_SECONDS, rather than wake it (64 tasks' made
         # 10 rounds a second, each over every task).
-        self._queue.put(raw[:-1].decode(errors="replace"), wake=not raw.startswith(_USAGE))
+        self._queue.put(raw[:-1].decode(errors="replace"),
+                        wake=not (own and payload.startswith(_USAGE)))
 
 
 # Local and Slurm tasks are child processes of ours (the task's wrapper, or srun before it):
