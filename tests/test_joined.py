@@ -162,7 +162,7 @@ def test_a_joined_marker_is_checked_as_untrusted_input():
                 {"via": "x", "cluster": {}, "clients": -1},
                 {"via": "x", "cluster": {}, "task": "worker:0"}):  # the record's own key
         with pytest.raises(BadMarker):
-            read_marker(m.PREFIX + json.dumps({"event": m.JOINED, **bad}))
+            read_marker(m.MARK + json.dumps({"event": m.JOINED, **bad}))
 
 
 POLICY = make_plan(parse_spec({"name": "d", "job": {"script": "t.py"}, "tasks": {

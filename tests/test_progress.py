@@ -34,7 +34,7 @@ def test_progress_marker_round_trip_and_bad_ones() -> None:
     for bad in ('{"event": "progress"}', '{"event": "progress", "step": -1}',
                 '{"event": "progress", "step": 1, "loss": "low"}'):
         with pytest.raises(BadMarker):
-            read_marker(markers.PREFIX + bad)
+            read_marker(markers.MARK + bad)
 
 
 def test_a_loss_given_as_a_function_is_read_only_when_a_marker_goes_out() -> None:
