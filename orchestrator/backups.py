@@ -112,6 +112,16 @@ def carry_backup(old: str | Path, new: str | Path) -> bool:
     return True
 
 
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A backup's file in another directory: a hard link where both are on one filesystem
+    (a model's size costs nothing; TensorFlow writes a checkpoint's files once, as new
+    files, and never changes them), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
 def copy_backup(source: str | Path, target: str | Path, save: int) -> None:
     """Make `target` a backup directory holding backup `save`, copied from `source`'s: its
     files, and a `checkpoint` file naming it by a relative path (a copied absolute one would
@@ -129,7 +139,7 @@ def copy_backup(source: str | Path, target: str | Path, save: int) -> None:
     partial.mkdir(parents=True)
     try:
         for path in files:
-            shutil.copy2(path, partial / path.name)
+            _link_or_copy(path, partial / path.name)
         (partial / STATE).write_text(state_text(save))
         shutil.rmtree(dst, ignore_errors=True)
         partial.rename(dst)
