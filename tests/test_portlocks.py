@@ -5,6 +5,7 @@ tfo's exit 2 naming the port and the run that holds it."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import subprocess
 from pathlib import Path
@@ -41,6 +42,37 @@ def test_a_port_is_one_jobs_until_it_lets_go(tmp_path: Path, monkeypatch):
     assert first.reserve(20100) == "run B"
     second.close()
     first.close()
+    assert not list((tmp_path / "rt").iterdir())  # let go: the files are removed
+
+
+def _contend(name: str, inside, overlaps, turns) -> None:
+    mine = portlocks.Reservations(name)
+    for _ in range(3000):
+        if mine.reserve(20100) is None:
+            with inside.get_lock():
+                inside.value += 1
+                turns.value += 1
+                overlaps.value += inside.value > 1
+            with inside.get_lock():
+                inside.value -= 1
+            mine.release(20100)
+
+
+@pytest.mark.timeout(120)
+def test_a_port_let_go_and_taken_again_is_never_held_twice(tmp_path: Path, monkeypatch):
+    """A holder removes its file as it lets go; one that opened it just before must not
+    then hold the removed file while another holds the new one. 4 processes, 3000 turns
+    each: without the check that the locked file is still the one at its path, 4 overlaps."""
+    monkeypatch.setenv(portlocks.RUNTIME_ENV, str(tmp_path / "rt"))
+    inside, overlaps, turns = (multiprocessing.Value("i", 0) for _ in range(3))
+    procs = [multiprocessing.get_context("fork").Process(
+        target=_contend, args=(f"p{i}", inside, overlaps, turns)) for i in range(4)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(100)
+    assert [proc.exitcode for proc in procs] == [0] * 4
+    assert overlaps.value == 0 and turns.value > 0
 
 
 def test_a_runtime_dir_that_is_not_the_users_alone_is_not_used(tmp_path: Path, monkeypatch):

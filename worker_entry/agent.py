@@ -341,6 +341,8 @@ def main(argv: list[str], ports: portlocks.Reservations | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     agent.run()
+    if agent.ports is not None:
+        agent.ports.close()  # their files removed: a SIGKILL leaves them, unlocked
 
 if __name__ == "__main__":
     main(sys.argv[1:])

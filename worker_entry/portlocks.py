@@ -13,6 +13,7 @@ the first one held: of two started together, one gets all its ports.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -61,6 +62,15 @@ def owner_of(env: dict[str, str]) -> str:
     return owner_line(job.get("run_id"), job.get("run_dir"))
 
 
+def _same_file(fd: int, path: str) -> bool:
+    """The locked file is still the one at `path` (not one its last holder removed)."""
+    try:
+        st, at = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (at.st_dev, at.st_ino)
+
+
 class Reservations:
     """The ports this process holds, each an open, locked file; `reserve` one, `close` all
     (or end the process)."""
@@ -81,20 +91,24 @@ class Reservations:
         still stands."""
         if port in self.held or self.where is None:
             return None
-        try:
-            fd = os.open(self._path(port), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
-            os.close(fd)
-            return holder or "another tfo job"
-        self._write(fd)
-        self.held[port] = fd
+        path = self._path(port)
+        for _ in range(8):  # a holder removes its file as it lets go: the new one is locked
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            except OSError:
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
+                os.close(fd)
+                return holder or "another tfo job"
+            if _same_file(fd, path):
+                self._write(fd)
+                self.held[port] = fd
+                return None
+            os.close(fd)  # locked a file its holder had just removed: again
         return None
-
     def reserve_all(self, ports: list[int]) -> dict[int, str]:
         """{port: holder} for the first port held by another (ascending order: of two jobs
         started together one gets them all), {} once all are this job's."""
@@ -118,8 +132,11 @@ class Reservations:
             pass  # the lock is what counts; its words are for the other job's message
 
     def release(self, port: int) -> None:
+        """Its file removed, then let go: the directory keeps only live jobs' ports."""
         fd = self.held.pop(port, None)
         if fd is not None:
+            with contextlib.suppress(OSError):  # gone already: the lock is what counts
+                os.unlink(self._path(port))
             os.close(fd)
 
     def close(self) -> None:

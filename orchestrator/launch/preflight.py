@@ -122,6 +122,7 @@ if select.select([0], [], [], asked.get("agent_wait", 0))[0]:
         os.chdir(code["root"])
         from worker_entry import agent
         agent.main(word[1:], reservations)
+reservations.close()
 """
 AGENT_WAIT_SECONDS = 600.0  # a probe waits this long to become its host's agent
 
