@@ -328,7 +328,7 @@ RENDER_SHARE = 0.05
 class LiveView:
     """The table under the tasks' lines on a terminal, redrawn once a second (the loop's
     `watch`), and while tasks print lines, as they are shown (LINES_REFRESH_SECONDS, where
-    a redraw is cheap enough), so the table is never older than the lines above it. Rows
+    a redraw is cheap enough), so the table is about as current as the lines above it. Rows
     that do not fit the terminal's height are left out, and counted."""
 
     def __init__(self, writer: ConsoleWriter, fd: int) -> None:

@@ -19,7 +19,10 @@ Nothing is imported here: the hooks wait for the script's own imports (tfimport.
   inside Keras's fit, evaluate or predict, which report for themselves). The most-called
   function's count is the task's step, reported once some function has completed twice
   (a function called once is set-up, not a loop), with the first step then
-  (`approximate`: told a step late). No epoch, no loss: those only the script knows. Once
+  (`approximate`: told a step late); where that function updates an optimizer, its
+  iteration count is the step instead (a call may run many steps: orbit's
+  steps_per_loop), read only when a marker goes out (`step_from` says which). No epoch,
+  no loss: those only the script knows. Once
   a Keras fit ran, its callback alone tells the steps (saving the model afterwards calls
   tf.functions too).
 - A ParameterServer coordinator's own loop (`ClusterCoordinator.schedule`): its closures
