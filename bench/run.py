@@ -174,7 +174,8 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     Figure("kit_soak_hangs", "kit soak: 2-worker tf_cluster runs that hung", "runs", 0),
     Figure("kit_soak_failed", "… that failed otherwise", "runs", 0),
     Figure("kit_soak_runs", "… runs (half of them under pytest -n 2)", "runs", None),
-    Figure("kit_soak_slowest", "… the slowest run", "s", None),
+    Figure("kit_soak_slowest", "… slowest test (a session's first waits for TF)",
+           "s", None),
 ]}
 CURVE: dict[int, list[float]] = {}  # light tasks → coordinator CPU per wall second
 DETAIL: dict[str, list[float]] = {}  # breakdowns and absolute values, informational
