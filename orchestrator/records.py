@@ -36,6 +36,15 @@ class Work:
 
 
 @dataclass
+class Spare:
+    """An attempt's warm spare for the attempt after it (orchestrator/starts.py)."""
+
+    asked: bool = False  # one was asked for
+    pid: int | None = None  # its pid, once started: asked after now and then
+    lost: int = 0  # spares that died waiting (and were replaced)
+
+
+@dataclass
 class Attempt:
     """What belongs to one attempt of a task: made fresh when it starts, so nothing of the
     attempt before is carried over, and nothing is reset by hand."""
@@ -52,9 +61,7 @@ class Attempt:
     exiting_code: int | None = None  # the exit status that marker said its code ended with
     ended_at: float | None = None  # monotonic time its exit was collected
     torn_down: bool = False  # stopped by us in its teardown (its exit: its exiting_code)
-    standby_asked: bool = False  # a warm spare for its next attempt was asked for
-    standby_pid: int | None = None  # that spare's, once started: asked after now and then
-    standbys_lost: int = 0  # spares for its next attempt that died waiting (and were replaced)
+    spare: Spare = field(default_factory=Spare)  # its next attempt's warm spare
     joins: list[Joined] = field(default_factory=list)  # the clusters its strategies joined
     judged: bool = False  # whether it trained in the plan's cluster was asked (joined.judge)
 

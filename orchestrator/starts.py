@@ -127,23 +127,23 @@ class Starts:
         if self.standby is None:
             return
         for rec in job.records.values():
-            if rec.state is not TaskState.RUNNING or rec.current.standby_asked \
+            if rec.state is not TaskState.RUNNING or rec.current.spare.asked \
                     or rec.current.done or decide.serving(rec.role, job.rules) \
                     or rec.current.running_at is None:
                 continue
             if rec.current.work.progress is None \
                     and now - rec.current.running_at < job.timing.standby_after_ready:
                 continue
-            rec.current.standby_asked = True
+            rec.current.spare.asked = True
             if decide.standby_wanted(rec.role, job.policy, job.rules, rec.restarts,
                                      job.restarts):
                 self._make_standby(rec)
         if now - self._standbys_checked_at >= STANDBY_CHECK_SECONDS:
             self._standbys_checked_at = now
             for rec in job.records.values():
-                if rec.state is TaskState.RUNNING and rec.current.standby_pid is not None \
+                if rec.state is TaskState.RUNNING and rec.current.spare.pid is not None \
                         and not rec.current.done \
-                        and rec.current.standbys_lost < STANDBY_REPLACEMENTS \
+                        and rec.current.spare.lost < STANDBY_REPLACEMENTS \
                         and decide.standby_wanted(rec.role, job.policy, job.rules,
                                                   rec.restarts, job.restarts):
                     self._make_standby(rec)
@@ -153,25 +153,25 @@ class Starts:
         answers None while it lives, or reaps it and starts another (a new pid): the one
         before died waiting."""
         assert self.standby is not None
-        before = rec.current.standby_pid
+        before = rec.current.spare.pid
         try:
             pid = self.starting(self.standby, rec.task, rec.attempt + 1)
         except Interrupted:
             return
         except Exception as e:  # noqa: BLE001 - no spare is no failure: a restart starts cold
-            rec.current.standby_pid = None
+            rec.current.spare.pid = None
             self.job.events.write("task_standby_failed", rec.name, attempt=rec.attempt + 1,
                                   error=str(e))
             return
         if pid is None:
             return
         if before is not None:
-            rec.current.standbys_lost += 1
+            rec.current.spare.lost += 1
             self.job.events.write("task_standby_lost", rec.name, pid=before,
                                   attempt=rec.attempt + 1, replaced_by=pid)
             self.job.echo("tfo", f"{rec.name}'s warm spare (pid {before}) died waiting; "
                           f"started another (pid {pid})")
-        rec.current.standby_pid = pid
+        rec.current.spare.pid = pid
         self.job.events.write("task_standby_started", rec.name, pid=pid,
                               attempt=rec.attempt + 1)
 

@@ -53,6 +53,11 @@ def task_env(task: TaskPlan, attempt: int, shim: Path | None) -> dict[str, str]:
     return env
 
 
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
 class LocalHandle:
     def __init__(self, task: TaskPlan, attempt: int, standby: bool = False,
                  shim: Path | None = None, forks: ForkServer | None = None) -> None:
@@ -109,18 +114,14 @@ class LocalHandle:
         """The run directory was made again: the attempt's log goes on at `path`."""
         return self._output is not None and self._output.relink(path)
 
-    def _signal_group(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._pgid, sig)
-
     def terminate(self) -> None:
-        self._signal_group(signal.SIGTERM)
+        _signal_group(self._pgid, signal.SIGTERM)
 
     def request_stacks(self) -> None:
         send_lifeline(self._proc, markers.STACKS)
 
     def kill(self) -> None:
-        self._signal_group(signal.SIGKILL)  # the wrapper too: what it leaves comes to us
+        _signal_group(self._pgid, signal.SIGKILL)  # the wrapper too: what it leaves comes to us
         self.poll()
 
     def close(self, timeout: float = 1.0) -> list[str]:
