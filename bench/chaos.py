@@ -6,15 +6,16 @@ for about SOAK_SECONDS:
 
 - kill: the task proper (the wrapper's child) SIGKILLed;
 - stop: the task proper SIGSTOPped for STOP_FOR seconds, then SIGCONT;
-- term: the task proper SIGTERMed;
+- term: the task proper SIGTERMed (TensorFlow's runtime catches it: the task trains on);
 - wrapper: the task's wrapper (task_started's pid) SIGKILLed.
 
 A fault goes to one worker of the group as it is (a resize renames them 0…n-1), 20–40 s after
 the job trained again from the one before. Per fault, from events.jsonl:
 
 - recovered: every worker of the group took a step again (a `task_progress` event) after the
-  fault's end (the SIGCONT for a stop), of an attempt started after the fault where the fault
-  ended one (kill, term, wrapper); within RECOVER_LIMIT s.
+  fault's end (the SIGCONT for a stop): of an attempt started after the fault for a kill,
+  else of one started after it or past the worker's step at the fault; within
+  RECOVER_LIMIT s.
 - back to training: the fault's end → the last of those workers' first progress after it.
 - epochs lost, beyond the one in progress: the last epoch the group completed before the fault
   (one less than the last `task_epoch`, which says an epoch began) against the epoch each
@@ -96,19 +97,20 @@ def group(evs: list[dict]) -> dict[str, dict]:
 
 
 def training_again(evs: list[dict], since: float, restarted_after: float | None,
-                   steps: dict[str, int]) -> float | None:
-    """When every worker of the group had stepped after `since` (in an attempt started after
-    `restarted_after`, where given; past its `steps` at the fault, where the same attempt):
-    the last of their first progress events; None while one has not."""
+                   steps: dict[str, int], fault: float = 0.0) -> float | None:
+    """When every worker of the group had stepped after `since`, in its latest attempt: one
+    started after `restarted_after` where given, else one started after the `fault` or
+    past its `steps` at the fault; the last of their first progress events, None while one
+    has not."""
     firsts = []
     for name, start in group(evs).items():
         if restarted_after is not None and start["time"] <= restarted_after:
             return None
+        new = start["time"] > fault
         first = next((e["time"] for e in evs if e["event"] == "task_progress"
                       and e["task"] == name and e["time"] > since
                       and e.get("attempt") == start["attempt"]
-                      and (restarted_after is not None or e.get("step", 0) > steps.get(name, -1))),
-                     None)
+                      and (new or e.get("step", 0) > steps.get(name, -1))), None)
         if first is None:
             return None
         firsts.append(first)
@@ -173,9 +175,12 @@ def one_fault(rng: random.Random, rd: Path, proc: subprocess.Popen) -> dict:
     victim = rng.choice(sorted(members))
     steps = last_steps(evs)
     t, end, pid = inject(kind, members[victim]["pid"], stop_for)
-    restarts = kind != "stop"
+    # A kill ends the task: training again is a new attempt's. A stop does not; nor, mostly,
+    # does a SIGTERM: TensorFlow's runtime catches it in the task (its preemption notifier),
+    # and only a Python handler would act on it, which this script has none of.
     back = _wait_for(f"training again after {kind} of {victim}", lambda: training_again(
-        events(rd), end, t if restarts else None, steps), RECOVER_LIMIT, proc)
+        events(rd), end, t if kind in ("kill", "wrapper") else None, steps, t),
+        RECOVER_LIMIT, proc)
     evs = events(rd)
     completed = (epoch_began(evs, t) or 0) - 1
     resumed = resumed_at(evs, end) if back is not None else {}
@@ -184,6 +189,7 @@ def one_fault(rng: random.Random, rd: Path, proc: subprocess.Popen) -> dict:
     return {"kind": kind, "task": victim, "pid": pid, "at": t, "ended": end,
             "stopped_for": round(end - t, 2) if kind == "stop" else None,
             "recovered": back is not None,
+            "restarted": any(e["event"] == "task_restarted" and e["time"] > t for e in evs),
             "back_s": round(back - end, 3) if back is not None else None,  # type: ignore[operator]
             "completed_before": completed, "resumed_at": resumed, "epochs_lost": lost,
             "resumed_words": said,
