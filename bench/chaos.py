@@ -31,6 +31,7 @@ Skipped in the quick setting (it trains with TensorFlow).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -38,6 +39,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -162,7 +164,8 @@ def inject(kind: str, wrapper: int, stop_for: float) -> tuple[float, float, int]
     if kind == "stop":
         os.kill(target, signal.SIGSTOP)
         time.sleep(stop_for)
-        os.kill(target, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # tfo may have ended it meanwhile
+            os.kill(target, signal.SIGCONT)
         return t, time.time(), target
     os.kill(target, signal.SIGTERM if kind == "term" else signal.SIGKILL)
     return t, t, target
@@ -174,7 +177,13 @@ def one_fault(rng: random.Random, rd: Path, proc: subprocess.Popen) -> dict:
     members = group(evs)
     victim = rng.choice(sorted(members))
     steps = last_steps(evs)
-    t, end, pid = inject(kind, members[victim]["pid"], stop_for)
+    try:
+        t, end, pid = inject(kind, members[victim]["pid"], stop_for)
+    except (ProcessLookupError, psutil.NoSuchProcess):  # it ended as we aimed: once again
+        time.sleep(1)
+        evs = events(rd)
+        members, steps = group(evs), last_steps(evs)
+        t, end, pid = inject(kind, members[victim]["pid"], stop_for)
     # A kill ends the task: training again is a new attempt's. A stop does not; nor, mostly,
     # does a SIGTERM: TensorFlow's runtime catches it in the task (its preemption notifier),
     # and only a Python handler would act on it, which this script has none of.
@@ -207,6 +216,8 @@ def leftovers(run_id: str, rd: Path) -> tuple[list[int], list[str]]:
         kill_tree(pid)
     files = [str(p) for p in (rd / "tmp").glob("*/**/*")] if (rd / "tmp").exists() else []
     for d in Path("/tmp").glob("tfo-*"):
+        if rd.resolve().is_relative_to(d.resolve()):
+            continue  # the bench's own temporary directory (tfo-bench-…), the run dir in it
         for f in d.rglob("*") if d.is_dir() else [d]:
             try:
                 if f.is_file() and run_id in f.read_text(errors="replace"):
@@ -225,7 +236,7 @@ def soak(tmp: Path) -> None:
                              str(rd)], cwd=REPO, stdin=subprocess.DEVNULL,
                             stdout=open(tmp / "tfo.out", "wb"),  # noqa: SIM115
                             stderr=open(err, "wb"), start_new_session=True)  # noqa: SIM115
-    code = None
+    code, run_id = None, None
     try:
         if _wait_for("epoch 1 on every worker", lambda: (
                 epoch_began(events(rd)) or 0) >= 1 and training_again(
@@ -254,6 +265,10 @@ def soak(tmp: Path) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        if sys.exc_info()[0] is not None:  # the evidence, kept past the bench's tmp dir
+            shutil.copytree(rd, Path(OUT[0]) / "chaos-run", dirs_exist_ok=True)
+            print(f"chaos: the run's directory copied to {Path(OUT[0]) / 'chaos-run'}")
+    assert run_id is not None
     procs, files = leftovers(run_id, rd)
     backs = [f["back_s"] for f in FAULTS if f["recovered"]]
     add("chaos_faults", len(FAULTS))
