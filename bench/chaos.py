@@ -214,7 +214,7 @@ def leftovers(run_id: str, rd: Path) -> tuple[list[int], list[str]]:
     procs = [p.pid for p in run_processes(run_id)]
     for pid in procs:
         kill_tree(pid)
-    files = [str(p) for p in (rd / "tmp").glob("*/**/*")] if (rd / "tmp").exists() else []
+    files = [str(p) for p in (rd / "tmp").rglob("*")]  # a task's dir itself too
     for d in Path("/tmp").glob("tfo-*"):
         if rd.resolve().is_relative_to(d.resolve()):
             continue  # the bench's own temporary directory (tfo-bench-…), the run dir in it
