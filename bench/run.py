@@ -42,6 +42,9 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
 - lab (bench/lab.py), kit (bench/kit.py); elastic (bench/elastic.py, issue 27): a 3-worker
   elastic job on 3 SSH lab hosts, one host's link down → training again with 2 workers, and
   back → with 3, in seconds; the loss curve across both (elastic-loss.json/.png).
+- chaos (bench/chaos.py, issue 37): an elastic 3-worker localhost job under random SIGKILL,
+  SIGSTOP, SIGTERM and wrapper kills (a fixed seed) for 5 minutes: faults recovered, fault →
+  training again, epochs lost, processes and files left after Ctrl-C (chaos.json).
 """
 
 from __future__ import annotations
@@ -900,12 +903,20 @@ def bench_elastic(s: Setting, tmp: Path) -> None:
     elastic(s, tmp)
 
 
+def bench_chaos(s: Setting, tmp: Path) -> None:
+    """bench/chaos.py: an elastic 3-worker localhost job under random SIGKILL, SIGSTOP,
+    SIGTERM and wrapper kills for 5 minutes: recovered, time back, epochs lost, left over."""
+    from bench.chaos import bench_chaos as chaos
+
+    chaos(s, tmp)
+
+
 OUT: list[Path] = [REPO / "bench"]  # this run's output directory (main sets it)
 
 SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
     "cli": bench_cli, "light": bench_light, "paired": bench_paired, "resume": bench_resume,
     "progress": bench_progress, "lab": bench_lab, "kit": bench_kit,
-    "kitsoak": bench_kitsoak, "elastic": bench_elastic}
+    "kitsoak": bench_kitsoak, "elastic": bench_elastic, "chaos": bench_chaos}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,3 +79,44 @@ def test_events_read_while_tfo_writes_leave_the_unfinished_line(tmp_path: Path) 
     assert events(tmp_path) == [{"event": "run_started"}]
     path.write_text('{"event": "run_started"}\n{"event": "task_ready"}\n')
     assert [e["event"] for e in events(tmp_path)] == ["run_started", "task_ready"]
+
+
+def _ev(time: float, event: str, task: str, **fields: object) -> dict:
+    return {"time": time, "event": event, "task": task, **fields}
+
+
+# The chaos soak (bench/chaos.py) reads "training again" from events: after a kill, every
+# worker's progress in an attempt started after the fault; after a stop (or a SIGTERM that
+# TensorFlow's runtime caught), progress past each worker's step at the fault will do.
+_STARTED = [_ev(0, "task_started", f"worker:{i}", pid=10 + i, attempt=0) for i in range(3)]
+_RESTARTED = [_ev(12, "task_started", f"worker:{i}", pid=20 + i, attempt=1) for i in range(3)]
+CHAOS = [
+    ("a peer's late progress of the old attempt is not training again",
+     _STARTED + [_ev(10.5, "task_progress", "worker:0", attempt=0, step=50)], 10, 10, None),
+    ("every worker's progress in the new attempt",
+     _STARTED + _RESTARTED + [_ev(14 + i, "task_progress", f"worker:{i}", attempt=1, step=40)
+                              for i in range(3)], 10, 10, 16),
+    ("one worker not back yet", _STARTED + _RESTARTED + [
+        _ev(14, "task_progress", "worker:0", attempt=1, step=40)], 10, 10, None),
+    ("a stop: the same attempt, past the step at the fault",
+     _STARTED + [_ev(21 + i, "task_progress", f"worker:{i}", attempt=0, step=51)
+                 for i in range(3)], 20, None, 23),
+    ("a stop: a progress event at the fault's step is not a step",
+     _STARTED + [_ev(21, "task_progress", f"worker:{i}", attempt=0, step=50)
+                 for i in range(3)], 20, None, None),
+    ("after a shrink to 2, the two workers count",
+     _STARTED + [_ev(11, "job_resized", "", **{"from": 3, "to": 2}), *_RESTARTED[:2]]
+     + [_ev(14 + i, "task_progress", f"worker:{i}", attempt=1, step=40) for i in range(2)],
+     10, 10, 15),
+]
+
+
+@pytest.mark.parametrize(("evs", "since", "restarted_after", "back"),
+                         [c[1:] for c in CHAOS], ids=[c[0] for c in CHAOS])
+def test_the_chaos_soak_s_training_again(evs: list, since: float,
+                                         restarted_after: float | None,
+                                         back: float | None) -> None:
+    from bench.chaos import training_again
+
+    steps = {f"worker:{i}": 50 for i in range(3)}
+    assert training_again(evs, since, restarted_after, steps, fault=since) == back
