@@ -108,6 +108,17 @@ class Ledger:
         elif (task, attempt) not in self.judged:
             self.restored[(task, attempt)] = Restored(path, epoch)
 
+    def save_for(self, path: str) -> Save | None:
+        """The save a restored checkpoint is: the one at its path, else the latest whose last
+        two parts are its own. A worker restores the chief's BackupAndRestore save from the
+        copy tfo made in its own directory (backupfill: `<its dir>/chief/ckpt-K`, the chief's
+        `<dir>/chief/ckpt-K`), a path no task wrote."""
+        if (save := self.saves.get(path)) is not None:
+            return save
+        tail = path.rstrip("/").split("/")[-2:]
+        return next((s for p, s in reversed(self.saves.items())
+                     if len(tail) == 2 and p.rstrip("/").split("/")[-2:] == tail), None)
+
     def progressed(self, task: str, unit: str, attempt: int, step: int, epoch: int | None
                    ) -> Resumption | None:
         """A `progress` marker (`step`: this attempt's count): on the attempt's first, how it
@@ -118,7 +129,7 @@ class Ledger:
             before = max((n for (u, a), n in self.reached.items() if u == unit and a < attempt),
                          default=0)
             restored = self.restored.pop((task, attempt), None)
-            said = resumption(before, restored, self.saves.get(restored.path)
+            said = resumption(before, restored, self.save_for(restored.path)
                               if restored is not None else None, epoch)
             self.base[task] = said.step if said is not None and said.step is not None else 0
         key = (unit, attempt)

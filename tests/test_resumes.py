@@ -69,6 +69,29 @@ def test_the_ledger_across_two_restarts() -> None:
     assert book.progressed("worker:0", "training", 2, 5, 0) is None  # said once an attempt
 
 
+def test_a_worker_restoring_tfos_copy_of_the_chiefs_backup_resumes_at_its_save() -> None:
+    """backupfill copies the chief's `backup/worker-0/chief/ckpt-3` to each worker's own
+    directory before the restart: worker:1 restores `backup/worker-1/chief/ckpt-3`, a path
+    no task wrote, which is the chief's save all the same (the chaos soak's finding: it said
+    'a checkpoint not saved in this run')."""
+    book = Ledger()
+    for task in ("worker:0", "worker:1"):
+        book.progressed(task, "training", 0, 2, None)
+    book.checkpoint("worker:0", 0, "saved", "/r/backup/worker-0/chief/ckpt-2", 20, None, 0)
+    book.checkpoint("worker:0", 0, "saved", "/r/backup/worker-0/chief/ckpt-3", 30, None, 1)
+    book.checkpoint("worker:1", 0, "saved", "/r/backup/worker-1/workertemp_1/ckpt-3", 30,
+                    None, 1)
+    for task in ("worker:0", "worker:1"):
+        book.progressed(task, "training", 0, 35, 2)
+    for task in ("worker:0", "worker:1"):
+        n = task[-1]
+        book.checkpoint(task, 1, "restored", f"/r/backup/worker-{n}/chief/ckpt-3", 0, epoch=1,
+                        last_epoch=None)
+        said = book.progressed(task, "training", 1, 1, None)
+        assert said is not None and said.words() == "resumed at epoch 1 (lost 5 steps)", task
+    assert book.save_for("/elsewhere/ckpt-3") is None  # one part in common is not enough
+
+
 def test_a_task_restarting_alone_has_its_own_reach() -> None:
     book = Ledger()
     book.progressed("chief:0", "training", 0, 100, None)
