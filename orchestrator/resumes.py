@@ -144,5 +144,11 @@ def lines(resumed: list[dict[str, Any]]) -> list[str]:
     for r in resumed:
         said.setdefault((r.get("attempt"), str(r.get("words", ""))), []).append(
             str(r.get("task", "")))
-    return [f"{', '.join(names)} attempt {attempt}: {words}"
+    return [f"{', '.join(sorted(names, key=_by_index))} attempt {attempt}: {words}"
             for (attempt, words), names in said.items()]
+
+
+def _by_index(name: str) -> tuple[str, int]:
+    """`worker:2` before `worker:10`; tasks in the order they said it read as a race."""
+    role, _, index = name.rpartition(":")
+    return (role, int(index)) if index.isdigit() else (name, -1)

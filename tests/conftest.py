@@ -25,6 +25,7 @@ PYTHON = sys.executable
 # `make test` runs the suite in two pytest-xdist workers (--dist loadgroup). Tests that share
 # a fixed resource are put in one group, so one worker runs them one after another.
 FIXED_PORTS = pytest.mark.xdist_group("fixed-ports")  # jobs on localhost:20000-20014
+PORTS_20100 = pytest.mark.xdist_group("ports-20100")  # two-job port-lock tests: 20100-20101
 SSH_LAB = pytest.mark.xdist_group("sshlab")  # the netns lab: lab1/lab2 on 10.200.0.0/24
 SLURM_LAB = pytest.mark.xdist_group("slurmlab")  # the Slurm lab on 10.201.0.0/24
 

@@ -101,10 +101,11 @@ def test_a_task_restarting_alone_has_its_own_reach() -> None:
 
 
 def test_lines_group_a_restart_of_the_group() -> None:
-    said = [{"task": "worker:0", "attempt": 1, "words": "started over: 9 steps lost"},
+    said = [{"task": "worker:10", "attempt": 1, "words": "started over: 9 steps lost"},
             {"task": "worker:1", "attempt": 1, "words": "started over: 9 steps lost"},
+            {"task": "worker:0", "attempt": 1, "words": "started over: 9 steps lost"},
             {"task": "worker:1", "attempt": 2, "words": "resumed at epoch 1 (lost 2 steps)"}]
-    assert lines(said) == ["worker:0, worker:1 attempt 1: started over: 9 steps lost",
+    assert lines(said) == ["worker:0, worker:1, worker:10 attempt 1: started over: 9 steps lost",
                            "worker:1 attempt 2: resumed at epoch 1 (lost 2 steps)"]
 
 

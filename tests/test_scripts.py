@@ -422,7 +422,7 @@ def test_a_scripts_syntax_error_is_shown_as_python_shows_it(tmp_path, run_dir):
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
     assert res.returncode == 1, res.output[-3000:]
     log = [line for line in (run_dir / "logs" / "worker-0.log").read_text().splitlines()
-           if not line.startswith("@tfo ")]
+           if not line.startswith(markers.START)]  # tfo's markers, framed apart (channel.py)
     assert "\n".join(log).endswith(plain.stderr.rstrip("\n")), log
     assert not any("Traceback" in line or "runner.py" in line for line in log), log
     assert plain.stderr.splitlines()[-1] in res.stderr  # the summary's last lines show it
