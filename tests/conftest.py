@@ -187,6 +187,21 @@ def port_is_free(port: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (mount's `size=`, e.g. 16k, 24m) at `path`, to fill up: unmounted
+    afterwards; the test is skipped, saying why, where mount is refused (not root)."""
+    path.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill up (needs root): {res.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
 def write_spec(path: Path, text: str) -> Path:
     path.write_text(text)
     return path

@@ -18,7 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, events, kill_tree, run_processes, run_tfo, tfo_cmd, wait_until
+from tests.conftest import (
+    REPO,
+    events,
+    kill_tree,
+    run_processes,
+    run_tfo,
+    small_tmpfs,
+    tfo_cmd,
+    wait_until,
+)
 
 JOB = ["--", "python", "tests/scripts/slow_keras.py", "--first_seconds", "0.5",
        "--step_seconds", "0.3"]
@@ -97,16 +106,8 @@ def test_a_run_directory_deleted_mid_run_is_made_again_and_said(run_dir: Path):
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 24 MiB tmpfs of its own, unmounted afterwards."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {res.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small", "24m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.tf

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import yaml
 
 from orchestrator.plan import make_policy
 from orchestrator.spec import RestartPolicy, Role, SpecError, Strategy, load_spec, parse_spec
-from tests.conftest import REPO, run_tfo, write_spec
+from tests.conftest import REPO, run_tfo, small_tmpfs, write_spec
 
 GOOD = """\
 name: t
@@ -511,13 +510,7 @@ def test_a_run_dir_that_cannot_be_made(tmp_path: Path):
 
 @pytest.mark.timeout(60)
 def test_a_full_disk_is_an_error_before_anything_starts(tmp_path: Path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(disk)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs to fill up: {mounted.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "16k") as disk:
         with pytest.raises(OSError), (disk / "filler").open("wb") as f:
             for _ in range(64):
                 f.write(b"x" * 4096)
@@ -528,8 +521,6 @@ def test_a_full_disk_is_an_error_before_anything_starts(tmp_path: Path):
         assert f"run directory {disk}/run: cannot write" in res.stderr
         assert "No space left on device; nothing was started" in res.stderr
         assert "Traceback" not in res.output
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 @pytest.mark.timeout(60)
