@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from orchestrator.launch.preflight import HostCheck
     from orchestrator.loop.decide import Timing
     from orchestrator.loop.job import Job
-    from orchestrator.loop.supervise import RunResult, Supervisor
+    from orchestrator.loop.supervise import RunResult
     from orchestrator.planning.plan import Plan
     from orchestrator.planning.spec import ClusterSpec
 
