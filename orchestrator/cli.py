@@ -259,8 +259,39 @@ class _Interrupted(BaseException):
         self.signum = signum
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise _Interrupted(signum)
+class _Signals:
+    """`tfo run`'s handlers around the supervisor's: before it takes over, a signal ends tfo
+    (SIGINT as KeyboardInterrupt, the others as _Interrupted); once it has handled the job's
+    end, a signal only counts (`late`). A second Ctrl-C lands there when the first one's
+    teardown is quick: raised, it cut the summary off and said "nothing was started"."""
+
+    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+
+    def __init__(self) -> None:
+        import signal
+
+        self.supervised = False  # the supervisor's handlers took over (and later gave back)
+        self.late = 0
+        for name in self.SIGNALS:
+            signal.signal(getattr(signal, name), self)
+
+    def __call__(self, signum: int, frame: object) -> None:
+        import signal
+
+        if self.supervised:
+            self.late += 1
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise _Interrupted(signum)
+
+    def ignore(self) -> None:
+        """From now on, ignored: Python puts back the default handlers as it exits (a
+        Ctrl-C then would end tfo with SIGINT, whatever the job's exit code)."""
+        import signal
+
+        for name in self.SIGNALS:
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
 def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True) -> None:
@@ -272,10 +303,10 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
 
     from orchestrator.pipeline import run as run_pipeline
 
-    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(s, _interrupt)
+    signals = _Signals()
     stage = ["planning"]  # what was under way, for the message
     shown: list[ConsoleWriter] = []  # the console, once the supervisor takes over
+    began: list[float] = []  # when the tasks were started (monotonic)
 
     @contextlib.contextmanager
     def display(p: Plan) -> Iterator[tuple[Any, Any]]:
@@ -295,6 +326,8 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
     def started(p: Plan) -> None:
         """Said once the tasks are started: rich loads then (liveview defers it too). A
         closed stderr does not stop the run; events.jsonl has it all."""
+        signals.supervised = True  # its handlers are in place: ours see only what follows
+        began.append(time.monotonic())
         with contextlib.suppress(OSError):
             _say(f"run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
 
@@ -329,7 +362,9 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         if console.reader_gone:
             err.print(f"tfo: stdout was closed; console echo stopped; logs are complete in "
                       f"{result.run_dir}/logs", soft_wrap=True)
-        print_summary(result)
+        print_summary(result, elapsed=time.monotonic() - began[0] if began else None,
+                      shown=logs and not console.dropped and not console.reader_gone)
+    signals.ignore()  # the exit code is the job's, not a signal's while the interpreter ends
     raise typer.Exit(result.exit_code)
 
 
@@ -353,7 +388,7 @@ def status(run_ref: RunArg = None) -> None:
     """The tasks of a run (the latest by default) as its events.jsonl tells them: state,
     restarts, last epoch, step, steps/s and loss, last event, exit."""
     from orchestrator import resumes
-    from orchestrator.liveview import STATUS, rows_from_events, table
+    from orchestrator.liveview import STATUS, rows_from_events, table, without_restarts
 
     rd = _find_run(run_ref)
     try:
@@ -361,8 +396,9 @@ def status(run_ref: RunArg = None) -> None:
     except OSError as e:
         raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
     line, abnormal = job_line(events, skipped, rd.held())
-    out.print(table(rows_from_events(events, over=abnormal, now=time.time()), STATUS,
-                    title=f"{rd.name}: {line}"))
+    rows = rows_from_events(events, over=abnormal, now=time.time())
+    out.print(table(rows, without_restarts(rows, STATUS), title=f"{rd.name}: {line}",
+                    width=out.width))
     for line in resize_lines([e for e in events if e["event"] == "job_resized"]) + \
             resumes.lines([e for e in events if e["event"] == "task_resumed"]):
         out.print(printable(line), soft_wrap=True, highlight=False, markup=False)
@@ -375,7 +411,7 @@ def runs() -> None:
     """The runs under runs/, oldest first: id, cluster name, start, duration, outcome,
     restarts."""
     found, broken = list_runs()
-    out.print(runs_table(found))
+    out.print(runs_table(found, width=out.width))
     if broken:
         what = "directory that is not a readable run" if broken == 1 else \
             "directories that are not readable runs"

@@ -85,6 +85,7 @@ class ConsoleWriter:
         self._footer: Callable[[], str] | None = None  # renders the block kept below the lines
         self._footer_dirty = False  # a new footer (or none) waits to be drawn
         self._footer_height = 0  # lines of the footer on the screen now
+        self._footer_widths: list[int] = []  # their widths, in columns
         self._thread = threading.Thread(target=self._run, name="console", daemon=True)
         self._thread.start()
 
@@ -154,9 +155,12 @@ class ConsoleWriter:
             text = "".join(f"{line}\n" for line in lines)
             if self._footer_height or footer:
                 # Back to the footer's first line, erase to the end, lines, the footer again.
-                erase = f"\r\x1b[{self._footer_height}A\x1b[J" if self._footer_height else ""
+                # Its height now: a terminal made narrower since rewrapped its lines.
+                height = rows_on(self._footer_widths, _columns(self._fd))
+                erase = f"\r\x1b[{height}A\x1b[J" if height else ""
                 text = erase + text + footer
-                self._footer_height = footer.count("\n")
+                self._footer_widths = [cell_width(line) for line in footer.split("\n")[:-1]]
+                self._footer_height = len(self._footer_widths)
             try:
                 _write_all(self._fd, text.encode(errors="replace"))
             except OSError as e:
@@ -172,6 +176,33 @@ class ConsoleWriter:
                 self._written += len(lines)
                 self._inflight = 0
                 self._cond.notify_all()
+
+
+_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def cell_width(line: str) -> int:
+    """Columns a line of the footer takes: its text without escape sequences (rich's
+    cell_len: wide characters take two)."""
+    from rich.cells import cell_len  # loaded by then: the footer is rich's rendering
+
+    return cell_len(_ESCAPE.sub("", line))
+
+
+def rows_on(widths: list[int], columns: int | None) -> int:
+    """Rows lines of these widths take on a terminal `columns` wide, as one that rewraps
+    its lines on a resize (tmux, VTE, kitty, iTerm2) shows them; a line as wide as the
+    terminal takes one row."""
+    if not columns:
+        return len(widths)
+    return sum(max(1, -(-w // columns)) for w in widths)
+
+
+def _columns(fd: int) -> int | None:
+    try:
+        return os.get_terminal_size(fd).columns or None
+    except OSError:
+        return None
 
 
 def _footer_text(render: Callable[[], str] | None) -> str:
@@ -214,7 +245,56 @@ _NO_GPU_ERROR = re.compile(r"^E\d{4} [\d:. ]+\d+ cuda_platform\.cc:\d+\] failed 
 # The further lines of a multi-line INFO message: a ConfigProto dump (after "SessionOptions:"),
 # the task names after "Example stragglers:".
 _CONTINUATION = re.compile(
-    r"^\s*$|^\s*\w+ \{$|^\s*\}$|^\s*\w+: (\"[^\"]*\"|[-+.\w]+)$|^/job:\w+/replica:\d+/task:\d+$")
+    r"^\s*$|^\s*\w+ \{$|^\s*\}$|^\s*\w+: (\"[^\"]*\"|[-+.\w]+)$|^/job:\w+/replica:\d+/task:\d+$"
+    r"|^\t")
+# Any record of TensorFlow's C++ log (glog: I, W, E or F), and the lines that go on with one:
+# TF indents them with a tab (`\t [[{{node PyFunc}}]]`, an error's op and its inputs).
+_GLOG = re.compile(r"^[IWEF]\d{4} \d+:\d+:\d+\.\d+\s+\d+ \S+:\d+\]")
+_GOES_ON = re.compile(r"^\t")
+
+
+class Records:
+    """Which of a task's lines begin a record: a C++ log record's tab-indented lines go with
+    it (shown or hidden with it, never a task's "last line" on their own)."""
+
+    def __init__(self) -> None:
+        self._in_glog: set[str] = set()
+
+    def begins(self, task: str, line: str) -> bool:
+        if _GLOG.match(line):
+            self._in_glog.add(task)
+            return True
+        if task in self._in_glog and _GOES_ON.match(line):
+            return False
+        self._in_glog.discard(task)
+        return True
+
+
+# A frame of tfo's own code in a task's Python traceback (the wrapper's, between the
+# script's frames and TensorFlow's): the log keeps it; the console leaves it out, so the
+# traceback points at the user's code and TensorFlow's, not at tfo.
+_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line \d+, in ')
+_OURS = re.compile(r"(^|[/\\])(worker_entry|orchestrator)[/\\]\w+\.py$|^<frozen runpy>$")
+
+
+class OwnFrames:
+    """Hides tfo's frames in a task's tracebacks: a `File "…/worker_entry/x.py"` line and
+    the source lines under it (indented deeper), per task."""
+
+    def __init__(self) -> None:
+        self._hiding: set[str] = set()
+
+    def hides(self, task: str, line: str) -> bool:
+        if (m := _FRAME.match(line)) is not None:
+            if _OURS.search(m["file"]):
+                self._hiding.add(task)
+                return True
+            self._hiding.discard(task)
+            return False
+        if task in self._hiding and line.startswith("    "):
+            return True
+        self._hiding.discard(task)
+        return False
 
 
 class ChatterFilter:
@@ -246,14 +326,16 @@ TFO = "tfo"  # the echo's task name for tfo's own lines
 def console_echo(write: Callable[[str], None], verbose: bool, logs: bool = True,
                  seen: Callable[[str, str], None] | None = None) -> Callable[[str, str], None]:
     """The supervisor's echo: `[task] line` to `write` (ConsoleWriter.write), escaped, TF's
-    chatter hidden unless verbose; without `logs` only tfo's own lines. `seen(task, line)`
-    gets each task line that is not chatter, shown or not (the live view's last line)."""
-    chatter = ChatterFilter()
+    chatter and tfo's own traceback frames hidden unless verbose; without `logs` only tfo's
+    own lines. `seen(task, line)` gets each task line that is not chatter and begins a record,
+    shown or not (the live view's last line)."""
+    chatter, frames, records = ChatterFilter(), OwnFrames(), Records()
 
     def echo(task: str, line: str) -> None:
-        if task != TFO and (not verbose and chatter.hides(task, line)):
+        if task != TFO and (not verbose and (chatter.hides(task, line)
+                                             or frames.hides(task, line))):
             return
-        if seen is not None and task != TFO:
+        if seen is not None and task != TFO and records.begins(task, line):
             seen(task, line)
         if logs or task == TFO:
             write(f"[{task}] {printable(line)}")
