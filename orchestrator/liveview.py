@@ -261,6 +261,10 @@ _STYLES = {"running": "green", "succeeded": "green", "failed": "red", "stopped":
 # dropping whole columns, in this order, never by cutting a value. These go first ...
 DROPS = ("pid", "rss", "name", "cpu", "up", "restarts", "started", "steps/s", "host",
          "duration", "step")
+# A job on one host says it on every row: its host column goes first. A job on several keeps
+# it longest: there it tells the tasks' machines apart.
+ONE_HOST = ("host", *DROPS)
+HOSTS = (*(c for c in DROPS if c != "host"), "host")
 # ... these never (a value that identifies something, or that the user came for) ...
 ESSENTIAL = ("task", "state", "epoch", "loss", "exit", "run", "outcome")
 # ... and free text is cut to what is left (a '…' where it is cut), at least MIN_LAST while
@@ -286,11 +290,11 @@ def _total(columns: tuple[str, ...], wide: dict[str, int], free: int) -> int:
 
 
 def fit(columns: tuple[str, ...], wide: dict[str, int], width: int,
-        first: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The columns of a table `width` wide: DROPS (after `first`, which go before them)
-    leave, one at a time, until the others fit with MIN_LAST for free text; then free text
-    gets what is left, if that is LEAST_LAST. ESSENTIAL columns always stay."""
-    for drop in (*first, *DROPS):
+        drops: tuple[str, ...] = DROPS) -> tuple[str, ...]:
+    """The columns of a table `width` wide: `drops` leave, one at a time, until the others
+    fit with MIN_LAST for free text; then free text gets what is left, if that is
+    LEAST_LAST. ESSENTIAL columns always stay."""
+    for drop in drops:
         if _total(columns, wide, MIN_LAST) <= width:
             break
         if drop not in ESSENTIAL:
@@ -302,7 +306,7 @@ def fit(columns: tuple[str, ...], wide: dict[str, int], width: int,
 
 def fitted(columns: tuple[str, ...], cells: list[list[str]], width: int | None,
            title: str = "", styles: list[dict[str, str]] | None = None,
-           wide: dict[str, int] | None = None, first: tuple[str, ...] = ()) -> Table:
+           wide: dict[str, int] | None = None, drops: tuple[str, ...] = DROPS) -> Table:
     """A table of `cells` (one list a row, in `columns`' order) that fits `width` (None:
     every column, as is): see `fit`. Every cell is Text: a task name, host or line is never
     read as rich markup. A kept value is never cut by rich either (min_width, and folded
@@ -312,7 +316,7 @@ def fitted(columns: tuple[str, ...], cells: list[list[str]], width: int | None,
     from rich.text import Text
 
     wide = {**widths(columns, cells), **(wide or {})}
-    kept = columns if width is None else fit(columns, wide, width, first)
+    kept = columns if width is None else fit(columns, wide, width, drops)
     t = Table(title=Text(printable(title)) if title else None, title_justify="left",
               box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     room = None if width is None else width - _total(tuple(c for c in kept if c not in FREE),
@@ -348,12 +352,10 @@ def without_restarts(rows: list[Row], columns: tuple[str, ...]) -> tuple[str, ..
 
 def table(rows: list[Row], columns: tuple[str, ...], title: str = "",
           width: int | None = None, wide: dict[str, int] | None = None) -> Table:
-    """The tasks' table, fit to `width` (see `fitted`); a job on one host loses its host
-    column first (it says the same thing on every row)."""
-    single_host = len({r.host for r in rows}) <= 1
+    """The tasks' table, fit to `width` (see `fitted`; ONE_HOST, HOSTS)."""
     styles = [{"state": _STYLES.get(r.state.split()[0], "")} for r in rows]
     return fitted(columns, cells(rows, columns), width, title, styles, wide,
-                  first=("host",) if single_host else ())
+                  ONE_HOST if len({r.host for r in rows}) <= 1 else HOSTS)
 
 
 def render(renderable: Any, width: int, color: bool = False) -> str:
@@ -480,11 +482,11 @@ class LiveView:
                 share: float | None, eta: float | None) -> str:
         t0 = time.perf_counter()
         try:
-            return self._rendered(rows, title, columns, share, eta)
+            return self.frame(rows, title, columns, share, eta)
         finally:
             self._render_seconds = time.perf_counter() - t0
 
-    def _rendered(self, rows: list[Row], title: str, columns: tuple[str, ...],
+    def frame(self, rows: list[Row], title: str, columns: tuple[str, ...],
                   share: float | None, eta: float | None) -> str:
         from rich.console import Group
         from rich.text import Text
