@@ -316,9 +316,11 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         console = ConsoleWriter(fd)
         shown.append(console)
         view = LiveView(console, fd) if is_live_terminal(fd) else None
+        echo = console_echo(console.write, verbose, logs, view.seen if view else None)
         try:
-            yield console_echo(console.write, verbose, logs, view.seen if view else None), view
+            yield echo, view
         finally:
+            echo.flush()
             if view is not None:
                 view.close()  # the summary's table takes its place
             console.close()

@@ -15,6 +15,11 @@ On a terminal the live view (orchestrator/liveview.py) sets a footer: the same t
 it, writes the lines above it and draws it again, so only one thread ever writes to the
 terminal. A task's line is untrusted: `printable` escapes control characters (ANSI included)
 before it reaches a terminal; the logs keep the bytes as printed.
+
+Lines are read as records, in the console only (the logs keep every line): a C++ log
+record's tab-indented further lines go with it (`Records`); tfo's own frames in a task's
+Python traceback are left out (`OwnFrames`); the same line again within REPEAT_SECONDS is
+counted, and the count said once (`Repeats`).
 """
 
 from __future__ import annotations
@@ -323,24 +328,101 @@ class ChatterFilter:
 TFO = "tfo"  # the echo's task name for tfo's own lines
 
 
-def console_echo(write: Callable[[str], None], verbose: bool, logs: bool = True,
-                 seen: Callable[[str, str], None] | None = None) -> Callable[[str, str], None]:
+# The same line again from a task within this long of its first showing is counted, not
+# shown (a ParameterServer chief printed 21 identical "Failed to register function
+# remotely" errors while a worker restarted); its log keeps every one.
+REPEAT_SECONDS = 30.0
+# A C++ log record's time and thread: two records saying the same differ only there.
+_GLOG_STAMP = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ ")
+
+
+def repeat_note(more: int, seconds: float) -> str:
+    return f"… {more} more like this in {seconds:.0f} s"
+
+
+class Repeats:
+    """Per task: a line equal to the last one shown (a C++ record's message, its time
+    aside), within REPEAT_SECONDS of it, is counted instead; the count is said
+    (`repeat_note`) before the task's next different line, or at `flush`. Empty lines are
+    never counted."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._shown: dict[str, tuple[str, float]] = {}  # task: (its last line's key, when)
+        self._more: dict[str, tuple[int, float]] = {}  # task: (repeats counted, the last's time)
+
+    def lines(self, task: str, line: str) -> list[str]:
+        """What to show for `line`: nothing (a repeat), or the line, after a note of the
+        repeats before it."""
+        key, now = _GLOG_STAMP.sub(r"\1 ", line), self._clock()
+        shown = self._shown.get(task)
+        if key.strip() and shown is not None and shown[0] == key \
+                and now - shown[1] <= REPEAT_SECONDS:
+            self._more[task] = (self._more.get(task, (0, now))[0] + 1, now)
+            return []
+        note = self._note(task)
+        self._shown[task] = (key, now)
+        return [*note, line]
+
+    def _note(self, task: str) -> list[str]:
+        more = self._more.pop(task, None)
+        if more is None:
+            return []
+        return [repeat_note(more[0], more[1] - self._shown[task][1])]
+
+    def flush(self) -> list[tuple[str, str]]:
+        """(task, note) for each task's repeats not said yet."""
+        return [(task, note) for task in list(self._more) for note in self._note(task)]
+
+
+class ConsoleEcho:
     """The supervisor's echo: `[task] line` to `write` (ConsoleWriter.write), escaped, TF's
-    chatter and tfo's own traceback frames hidden unless verbose; without `logs` only tfo's
-    own lines. `seen(task, line)` gets each task line that is not chatter and begins a record,
-    shown or not (the live view's last line)."""
-    chatter, frames, records = ChatterFilter(), OwnFrames(), Records()
+    chatter and tfo's own traceback frames hidden unless verbose, a line repeated counted
+    (Repeats); without `logs` only tfo's own lines. `seen(task, line)` gets each task line
+    that is not chatter and begins a record, shown or not (the live view's last line). A
+    C++ log record's further lines go where its first went: shown, hidden or counted."""
 
-    def echo(task: str, line: str) -> None:
-        if task != TFO and (not verbose and (chatter.hides(task, line)
-                                             or frames.hides(task, line))):
+    def __init__(self, write: Callable[[str], None], verbose: bool, logs: bool = True,
+                 seen: Callable[[str, str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._write, self._verbose, self._logs, self._seen = write, verbose, logs, seen
+        self._chatter, self._frames, self._records = ChatterFilter(), OwnFrames(), Records()
+        self._repeats = Repeats(clock)
+        self._counted: set[str] = set()  # tasks whose current record was a counted repeat
+
+    def __call__(self, task: str, line: str) -> None:
+        if task == TFO:
+            self._write(f"[{task}] {printable(line)}")
             return
-        if seen is not None and task != TFO and records.begins(task, line):
-            seen(task, line)
-        if logs or task == TFO:
-            write(f"[{task}] {printable(line)}")
+        if not self._verbose and (self._chatter.hides(task, line)
+                                  or self._frames.hides(task, line)):
+            return
+        begins = self._records.begins(task, line)
+        if begins and self._seen is not None:
+            self._seen(task, line)
+        if not self._logs:
+            return
+        if begins:
+            shown = self._repeats.lines(task, line)
+            if shown:
+                self._counted.discard(task)
+            else:
+                self._counted.add(task)
+        else:
+            shown = [] if task in self._counted else [line]
+        for text in shown:
+            self._write(f"[{task}] {printable(text)}")
 
-    return echo
+    def flush(self) -> None:
+        """Says the repeats counted and not said yet (the run's end)."""
+        for task, note in self._repeats.flush():
+            self._write(f"[{task}] {note}")
+
+
+def console_echo(write: Callable[[str], None], verbose: bool, logs: bool = True,
+                 seen: Callable[[str, str], None] | None = None) -> ConsoleEcho:
+    """The supervisor's echo (ConsoleEcho)."""
+    return ConsoleEcho(write, verbose, logs, seen)
 
 
 def reopen_closed_std_streams() -> None:

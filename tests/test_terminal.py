@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.console import ConsoleWriter
+from orchestrator.console import ConsoleEcho, ConsoleWriter, repeat_note
 from orchestrator.decide import JobState, TaskState
 from orchestrator.liveview import (
     CELLS,
@@ -341,3 +341,63 @@ def test_a_footer_drawn_wide_is_erased_whole_after_the_terminal_narrows():
     finally:
         os.close(leader)
         os.close(follower)
+
+
+# ---- console lines as records -----------------------------------------------------------
+E_REGISTER = ("E0000 00:00:17953816{:02d}.499447    1114 eager_service_impl.cc:42] Failed to "
+              "register function remotely due to Connection refused")
+I_LINE = "I0000 00:00:1795381621.499447    1114 cudart_stub.cc:31] Could not find cuda drivers"
+E_PYFUNC = ("E0000 00:00:1795381621.5    1114 op_kernel.cc:1800] OpKernel ('op: \"PyFunc\"') "
+            "failed: ValueError: bad batch")
+
+
+@pytest.mark.parametrize(("lines", "shown_lines", "last"), [
+    # A shown C++ error's tab-indented lines stay with it; the task's last line is its first.
+    ([E_PYFUNC, "\t [[{{node PyFunc}}]]", "\t [[IteratorGetNext]]"],
+     [E_PYFUNC, "\t [[{{node PyFunc}}]]", "\t [[IteratorGetNext]]"], E_PYFUNC),
+    # A hidden INFO record's further lines are hidden with it.
+    (["Epoch 1/3", I_LINE, "\t more of the info"], ["Epoch 1/3"], "Epoch 1/3"),
+    # Python's traceback: the user's frames and TensorFlow's; tfo's wrapper's left out.
+    (["Traceback (most recent call last):",
+      '  File "/home/ana/train.py", line 40, in <module>', "    model.fit(x, y)",
+      '  File "/srv/tfo/worker_entry/autoprogress.py", line 202, in run',
+      "    return fit(*args, **kwargs)", "           ^^^^^^^^^^^^^^^^^^^^",
+      '  File "/usr/lib/python3/site-packages/tf_keras/src/engine/training.py", line 9, in fit',
+      "    raise e", "ValueError: bad"],
+     ["Traceback (most recent call last):",
+      '  File "/home/ana/train.py", line 40, in <module>', "    model.fit(x, y)",
+      '  File "/usr/lib/python3/site-packages/tf_keras/src/engine/training.py", line 9, in fit',
+      "    raise e", "ValueError: bad"], "ValueError: bad"),
+])
+def test_console_lines_are_read_as_records(lines: list[str], shown_lines: list[str], last: str):
+    out: list[str] = []
+    seen: dict[str, str] = {}
+    echo = ConsoleEcho(out.append, verbose=False, seen=seen.__setitem__)
+    for line in lines:
+        echo("worker:1", line)
+    assert out == [f"[worker:1] {line}" for line in shown_lines]
+    assert seen["worker:1"] == last
+
+
+@pytest.mark.parametrize(("script", "shown_lines"), [
+    # 21 of one C++ error a second apart, its time aside: the first, then one line for 20.
+    ([(t, E_REGISTER.format(t)) for t in range(21)] + [(21, "Epoch 2/3")],
+     [E_REGISTER.format(0), repeat_note(20, 20), "Epoch 2/3"]),
+    # Beyond the window the line shows again (and starts a window of its own).
+    ([(0, "waiting"), (10, "waiting"), (31, "waiting"), (32, "done")],
+     ["waiting", repeat_note(1, 10), "waiting", "done"]),
+    # Empty lines are never counted; a repeat's further lines go with it.
+    ([(0, ""), (1, ""), (2, E_PYFUNC), (2, "\t [[{{node PyFunc}}]]"), (3, E_PYFUNC),
+      (3, "\t [[{{node PyFunc}}]]")],
+     ["", "", E_PYFUNC, "\t [[{{node PyFunc}}]]", repeat_note(1, 1)]),
+])
+def test_a_line_repeated_shows_once_with_a_count(script: list[tuple[float, str]],
+                                                 shown_lines: list[str]):
+    now = [0.0]
+    out: list[str] = []
+    echo = ConsoleEcho(out.append, verbose=False, clock=lambda: now[0])
+    for at, line in script:
+        now[0] = at
+        echo("chief:0", line)
+    echo.flush()  # the run's end: a count not said yet is said
+    assert out == [f"[chief:0] {line}" for line in shown_lines]
