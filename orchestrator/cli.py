@@ -56,6 +56,7 @@ from orchestrator.cli_options import (
     RestartOpt,
     RunArg,
     RunDirOpt,
+    ShowOpt,
     SlurmArgOpt,
     SourceArg,
     StrategyOpt,
@@ -84,6 +85,7 @@ from orchestrator.report import (
     preflight_table,
     print_plan,
     print_summary,
+    print_table,
     resize_lines,
     runs_table,
 )
@@ -107,10 +109,26 @@ EXIT_BAD_SPEC = 2
 # modules (0.16 s of CPU here, more than half of what `tfo --help` may take). So help
 # strings are plain text: write `[default: x]`, no markup, no escapes.
 HELP = {"rich_markup_mode": None, "add_completion": False, "no_args_is_help": True,
-        "pretty_exceptions_enable": False}
+        "pretty_exceptions_enable": False,
+        "context_settings": {"help_option_names": ["-h", "--help"]}}  # as kubectl, docker
 app = typer.Typer(**HELP,
                   help="Run multi-worker TensorFlow jobs on this machine or on a lab's machines.",
                   epilog=EPILOG)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from orchestrator import __version__
+
+        print(f"tfo {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option(
+        "--version", help="print tfo's version and exit", callback=_version,
+        is_eager=True)] = False) -> None:
+    """Run multi-worker TensorFlow jobs on this machine or on a lab's machines."""
 
 
 def _fail(message: str) -> typer.Exit:
@@ -153,7 +171,8 @@ def _made_by() -> str:
     return shlex.join(["tfo", *sys.argv[1:]])
 
 
-@app.command(cls=CommandAfterDashes)
+@app.command(cls=CommandAfterDashes,
+             short_help="Print what run would start, without starting anything")
 def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, typer.Option(
         "--json", help="print the plan as JSON, as plan.json holds it")] = False,
          run_dir: RunDirOpt = None,
@@ -187,7 +206,7 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
                _made_by())
 
 
-@app.command()
+@app.command(short_help="Preflight every host: reachable, python, TF, ports")
 def check(file: FileArg) -> None:
     """Preflight every host at once: reachable, authenticated, python, TF versions, ports,
     workdir. Exit 0 when all is well, 1 naming each problem."""
@@ -211,7 +230,7 @@ def check(file: FileArg) -> None:
     raise typer.Exit(1 if problems else 0)
 
 
-@app.command()
+@app.command(short_help="Print the cluster file's JSON Schema, for editors")
 def schema() -> None:
     """Print the cluster file's JSON Schema, for editors: `tfo schema > cluster.schema.json`."""
     from orchestrator.spec import cluster_schema
@@ -219,7 +238,8 @@ def schema() -> None:
     print(json.dumps(cluster_schema(), indent=2))
 
 
-@app.command(cls=CommandAfterDashes)
+@app.command(cls=CommandAfterDashes,
+             short_help="Bring the job up, watch it, restart by policy, tear it down")
 def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         verbose: VerboseOpt = False, logs: LogsOpt = True, workers: WorkersOpt = None,
         chief: ChiefOpt = False, ps: PsOpt = None, evaluator: EvaluatorOpt = False,
@@ -229,7 +249,7 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         independent: IndependentOpt = False, on: OnOpt = None,
         partition: PartitionOpt = None, time_limit: TimeOpt = None, nodes: NodesOpt = None,
         tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
-        account: AccountOpt = None, slurm_arg: SlurmArgOpt = None,
+        account: AccountOpt = None, slurm_arg: SlurmArgOpt = None, show: ShowOpt = None,
         ctx: typer.Context = None) -> None:  # type: ignore[assignment]  # last: run(FILE) works
     """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/131/143.
     FILE may be a run's plan.json: the same tasks again, in a new run directory. Without
@@ -245,7 +265,7 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
         max_restarts, independent), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
                                   gpus_per_task, account, tuple(slurm_arg or ())))
-    _run(source, run_dir, verbose, logs)
+    _run(source, run_dir, verbose, logs, show)
 
 
 def _str(path: Path | None) -> str | None:
@@ -294,7 +314,8 @@ class _Signals:
             signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
-def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True) -> None:
+def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True,
+         show: str | None = None) -> None:
     """orchestrator.pipeline.run, printing: its lines, the tasks' (a ConsoleWriter, and the
     live view on a terminal), the summary; its errors as the user's, with the exit code."""
     # Until the supervisor takes over, SIGTERM, SIGHUP and SIGQUIT end tfo as Ctrl-C does: what was
@@ -307,6 +328,7 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
     stage = ["planning"]  # what was under way, for the message
     shown: list[ConsoleWriter] = []  # the console, once the supervisor takes over
     began: list[float] = []  # when the tasks were started (monotonic)
+    only: list[str] = []  # --show's tasks
 
     @contextlib.contextmanager
     def display(p: Plan) -> Iterator[tuple[Any, Any]]:
@@ -316,7 +338,9 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         console = ConsoleWriter(fd)
         shown.append(console)
         view = LiveView(console, fd) if is_live_terminal(fd) else None
-        echo = console_echo(console.write, verbose, logs, view.seen if view else None)
+        only.extend(_shown_tasks(show, p))
+        echo = console_echo(console.write, verbose, logs, view.seen if view else None,
+                            prefixes=prefixes(p), only=set(only) if show else None)
         try:
             yield echo, view
         finally:
@@ -365,17 +389,39 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
             err.print(f"tfo: stdout was closed; console echo stopped; logs are complete in "
                       f"{result.run_dir}/logs", soft_wrap=True)
         print_summary(result, elapsed=time.monotonic() - began[0] if began else None,
-                      shown=logs and not console.dropped and not console.reader_gone)
+                      shown=logs and not console.dropped and not console.reader_gone
+                      and (not show or result.failed_task in only))
     signals.ignore()  # the exit code is the job's, not a signal's while the interpreter ends
     raise typer.Exit(result.exit_code)
 
 
-@app.command()
+def _shown_tasks(show: str | None, p: Plan) -> list[str]:
+    """--show's task names, each one of the plan's."""
+    if not show:
+        return []
+    names = [t.name for t in p.tasks]
+    wanted = [name.strip() for name in show.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in names]
+    if unknown:
+        raise SpecError(f"--show: no task {unknown[0]!r} in this job; its tasks: "
+                        f"{', '.join(names)}")
+    return wanted
+
+
+def prefixes(p: Plan) -> dict[str, str]:
+    """Each task's console prefix: `worker:1`, or `worker:1@gpu2` where the job spans
+    hosts."""
+    if len({t.host for t in p.tasks}) <= 1:
+        return {}
+    return {t.name: f"{t.name}@{t.host}" for t in p.tasks}
+
+
+@app.command(short_help="Run a run's plan again, in a new run directory")
 def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt = False,
-          logs: LogsOpt = True) -> None:
+          logs: LogsOpt = True, show: ShowOpt = None) -> None:
     """Run a run's plan again: the same tasks, ports and TF_CONFIGs, in a new run directory;
     training resumes from the run's backups (or starts over where it left none, as said)."""
-    _run(Path(_find_run(run_ref).plan_path), run_dir, verbose, logs)
+    _run(Path(_find_run(run_ref).plan_path), run_dir, verbose, logs, show)
 
 
 def _find_run(ref: str | None) -> RunDir:
@@ -385,7 +431,7 @@ def _find_run(ref: str | None) -> RunDir:
         raise _fail(str(e)) from None
 
 
-@app.command()
+@app.command(short_help="A run's tasks: state, epoch, loss, exit")
 def status(run_ref: RunArg = None) -> None:
     """The tasks of a run (the latest by default) as its events.jsonl tells them: state,
     restarts, last epoch, step, steps/s and loss, last event, exit."""
@@ -399,8 +445,8 @@ def status(run_ref: RunArg = None) -> None:
         raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
     line, abnormal = job_line(events, skipped, rd.held())
     rows = rows_from_events(events, over=abnormal, now=time.time())
-    out.print(table(rows, without_restarts(rows, STATUS), title=f"{rd.name}: {line}",
-                    width=out.width))
+    print_table(out, table(rows, without_restarts(rows, STATUS), title=f"{rd.name}: {line}",
+                           width=out.width))
     for line in resize_lines([e for e in events if e["event"] == "job_resized"]) + \
             resumes.lines([e for e in events if e["event"] == "task_resumed"]):
         out.print(printable(line), soft_wrap=True, highlight=False, markup=False)
@@ -408,12 +454,12 @@ def status(run_ref: RunArg = None) -> None:
         err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)")
 
 
-@app.command()
+@app.command(short_help="The runs under runs/: id, start, duration, outcome")
 def runs() -> None:
     """The runs under runs/, oldest first: id, cluster name, start, duration, outcome,
     restarts."""
     found, broken = list_runs()
-    out.print(runs_table(found, width=out.width))
+    print_table(out, runs_table(found, width=out.width))
     if broken:
         what = "directory that is not a readable run" if broken == 1 else \
             "directories that are not readable runs"
@@ -427,7 +473,7 @@ _TASK_NAME = re.compile(r"^[a-z_]+:\d+$")
 FOLLOW_SECONDS = 0.25  # how often `tfo logs -f` looks for new lines
 
 
-@app.command()
+@app.command(short_help="Print a task's log, or every task's; -f follows the run")
 def logs(run_dir: Annotated[str | None, typer.Argument(
             help="a run directory, id or id prefix, or a task name (of the latest run)",
             show_default=False)] = None,
@@ -468,7 +514,8 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
 
 export_app = typer.Typer(**HELP, help="Hand the job to another engine, as a file it runs: a "
                          "Kubeflow TFJob.")
-app.add_typer(export_app, name="export")
+app.add_typer(export_app, name="export",
+              short_help="Hand the job to another engine: a Kubeflow TFJob")
 
 
 @export_app.command("tfjob")

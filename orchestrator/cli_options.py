@@ -92,6 +92,10 @@ VerboseOpt = Annotated[bool, typer.Option(
 LogsOpt = Annotated[bool, typer.Option(
     "--logs/--no-logs", help="stream the tasks' lines, [role:index] first (the logs in the run "
     "directory have them either way)")]
+ShowOpt = Annotated[str | None, typer.Option(
+    "--show", metavar="TASKS", help="stream only these tasks' lines, e.g. worker:0,chief:0 "
+    "(the others' go to their logs; tfo's own lines, and a failed task's last lines, "
+    "always show)", show_default=False)]
 
 
 class CommandAfterDashes(TyperCommand):

@@ -380,12 +380,17 @@ class ConsoleEcho:
     chatter and tfo's own traceback frames hidden unless verbose, a line repeated counted
     (Repeats); without `logs` only tfo's own lines. `seen(task, line)` gets each task line
     that is not chatter and begins a record, shown or not (the live view's last line). A
-    C++ log record's further lines go where its first went: shown, hidden or counted."""
+    C++ log record's further lines go where its first went: shown, hidden or counted.
+    A job on several hosts prefixes each line with its host too (`[worker:1@gpu2]`);
+    `only` (--show) keeps the others' lines to their logs (and the live view's last line)."""
 
     def __init__(self, write: Callable[[str], None], verbose: bool, logs: bool = True,
                  seen: Callable[[str, str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 prefixes: dict[str, str] | None = None, only: set[str] | None = None) -> None:
         self._write, self._verbose, self._logs, self._seen = write, verbose, logs, seen
+        self._prefixes = prefixes or {}  # task: its prefix, where not its name (its host too)
+        self._only = only  # the tasks whose lines show (--show); None: all
         self._chatter, self._frames, self._records = ChatterFilter(), OwnFrames(), Records()
         self._repeats = Repeats(clock)
         self._counted: set[str] = set()  # tasks whose current record was a counted repeat
@@ -400,7 +405,7 @@ class ConsoleEcho:
         begins = self._records.begins(task, line)
         if begins and self._seen is not None:
             self._seen(task, line)
-        if not self._logs:
+        if not self._logs or (self._only is not None and task not in self._only):
             return
         if begins:
             shown = self._repeats.lines(task, line)
@@ -410,19 +415,23 @@ class ConsoleEcho:
                 self._counted.add(task)
         else:
             shown = [] if task in self._counted else [line]
+        prefix = self._prefixes.get(task, task)
         for text in shown:
-            self._write(f"[{task}] {printable(text)}")
+            self._write(f"[{prefix}] {printable(text)}")
 
     def flush(self) -> None:
         """Says the repeats counted and not said yet (the run's end)."""
         for task, note in self._repeats.flush():
-            self._write(f"[{task}] {note}")
+            self._write(f"[{self._prefixes.get(task, task)}] {note}")
 
 
 def console_echo(write: Callable[[str], None], verbose: bool, logs: bool = True,
-                 seen: Callable[[str, str], None] | None = None) -> ConsoleEcho:
-    """The supervisor's echo (ConsoleEcho)."""
-    return ConsoleEcho(write, verbose, logs, seen)
+                 seen: Callable[[str, str], None] | None = None,
+                 prefixes: dict[str, str] | None = None,
+                 only: set[str] | None = None) -> ConsoleEcho:
+    """The supervisor's echo (ConsoleEcho): `prefixes` a task's where not its name
+    (`worker:1@gpu2`), `only` the tasks whose lines show (None: all)."""
+    return ConsoleEcho(write, verbose, logs, seen, prefixes=prefixes, only=only)
 
 
 def reopen_closed_std_streams() -> None:

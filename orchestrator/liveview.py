@@ -509,7 +509,9 @@ class LiveView:
         if bar is not None:
             parts.append(bar)
         parts.append(table(shown, columns, width=width, wide=self._wide))
-        text = render(Group(*parts), width, color=True)
+        from orchestrator.report import no_color
+
+        text = render(Group(*parts), width, color=not no_color())
         if len(rows) > len(shown):
             text += f"… {len(rows) - len(shown)} more tasks (tfo status shows all)\n"
         return text

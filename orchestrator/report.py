@@ -54,8 +54,30 @@ def _console(stderr: bool) -> Console:
     # Piped output (CI, `| less`, tests) gets wide tables instead of rich's 80 columns.
     # No markup or emoji codes: what we print holds paths, users' arguments and hosts' replies
     # (a `[/x]` in one was a MarkupError traceback). Our own styles go through `_labeled`.
+    # NO_COLOR (no-color.org): no escape codes at all, bold included (rich drops colors only).
+    extra: dict[str, Any] = {"color_system": None} if no_color() else {}
     return _Console(stderr=stderr, highlight=False, markup=False, emoji=False,
-                    width=None if tty else 160)
+                    width=None if tty else 160, **extra)
+
+
+def no_color() -> bool:
+    """NO_COLOR set, and not empty: no colors, no bold (no-color.org)."""
+    return bool(os.environ.get("NO_COLOR"))
+
+
+def print_table(console: Console, table: Any) -> None:
+    """A table at the console's width; where it is no terminal, without the spaces rich
+    pads its lines with (plain output has no trailing spaces)."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    from rich.text import Text
+
+    from orchestrator.liveview import render
+
+    text = render(table, console.width)
+    console.print(Text("\n".join(line.rstrip() for line in text.splitlines())),
+                  soft_wrap=True)
 
 
 class _LazyConsole:
@@ -128,8 +150,8 @@ def print_summary(result: RunResult, elapsed: float | None = None,
     rows = [row_from_outcome(t) for t in result.tasks]
     took = "" if elapsed is None else f" after {duration(elapsed)}"
     run_id = Path(result.run_dir).name
-    err.print(table(rows, without_restarts(rows, FINAL), width=err.width,
-                    title=f"{run_id}: job {result.state.value}{took}"))
+    print_table(err, table(rows, without_restarts(rows, FINAL), width=err.width,
+                           title=f"{run_id}: job {result.state.value}{took}"))
     error = ""
     if result.failed_task:
         failed = next(t for t in result.tasks if t.name == result.failed_task)

@@ -36,7 +36,7 @@ from orchestrator.liveview import (
     without_restarts,
 )
 from orchestrator.records import RunResult, TaskOutcome
-from tests.conftest import REPO, kill_tree, run_processes, tfo_cmd, wait_until
+from tests.conftest import REPO, kill_tree, run_processes, run_tfo, tfo_cmd, wait_until
 from tests.test_liveview import ANSI, run_in_pty, tfo_env, user_dir
 
 SCRIPTS = REPO / "tests" / "scripts"
@@ -401,3 +401,51 @@ def test_a_line_repeated_shows_once_with_a_count(script: list[tuple[float, str]]
         echo("chief:0", line)
     echo.flush()  # the run's end: a count not said yet is said
     assert out == [f"[chief:0] {line}" for line in shown_lines]
+
+
+def test_a_job_on_several_hosts_names_the_host_and_show_keeps_to_the_tasks_asked():
+    """`[worker:1@gpu2]` where a job spans hosts; `--show worker:0`: worker:1's lines go to
+    its log (and the live view's last line), tfo's own lines still show."""
+    out: list[str] = []
+    seen: dict[str, str] = {}
+    echo = ConsoleEcho(out.append, verbose=False, seen=seen.__setitem__, only={"worker:0"},
+                       prefixes={"worker:0": "worker:0@gpu1", "worker:1": "worker:1@gpu2"})
+    echo("worker:0", "Epoch 1/3")
+    echo("worker:1", "Epoch 1/3 on the other one")
+    echo("tfo", "worker:1 restarted")
+    assert out == ["[worker:0@gpu1] Epoch 1/3", "[tfo] worker:1 restarted"]
+    assert seen == {"worker:0": "Epoch 1/3", "worker:1": "Epoch 1/3 on the other one"}
+
+
+# ---- help, version, NO_COLOR -------------------------------------------------------------
+def test_help_and_version_as_other_tools_have_them(tmp_path: Path):
+    """`-h` is `--help`; `--version` answers; at 80 columns no command's line is cut."""
+    cwd = user_dir(tmp_path / "user")
+    env = {**tfo_env(cwd), "COLUMNS": "80"}
+    short, long = (run_tfo(flag, cwd=cwd, env=env, timeout=30) for flag in ("-h", "--help"))
+    assert short.returncode == long.returncode == 0 and short.stdout == long.stdout
+    commands = short.stdout[short.stdout.index("Commands:"):].split("\n\n")[0].splitlines()[1:]
+    assert len(commands) >= 8 and not any(line.endswith("...") for line in commands), commands
+    assert run_tfo("runs", "-h", cwd=cwd, env=env, timeout=30).stdout.startswith("Usage:")
+    version = run_tfo("--version", cwd=cwd, env=env, timeout=30)
+    assert version.returncode == 0 and re.fullmatch(r"tfo \d+\.\d+\.\d+\n", version.stdout)
+
+
+def test_no_color_means_no_escape_codes_on_a_terminal(tmp_path: Path):
+    """NO_COLOR=1 on a terminal: `tfo runs` and `tfo status` print no escape code at all
+    (rich dropped colors but kept bold: 1,230 codes in one run)."""
+    cwd = user_dir(tmp_path / "user")
+    run_dir = cwd / "runs" / RUN_ID
+    run_dir.mkdir(parents=True)
+    (run_dir / "plan.json").write_text(json.dumps({"run_id": RUN_ID, "name": "train"}))
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
+        {"event": "run_started", "time": 1.8e9, "run_id": RUN_ID, "coordinator_pid": 1},
+        {"event": "task_started", "task": "worker:0", "pid": 7, "host": "localhost"},
+        {"event": "task_exited", "task": "worker:0", "returncode": 1, "time": 1.8e9 + 5},
+        {"event": "job_finished", "state": "failed", "reason": "worker:0 exited", "time":
+         1.8e9 + 5, "restarts": 0, "exit_code": 1}]))
+    for args in (["runs"], ["status", RUN_ID]):
+        colored, rc = run_in_pty(args, cwd, timeout=30, columns=80)
+        assert rc == 0 and "\x1b[" in colored, colored  # a terminal: bold headers
+        plain, rc = run_in_pty(args, cwd, timeout=30, columns=80, env={"NO_COLOR": "1"})
+        assert rc == 0 and "\x1b" not in plain and RUN_ID in plain, plain
