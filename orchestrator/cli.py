@@ -510,6 +510,12 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
             time.sleep(FOLLOW_SECONDS)
     except BrokenPipeError:  # `tfo logs | head`: the reader has what it wanted
         point_at_devnull(sys.stdout.fileno())
+        return
+    if follow:  # how the run ended, rather than a silent return to the prompt
+        with contextlib.suppress(OSError):
+            events, skipped = rd.read_events()
+            err.print(labeled("tfo:", "bold", f"run {rd.name} ended: "
+                              f"{job_line(events, skipped, rd.held())[0]}"), soft_wrap=True)
 
 
 export_app = typer.Typer(**HELP, help="Hand the job to another engine, as a file it runs: a "

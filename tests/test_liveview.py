@@ -277,6 +277,8 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_run(tmp_path: P
                                 "state": "succeeded", "restarts": 0}) + "\n")
         assert proc.wait(timeout=10) == 0
         assert proc.stdout.read() == ""
+        # It says how the run ended, rather than return to the prompt without a word.
+        assert proc.stderr.read() == "tfo: run hand-1 ended: succeeded: \n"
     finally:
         if proc.poll() is None:
             kill_tree(proc.pid)
