@@ -251,14 +251,18 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
         account: AccountOpt = None, slurm_arg: SlurmArgOpt = None, show: ShowOpt = None,
         ctx: typer.Context = None) -> None:  # type: ignore[assignment]  # last: run(FILE) works
-    """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/131/143.
+    """Bring the job up, watch it, restart by policy, tear it down.
     FILE may be a run's plan.json: the same tasks again, in a new run directory. Without
     FILE, the command after -- runs (`tfo run --workers 2 -- python train.py --epochs 3`), and
     the cluster file made for it is written into the run directory as cluster.yaml. With
     `--on slurm`, the same job runs in one Slurm allocation, each task a job step.
     On a terminal a table of the tasks (state, CPU, memory, epoch, step, loss, last line)
-    stays below their lines, redrawn every second; piped, the lines only, and the table at
-    the end."""
+    and a progress bar stay below their lines, redrawn every second; piped, the lines only.
+    Either way the table at the end, and last the verdict.
+
+    Exit codes: 0 the job succeeded, 1 it failed, 2 bad cluster file or usage (nothing
+    started), 129 hung up (SIGHUP), 130 interrupted (Ctrl-C), 131 quit (SIGQUIT), 143
+    terminated (SIGTERM)."""
     from orchestrator.quick import QuickFlags, SlurmFlags
 
     source = _source(ctx, file, QuickFlags(
