@@ -337,7 +337,8 @@ _GLOG_STAMP = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ ")
 
 
 def repeat_note(more: int, seconds: float) -> str:
-    return f"… {more} more like this in {seconds:.0f} s"
+    within = f" in {seconds:.0f} s" if seconds >= 1 else ""
+    return f"… {more} more like this{within}"
 
 
 class Repeats:

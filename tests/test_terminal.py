@@ -449,3 +449,8 @@ def test_no_color_means_no_escape_codes_on_a_terminal(tmp_path: Path):
         assert rc == 0 and "\x1b[" in colored, colored  # a terminal: bold headers
         plain, rc = run_in_pty(args, cwd, timeout=30, columns=80, env={"NO_COLOR": "1"})
         assert rc == 0 and "\x1b" not in plain and RUN_ID in plain, plain
+
+
+def test_the_repeat_note_says_its_time_where_there_was_some():
+    assert repeat_note(20, 12.4) == "… 20 more like this in 12 s"
+    assert repeat_note(1, 0.2) == "… 1 more like this"
