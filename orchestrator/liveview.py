@@ -30,7 +30,6 @@ from orchestrator.launch import describe_exit
 from orchestrator.rate import STALE_INTERVALS, STALE_SECONDS, shown
 
 if TYPE_CHECKING:
-    from rich.table import Table
 
     from orchestrator.job import Job
     from orchestrator.records import TaskOutcome, TaskRecord
@@ -306,7 +305,7 @@ def fit(columns: tuple[str, ...], wide: dict[str, int], width: int,
 
 def fitted(columns: tuple[str, ...], cells: list[list[str]], width: int | None,
            title: str = "", styles: list[dict[str, str]] | None = None,
-           wide: dict[str, int] | None = None, drops: tuple[str, ...] = DROPS) -> Table:
+           wide: dict[str, int] | None = None, drops: tuple[str, ...] = DROPS) -> Any:
     """A table of `cells` (one list a row, in `columns`' order) that fits `width` (None:
     every column, as is): see `fit`. Every cell is Text: a task name, host or line is never
     read as rich markup. A kept value is never cut by rich either (min_width, and folded
@@ -317,8 +316,7 @@ def fitted(columns: tuple[str, ...], cells: list[list[str]], width: int | None,
 
     wide = {**widths(columns, cells), **(wide or {})}
     kept = columns if width is None else fit(columns, wide, width, drops)
-    t = Table(title=Text(printable(title)) if title else None, title_justify="left",
-              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     room = None if width is None else width - _total(tuple(c for c in kept if c not in FREE),
                                                       wide, 0) - SEPARATOR
     for col in kept:
@@ -336,7 +334,11 @@ def fitted(columns: tuple[str, ...], cells: list[list[str]], width: int | None,
                 text = text[:max(1, room - 1)] + "…"
             shown.append(Text(text, style=style.get(columns[i], "")))
         t.add_row(*shown)
-    return t
+    if not title:
+        return t
+    from rich.console import Group  # the title a line of its own: as wide as the console,
+    # not wrapped at a narrow table's width
+    return Group(Text(printable(title)), t)
 
 
 def cells(rows: list[Row], columns: tuple[str, ...]) -> list[list[str]]:
@@ -351,7 +353,7 @@ def without_restarts(rows: list[Row], columns: tuple[str, ...]) -> tuple[str, ..
 
 
 def table(rows: list[Row], columns: tuple[str, ...], title: str = "",
-          width: int | None = None, wide: dict[str, int] | None = None) -> Table:
+          width: int | None = None, wide: dict[str, int] | None = None) -> Any:
     """The tasks' table, fit to `width` (see `fitted`; ONE_HOST, HOSTS)."""
     styles = [{"state": _STYLES.get(r.state.split()[0], "")} for r in rows]
     return fitted(columns, cells(rows, columns), width, title, styles, wide,

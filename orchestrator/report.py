@@ -286,7 +286,7 @@ def cluster_check_lines(p: Plan) -> list[str]:
             "independently"]
 
 
-def runs_table(found: list[RunInfo], width: int | None = None) -> Table:
+def runs_table(found: list[RunInfo], width: int | None = None) -> Any:
     """`tfo runs`: each run's id, cluster name, start, duration, outcome and restarts; fit to
     `width` by dropping columns (liveview.fit), the id always whole."""
     from orchestrator.liveview import duration, fitted
