@@ -185,7 +185,13 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
          tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
          account: AccountOpt = None, slurm_arg: SlurmArgOpt = None) -> None:
     """Print what `run` would start, without starting anything: `tfo plan FILE`, or
-    `tfo plan --workers 2 -- python train.py` (then also the cluster file it makes)."""
+    `tfo plan --workers 2 -- python train.py` (then also the cluster file it makes).
+
+    \b
+    Examples:
+      tfo plan clusters/localhost.yaml
+      tfo plan --workers 2 -- python train.py
+      tfo plan clusters/lab.yaml --json"""
     from orchestrator.quick import QuickFlags, SlurmFlags
 
     source = _source(ctx, file, QuickFlags(
@@ -209,7 +215,11 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
 @app.command(short_help="Preflight every host: reachable, python, TF, ports")
 def check(file: FileArg) -> None:
     """Preflight every host at once: reachable, authenticated, python, TF versions, ports,
-    workdir. Exit 0 when all is well, 1 naming each problem."""
+    workdir. Exit 0 when all is well, 1 naming each problem.
+
+    \b
+    Examples:
+      tfo check clusters/lab.yaml"""
     try:
         p, backends = prepare(file, None, dry_run=True)
     except (SpecError, BackendError) as e:
@@ -262,7 +272,13 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
 
     Exit codes: 0 the job succeeded, 1 it failed, 2 bad cluster file or usage (nothing
     started), 129 hung up (SIGHUP), 130 interrupted (Ctrl-C), 131 quit (SIGQUIT), 143
-    terminated (SIGTERM)."""
+    terminated (SIGTERM).
+
+    \b
+    Examples:
+      tfo run --workers 2 -- python train.py --epochs 3
+      tfo run clusters/localhost.yaml --show worker:0
+      tfo run runs/<id>/plan.json"""
     from orchestrator.quick import QuickFlags, SlurmFlags
 
     source = _source(ctx, file, QuickFlags(
@@ -424,7 +440,12 @@ def prefixes(p: Plan) -> dict[str, str]:
 def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt = False,
           logs: LogsOpt = True, show: ShowOpt = None) -> None:
     """Run a run's plan again: the same tasks, ports and TF_CONFIGs, in a new run directory;
-    training resumes from the run's backups (or starts over where it left none, as said)."""
+    training resumes from the run's backups (or starts over where it left none, as said).
+
+    \b
+    Examples:
+      tfo rerun last
+      tfo rerun train-20261127"""
     _run(Path(_find_run(run_ref).plan_path), run_dir, verbose, logs, show)
 
 
@@ -438,7 +459,13 @@ def _find_run(ref: str | None) -> RunDir:
 @app.command(short_help="A run's tasks: state, epoch, loss, exit")
 def status(run_ref: RunArg = None) -> None:
     """The tasks of a run (the latest by default) as its events.jsonl tells them: state,
-    restarts, last epoch, step, steps/s and loss, last event, exit."""
+    restarts, last epoch, step, steps/s and loss, last event, exit.
+
+    \b
+    Examples:
+      tfo status
+      tfo status last
+      tfo status train-20261127-0349"""
     from orchestrator import resumes
     from orchestrator.liveview import STATUS, rows_from_events, table, without_restarts
 
@@ -461,7 +488,11 @@ def status(run_ref: RunArg = None) -> None:
 @app.command(short_help="The runs under runs/: id, start, duration, outcome")
 def runs() -> None:
     """The runs under runs/, oldest first: id, cluster name, start, duration, outcome,
-    restarts."""
+    restarts.
+
+    \b
+    Examples:
+      tfo runs"""
     found, broken = list_runs()
     print_table(out, runs_table(found, width=out.width))
     if broken:
@@ -489,7 +520,13 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
          raw: Annotated[bool, typer.Option(
              "--raw", help="also the @tfo marker lines tfo itself reads")] = False) -> None:
     """Print a task's log (every task's, [role:index] first, when none is named): `tfo logs`,
-    `tfo logs worker:1`, `tfo logs last worker:1 -f`, `tfo logs RUN_DIR worker:1`."""
+    `tfo logs worker:1`, `tfo logs last worker:1 -f`, `tfo logs RUN_DIR worker:1`.
+
+    \b
+    Examples:
+      tfo logs worker:1
+      tfo logs last worker:1 -f
+      tfo logs train-20261127 -n 50"""
     from orchestrator.logprint import LogPrinter
 
     if task is None and run_dir and _TASK_NAME.match(run_dir) and not Path(run_dir).is_dir():
