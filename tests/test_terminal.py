@@ -454,3 +454,18 @@ def test_no_color_means_no_escape_codes_on_a_terminal(tmp_path: Path):
 def test_the_repeat_note_says_its_time_where_there_was_some():
     assert repeat_note(20, 12.4) == "… 20 more like this in 12 s"
     assert repeat_note(1, 0.2) == "… 1 more like this"
+
+
+def test_run_s_help_is_in_sections_with_human_types(tmp_path: Path):
+    """`tfo run --help`: the run's own options, then the cluster without a file, then Slurm,
+    each a section; values named for what they are (N, HOST,..., POLICY), not `<str>`."""
+    cwd = user_dir(tmp_path / "user")
+    text = run_tfo("run", "--help", cwd=cwd, env={**tfo_env(cwd), "COLUMNS": "80"},
+                   timeout=30).stdout
+    sections = [line for line in text.splitlines() if line and not line[0].isspace()]
+    assert sections[-3:] == ["Options:", "Cluster without a file (with a command after --):",
+                             "On Slurm (`--on slurm`: one allocation, each task a job step):"]
+    assert text.index("--partition NAME") > text.index("On Slurm") > text.index("--workers")
+    assert "--workers N|MIN:MAX" in text and "--restart POLICY" in text
+    assert "<str>" not in text and "<int>" not in text and "<list[str]>" not in text
+    assert "Examples:" in text and "Exit codes: 0 the job succeeded" in " ".join(text.split())
