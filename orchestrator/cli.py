@@ -132,11 +132,31 @@ def _main(version: Annotated[bool, typer.Option(
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(labeled("error:", "bold red", message), soft_wrap=True)
+    _fail_line(message)
     page = guide_page(message)
     if page:
         err.print(f"see: {page}", soft_wrap=True)
     return typer.Exit(EXIT_BAD_SPEC)
+
+
+def _usage_error(self: Any, file: Any = None) -> None:
+    """A usage error (an unknown option, a missing value) in tfo's one style, as its own
+    errors are: `error: …`, then where help is (typer's was `Usage: … Error: …`)."""
+    _fail_line(self.format_message())
+    if getattr(self, "ctx", None) is not None:
+        err.print(f"see: {self.ctx.command_path} --help", soft_wrap=True)
+
+
+def _one_error_style() -> None:
+    # typer's own click (typer._click, 0.29+); an older typer keeps its style.
+    with contextlib.suppress(ImportError, AttributeError):
+        from typer._click import exceptions
+
+        exceptions.UsageError.show = _usage_error  # NoArgsIsHelpError keeps its own (help)
+
+
+def _fail_line(message: str) -> None:
+    err.print(labeled("error:", "bold red", message), soft_wrap=True)
 
 
 def _say(line: str) -> None:
@@ -606,6 +626,7 @@ def main() -> None:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    _one_error_style()
     try:
         with starting():
             app()

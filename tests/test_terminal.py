@@ -469,3 +469,15 @@ def test_run_s_help_is_in_sections_with_human_types(tmp_path: Path):
     assert "--workers N|MIN:MAX" in text and "--restart POLICY" in text
     assert "<str>" not in text and "<int>" not in text and "<list[str]>" not in text
     assert "Examples:" in text and "Exit codes: 0 the job succeeded" in " ".join(text.split())
+
+
+def test_a_usage_error_reads_as_tfo_s_other_errors(tmp_path: Path):
+    """`tfo run --bogus`: `error: …` and where help is, exit 2, as tfo's own errors read
+    (typer's was `Usage: … Try … Error: No such option`)."""
+    cwd = user_dir(tmp_path / "user")
+    res = run_tfo("run", "--bogus", cwd=cwd, env=tfo_env(cwd), timeout=30)
+    assert res.returncode == 2
+    lines = res.stderr.splitlines()
+    assert lines[0].startswith("error: No such option: --bogus"), res.stderr
+    assert lines[1].startswith("see: ") and lines[1].endswith(" run --help"), res.stderr
+    assert "Usage:" not in res.stderr and "Error:" not in res.stderr
