@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.console import ConsoleEcho, ConsoleWriter, repeat_note
-from orchestrator.decide import JobState, TaskState
-from orchestrator.liveview import (
+from orchestrator.cli.console import ConsoleEcho, ConsoleWriter, repeat_note
+from orchestrator.cli.liveview import (
     CELLS,
     FINAL,
     LIVE,
@@ -35,7 +34,8 @@ from orchestrator.liveview import (
     table,
     without_restarts,
 )
-from orchestrator.records import RunResult, TaskOutcome
+from orchestrator.loop.decide import JobState, TaskState
+from orchestrator.loop.records import RunResult, TaskOutcome
 from tests.conftest import REPO, kill_tree, run_processes, run_tfo, tfo_cmd, wait_until
 from tests.test_liveview import ANSI, run_in_pty, tfo_env, user_dir
 
@@ -189,8 +189,8 @@ def test_restarts_show_where_a_task_restarted():
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_tfo_runs_shows_each_run_id_whole(width: int):
-    from orchestrator.report import runs_table
-    from orchestrator.rundir import Outcome, RunInfo
+    from orchestrator.cli.report import runs_table
+    from orchestrator.runs.rundir import Outcome, RunInfo
 
     found = [RunInfo(run_id=f"{RUN_ID[:-4]}{i:04x}", name="train", started=1.8e9 + i,
                      duration=65.0 * i, outcome=Outcome.SUCCEEDED, reason="", restarts=i)
@@ -208,7 +208,7 @@ def summary_at(width: int, result: RunResult, monkeypatch: pytest.MonkeyPatch,
     """print_summary's text on a console `width` columns wide (rich's own width handling)."""
     from rich.console import Console
 
-    from orchestrator import report
+    from orchestrator.cli import report
 
     console = Console(width=width, record=True, file=io.StringIO(), highlight=False,
                       markup=False, emoji=False)
