@@ -138,6 +138,38 @@ def test_start_backoff(backoff, failures, wait):
     assert decide.start_backoff(backoff, failures) == wait
 
 
+# Issue 39: a unit's failures, in order, as (seconds its attempt ran, counted, failed starts
+# before it), and the wait before each restart: none for the first failure of a crash loop,
+# then backoff_seconds (1 s, the default), doubled per quick failure in a row, up to 60 s;
+# an attempt that ran CRASH_LOOP_SECONDS or more starts the count anew.
+LOOP = decide.CRASH_LOOP_SECONDS
+
+
+@pytest.mark.parametrize("backoff, failures, waits", [
+    (1.0, [(5.0, True, 0)], [0.0]),  # a worker SIGKILLed in training: back at once
+    (1.0, [(0.5, True, 0)], [0.0]),  # even one that failed at once: a loop needs a second
+    (1.0, [(2, True, 0), (2, True, 0), (2, True, 0), (2, True, 0)], [0.0, 1.0, 2.0, 4.0]),
+    (1.0, [(2, True, 0)] * 9, [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]),
+    (1.0, [(2, True, 0), (2, True, 0), (LOOP, True, 0), (2, True, 0)], [0.0, 1.0, 0.0, 1.0]),
+    (1.0, [(600, True, 0), (600, True, 0), (600, True, 0)], [0.0, 0.0, 0.0]),
+    (0.0, [(2, True, 0)] * 4, [0.0] * 4),  # backoff_seconds 0: never a wait
+    (0.5, [(2, True, 0), (2, True, 0), (2, True, 0)], [0.0, 0.5, 1.0]),
+    # A preemption is no crash: no wait, and the loop's count stays.
+    (1.0, [(2, True, 0), (2, False, 0), (2, True, 0)], [0.0, 0.0, 1.0]),
+    (1.0, [(2, False, 0), (2, False, 0)], [0.0, 0.0]),
+    # A host that could not be reached: start_backoff's 1, 2, 4 ... s, whatever the loop.
+    (0.0, [(0, True, 1), (0, True, 2), (0, True, 3)], [1.0, 2.0, 4.0]),
+    (1.0, [(600, True, 2)], [2.0]),
+])
+def test_restart_wait_grows_only_with_a_crash_loop(backoff, failures, waits):
+    streak, got = 0, []
+    for ran, counted, start_failures in failures:
+        streak = decide.crash_streak(streak, ran, counted)
+        got.append(decide.restart_wait(replace(policy(), backoff_seconds=backoff), streak,
+                                       start_failures))
+    assert got == waits
+
+
 @pytest.mark.parametrize("role, rc, pol, termed, preempted", [
     (W, EXIT_PREEMPTED, policy(), True, True),
     (W, EXIT_PREEMPTED, policy(), False, False),  # by itself: no SIGTERM came
