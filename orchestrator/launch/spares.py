@@ -144,3 +144,20 @@ def spares_wanted(plan: Plan, checks: Iterable[HostCheck]) -> frozenset[str]:
                 and spares_pay_off(row.mem_available, trainers):
             wanted.update(t.name for t in on_host)
     return frozenset(wanted)
+
+
+def spares_line(plan: Plan, checks: Iterable[HostCheck]) -> str:
+    """`tfo check`'s word on the warm spares: which tasks keep one and the memory they hold
+    for the run, or why none (the setting, no restart, or too little free memory)."""
+    wanted = spares_wanted(plan, checks)
+    if wanted:
+        return (f"warm spares: {len(wanted)} ({', '.join(sorted(wanted))}), about "
+                f"{len(wanted) * SPARE_RSS / 2**30:.1f} GiB held while the job runs "
+                f"({SPARE_RSS // 2**20} MiB each); restart.warm_spares: false turns them off")
+    policy = plan.policy
+    if policy.warm_spares is False:
+        return "warm spares: off (restart.warm_spares: false)"
+    if not any(restarts_left(t.role, policy, plan.rules, 0, 0) for t in plan.tasks):
+        return "warm spares: none (nothing restarts)"
+    return (f"warm spares: off (no host has twice its training tasks' standbys, "
+            f"{SPARE_RSS // 2**20} MiB each, in free memory; restarts start cold)")
