@@ -40,10 +40,12 @@ from worker_entry.markers import EXIT_PERMANENT, EXIT_PREEMPTED, Role
 # The longest wait before starting again on a host that could not be reached.
 START_BACKOFF_MAX = 60.0
 # An attempt that failed this soon after it started is part of a crash loop (issue 39): the
-# first failure of a loop restarts at once, each further one waits backoff_seconds, doubled.
+# first failure of a loop restarts at once, each further one waits CRASH_LOOP_BACKOFF
+# (backoff_seconds where given), doubled.
 # An attempt that ran longer starts the count anew. Kubernetes' CrashLoopBackOff resets
 # after 10 minutes of running; a training attempt that trained a minute did useful work.
 CRASH_LOOP_SECONDS = 60.0
+CRASH_LOOP_BACKOFF = 1.0
 # A task that reports no progress (a script without worker_entry.progress) is taken to be
 # training this long after its ready marker (its port listens): then its warm spare starts.
 STANDBY_AFTER_READY_SECONDS = 5.0
@@ -260,15 +262,19 @@ def crash_streak(streak: int, ran: float, counted: bool = True) -> int:
 
 def restart_wait(policy: Policy, streak: int, start_failures: int) -> float:
     """The wait from a unit's stop to its restart. After `start_failures` failed starts (a
-    host that could not be reached): start_backoff's. Else none for the first failure of a
-    crash loop (`streak` ≤ 1: a worker that died after training a while is back at once),
-    then backoff_seconds, doubled for each further failure in a row, up to START_BACKOFF_MAX."""
-    backoff_seconds = policy.backoff_seconds
+    host that could not be reached): start_backoff's. Else, with backoff_seconds unset (the
+    default), none for the first failure of a crash loop (`streak` ≤ 1: a worker that died
+    after training a while is back at once), then CRASH_LOOP_BACKOFF, doubled for each
+    further failure in a row, up to START_BACKOFF_MAX; a backoff_seconds given is waited
+    before every restart, doubled the same way in a crash loop (up to itself, if longer)."""
+    given = policy.backoff_seconds
     if start_failures:
-        return start_backoff(backoff_seconds, start_failures)
-    if streak <= 1:
-        return 0.0
-    return min(backoff_seconds * 2 ** (streak - 2), START_BACKOFF_MAX)
+        return start_backoff(given or 0.0, start_failures)
+    if given is None:
+        if streak <= 1:
+            return 0.0
+        return min(CRASH_LOOP_BACKOFF * 2 ** (streak - 2), START_BACKOFF_MAX)
+    return min(given * 2 ** max(streak - 1, 0), max(given, START_BACKOFF_MAX))
 
 
 def restarts_alone(role: Role, rules: StrategyRules) -> bool:

@@ -436,10 +436,11 @@ class RestartSpec(_Model):
         "for the rest)"))
     max_restarts: Int = Field(default=3, ge=0, description=(
         "restarts over the whole job; preemptions (exit 42 after SIGTERM) do not count"))
-    backoff_seconds: Seconds = Field(default=1.0, ge=0, description=(
-        "a crash loop's wait: a restart starts at once, but where the attempts fail "
-        "within 60 s of their start one after another, the second such restart waits "
-        "this long, and each further one twice as long as the one before (at most 60 s)"))
+    backoff_seconds: Seconds | None = Field(default=None, ge=0, description=(
+        "the wait before a restart; unset: none, but in a crash loop (attempts failing "
+        "within 60 s of their start, one after another) 1 s before the second such "
+        "restart; a crash loop doubles the wait at each further failure (at most 60 s, "
+        "or this if more)"))
     warm_spares: WarmSpares = Field(default="auto", description=(
         "standbys with TensorFlow imported (about 650 MiB each), started ahead for each "
         "task's next attempt: true, false, or auto (on where the host's free memory holds "
