@@ -21,6 +21,9 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
   window once all are ready, for N = 2 … 64 (the scale curve).
 - SIGKILL → detected / all stopped: in the same runs, one task's wrapper is SIGKILLed;
   task_exited and the last task_stopped, from events.jsonl, against the kill's time.
+- recovery (issue 39): the same kill with tfo's defaults (the restart policy alone set) on
+  this machine's 2 cores: kill → both training again, and tfo run → first step; paths
+  (bench/restart_paths.py): fork-served against standby restarts, time and memory.
 - SIGKILL → training resumed: 2-worker MWMS under tfo, a worker SIGKILLed after epoch 0,
   restart on-failure; kill → both workers' first step of attempt 1, with its breakdown.
   `resume` with warm spares (restart.warm_spares: true; the kill waits until both standbys
@@ -150,6 +153,13 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
            1.0, before="3.04"),
     Figure("recovery_first_step", "… tfo run → both workers' first step, same runs", "s",
            None),
+    # Its two ways to skip TensorFlow's import (bench/restart_paths.py), informational.
+    Figure("path_fork", "… (a) fork server: request → forked task waiting", "s", None),
+    Figure("path_fork_server_mib", "… (a) fork server's RSS, once per host", "MiB", None),
+    Figure("path_fork_task_mib", "… (a) a forked task's own memory (USS)", "MiB", None),
+    Figure("path_exec", "… (b) standby: exec → waiting (its import, off the restart)", "s",
+           None),
+    Figure("path_standby_mib", "… (b) a standby's RSS, per task", "MiB", None),
     Figure("help", "tfo --help", "s", 0.25, before="0.47"),
     Figure("plan", "tfo plan", "s", 0.3, before="0.39"),
     Figure("plan_floor", "… its dependencies' imports alone", "s", None),
@@ -654,7 +664,10 @@ class SpareWatch:
 def bench_recovery(s: Setting, tmp: Path) -> None:
     """Issue 39: SIGKILL → both workers training again with tfo's defaults (the restart
     policy alone set) on a machine with no spare core, and tfo run → first step in the
-    same runs. `python bench/run.py --only recovery` alone."""
+    same runs. `python bench/run.py --only recovery` alone. The full setting only: its
+    standbys import TensorFlow (the quick setting's resume section checks the harness)."""
+    if s.fake:
+        return
     runs = max(3, s.resumes)
     print(f"recovery: {runs} run(s) with tfo's defaults", flush=True)
     for i in range(runs):
@@ -911,6 +924,22 @@ def bench_lab(s: Setting, tmp: Path) -> None:
     lab(s, tmp)
 
 
+def bench_paths(s: Setting, tmp: Path) -> None:
+    """bench/restart_paths.py: issue 39's two ways to skip a restart's import, measured
+    alternately (the full setting only)."""
+    if s.fake:
+        return
+    from bench import restart_paths
+
+    keys = {"fork_to_waiting": "path_fork", "server_rss_mib": "path_fork_server_mib",
+            "forked_uss_mib": "path_fork_task_mib", "exec_to_waiting": "path_exec",
+            "standby_rss_mib": "path_standby_mib"}
+    for forked in (True, False, False, True):
+        for k, values in restart_paths.measure(forked, 2).items():
+            for v in values:
+                add(keys[k], v)
+
+
 def bench_kit(s: Setting, tmp: Path) -> None:
     """bench/kit.py: 10 cluster tests with tf_cluster and with TensorFlow's
     multi_process_runner, one pytest run each, alternated (the full setting only)."""
@@ -961,7 +990,7 @@ OUT: list[Path] = [REPO / "bench"]  # this run's output directory (main sets it)
 
 SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
     "cli": bench_cli, "light": bench_light, "paired": bench_paired, "resume": bench_resume,
-    "recovery": bench_recovery,
+    "recovery": bench_recovery, "paths": bench_paths,
     "progress": bench_progress, "lab": bench_lab, "kit": bench_kit,
     "kitsoak": bench_kitsoak, "elastic": bench_elastic, "chaos": bench_chaos}
 

@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import psutil
 import pytest
 
 from orchestrator.plan import make_plan
@@ -18,7 +19,7 @@ JOB = """\
 name: paths
 job:
   entry: tests.jobs.faulty:train
-  args: {{epochs: 4, fail_task: "worker:1", fail_epoch: 1, exit_code: 3, epoch_sleep: 1}}
+  args: {{epochs: 3, fail_task: "worker:1", fail_epoch: 1, exit_code: 3}}
 tasks:
   worker: [localhost:auto, localhost:auto]
 restart: {{policy: on-failure, max_restarts: 1, warm_spares: {warm}}}
@@ -80,12 +81,25 @@ def test_a_warm_restart_trains_as_a_cold_one(tmp_path: Path, run_dir: Path):
     assert not warm["left"] and not cold["left"], (warm["left"], cold["left"])
 
 
+def nices(pid: int) -> set[int]:
+    """The nice value of each of a process's threads (Linux's nice is a thread's)."""
+    found = set()
+    for tid in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (tid / "stat").read_text()
+        except OSError:
+            continue
+        found.add(int(stat.rpartition(")")[2].split()[16]))
+    return found
+
+
 @pytest.mark.tf
 @pytest.mark.timeout(180)
 def test_a_standby_made_for_another_environment_is_not_used(tmp_path, monkeypatch):
     """A standby started, then the environment a start would give the task changes (here
     the coordinator's own): the start is cold and the standby is gone; with the
-    environment unchanged the standby is handed over (path warm). Nothing left, by pid."""
+    environment unchanged the standby is handed over (path warm), at its normal priority
+    again. Nothing left, by pid."""
     from orchestrator.launch.local import LocalBackend
 
     spec = parse_spec({"name": "t", "job": {"entry": "tests.jobs.faulty:train"},
@@ -104,8 +118,15 @@ def test_a_standby_made_for_another_environment_is_not_used(tmp_path, monkeypatc
         assert wait_until(lambda: gone(pids[-1]), 10), "the unused standby is still there"
         handles[-1].kill()
         pids.append(backend.standby(task, 2))
+        # Its import runs at nice 19 (it takes no core from training), every thread back at
+        # 0 once its turn comes, even mid-import.
+        wrapper = psutil.Process(pids[-1])
+        waiting = wait_until(lambda: [p for p in wrapper.children() if nices(p.pid) == {19}],
+                             60)
+        assert waiting, "the standby's task never ran at nice 19"
         handles.append(backend.start(task, 2))
         assert handles[-1].path == "warm" and handles[-1].pid == pids[-1]
+        assert wait_until(lambda: nices(waiting[0].pid) == {0}, 20), nices(waiting[0].pid)
         handles[-1].kill()
     finally:
         for h in handles:

@@ -148,16 +148,27 @@ def restore_cpu(priority: int | None) -> None:
 
 
 def serve(go_fd: int) -> None:
-    """Warm up, then wait for GO on `go_fd`; without it (the wrapper is gone), exit."""
+    """Warm up, then wait for GO on `go_fd`; without it (the wrapper is gone), exit. GO is
+    awaited from the start, on a thread: one that comes while the import still runs (a
+    restart soon after the standby's start, a loaded machine) gives the import its normal
+    priority back at once, not after it finished at nice 19."""
     priority = yield_cpu()
+    came = threading.Event()
+
+    def await_go() -> None:
+        try:
+            go = os.read(go_fd, 1)
+        except OSError:
+            go = b""
+        if go != markers.GO:
+            os._exit(0)
+        restore_cpu(priority)
+        came.set()
+
+    threading.Thread(target=await_go, name="tfo-standby-go", daemon=True).start()
     warm_up()
-    try:
-        go = os.read(go_fd, 1)
-    except OSError:
-        go = b""
-    if go != markers.GO:
-        os._exit(0)
-    restore_cpu(priority)
+    came.wait()
+    restore_cpu(priority)  # a thread the import started while the other restored
     os.close(go_fd)
     if adopt_pool_env():
         title.set_title(title.describe(os.environ, room=title.room()))
