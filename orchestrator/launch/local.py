@@ -93,7 +93,8 @@ class LocalHandle:
         """A standby's turn: it runs as a task started now would (worker_entry.standby)."""
         send_lifeline(self._proc, markers.GO)
         self.warm = True
-        self.path = "warm"
+        if self.path == "cold":  # a pool standby forked from its server stays `forked`
+            self.path = "warm"
         self._output = self._read_output()
 
     @property
