@@ -62,7 +62,7 @@ def waiting_after(pid: int, since: float, limit: float = 300.0) -> float:
 
 
 def measure(forked: bool, n: int) -> dict:
-    from orchestrator.pool import WarmPool
+    from orchestrator.launch.pool import WarmPool
 
     out: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="tfo-paths-") as d:

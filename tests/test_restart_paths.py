@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.plan import make_plan
-from orchestrator.spec import parse_spec
+from orchestrator.planning.plan import make_plan
+from orchestrator.planning.spec import parse_spec
 from tests.conftest import events, run_processes, run_tfo, wait_until, write_spec
 from tests.procs import gone
 

@@ -23,8 +23,8 @@ it costs: its import's CPU, taken at the lowest priority (worker_entry.standby: 
 no core from training), and its memory for the rest of the run: `auto` weighs memory
 alone (spares_pay_off). A standby whose startup would differ from a cold start now (the
 task's environment, its command or Python: a resize, a changed environment) is discarded
-and the task starts cold; one that died waiting is replaced (orchestrator/starts.py). The
-path a start took is `task_started`'s `path`: warm, forked (the kit's pool) or cold.
+and the task starts cold; one that died waiting is replaced (orchestrator/loop/starts.py).
+The path a start took is `task_started`'s `path`: warm, forked (the kit's pool) or cold.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from orchestrator.decide import restarts_left, serving, training
-from orchestrator.plan import LOCAL
-from orchestrator.spec import LOCALHOST
+from orchestrator.planning.plan import LOCAL
+from orchestrator.planning.spec import LOCALHOST
+from orchestrator.planning.strategy import restarts_left, serving, training
 
 if TYPE_CHECKING:
     from orchestrator.launch.preflight import HostCheck
-    from orchestrator.plan import Plan, TaskPlan
+    from orchestrator.planning.plan import Plan, TaskPlan
 
 # What a warm standby holds: TensorFlow 2.21 and tf-keras imported, on CPU (its wrapper and
 # task; bench/run.py's `spare RSS` detail: 650 MiB, issue 39's runs 600-640 MiB).
@@ -125,7 +125,7 @@ def spares_wanted(plan: Plan, checks: Iterable[HostCheck]) -> frozenset[str]:
     available memory; local tasks share this machine's row; a Slurm node's row is the
     job's share of it). None without restarts."""
     policy, rules = plan.policy, plan.rules
-    # The restart budget's one rule (orchestrator.decide), before any restart was used.
+    # The restart budget's one rule (orchestrator.loop.decide), before any restart was used.
     if policy.warm_spares is False or not any(
             restarts_left(t.role, policy, rules, 0, 0) for t in plan.tasks):
         return frozenset()
