@@ -139,6 +139,43 @@ def test_start_backoff(backoff, failures, wait):
     assert decide.start_backoff(backoff, failures) == wait
 
 
+# Issue 39: a unit's failures, in order, as (seconds its attempt ran, counted, failed starts
+# before it), and the wait before each restart. backoff_seconds unset (the default): none
+# for the first failure of a crash loop, then 1 s, doubled per quick failure in a row, up to
+# 60 s; an attempt that ran CRASH_LOOP_SECONDS or more starts the count anew. A
+# backoff_seconds given: waited before every restart, doubled the same way in a loop.
+LOOP = decide.CRASH_LOOP_SECONDS
+
+
+@pytest.mark.parametrize("backoff, failures, waits", [
+    (None, [(5.0, True, 0)], [0.0]),  # a worker SIGKILLed in training: back at once
+    (None, [(0.5, True, 0)], [0.0]),  # even one that failed at once: a loop needs a second
+    (None, [(2, True, 0), (2, True, 0), (2, True, 0), (2, True, 0)], [0.0, 1.0, 2.0, 4.0]),
+    (None, [(2, True, 0)] * 9, [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]),
+    (None, [(2, True, 0), (2, True, 0), (LOOP, True, 0), (2, True, 0)], [0.0, 1.0, 0.0, 1.0]),
+    (None, [(600, True, 0), (600, True, 0), (600, True, 0)], [0.0, 0.0, 0.0]),
+    # A preemption is no crash: no wait, and the loop's count stays.
+    (None, [(2, True, 0), (2, False, 0), (2, True, 0)], [0.0, 0.0, 1.0]),
+    (None, [(2, False, 0), (2, False, 0)], [0.0, 0.0]),
+    # backoff_seconds given: before every restart, doubled in a loop.
+    (0.0, [(2, True, 0)] * 4, [0.0] * 4),
+    (0.5, [(2, True, 0), (2, True, 0), (2, True, 0)], [0.5, 1.0, 2.0]),
+    (0.5, [(600, True, 0), (600, True, 0)], [0.5, 0.5]),
+    (4.0, [(5.0, True, 0)], [4.0]),  # a test's time between the attempts
+    (90.0, [(2, True, 0), (2, True, 0)], [90.0, 90.0]),  # longer than 60 s: itself
+    # A host that could not be reached: start_backoff's 1, 2, 4 ... s, whatever the loop.
+    (None, [(0, True, 1), (0, True, 2), (0, True, 3)], [1.0, 2.0, 4.0]),
+    (3.0, [(600, True, 2)], [6.0]),
+])
+def test_restart_wait_grows_only_with_a_crash_loop(backoff, failures, waits):
+    streak, got = 0, []
+    for ran, counted, start_failures in failures:
+        streak = decide.crash_streak(streak, ran, counted)
+        got.append(decide.restart_wait(replace(policy(), backoff_seconds=backoff), streak,
+                                       start_failures))
+    assert got == waits
+
+
 @pytest.mark.parametrize("role, rc, pol, termed, preempted", [
     (W, EXIT_PREEMPTED, policy(), True, True),
     (W, EXIT_PREEMPTED, policy(), False, False),  # by itself: no SIGTERM came

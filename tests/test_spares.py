@@ -27,16 +27,16 @@ GIB = 2**30
 
 # ---- the `auto` rule ---------------------------------------------------------------------
 
-@pytest.mark.parametrize(("cpus", "available", "tasks", "on"), [
-    (2, 20 * GIB, 2, False),  # this lab's 2 cores: the spares' imports would slow the job
-    (4, 20 * GIB, 2, False),  # one core short: 2 × 2 + 1
-    (5, 20 * GIB, 2, True),
-    (5, 4 * SPARE_RSS - 1, 2, False),  # memory for the spares twice over: one byte short
-    (5, 4 * SPARE_RSS, 2, True),
-    (64, 200 * GIB, 0, False),  # no local training task: nothing to keep warm
+@pytest.mark.parametrize(("available", "tasks", "on"), [
+    (20 * GIB, 2, True),  # this 2-core machine: cores no longer count (issue 39)
+    (4 * SPARE_RSS - 1, 2, False),  # memory for the spares twice over: one byte short
+    (4 * SPARE_RSS, 2, True),
+    (2 * SPARE_RSS, 1, True),
+    (2 * SPARE_RSS, 2, False),
+    (200 * GIB, 0, False),  # no local training task: nothing to keep warm
 ])
-def test_auto_turns_spares_on_only_where_the_machine_has_room(cpus, available, tasks, on):
-    assert spares_pay_off(cpus, available, tasks) is on
+def test_auto_turns_spares_on_where_the_host_has_the_memory(available, tasks, on):
+    assert spares_pay_off(available, tasks) is on
 
 
 def plan(tmp_path: Path, workers: tuple[str, ...] = ("localhost:1", "localhost:2"),
@@ -52,9 +52,13 @@ def plan(tmp_path: Path, workers: tuple[str, ...] = ("localhost:1", "localhost:2
 def test_warm_spares_setting(tmp_path):
     from orchestrator.launch.preflight import HostCheck
 
-    def checks(local_cpus: int, lab_cpus: int | None, free: int = 20 * GIB) -> list[HostCheck]:
-        return [HostCheck("localhost", "127.0.0.1", cpus=local_cpus, mem_available=free),
-                HostCheck("lab1", "10.0.0.2", cpus=lab_cpus, mem_available=free)]
+    def checks(local: int | None, lab: int | None) -> list[HostCheck]:
+        """Each host's available memory, in standbys (SPARE_RSS); 2 cores each."""
+        def free(n: int | None) -> int | None:
+            return None if n is None else n * SPARE_RSS
+
+        return [HostCheck("localhost", "127.0.0.1", cpus=2, mem_available=free(local)),
+                HostCheck("lab1", "10.0.0.2", cpus=2, mem_available=free(lab))]
 
     both = frozenset({"worker:0", "worker:1"})
     mixed = ("me:1", "lab1:2")  # this machine under an address the lab can reach, and lab1
@@ -62,24 +66,23 @@ def test_warm_spares_setting(tmp_path):
     assert spares_wanted(plan(tmp_path, mixed, warm_spares=True), []) == both
     assert not spares_wanted(plan(tmp_path, warm_spares=False), checks(64, 64))
     assert not spares_wanted(plan(tmp_path, warm_spares=True, max_restarts=0), checks(64, 64))
-    # auto, the default: each host by its own cores and memory (2 × its tasks + 1 cores)
-    assert not spares_wanted(plan(tmp_path), checks(2, 64))  # 2 cores are not enough for 2
-    assert spares_wanted(plan(tmp_path), checks(5, None)) == both
-    assert not spares_wanted(plan(tmp_path), checks(5, None, free=4 * SPARE_RSS - 1))
-    assert spares_wanted(plan(tmp_path, mixed), checks(3, 2)) == {"worker:0"}
-    assert spares_wanted(plan(tmp_path, mixed), checks(2, 3)) == {"worker:1"}
+    # auto, the default: each host by its own memory (twice its tasks' standbys), 2 cores
+    assert spares_wanted(plan(tmp_path), checks(4, None)) == both
+    assert not spares_wanted(plan(tmp_path), checks(3, 64))
+    assert spares_wanted(plan(tmp_path, mixed), checks(2, 1)) == {"worker:0"}
+    assert spares_wanted(plan(tmp_path, mixed), checks(1, 2)) == {"worker:1"}
     assert spares_wanted(plan(tmp_path, mixed), checks(64, None)) == {"worker:0"}  # lab1: ?
-    assert not spares_wanted(plan(tmp_path, ("lab1:1", "lab1:2")), checks(64, 4))
-    assert spares_wanted(plan(tmp_path, ("lab1:1", "lab1:2")), checks(2, 5)) == both
+    assert not spares_wanted(plan(tmp_path, ("lab1:1", "lab1:2")), checks(64, 3))
+    assert spares_wanted(plan(tmp_path, ("lab1:1", "lab1:2")), checks(0, 4)) == both
     # Slurm: each node by the job's share of it (SlurmBackend's row per node)
     spec = parse_spec({"name": "t", "job": {"entry": "a.b:c"}, "tasks": {"worker": 3},
                        "backend": {"slurm": {"tasks_per_node": 2}}})
     on_nodes = make_plan(spec, run_id="t", run_dir=tmp_path / "run", workdir=tmp_path,
                          nodes={"worker:0": "n1", "worker:1": "n2", "worker:2": "n1"},
                          ports={"worker:0": 1, "worker:1": 1, "worker:2": 2})
-    assert spares_wanted(on_nodes, [HostCheck("n1", "", cpus=4, mem_available=20 * GIB),
-                                     HostCheck("n2", "", cpus=4, mem_available=20 * GIB)]) \
-        == {"worker:1"}  # n1: 2 tasks want 5 CPUs
+    assert spares_wanted(on_nodes, [HostCheck("n1", "", cpus=1, mem_available=3 * SPARE_RSS),
+                                     HostCheck("n2", "", cpus=1, mem_available=3 * SPARE_RSS)]) \
+        == {"worker:1"}  # n1: 2 tasks want 4 standbys' memory
     assert not spares_wanted(on_nodes, [HostCheck("slurm:lab", "", cpus=64)])  # no node rows
     restart = cluster_schema()["$defs"]["RestartSpec"]["properties"]
     assert "warm_spares" in restart  # `tfo schema`, for editors

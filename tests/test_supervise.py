@@ -1073,3 +1073,36 @@ def test_a_host_that_cannot_be_reached_is_backed_off_and_its_peer_left_alone(tmp
     tries = [t for n, t in started if n == "worker:1"][1:]
     gaps = [b - a for a, b in zip(tries, tries[1:], strict=False)]
     assert len(tries) == 3 and gaps[0] >= 0.9 and gaps[1] >= 1.9, gaps
+
+
+@pytest.mark.timeout(20)
+def test_a_restart_starts_at_once_and_only_a_crash_loop_waits(tmp_path):
+    """Issue 39, on the fake clock: worker:1 dies after 100 s of training, then twice 2 s
+    into its attempt (a crash loop), then succeeds. With the default backoff_seconds (1 s),
+    the first restart starts the moment the group is stopped, the next after 1 s, then 2 s:
+    the times the loop started each attempt say so."""
+    data = spec(max_restarts=3)
+    del data["restart"]["backoff_seconds"]  # the default
+    clock = FakeClock()
+    scripts = {"worker:0": Script([(None, 0, True), (None, 0, True), (None, 0, True),
+                                   (0, 0.1, True)]),
+               "worker:1": Script([(-9, 100, True), (3, 2, True), (3, 2, True),
+                                   (0, 0.1, True)])}
+    started_at: dict[tuple[str, int], float] = {}
+
+    def start(task: TaskPlan, attempt: int) -> FakeHandle:
+        started_at[task.name, attempt] = clock()
+        return FakeHandle(task, attempt, scripts[task.name], clock)
+
+    result = Supervisor(planned(tmp_path, data), start=start, echo=lambda task, line: None,
+                        clock=clock, waiter=FakeWaiter(clock)).run()
+    assert result.state is JobState.SUCCEEDED and result.restarts == 3
+    restarted = [e["backoff"] for e in run_events(tmp_path / "run")
+                 if e["event"] == "task_restarted" and e["task"] == "worker:1"]
+    assert restarted == [0.0, 1.0, 2.0]
+    # worker:1's exit → its attempt's start: the stop of worker:0 (its SIGTERM answered at
+    # once here) and the wait, nothing else.
+    ends = [started_at["worker:1", 0] + 100, started_at["worker:1", 1] + 2,
+            started_at["worker:1", 2] + 2]
+    gaps = [started_at["worker:1", n + 1] - end for n, end in enumerate(ends)]
+    assert gaps[0] < 0.2 and 1.0 <= gaps[1] < 1.2 and 2.0 <= gaps[2] < 2.2, gaps

@@ -259,6 +259,9 @@ def check(file: FileArg) -> None:
     from orchestrator.launch.loopback import listen_note
 
     out.print(listen_note(p.tasks), soft_wrap=True)
+    from orchestrator.launch.spares import spares_line
+
+    out.print(spares_line(p, rows), soft_wrap=True, markup=False)
     for problem in problems:
         err.print(labeled("problem:", "red", problem), soft_wrap=True)
     raise typer.Exit(1 if problems else 0)

@@ -63,6 +63,7 @@ class LocalHandle:
                  shim: Path | None = None, forks: ForkServer | None = None) -> None:
         self.task, self.attempt = task, attempt
         self.warm = False  # a standby that was told to go
+        self.path = "cold"  # how it started (task_started's `path`): cold, forked or warm
         env = task_env(task, attempt, shim)
         if standby:
             env[markers.STANDBY_ENV] = "1"
@@ -74,6 +75,8 @@ class LocalHandle:
             task.command, cwd=task.cwd, env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, bufsize=0,
         )
+        if not isinstance(self._proc, subprocess.Popen):
+            self.path = "forked"
         self._pgid = self._proc.pid  # start_new_session: the leader's pid is the group id
         orphans.started(self._proc.pid)
         self._reaped_at: float | None = None
@@ -90,6 +93,8 @@ class LocalHandle:
         """A standby's turn: it runs as a task started now would (worker_entry.standby)."""
         send_lifeline(self._proc, markers.GO)
         self.warm = True
+        if self.path == "cold":  # a pool standby forked from its server stays `forked`
+            self.path = "warm"
         self._output = self._read_output()
 
     @property
@@ -167,7 +172,8 @@ class LocalBackend(HostBackend):
 
     def __init__(self, hosts: Mapping[str, HostSpec]) -> None:
         self._spares = Spares(lambda task, attempt: LocalHandle(
-            task, attempt, standby=True, shim=self._shim(task)))
+            task, attempt, standby=True, shim=self._shim(task)),
+            startup=lambda task, attempt: task_env(task, attempt, self._shim(task)))
         self._built: tuple[Path | None, str | None] | None = None  # loopback.try_build's
         self.pool: WarmPool | None = None  # processes warm before their job (launch/pool.py)
         # This job's ports, held until `close` (the job's end): another job asking for one

@@ -501,8 +501,8 @@ class SlurmBackend:
     def _node_rows(self) -> list[HostCheck]:
         """Once the job is granted, a row for each of its nodes with the job's share of it:
         the CPUs allotted (a step runs in the job's cgroup where the cluster confines them,
-        so a standby competes with its own task, not with the node's idle cores) and memory
-        (the job's, else the node's free memory): what `warm_spares: auto` weighs."""
+        so a standby competes with its own task, at nice 19) and memory (the job's, else
+        the node's free memory: what `warm_spares: auto` weighs)."""
         room = allocation_room(self._detail, hostnames) if self._detail else {}
         free = free_memory(sorted(room)) if room else {}
         rows = []

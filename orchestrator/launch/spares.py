@@ -15,6 +15,17 @@ the import does not slow it) while a restart is still possible; the backend hand
 in `start`. Every backend has them (`launch/local.py`, `ssh.py`, `slurm.py`): the standby
 runs on the task's host, under Slurm as a step of its own (not for a task with GPUs).
 
+Issue 39 chose this over forking tasks from a per-host process that imported TensorFlow
+(the test kit's fork server): both skip the import (a restart's ~2.2 s), but a fork path
+ships only with a 1,000-start soak free of hangs (the kit's forked tasks hung once in 3
+`pytest -n 2` runs, still being found), and a standby is a plain process, fork-safe. What
+it costs: its import's CPU, taken at the lowest priority (worker_entry.standby: it takes
+no core from training), and its memory for the rest of the run: `auto` weighs memory
+alone (spares_pay_off). A standby whose startup would differ from a cold start now (the
+task's environment, its command or Python: a resize, a changed environment) is discarded
+and the task starts cold; one that died waiting is replaced (orchestrator/loop/starts.py).
+The path a start took is `task_started`'s `path`: warm, forked (the kit's pool) or cold.
+
 Design: Warm spares
 ====================
 
@@ -39,11 +50,10 @@ backend reaps the dead one (no `<defunct>` wrapper left) and starts another
 (`task_standby_lost` with `replaced_by`, a `[tfo]` line), at most `STANDBY_REPLACEMENTS` (3)
 times an attempt, so the next restart is still warm. At most one per task; `Backends.close`
 (every end of a run) SIGKILLs the standbys' process groups. `warm_spares: auto` (the
-default) turns them on only where they cost the job nothing, host by host: its cores ≥ 2 ×
-its training tasks + 1 and its available memory ≥ 2 × tasks × 650 MiB (a warm standby's
-RSS), as preflight found them (`HostCheck.cpus`, `mem_available`: this machine's from
-`os.cpu_count()` and psutil, a lab host's from the probe), so on a 2-core machine `auto` is
-off. `spares_wanted(plan, checks)` gives the tasks that keep spares, by name, and
+default) turns them on where the host's memory holds them, host by host: its available
+memory ≥ 2 × its training tasks × 650 MiB (a warm standby's RSS), as preflight found it
+(`HostCheck.mem_available`: this machine's from psutil, a lab host's from the probe); the
+import runs at nice 19, so cores are not asked. `spares_wanted(plan, checks)` gives the tasks that keep spares, by name, and
 `Backends.standby` makes none for another; `true` means every task but the servers, wherever
 the backend has them (local, SSH, Slurm). An SSH standby is one more task of its host's
 agent, with `TFO_STANDBY=1`: what it prints before GO (nothing, normally) is held until GO,
@@ -117,7 +127,8 @@ if TYPE_CHECKING:
     from orchestrator.launch.preflight import HostCheck
     from orchestrator.planning.plan import Plan, TaskPlan
 
-# What a warm standby holds: TensorFlow 2.21 and tf-keras imported, on CPU (measured 650 MiB).
+# What a warm standby holds: TensorFlow 2.21 and tf-keras imported, on CPU (its wrapper and
+# task; bench/run.py's `spare RSS` detail: 650 MiB, issue 39's runs 600-640 MiB).
 SPARE_RSS = 650 * 2**20
 DISCARD_SECONDS = 2.0  # a killed standby is gone in milliseconds (srun: a scancel); no longer
 
@@ -141,12 +152,17 @@ S = TypeVar("S", bound=Standby)
 class Spares(Generic[S]):
     """The standbys of one backend's tasks, by task name."""
 
-    def __init__(self, start: Callable[[TaskPlan, int], S]) -> None:
-        self._start = start
+    def __init__(self, start: Callable[[TaskPlan, int], S],
+                 startup: Callable[[TaskPlan, int], object] = lambda task, attempt: None
+                 ) -> None:
+        """`startup(task, attempt)`: what a start of it now would start with beyond its plan
+        (the backend's environment for it); a standby made with other is not used."""
+        self._start, self._startup = start, startup
         self._held: dict[str, S] = {}
-        # The task each was made for: an elastic resize gives a name a new plan (its size's
-        # TF_CONFIG, perhaps another place), and a spare of the old one must not take it.
-        self._for: dict[str, TaskPlan] = {}
+        # The task each was made for, and its startup: an elastic resize gives a name a new
+        # plan (its size's TF_CONFIG, perhaps another place), and a spare of the old one
+        # must not take it; nor one made with another environment.
+        self._for: dict[str, tuple[TaskPlan, object]] = {}
 
     def make(self, task: TaskPlan, attempt: int) -> int | None:
         held = self._held.get(task.name)
@@ -154,7 +170,7 @@ class Spares(Generic[S]):
             return None
         self._drop(task.name)
         standby = self._held[task.name] = self._start(task, attempt)
-        self._for[task.name] = task
+        self._for[task.name] = (task, self._startup(task, attempt))
         return standby.pid
 
     def take(self, task: TaskPlan, attempt: int) -> S | None:
@@ -162,8 +178,9 @@ class Spares(Generic[S]):
         made_for = self._for.pop(task.name, None)
         if held is None:
             return None
-        if held.attempt != attempt or made_for != task or held.poll() is not None:
-            # stale (another attempt, or another plan: a resize), or it died
+        if held.attempt != attempt or made_for != (task, self._startup(task, attempt)) \
+                or held.poll() is not None:
+            # stale (another attempt, another plan: a resize, another environment), or dead
             held.discard()
             return None
         held.go()
@@ -179,21 +196,20 @@ class Spares(Generic[S]):
             held.discard()
 
 
-def spares_pay_off(cpus: int, available: int, tasks: int, spare_rss: int = SPARE_RSS) -> bool:
-    """`warm_spares: auto`: a standby imports TensorFlow (seconds of a core) while the job
-    trains, then holds its memory for the whole run. Worth it only where that costs the job
-    nothing: a core for each training task, as many again for their standbys' imports and
-    one for the coordinator (cpus >= 2 × tasks + 1), and memory for the standbys twice over
-    (available >= 2 × tasks × spare_rss)."""
-    return tasks > 0 and cpus >= 2 * tasks + 1 and available >= 2 * tasks * spare_rss
+def spares_pay_off(available: int, tasks: int, spare_rss: int = SPARE_RSS) -> bool:
+    """`warm_spares: auto`: a standby imports TensorFlow once, at the lowest CPU priority
+    (it takes no core from training: worker_entry.standby), then holds its memory for the
+    whole run. So memory decides, not cores: on where the host's available memory holds
+    its training tasks' standbys twice over (available >= 2 × tasks × spare_rss)."""
+    return tasks > 0 and available >= 2 * tasks * spare_rss
 
 
 def spares_wanted(plan: Plan, checks: Iterable[HostCheck]) -> frozenset[str]:
     """The tasks that keep a warm spare in this run, by name (never a server: it serves,
     nothing to resume). `restart.warm_spares: true`: all of them (the backend makes them
     where it can). `auto`: those of each host where spares_pay_off says the
-    host has room for its training tasks' standbys, from preflight's `checks` (its cores
-    and available memory; local tasks share this machine's row; a Slurm node's row is the
+    host has the memory for its training tasks' standbys, from preflight's `checks` (its
+    available memory; local tasks share this machine's row; a Slurm node's row is the
     job's share of it). None without restarts."""
     policy, rules = plan.policy, plan.rules
     # The restart budget's one rule (orchestrator.loop.decide), before any restart was used.
@@ -211,7 +227,24 @@ def spares_wanted(plan: Plan, checks: Iterable[HostCheck]) -> frozenset[str]:
     for host, on_host in by_host.items():
         row = rows.get(host)
         trainers = sum(1 for t in on_host if training(t.role, rules))
-        if row is not None and row.cpus and row.mem_available is not None \
-                and spares_pay_off(row.cpus, row.mem_available, trainers):
+        if row is not None and row.mem_available is not None \
+                and spares_pay_off(row.mem_available, trainers):
             wanted.update(t.name for t in on_host)
     return frozenset(wanted)
+
+
+def spares_line(plan: Plan, checks: Iterable[HostCheck]) -> str:
+    """`tfo check`'s word on the warm spares: which tasks keep one and the memory they hold
+    for the run, or why none (the setting, no restart, or too little free memory)."""
+    wanted = spares_wanted(plan, checks)
+    if wanted:
+        return (f"warm spares: {len(wanted)} ({', '.join(sorted(wanted))}), about "
+                f"{len(wanted) * SPARE_RSS / 2**30:.1f} GiB held while the job runs "
+                f"({SPARE_RSS // 2**20} MiB each); restart.warm_spares: false turns them off")
+    policy = plan.policy
+    if policy.warm_spares is False:
+        return "warm spares: off (restart.warm_spares: false)"
+    if not any(restarts_left(t.role, policy, plan.rules, 0, 0) for t in plan.tasks):
+        return "warm spares: none (nothing restarts)"
+    return (f"warm spares: off (no host has twice its training tasks' standbys, "
+            f"{SPARE_RSS // 2**20} MiB each, in free memory; restarts start cold)")

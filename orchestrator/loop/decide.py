@@ -13,7 +13,8 @@ One rule, one place:
 - the restart budget (`restarts_left`: a sidecar's own restarts, a training task's the job's,
   against max_restarts), which the loss (`on_loss`), the warm spares (`standby_wanted`,
   and launch/spares.spares_wanted) and a preemption (`preempted`) all ask;
-- the backoff after failed starts (`start_backoff`);
+- the wait before a restart (`restart_wait`: none for the first, a backoff growing only with
+  a crash loop, `crash_streak`, or with failed starts, `start_backoff`);
 - what the policy's limits and the strategy's rules say: who waits for the servers
   (`waits_for`), the startup limit (`startup_failed`), the stall rule, the deadline, when
   training is done, and the end of FINISHING (`finishing`, its words and event fields). The
@@ -44,6 +45,13 @@ from worker_entry.markers import EXIT_PERMANENT, EXIT_PREEMPTED, Role
 
 # The longest wait before starting again on a host that could not be reached.
 START_BACKOFF_MAX = 60.0
+# An attempt that failed this soon after it started is part of a crash loop (issue 39): the
+# first failure of a loop restarts at once, each further one waits CRASH_LOOP_BACKOFF
+# (backoff_seconds where given), doubled.
+# An attempt that ran longer starts the count anew. Kubernetes' CrashLoopBackOff resets
+# after 10 minutes of running; a training attempt that trained a minute did useful work.
+CRASH_LOOP_SECONDS = 60.0
+CRASH_LOOP_BACKOFF = 1.0
 # A task that reports no progress (a script without worker_entry.progress) is taken to be
 # training this long after its ready marker (its port listens): then its warm spare starts.
 STANDBY_AFTER_READY_SECONDS = 5.0
@@ -236,6 +244,32 @@ def start_backoff(backoff_seconds: float, failures: int) -> float:
     return min(max(backoff_seconds, 1.0) * 2 ** (failures - 1), START_BACKOFF_MAX)
 
 
+def crash_streak(streak: int, ran: float, counted: bool = True) -> int:
+    """The failures in a row of a restart unit that each came within CRASH_LOOP_SECONDS of
+    its attempt's start, this one included: `streak` before it, `ran` s its attempt ran.
+    A restart not `counted` (a preemption) is no crash: the streak stays."""
+    if not counted:
+        return streak
+    return streak + 1 if ran < CRASH_LOOP_SECONDS else 1
+
+
+def restart_wait(policy: Policy, streak: int, start_failures: int) -> float:
+    """The wait from a unit's stop to its restart. After `start_failures` failed starts (a
+    host that could not be reached): start_backoff's. Else, with backoff_seconds unset (the
+    default), none for the first failure of a crash loop (`streak` ≤ 1: a worker that died
+    after training a while is back at once), then CRASH_LOOP_BACKOFF, doubled for each
+    further failure in a row, up to START_BACKOFF_MAX; a backoff_seconds given is waited
+    before every restart, doubled the same way in a crash loop (up to itself, if longer)."""
+    given = policy.backoff_seconds
+    if start_failures:
+        return start_backoff(given or 0.0, start_failures)
+    if given is None:
+        if streak <= 1:
+            return 0.0
+        return min(CRASH_LOOP_BACKOFF * 2 ** (streak - 2), START_BACKOFF_MAX)
+    return min(given * 2 ** max(streak - 1, 0), max(given, START_BACKOFF_MAX))
+
+
 def restarts_alone(role: Role, rules: StrategyRules) -> bool:
     """What goes down with a lost task: the task alone, or (False) every training task."""
     return rules.restart_unit[role] is RestartUnit.ALONE
@@ -396,10 +430,6 @@ def deadline_passed(policy: Policy, elapsed: float) -> str | None:
     if deadline is not None and elapsed > deadline:
         return f"deadline of {deadline:g} s reached; job stopped"
     return None
-
-
-def restart_backoff(policy: Policy, failures: int) -> float:
-    return start_backoff(policy.backoff_seconds, failures)
 
 
 def startup_failed(policy: Policy, starting: list[tuple[str, str, Watched]], now: float

@@ -105,11 +105,16 @@ class Exits:
         job = self.job
         unit = [r for r in unit if not r.finished]
         job.set(None, JobState.RESTARTING)
-        # A host that could not be reached is given longer each time: 1, 2, 4 ... 60 s.
+        # At once, unless a crash loop or a host that could not be reached: then longer
+        # each time.
         failures = max(r.start_failures for r in unit)
-        backoff = decide.restart_backoff(job.policy, failures)
+        ran = job.clock() - max(r.current.started_at for r in unit)
+        streak = decide.crash_streak(max(r.crash_streak for r in unit), ran, counted)
+        for r in unit:
+            r.crash_streak = streak
+        backoff = decide.restart_wait(job.policy, streak, failures)
         job.echo("tfo", f"{why}; restarting {', '.join(r.name for r in unit)}"
-                 + (f" in {backoff:g} s" if failures else ""))
+                 + (f" in {backoff:g} s" if backoff else ""))
 
         def stopped() -> None:
             due = job.clock() + backoff

@@ -83,6 +83,7 @@ class TaskRecord:
     last_line: str = ""  # the last ordinary line the task printed (the live view)
     stack_lines: list[str] | None = None  # its output while its stacks are asked for
     start_failures: int = 0  # its starts that failed in a row (an unreachable host)
+    crash_streak: int = 0  # its unit's quick failures in a row (decide.crash_streak)
     current: Attempt = field(default_factory=lambda: Attempt(0.0))  # the last started
 
     @property

@@ -46,7 +46,7 @@ def restart_allowed(policy: RestartPolicy, returncode: int | None) -> bool:
 class Policy:
     restart: dict[Role, RestartPolicy]  # for each role the job lists
     max_restarts: int  # job restarts; a sidecar counts its own
-    backoff_seconds: float
+    backoff_seconds: float | None  # None: no wait outside a crash loop (decide.restart_wait)
     startup_seconds: float  # from start to the ready marker
     deadline_seconds: float | None  # the whole run
     grace_seconds: float  # from SIGTERM to SIGKILL

@@ -284,7 +284,7 @@ def _check_warm_spares(value: Any) -> Any:
 
 
 # Warm spares (orchestrator/launch/spares.py): tasks' next attempts started ahead on their
-# hosts, with TensorFlow imported. `auto`: on each host with the cores and memory for them.
+# hosts, with TensorFlow imported. `auto`: on each host with the memory for them.
 WarmSpares = Annotated[Literal["auto"] | bool, BeforeValidator(_check_warm_spares)]
 
 
@@ -301,11 +301,15 @@ class RestartSpec(_Model):
         "for the rest)"))
     max_restarts: Int = Field(default=3, ge=0, description=(
         "restarts over the whole job; preemptions (exit 42 after SIGTERM) do not count"))
-    backoff_seconds: Seconds = Field(default=1.0, ge=0, description=(
-        "the wait before a restart"))
+    backoff_seconds: Seconds | None = Field(default=None, ge=0, description=(
+        "the wait before a restart; unset: none, but in a crash loop (attempts failing "
+        "within 60 s of their start, one after another) 1 s before the second such "
+        "restart; a crash loop doubles the wait at each further failure (at most 60 s, "
+        "or this if more)"))
     warm_spares: WarmSpares = Field(default="auto", description=(
-        "standbys with TensorFlow imported, started ahead for each task's next attempt: "
-        "true, false, or auto (on where the host has the cores and memory to spare)"))
+        "standbys with TensorFlow imported (about 650 MiB each), started ahead for each "
+        "task's next attempt: true, false, or auto (on where the host's free memory holds "
+        "twice its training tasks' standbys)"))
 
     @field_validator("policy")
     @classmethod
