@@ -1,5 +1,6 @@
 """The backend seam: a new backend is one class (tests/fake_backend.py) and one line in the
-registry; `tfo run` does the rest (allocate, plan, check, sync, supervise)."""
+registry (a scheduler: one more, its options model in planning.schedulers.OPTIONS); `tfo run`
+does the rest (allocate, plan, check, sync, supervise)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import typer
 from orchestrator.cli import commands as cli
 from orchestrator.errors import SpecError
 from orchestrator.launch.backends import BACKENDS
+from orchestrator.planning.schedulers import OPTIONS
 from orchestrator.launch.preflight import HostCheck
 from tests import fake_backend
 from tests.conftest import REPO, events, write_spec
@@ -154,7 +156,9 @@ def test_a_scheduler_is_one_class_and_one_registry_line(tmp_path: Path, monkeypa
     from orchestrator.planning.quick import SlurmFlags, on_scheduler
     from tests.test_pipeline import shown
 
-    monkeypatch.setitem(BACKENDS, "fakesched", fake_backend.FakeScheduler)  # the one line
+    # the one line in each registry: its backend, and its options model for the spec
+    monkeypatch.setitem(BACKENDS, "fakesched", fake_backend.FakeScheduler)
+    monkeypatch.setitem(OPTIONS, "fakesched", lambda: fake_backend.FakeRequest)
     monkeypatch.chdir(REPO)
     fake_backend.STARTED.clear()
     job = on_scheduler(LISTED, SlurmFlags(on="fakesched"))
@@ -211,6 +215,7 @@ def test_a_backend_kind_the_registry_lacks_is_a_field_named_error(monkeypatch):
         on_scheduler(LISTED, SlurmFlags(on="fakesched"))
 
     monkeypatch.setitem(BACKENDS, "fakesched", fake_backend.FakeScheduler)
+    monkeypatch.setitem(OPTIONS, "fakesched", lambda: fake_backend.FakeRequest)
     assert parse_spec({**job, "backend": {"fakesched": {"nodes": 3}}}).backend.fakesched.nodes == 3
     with pytest.raises(SpecError) as err:
         parse_spec({**job, "backend": {"fakesched": {"nodes": 0, "queue": "x"}}})
