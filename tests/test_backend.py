@@ -14,8 +14,8 @@ import typer
 from orchestrator.cli import commands as cli
 from orchestrator.errors import SpecError
 from orchestrator.launch.backends import BACKENDS
-from orchestrator.planning.schedulers import OPTIONS
 from orchestrator.launch.preflight import HostCheck
+from orchestrator.planning.schedulers import OPTIONS
 from tests import fake_backend
 from tests.conftest import REPO, events, write_spec
 
