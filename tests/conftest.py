@@ -235,3 +235,37 @@ def peak_rss(cmd: list[str], timeout: float = 120, cwd: Path = REPO) -> tuple[in
     out = subprocess.run([PYTHON, "-c", _PEAK_RSS, *cmd], cwd=cwd, capture_output=True,
                          text=True, timeout=timeout, check=True).stdout.split()
     return int(out[0]), int(out[1]) * 1024, time.monotonic() - t0
+
+
+# The SSH lab's fixtures (tests/sshlab.py), one per test module that uses them.
+@pytest.fixture(scope="module")
+def loopback_sshd(tmp_path_factory):
+    """A real sshd on this host's loopback."""
+    from tests import sshlab
+
+    sshlab.ensure_openssh()
+    with sshlab.start_sshd(tmp_path_factory.mktemp("sshd")) as host:
+        yield host
+
+
+def _lab_hosts(tmp_path_factory, count: int):
+    from tests import sshlab
+
+    ok, reason = sshlab.netns_supported()
+    if not ok:
+        pytest.skip(f"network namespaces are not permitted here: {reason}")
+    sshlab.ensure_openssh()
+    with sshlab.lab_hosts(tmp_path_factory.mktemp("lab"), count=count) as hosts:
+        yield hosts
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """Two lab hosts, lab1 and lab2, each in a network namespace of its own."""
+    yield from _lab_hosts(tmp_path_factory, 2)
+
+
+@pytest.fixture(scope="module")
+def lab3(tmp_path_factory):
+    """Three lab hosts."""
+    yield from _lab_hosts(tmp_path_factory, 3)

@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 
 from tests.conftest import events, run_tfo
-from tests.test_scripts import TWO_WORKERS, spec
+from tests.helpers import TWO_WORKERS, script_spec
 
 ONE_WORKER = "  worker: [localhost:auto]"
 
@@ -46,7 +46,7 @@ def scalars(board: Path) -> dict[str, list[int]]:
 def test_the_keras_tutorial_script_shows_its_epochs_steps_and_loss(tmp_path: Path, run_dir: Path):
     """TensorFlow's multi-worker Keras tutorial, unmodified: in events, the summary and `tfo
     status`, as an entry's; TensorBoard scalars from the chief alone."""
-    cluster = spec(tmp_path, "mwms_keras.py", [
+    cluster = script_spec(tmp_path, "mwms_keras.py", [
         "--epochs", "2", "--steps_per_epoch", "20", "--model_path", str(tmp_path / "model"),
         "--backup_dir", str(tmp_path / "backup")])
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
@@ -84,7 +84,7 @@ def test_the_keras_tutorial_script_shows_its_epochs_steps_and_loss(tmp_path: Pat
 def test_the_live_table_shows_the_unmodified_tutorial_training(tmp_path: Path):
     """On a terminal, the live table's rows of the multi-worker Keras tutorial, unmodified:
     its epoch of N, step of M and loss while it trains."""
-    from tests.test_liveview import ANSI, run_in_pty, user_dir
+    from tests.helpers import ANSI, run_in_pty, user_dir
 
     cwd = user_dir(tmp_path / "user")
     script = Path(__file__).parent / "scripts" / "mwms_keras.py"
@@ -110,7 +110,7 @@ timeouts: {{startup_seconds: 120, grace_seconds: 5}}
 @pytest.mark.tf
 @pytest.mark.timeout(120)
 def test_a_script_that_adds_the_callback_itself_reports_once(tmp_path: Path, run_dir: Path):
-    cluster = spec(tmp_path, "with_progress.py", [], tasks=ONE_WORKER)
+    cluster = script_spec(tmp_path, "with_progress.py", [], tasks=ONE_WORKER)
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=100)
     assert res.returncode == 0, res.output[-4000:]
     ev = events(run_dir)
@@ -123,7 +123,7 @@ def test_a_script_that_adds_the_callback_itself_reports_once(tmp_path: Path, run
 @pytest.mark.tf
 @pytest.mark.timeout(120)
 def test_tfo_auto_progress_0_turns_it_off(tmp_path: Path, run_dir: Path):
-    cluster = spec(tmp_path, "mwms_keras.py", [
+    cluster = script_spec(tmp_path, "mwms_keras.py", [
         "--epochs", "2", "--steps_per_epoch", "5", "--model_path", str(tmp_path / "model"),
         "--backup_dir", str(tmp_path / "backup")], tasks=ONE_WORKER,
         extra='env: {TFO_AUTO_PROGRESS: "0"}\n')
@@ -140,7 +140,7 @@ def test_tfo_auto_progress_0_turns_it_off(tmp_path: Path, run_dir: Path):
 def test_the_custom_loop_tutorial_scripts_steps_are_counted(tmp_path: Path, run_dir: Path):
     """TensorFlow's multi-worker custom-loop tutorial, unmodified: each worker's steps are
     its completed calls of `train_step`, the last one told at exit."""
-    cluster = spec(tmp_path, "mwms_ctl.py", [
+    cluster = script_spec(tmp_path, "mwms_ctl.py", [
         "--epochs", "2", "--steps_per_epoch", "20", "--model_path", str(tmp_path / "model"),
         "--checkpoint_dir", str(tmp_path / "ckpt" / "ckpt")], tasks=TWO_WORKERS)
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
@@ -168,7 +168,7 @@ def test_a_one_process_mirrored_script_shows_its_training(script, epochs, steps,
     args = ["--epochs", "3"]
     if script == "mirrored_keras.py":
         args += ["--checkpoint_dir", str(tmp_path / "ckpt")]
-    cluster = spec(tmp_path, script, args, tasks=ONE_WORKER)
+    cluster = script_spec(tmp_path, script, args, tasks=ONE_WORKER)
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
     assert res.returncode == 0, res.output[-4000:]
     ev = events(run_dir)
@@ -183,7 +183,7 @@ def test_the_parameter_server_coordinators_loop_counts_its_closures(tmp_path: Pa
                                                                    run_dir: Path):
     tasks = "  chief: [localhost:auto]\n  worker: [localhost:auto, localhost:auto]\n" \
             "  ps: [localhost:auto]"
-    cluster = spec(tmp_path, "ps_coordinator.py", [
+    cluster = script_spec(tmp_path, "ps_coordinator.py", [
         "--epochs", "2", "--steps_per_epoch", "20", "--model_path", str(tmp_path / "model")],
         tasks=tasks, strategy="parameter_server")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
@@ -198,7 +198,7 @@ def test_the_parameter_server_coordinators_loop_counts_its_closures(tmp_path: Pa
 def test_a_sidecar_evaluators_evaluations_are_its_steps(tmp_path: Path, run_dir: Path):
     """The script's evaluator task (tf.keras.utils.SidecarEvaluator) beside two workers:
     each evaluation it completed is a step; the workers' fits report as ever."""
-    cluster = spec(tmp_path, "mwms_sidecar.py", [
+    cluster = script_spec(tmp_path, "mwms_sidecar.py", [
         "--epochs", "3", "--steps_per_epoch", "20", "--checkpoint_dir", str(tmp_path / "ckpt")],
         tasks=TWO_WORKERS + "\n  evaluator: [localhost:auto]")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
@@ -217,10 +217,9 @@ def test_a_warm_spare_that_imported_tensorflow_early_still_reports(tmp_path: Pat
                                                                    run_dir: Path):
     """A standby imports TensorFlow and tf-keras before its attempt: the hooks were
     installed before, so the attempt it serves reports its fit as a fresh task would."""
-    from tests.test_faults import Tfo, kill_task
-    from tests.test_spares import standbys
+    from tests.helpers import Tfo, kill_task, standbys
 
-    cluster = spec(tmp_path, "mwms_keras.py", [
+    cluster = script_spec(tmp_path, "mwms_keras.py", [
         "--epochs", "4", "--steps_per_epoch", "100", "--model_path", str(tmp_path / "model"),
         "--backup_dir", str(tmp_path / "backup")], policy="on-failure")
     cluster.write_text(cluster.read_text().replace(

@@ -9,7 +9,6 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,17 +21,15 @@ from orchestrator.supervise import restart_allowed
 from tests import golden
 from tests.conftest import (
     FIXED_PORTS,
-    REPO,
     events,
-    kill_tree,
     port_is_free,
     run_processes,
     run_tfo,
     task_pids,
-    tfo_cmd,
     wait_until,
     write_spec,
 )
+from tests.helpers import Tfo, first, kill_task
 from tests.procs import alive
 
 pytestmark = [FIXED_PORTS]  # see tests/conftest.py
@@ -65,53 +62,6 @@ env: {{FAULTY_HANG_TASK: "{hang}"}}
 def mwms(policy="on-failure", sleep=2, timeouts="", hang="", w0="localhost:20000",
          w1="localhost:20001") -> str:
     return MWMS.format(policy=policy, sleep=sleep, timeouts=timeouts, hang=hang, w0=w0, w1=w1)
-
-
-def first(evs: list[dict], event: str, task: str | None = None, **match) -> dict | None:
-    for e in evs:
-        if e["event"] == event and (task is None or e["task"] == task) and all(
-                e.get(k) == v for k, v in match.items()):
-            return e
-    return None
-
-
-def attempt_end(evs: list[dict], task: str, attempt: int,
-                ended_by: tuple[str, ...] = ("task_exited",)) -> dict | None:
-    """How `task`'s `attempt` ended: the first of `ended_by` for its pid (a task_stopped
-    names no attempt, so the pid of the attempt's task_started finds it)."""
-    pid = first(evs, "task_started", task, attempt=attempt)["pid"]
-    return next((e for e in evs if e["event"] in ended_by and e["pid"] == pid), None)
-
-
-class Tfo:
-    """`tfo run` in the background, for tests that act on it while it runs."""
-
-    def __init__(self, spec: Path, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self.proc = subprocess.Popen(tfo_cmd("run", str(spec), "--run-dir", str(run_dir)),
-                                     cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True, start_new_session=True)
-
-    def wait_event(self, event: str, task: str | None = None, timeout: float = 120, **match):
-        got = wait_until(lambda: first(events(self.run_dir), event, task, **match), timeout)
-        assert got, f"no {event} {task} {match} within {timeout} s"
-        return got
-
-    def finish(self, timeout: float = 180) -> tuple[int, str]:
-        _, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, err
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            kill_tree(self.proc.pid)
-            self.proc.wait()
-
-
-def kill_task(tfo: Tfo, task: str, attempt: int = 0) -> float:
-    pid = tfo.wait_event("task_started", task, attempt=attempt)["pid"]
-    t = time.time()
-    os.kill(pid, signal.SIGKILL)
-    return t
 
 
 @pytest.mark.parametrize(("policy", "rc", "restart"), [

@@ -15,8 +15,7 @@ import pytest
 
 from orchestrator.decide import PEER_LOST_GRACE_SECONDS
 from tests.conftest import events, write_spec
-from tests.test_faults import Tfo, first
-from tests.test_hangs import progressed, task_process
+from tests.helpers import Tfo, first, progressed, task_process
 
 GRACE = 10  # the spec's default grace_seconds
 SPEC = """\

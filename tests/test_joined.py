@@ -18,7 +18,7 @@ from orchestrator.spec import parse_spec
 from orchestrator.strategy import RULES
 from orchestrator.supervise import JobState
 from tests.conftest import run_tfo
-from tests.test_supervise import FakeClock, Script, spec, steps, supervise
+from tests.fakes import FakeClock, Script, spec, steps, supervise
 from worker_entry import markers as m
 from worker_entry.markers import Role, Strategy, dtensor_env
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -15,7 +14,6 @@ import pytest
 from tests.conftest import (
     ENDED,
     FIXED_PORTS,
-    PYTHON,
     REPO,
     events,
     kill_tree,
@@ -26,6 +24,7 @@ from tests.conftest import (
     wait_until,
     write_spec,
 )
+from tests.helpers import evaluate_saved_model
 from tests.procs import alive
 
 pytestmark = [pytest.mark.tf, FIXED_PORTS]
@@ -40,21 +39,6 @@ tasks:
 timeouts: {{grace_seconds: 5}}
 {extra}
 """
-
-
-def evaluate_saved_model(path: Path) -> float:
-    """Accuracy of a saved model on the held-out digits, in a fresh process."""
-    script = (
-        "import sys, tensorflow as tf\n"
-        "from worker_entry.examples.digits import load_data\n"
-        "_, (x, y) = load_data()\n"
-        "m = tf.keras.models.load_model(sys.argv[1])\n"
-        "print('ACC', (m.predict(x, verbose=0).argmax(axis=1) == y).mean())\n"
-    )
-    out = subprocess.run([PYTHON, "-c", script, str(path)], capture_output=True, text=True,
-                         cwd=REPO, timeout=120, env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    return float(re.search(r"^ACC (\S+)", out.stdout, re.M).group(1))
 
 
 @pytest.mark.timeout(300)

@@ -21,7 +21,7 @@ from orchestrator.plan import TaskPlan
 from orchestrator.supervise import JobState, Supervisor
 from tests.conftest import REPO, events, kill_tree, tfo_cmd, wait_until, write_spec
 from tests.conftest import events as run_events
-from tests.test_supervise import READY, FakeClock, FakeHandle, FakeWaiter, Script, planned, spec
+from tests.fakes import READY, FakeClock, FakeHandle, FakeWaiter, Script, planned, spec
 
 TASKS = 32
 

@@ -18,8 +18,7 @@ from tests.conftest import (
     wait_until,
     write_spec,
 )
-from tests.test_faults import Tfo, first, kill_task
-from tests.test_mwms import evaluate_saved_model
+from tests.helpers import Tfo, evaluate_saved_model, first, kill_task
 
 pytestmark = [pytest.mark.tf, FIXED_PORTS]
 

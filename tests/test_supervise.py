@@ -10,17 +10,13 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from orchestrator import wakeup
 from orchestrator.decide import PEER_LOST_GRACE_SECONDS
-from orchestrator.plan import Plan, TaskPlan, make_plan
-from orchestrator.rundir import RunDir
-from orchestrator.spec import parse_spec
+from orchestrator.plan import TaskPlan
 from orchestrator.supervise import (
     IDLE_SECONDS,
     JOB_TRANSITIONS,
@@ -35,22 +31,18 @@ from orchestrator.supervise import (
 )
 from tests import golden
 from tests.conftest import events as run_events
-from worker_entry.markers import EXIT_PERMANENT, PREFIX, START
-
-READY = '@tfo {"event": "ready", "what": "training"}'
-VIA = {"multi_worker_mirrored": "MultiWorkerMirroredStrategy",
-       "parameter_server": "ParameterServerStrategy"}
-
-
-def joined(task: TaskPlan) -> list[str]:
-    """What an entry's task tells once the runner built its strategy (worker_entry/joined.py):
-    the cluster of its TF_CONFIG, as itself. A server and the evaluator build none."""
-    job = json.loads(task.env["TFO_JOB"])
-    if job["serve"] or task.role.value == "evaluator":
-        return []
-    return ["@tfo " + json.dumps({"event": "joined", "via": VIA[job["strategy"]],
-                                  "cluster": task.tf_config["cluster"], "member": task.name,
-                                  "in_process": []})]
+from tests.fakes import (
+    FakeClock,
+    FakeHandle,
+    FakeWaiter,
+    Script,
+    planned,
+    progress,
+    spec,
+    steps,
+    supervise,
+)
+from worker_entry.markers import EXIT_PERMANENT, START
 
 
 @pytest.fixture(autouse=True)
@@ -63,131 +55,6 @@ def golden_events(request, tmp_path):
             for p in sorted(tmp_path.rglob("events.jsonl"))]
     if runs:
         golden.check("supervise", request.node.nodeid, runs, tmp_path)
-
-
-@dataclass
-class Script:
-    """What a task does on each attempt: (exit code or None, after seconds, ready?); what it
-    prints when (attempt: [(after seconds, line)]); what it prints when asked for stacks."""
-
-    attempts: list[tuple[int | None, float, bool]] = field(default_factory=list)
-    output: dict[int, list[tuple[float, str]]] = field(default_factory=dict)
-    stacks: list[str] = field(default_factory=list)
-
-    def for_attempt(self, n: int) -> tuple[int | None, float, bool]:
-        return self.attempts[min(n, len(self.attempts) - 1)] if self.attempts else (0, 0, True)
-
-
-class FakeClock:
-    """The loop's time in a scripted run: it moves only when the loop waits (FakeWaiter),
-    by exactly what the loop asked to wait, so what a test asserts of durations is what
-    the loop decided, however loaded the machine (honcho's tests' fake clock)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class FakeWaiter:
-    """wakeup.Waiter for scripted handles (no exit fds): each wait moves the clock on."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
-
-    def watch(self, fds: set[int]) -> None:
-        assert not fds, "a fake clock's run has no exit fds to poll"
-
-    def wait(self, seconds: float, output: bool = True) -> tuple[set[int], bool]:
-        self.clock.now += max(0.0, seconds)
-        return set(), False
-
-
-class FakeHandle:
-    def __init__(self, task: TaskPlan, attempt: int, script: Script,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.task, self.attempt = task, attempt
-        self.code, self.after, ready = script.for_attempt(attempt)
-        self._clock = clock
-        self._t0 = clock()
-        # A task that does not come up has not built its strategy either (MWMS's
-        # construction is what waits for the peers).
-        self._lines = [*joined(task), READY] if ready else ["booting"]
-        self._timed = sorted(script.output.get(attempt, []))
-        self._stacks = script.stacks
-        self._rc: int | None = None
-        self.pid = 1000 + attempt
-
-    def poll(self) -> int | None:
-        if self._rc is None and self.code is not None and \
-                self._clock() - self._t0 >= self.after:
-            self._rc = self.code
-        return self._rc
-
-    def terminate(self) -> None:
-        self._rc = -15
-
-    def kill(self) -> None:
-        self._rc = -9
-
-    def request_stacks(self) -> None:
-        self._lines += self._stacks
-
-    def lines(self) -> list[str]:
-        now = self._clock() - self._t0
-        while self._timed and self._timed[0][0] <= now and self._rc is None:
-            self._lines.append(self._timed.pop(0)[1])
-        out, self._lines = self._lines, []
-        # The scripts' "@tfo ..." lines are markers, as the output reader hands on what the
-        # wrapper framed as one (markers.MARK).
-        return [START + line if line.startswith(PREFIX) else line for line in out]
-
-    def close(self, timeout: float = 1.0) -> list[str]:
-        return self.lines()
-
-
-def planned(tmp_path: Path, spec: dict) -> Plan:
-    """The plan, and its run directory made as `tfo run` makes it before supervising."""
-    plan = make_plan(parse_spec(spec), run_id="t", run_dir=tmp_path / "run", workdir=tmp_path)
-    RunDir(plan.run_dir).create(plan.to_json())
-    return plan
-
-
-def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script],
-              spares: list[tuple[str, int]] | None = None, echo=None,
-              timing: Timing | None = None, clock: FakeClock | None = None):
-    """Run the scripted tasks. `spares`: warm spares are on, and each one asked for is
-    appended there; a start that finds its (task, attempt) among them is `warm`. `echo`:
-    what tfo prints, (task, line). `clock`: the loop and the tasks on a fake clock."""
-    plan = planned(tmp_path, spec)
-    started: list[tuple[str, int]] = []
-
-    def start(task: TaskPlan, attempt: int) -> FakeHandle:
-        started.append((task.name, attempt))
-        handle = FakeHandle(task, attempt, scripts.get(task.name, Script()),
-                            clock or time.monotonic)
-        handle.warm = spares is not None and (task.name, attempt) in spares
-        return handle
-
-    def standby(task: TaskPlan, attempt: int) -> int:
-        assert spares is not None
-        spares.append((task.name, attempt))
-        return 2000 + attempt
-
-    sup = Supervisor(plan, start=start, echo=echo or (lambda task, line: None),
-                     standby=standby if spares is not None else None, timing=timing,
-                     clock=clock, waiter=FakeWaiter(clock) if clock else None)
-    result = sup.run()
-    events = run_events(tmp_path / "run")
-    return result, started, events
-
-
-def spec(strategy="multi_worker_mirrored", policy="on-failure", max_restarts=2, **tasks):
-    tasks = tasks or {"worker": ["localhost:1", "localhost:2"]}
-    return {"name": "t", "strategy": strategy, "job": {"entry": "a.b:c"}, "tasks": tasks,
-            "restart": {"policy": policy, "max_restarts": max_restarts, "backoff_seconds": 0},
-            "timeouts": {"startup_seconds": 1, "grace_seconds": 0.2, "evaluator_seconds": 0.5}}
 
 
 PS = {"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"], "ps": ["localhost:4"]}
@@ -508,9 +375,6 @@ def test_the_evaluator_exit_while_finishing_takes_the_common_path(tmp_path):
 
 # ---- stalls and preemption ---------------------------------------------------------------
 
-def progress(step: int) -> str:
-    return f'@tfo {{"event": "progress", "step": {step}}}'
-
 
 def usage(stopped: bool, cpu: float = 0) -> str:
     return (f'@tfo {{"event": "usage", "cpu": {cpu}, "rss": 1, "processes": 1, "stopped": '
@@ -520,12 +384,6 @@ def usage(stopped: bool, cpu: float = 0) -> str:
 def working(until: float, cpu: float = 50, every: float = 0.2) -> list[tuple[float, str]]:
     """Usage markers of a task at `cpu` % until `until` (its wrapper's, every `every` s)."""
     return [(i * every, usage(False, cpu)) for i in range(1, int(until / every) + 1)]
-
-
-def steps(until: float, every: float = 0.1) -> list[tuple[float, str]]:
-    """Progress markers, a step every `every` seconds until `until`, then nothing more."""
-    n = int(until / every)
-    return [(i * every, progress(i)) for i in range(1, n + 1)]
 
 
 def stall_spec(stall_seconds: float | None = 0.6, **kw) -> dict:
