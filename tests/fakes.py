@@ -11,12 +11,16 @@ other."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
 
+from orchestrator import rundir
 from orchestrator.elastic import pool
 from orchestrator.plan import Plan, TaskPlan, make_plan
 from orchestrator.rundir import RunDir
@@ -68,6 +72,20 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+    def wall(self) -> float:
+        """time.time() on this clock: what events.jsonl's times say in a scripted run."""
+        return WALL_AT_START + self.now - 1000.0
+
+
+WALL_AT_START = 1_800_000_000.0  # a fake clock's run began then, as unix time
+
+
+@contextlib.contextmanager
+def events_on(clock: FakeClock) -> Iterator[None]:
+    """Events written meanwhile (rundir's time.time) are timed by the fake clock."""
+    with mock.patch.object(rundir, "time", SimpleNamespace(time=clock.wall)):
+        yield
 
 
 class FakeWaiter:
@@ -137,16 +155,17 @@ def planned(tmp_path: Path, spec: dict) -> Plan:
 def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script],
               spares: list[tuple[str, int]] | None = None, echo=None,
               timing: Timing | None = None, clock: FakeClock | None = None):
-    """Run the scripted tasks. `spares`: warm spares are on, and each one asked for is
-    appended there; a start that finds its (task, attempt) among them is `warm`. `echo`:
-    what tfo prints, (task, line). `clock`: the loop and the tasks on a fake clock."""
+    """Run the scripted tasks on a fake clock (`clock`, or a new one): the loop, the tasks
+    and the events' times. `spares`: warm spares are on, and each one asked for is appended
+    there; a start that finds its (task, attempt) among them is `warm`. `echo`: what tfo
+    prints, (task, line)."""
+    clock = clock or FakeClock()
     plan = planned(tmp_path, spec)
     started: list[tuple[str, int]] = []
 
     def start(task: TaskPlan, attempt: int) -> FakeHandle:
         started.append((task.name, attempt))
-        handle = FakeHandle(task, attempt, scripts.get(task.name, Script()),
-                            clock or time.monotonic)
+        handle = FakeHandle(task, attempt, scripts.get(task.name, Script()), clock)
         handle.warm = spares is not None and (task.name, attempt) in spares
         return handle
 
@@ -155,10 +174,11 @@ def supervise(tmp_path: Path, spec: dict, scripts: dict[str, Script],
         spares.append((task.name, attempt))
         return 2000 + attempt
 
-    sup = Supervisor(plan, start=start, echo=echo or (lambda task, line: None),
-                     standby=standby if spares is not None else None, timing=timing,
-                     clock=clock, waiter=FakeWaiter(clock) if clock else None)
-    result = sup.run()
+    with events_on(clock):
+        sup = Supervisor(plan, start=start, echo=echo or (lambda task, line: None),
+                         standby=standby if spares is not None else None, timing=timing,
+                         clock=clock, waiter=FakeWaiter(clock))
+        result = sup.run()
     events = run_events(tmp_path / "run")
     return result, started, events
 

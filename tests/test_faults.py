@@ -41,10 +41,7 @@ def golden_events(request, tmp_path):
     job's end; not the epochs a real job prints, which depend on the load) stays as recorded
     in tests/data/golden/faults/ (tests/golden.py). Checked after the test's own assertions."""
     yield
-    runs = [[json.loads(line) for line in p.read_text().splitlines()]
-            for p in sorted(tmp_path.rglob("events.jsonl"))]
-    if runs:
-        golden.check("faults", request.node.nodeid, runs, tmp_path, decisions_only=True)
+    golden.check_runs("faults", request.node.nodeid, tmp_path, decisions_only=True)
 
 MWMS = """\
 name: faults
