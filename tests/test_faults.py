@@ -32,7 +32,8 @@ from tests.conftest import (
 from tests.helpers import Tfo, first, kill_task
 from tests.procs import alive
 
-pytestmark = [FIXED_PORTS]  # see tests/conftest.py
+# FIXED_PORTS (tests/conftest.py) on each test whose job uses localhost:20000-20001, alone:
+# the others run beside any test under xdist.
 
 
 @pytest.fixture(autouse=True)
@@ -81,6 +82,7 @@ def latest_backup(run_dir: Path, worker: int) -> str | None:
     return found.group(1) if found else None
 
 
+@FIXED_PORTS
 @pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_sigkill_worker_restarts_group_and_resumes(run_dir: Path, tmp_path: Path):
@@ -115,6 +117,7 @@ def test_sigkill_worker_restarts_group_and_resumes(run_dir: Path, tmp_path: Path
     assert (run_dir / "model" / "saved_model" / "saved_model.pb").exists()
 
 
+@FIXED_PORTS
 @pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_never_policy_fails_and_names_the_signal(run_dir: Path, tmp_path: Path):
@@ -131,6 +134,7 @@ def test_never_policy_fails_and_names_the_signal(run_dir: Path, tmp_path: Path):
     assert port_is_free(20000) and port_is_free(20001)
 
 
+@FIXED_PORTS
 @pytest.mark.tf
 @pytest.mark.timeout(180)
 def test_startup_timeout_names_the_task(run_dir: Path, tmp_path: Path):
@@ -163,6 +167,7 @@ def test_deadline_stops_the_job_with_auto_ports(run_dir: Path, tmp_path: Path):
     assert first(evs, "task_ready", "worker:0") and first(evs, "task_ready", "worker:1")
 
 
+@FIXED_PORTS
 @pytest.mark.tf
 @pytest.mark.timeout(180)
 def test_sigkill_of_the_coordinator_leaves_no_task(run_dir: Path, tmp_path: Path):
@@ -206,6 +211,7 @@ def restart_changing_backups(run_dir: Path, tmp_path: Path, epochs: int, fail_ep
     return ev
 
 
+@FIXED_PORTS
 @pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_a_lost_backup_makes_the_group_start_over_together(run_dir: Path, tmp_path: Path):
@@ -222,6 +228,7 @@ def test_a_lost_backup_makes_the_group_start_over_together(run_dir: Path, tmp_pa
         assert "no backup every worker has" in (run_dir / "logs" / f"worker-{i}.log").read_text()
 
 
+@FIXED_PORTS
 @pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_a_worker_one_backup_behind_makes_the_group_resume_from_the_one_before(
@@ -248,6 +255,7 @@ def test_a_worker_one_backup_behind_makes_the_group_resume_from_the_one_before(
     assert not any("starts over" in log for log in logs)
 
 
+@FIXED_PORTS
 @pytest.mark.tf
 @pytest.mark.timeout(180)
 def test_a_straggler_that_left_the_group_is_killed(run_dir: Path, tmp_path: Path):
@@ -260,6 +268,7 @@ def test_a_straggler_that_left_the_group_is_killed(run_dir: Path, tmp_path: Path
     assert wait_until(lambda: not alive(pid), 3)
 
 
+@FIXED_PORTS
 @pytest.mark.timeout(60)
 def test_port_in_use_fails_before_anything_starts(run_dir: Path, tmp_path: Path):
     holder = socket.socket()

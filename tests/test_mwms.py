@@ -27,7 +27,7 @@ from tests.conftest import (
 from tests.helpers import evaluate_saved_model
 from tests.procs import alive
 
-pytestmark = [pytest.mark.tf, FIXED_PORTS]
+pytestmark = [pytest.mark.tf]  # FIXED_PORTS on the tests that use them (conftest.py)
 
 FAULTY = """\
 name: faulty
@@ -41,6 +41,7 @@ timeouts: {{grace_seconds: 5}}
 """
 
 
+@FIXED_PORTS
 @pytest.mark.timeout(300)
 def test_localhost_cluster_trains_and_chief_saves(run_dir: Path):
     res = run_tfo("run", "clusters/localhost.yaml", "--run-dir", str(run_dir))
@@ -118,6 +119,7 @@ def test_failing_worker_fails_the_job_fast(tf_cluster):
     assert all(port_is_free(t["port"]) for t in plan["tasks"])
 
 
+@FIXED_PORTS
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_tears_everything_down(sig, code, run_dir: Path, tmp_path: Path):
