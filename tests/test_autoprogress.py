@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import events, run_tfo
+from tests.conftest import TUTORIALS, TutorialRun, events, run_tfo
 from tests.helpers import TWO_WORKERS, script_spec
 
 ONE_WORKER = "  worker: [localhost:auto]"
@@ -42,41 +42,40 @@ def scalars(board: Path) -> dict[str, list[int]]:
 
 
 @pytest.mark.tf
-@pytest.mark.timeout(180)
-def test_the_keras_tutorial_script_shows_its_epochs_steps_and_loss(tmp_path: Path, run_dir: Path):
+@pytest.mark.timeout(360)
+@TUTORIALS
+def test_the_keras_tutorial_script_shows_its_epochs_steps_and_loss(keras_tutorial: TutorialRun):
     """TensorFlow's multi-worker Keras tutorial, unmodified: in events, the summary and `tfo
     status`, as an entry's; TensorBoard scalars from the chief alone."""
-    cluster = script_spec(tmp_path, "mwms_keras.py", [
-        "--epochs", "2", "--steps_per_epoch", "20", "--model_path", str(tmp_path / "model"),
-        "--backup_dir", str(tmp_path / "backup")])
-    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    res, run_dir = keras_tutorial.res, keras_tutorial.run_dir
     assert res.returncode == 0, res.output[-4000:]
     ev = events(run_dir)
     for task in ("worker:0", "worker:1"):
-        assert [e["epoch"] for e in told(ev, "task_epoch", task)] == [0, 1]
+        assert [e["epoch"] for e in told(ev, "task_epoch", task)] == [0, 1, 2]
         assert [e["batch"] for e in told(ev, "task_first_step", task)] == [0]
-        assert [e["dir"] for e in told(ev, "task_backup", task)] == [str(tmp_path / "backup")]
+        assert [e["dir"] for e in told(ev, "task_backup", task)] == [
+            str(keras_tutorial.root / "backup")]
         steps = progress(ev, task)
         assert [e["step"] for e in steps] == sorted({e["step"] for e in steps})  # once each
         last = steps[-1]
         assert (last["step"], last["epoch"], last["step_in_epoch"], last["steps"]) == \
-            (40, 1, 20, 20)
+            (180, 2, 60, 60)
         assert isinstance(last["loss"], float) and "source" not in last  # Keras told it
         # The loss Keras prints for the last epoch (verbose=2), not the replicas' sum of it
         # (twice it with 2 workers, as tf-keras hands it to callbacks).
         log = run_dir / "logs" / f"{task.replace(':', '-')}.log"
         printed = re.findall(r" - loss: ([0-9.]+)", log.read_text())
         assert last["loss"] == pytest.approx(float(printed[-1]), rel=2e-3), (last, printed)
-    assert row(res.output, "worker:0")[-3:] == ["2/2", "20/20", f"{last['loss']:.4g}"]
+    assert row(res.output, "worker:0")[-3:] == ["3/3", "60/60", f"{last['loss']:.4g}"]
     status = run_tfo("status", str(run_dir), timeout=30)
     assert status.returncode == 0, status.output
     cells = row(status.stdout, "worker:1")
-    assert cells[4:6] + cells[7:8] == ["2/2", "20/20", f"{last['loss']:.4g}"]
+    assert cells[4:6] + cells[7:8] == ["3/3", "60/60", f"{last['loss']:.4g}"]
     assert re.fullmatch(r"-|[\d.]+", cells[6])  # steps/s: unknown where it ran under 1 s
     board = run_dir / "tensorboard"
     assert [p.name for p in board.iterdir()] == ["train"]
     found = scalars(board / "train")
-    assert found["epoch_loss"] == [0, 1] and found["batch_loss"][-1] == 40, found
+    assert found["epoch_loss"] == [0, 1, 2] and found["batch_loss"][-1] == 180, found
 
 
 @pytest.mark.tf
@@ -136,24 +135,22 @@ def test_tfo_auto_progress_0_turns_it_off(tmp_path: Path, run_dir: Path):
 
 
 @pytest.mark.tf
-@pytest.mark.timeout(180)
-def test_the_custom_loop_tutorial_scripts_steps_are_counted(tmp_path: Path, run_dir: Path):
+@pytest.mark.timeout(360)
+@TUTORIALS
+def test_the_custom_loop_tutorial_scripts_steps_are_counted(ctl_tutorial: TutorialRun):
     """TensorFlow's multi-worker custom-loop tutorial, unmodified: each worker's steps are
     its completed calls of `train_step`, the last one told at exit."""
-    cluster = script_spec(tmp_path, "mwms_ctl.py", [
-        "--epochs", "2", "--steps_per_epoch", "20", "--model_path", str(tmp_path / "model"),
-        "--checkpoint_dir", str(tmp_path / "ckpt" / "ckpt")], tasks=TWO_WORKERS)
-    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    res = ctl_tutorial.res
     assert res.returncode == 0, res.output[-4000:]
-    ev = events(run_dir)
+    ev = events(ctl_tutorial.run_dir)
     for task in ("worker:0", "worker:1"):
         first = told(ev, "task_first_step", task)
         assert len(first) == 1 and first[0]["source"] == "tf.function"
         steps = progress(ev, task)
         assert {e["source"] for e in steps} == {"tf.function"}
         assert [e["step"] for e in steps] == sorted({e["step"] for e in steps})
-        assert steps[-1]["step"] == 40 and "loss" not in steps[-1]
-    assert row(res.output, "worker:0")[-2] == "40"
+        assert steps[-1]["step"] == 180 and "loss" not in steps[-1]
+    assert row(res.output, "worker:0")[-2] == "180"
 
 
 @pytest.mark.tf

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import re
@@ -15,15 +14,21 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import PYTHON, REPO, events, run_task, run_tfo, wait_until, write_spec
+from tests.conftest import (
+    PYTHON,
+    REPO,
+    TUTORIALS,
+    TutorialRun,
+    events,
+    run_task,
+    run_tfo,
+    wait_until,
+    write_spec,
+)
 from tests.helpers import SCRIPT_SPEC, Tfo, first, kill_task, script_spec, shown_in_log
 from worker_entry import markers
 
 SCRIPTS = REPO / "tests" / "scripts"
-
-
-def autograph_files() -> set[str]:
-    return set(glob.glob("/tmp/__autograph_generated_file*"))
 
 
 def attempts(log: str) -> list[str]:
@@ -62,14 +67,11 @@ def reload_accuracy(path: Path) -> float:
 
 
 @pytest.mark.tf
-@pytest.mark.timeout(180)
-def test_keras_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
-    before = autograph_files()
+@pytest.mark.timeout(360)
+@TUTORIALS
+def test_keras_tutorial_script_runs_unmodified(keras_tutorial: TutorialRun):
+    res, run_dir = keras_tutorial.res, keras_tutorial.run_dir
     model = run_dir / "model" / "keras-model"
-    cluster = script_spec(tmp_path, "mwms_keras.py", ["--epochs", "3", "--steps_per_epoch", "60",
-                                                      "--model_path", str(model),
-                                                      "--backup_dir", str(tmp_path / "backup")])
-    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
     assert res.returncode == 0, res.output[-4000:]
     ev = events(run_dir)
     # Ready without any marker from the script: its gRPC port listened.
@@ -78,7 +80,8 @@ def test_keras_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
     assert saved_models(run_dir / "model") == [model]
     assert reload_accuracy(model) > 0.8
     assert not list((run_dir / "model").glob("workertemp_*"))
-    assert autograph_files() <= before and no_temp_left(run_dir)
+    before, after = keras_tutorial.autograph
+    assert after <= before and no_temp_left(run_dir)
 
 
 def first_epoch(log: str) -> int | None:
@@ -112,14 +115,12 @@ def test_killed_worker_resumes_from_the_scripts_own_backup(tmp_path: Path, run_d
 
 
 @pytest.mark.tf
-@pytest.mark.timeout(180)
-def test_custom_training_loop_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
+@pytest.mark.timeout(360)
+@TUTORIALS
+def test_custom_training_loop_tutorial_script_runs_unmodified(ctl_tutorial: TutorialRun):
+    res, run_dir = ctl_tutorial.res, ctl_tutorial.run_dir
     model = run_dir / "model" / "ctl-model"
-    ckpt = tmp_path / "ckpt"
-    cluster = script_spec(tmp_path, "mwms_ctl.py", ["--epochs", "3", "--steps_per_epoch", "60",
-                                                    "--model_path", str(model),
-                                                    "--checkpoint_dir", str(ckpt / "ckpt")])
-    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    ckpt = ctl_tutorial.root / "ckpt"
     assert res.returncode == 0, res.output[-4000:]
     assert "Epoch: 2, accuracy:" in (run_dir / "logs" / "worker-0.log").read_text()
     assert saved_models(run_dir / "model") == [model] and no_temp_left(run_dir)
