@@ -78,3 +78,22 @@ def test_the_module_size_check_sees_a_long_module(tmp_path: Path) -> None:
     sizes = module_sizes(tmp_path)
     assert {n: s for n, (s, most) in sizes.items() if s > most} == {
         "orchestrator.sub.long": 601, "worker_entry.sub.long": 351}
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared fakes live in tests/fakes.py, shared helpers in tests/helpers.py, fixtures in
+    tests/conftest.py: a test module importing another runs (and couples to) its tests."""
+    found = []
+    for path in sorted((REPO / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):  # `from tests import test_x` too
+                module = "." * node.level + (node.module or "")
+                names = [module, *(f"{module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            found += [f"{path.name}: {n}" for n in names
+                      if (n.startswith(("tests.", ".")) or n.startswith("test_"))
+                      and any(part.startswith("test_") for part in n.split("."))]
+    assert found == []
