@@ -303,16 +303,17 @@ def user_dir(root: Path) -> Path:
 
 
 def run_in_pty(args: list[str], cwd: Path, timeout: float,
-               unsized_stdin: bool = False) -> tuple[str, int]:
-    """`tfo ARGS` on a terminal of COLUMNS x LINES; all it wrote, and its exit code. Killed
-    (its whole tree) and failed past `timeout`. `unsized_stdin`: stdin is another terminal,
-    one that reports 0 x 0 (a pty nobody sized)."""
+               unsized_stdin: bool = False, columns: int = COLUMNS,
+               lines: int = LINES, env: dict[str, str] | None = None) -> tuple[str, int]:
+    """`tfo ARGS` on a terminal of `columns` x `lines`; all it wrote, and its exit code.
+    Killed (its whole tree) and failed past `timeout`. `unsized_stdin`: stdin is another
+    terminal, one that reports 0 x 0 (a pty nobody sized)."""
     leader, follower = os.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", LINES, COLUMNS, 0, 0))
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
     other = os.openpty() if unsized_stdin else None
     proc = subprocess.Popen(tfo_cmd(*args), cwd=cwd, stdin=other[1] if other else follower,
                             stdout=follower, stderr=follower, start_new_session=True,
-                            env=tfo_env(cwd, TERM="xterm-256color"))
+                            env=tfo_env(cwd, TERM="xterm-256color", **(env or {})))
     os.close(follower)
     if other:
         os.close(other[1])  # its leader stays open: a closed one reads as no terminal
