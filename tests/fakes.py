@@ -1,11 +1,11 @@
 """Fakes shared by the test modules: scripted task handles on a fake clock for the
 supervisor's loop (no processes, no TensorFlow), and a fake elastic lab's plan and backups.
 
-    result, started, events = supervise(tmp_path, spec(), {"worker:1": Script([(3, 0.1, True)])},
-                                        clock=FakeClock())
+    result, started, events = supervise(tmp_path, spec(), {"worker:1": Script([(3, 0.1, True)])})
 
 A Script says what a task does on each attempt; FakeHandle plays it on the clock given;
-FakeClock moves only when the loop waits (FakeWaiter), by what the loop asked to wait.
+FakeClock moves only when the loop waits (FakeWaiter), by what the loop asked to wait;
+supervise() runs the loop, the tasks and the events' times on one (a new one unless given).
 Test modules import from here (and from tests/helpers.py for real runs), never from each
 other."""
 
