@@ -20,12 +20,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
-from orchestrator import rundir
-from orchestrator.elastic import pool
-from orchestrator.plan import Plan, TaskPlan, make_plan
-from orchestrator.rundir import RunDir
-from orchestrator.spec import parse_spec
-from orchestrator.supervise import Supervisor, Timing
+from orchestrator.elastic.groups import pool
+from orchestrator.loop.supervise import Supervisor, Timing
+from orchestrator.planning.plan import Plan, TaskPlan, make_plan
+from orchestrator.planning.spec import parse_spec
+from orchestrator.runs import rundir
+from orchestrator.runs.rundir import RunDir
 from tests.conftest import events as run_events
 from worker_entry.markers import PREFIX, START
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import decide
+from orchestrator.loop import decide
 from tests.conftest import REPO, events, run_task, run_tfo
 from tests.helpers import (
     TWO_WORKERS,

@@ -12,12 +12,11 @@ import time
 
 import pytest
 
-from orchestrator import wakeup
-from orchestrator.cli import print_summary
-from orchestrator.decide import PEER_LOST_GRACE_SECONDS
-from orchestrator.liveview import rows_from_events
-from orchestrator.plan import TaskPlan
-from orchestrator.supervise import (
+from orchestrator.cli.commands import print_summary
+from orchestrator.cli.liveview import rows_from_events
+from orchestrator.launch import wakeup
+from orchestrator.loop.decide import PEER_LOST_GRACE_SECONDS
+from orchestrator.loop.supervise import (
     JOB_TRANSITIONS,
     TASK_TRANSITIONS,
     IllegalTransition,
@@ -28,6 +27,7 @@ from orchestrator.supervise import (
     advance,
     tail,
 )
+from orchestrator.planning.plan import TaskPlan
 from tests import golden
 from tests.conftest import events as run_events
 from tests.fakes import (
