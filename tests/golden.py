@@ -125,6 +125,15 @@ def check(suite: str, nodeid: str, runs: list[list[dict[str, Any]]], tmp_path: P
         + _first_difference(got, want)
 
 
+def check_runs(suite: str, nodeid: str, tmp_path: Path, decisions_only: bool = False) -> None:
+    """check() every run directory's events.jsonl under `tmp_path` (none: nothing to check):
+    a test module's autouse fixture calls it after each test."""
+    runs = [[json.loads(line) for line in p.read_text().splitlines()]
+            for p in sorted(tmp_path.rglob("events.jsonl"))]
+    if runs:
+        check(suite, nodeid, runs, tmp_path, decisions_only)
+
+
 def _first_difference(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> str:
     if len(got) != len(want):
         return f"{len(got)} run(s), {len(want)} recorded"

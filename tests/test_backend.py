@@ -154,7 +154,7 @@ def test_a_scheduler_is_one_class_and_one_registry_line(tmp_path: Path, monkeypa
     allocates, checks, syncs and starts through it; the tasks run for real."""
     from orchestrator.pipeline import run
     from orchestrator.planning.quick import SlurmFlags, on_scheduler
-    from tests.test_pipeline import shown
+    from tests.helpers import shown_in_output
 
     # the one line in each registry: its backend, and its options model for the spec
     monkeypatch.setitem(BACKENDS, "fakesched", fake_backend.FakeScheduler)
@@ -186,7 +186,7 @@ def test_a_scheduler_is_one_class_and_one_registry_line(tmp_path: Path, monkeypa
     assert sorted(name for name, _, _ in fake_backend.STARTED) == sorted(placed)
     assert [(t.state.value, t.returncode) for t in result.tasks] == [("succeeded", 0)] * 3
     seen = {s["env"]["TFO_TASK"]: json.loads(s["env"]["TF_CONFIG"])
-            for s in shown(capsys.readouterr().out)}
+            for s in shown_in_output(capsys.readouterr().out)}
     assert sorted(seen) == sorted(placed)
     for name, tf_config in seen.items():
         assert tf_config["cluster"] == {"worker": cluster}

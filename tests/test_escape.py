@@ -39,8 +39,8 @@ from tests.conftest import (
     wait_until,
     write_spec,
 )
+from tests.helpers import lab_spec
 from tests.procs import alive
-from tests.test_ssh import lab, lab_spec  # noqa: F401 (a fixture)
 from worker_entry import markers
 from worker_entry.markers import USAGE_SECONDS, Role
 

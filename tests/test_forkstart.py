@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, unframe
-from tests.test_agent import Agent
+from tests.helpers import Agent
 from worker_entry import forkstart, frames
 
 PY = sys.executable

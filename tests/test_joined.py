@@ -18,7 +18,7 @@ from orchestrator.planning.plan import make_plan
 from orchestrator.planning.spec import parse_spec
 from orchestrator.planning.strategy import RULES
 from tests.conftest import run_tfo
-from tests.test_supervise import FakeClock, Script, spec, steps, supervise
+from tests.fakes import FakeClock, Script, spec, steps, supervise
 from worker_entry import markers as m
 from worker_entry.markers import Role, Strategy, dtensor_env
 

@@ -4,14 +4,10 @@ pseudo-terminal serves every TF assertion here; the rest are fast."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
-import select
-import struct
 import subprocess
-import termios
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,10 +27,9 @@ from orchestrator.cli.liveview import (
     table,
 )
 from tests.conftest import ENDED, REPO, kill_tree, run_processes, run_tfo, tfo_cmd
+from tests.helpers import ANSI, COLUMNS, run_in_pty, tfo_env, user_dir
 
 SCRIPT = REPO / "tests" / "scripts" / "live_progress.py"
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-COLUMNS, LINES = 200, 40
 
 
 @dataclass
@@ -48,63 +43,6 @@ class PtyRun:
     def text(self) -> str:
         return ANSI.sub("", self.raw)
 
-
-def user_dir(root: Path) -> Path:
-    """A directory to run tfo in, away from the repository's runs/, whose code is this
-    checkout's (tasks get the workdir as PYTHONPATH)."""
-    root.mkdir(parents=True, exist_ok=True)
-    for package in ("orchestrator", "worker_entry"):
-        (root / package).symlink_to(REPO / package)
-    return root
-
-
-def tfo_env(cwd: Path, **extra: str) -> dict[str, str]:
-    """The test's environment without COLUMNS and LINES: pytest-xdist's workers have
-    COLUMNS=80, which rich takes over the terminal's own size (the summary cut to 80)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    return {**env, "PYTHONPATH": str(cwd), **extra}
-
-
-def run_in_pty(args: list[str], cwd: Path, timeout: float,
-               unsized_stdin: bool = False, columns: int = COLUMNS,
-               lines: int = LINES, env: dict[str, str] | None = None) -> tuple[str, int]:
-    """`tfo ARGS` on a terminal of `columns` x `lines`; all it wrote, and its exit code.
-    Killed (its whole tree) and failed past `timeout`. `unsized_stdin`: stdin is another
-    terminal, one that reports 0 x 0 (a pty nobody sized)."""
-    leader, follower = os.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
-    other = os.openpty() if unsized_stdin else None
-    proc = subprocess.Popen(tfo_cmd(*args), cwd=cwd, stdin=other[1] if other else follower,
-                            stdout=follower, stderr=follower, start_new_session=True,
-                            env=tfo_env(cwd, TERM="xterm-256color", **(env or {})))
-    os.close(follower)
-    if other:
-        os.close(other[1])  # its leader stays open: a closed one reads as no terminal
-    chunks: list[bytes] = []
-    until = time.monotonic() + timeout
-    try:
-        while time.monotonic() < until:
-            if select.select([leader], [], [], 0.2)[0]:
-                try:
-                    data = os.read(leader, 65536)
-                except OSError:  # EIO: every writer of the terminal is gone
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-            elif proc.poll() is not None:
-                break
-        else:
-            pytest.fail(f"tfo {' '.join(args)} still ran after {timeout} s:\n"
-                        f"{ANSI.sub('', b''.join(chunks).decode(errors='replace'))[-3000:]}")
-        return b"".join(chunks).decode(errors="replace"), proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            kill_tree(proc.pid)
-            proc.wait()
-        os.close(leader)
-        if other:
-            os.close(other[0])
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from orchestrator.launch.output import LINE_CAP, TaskOutput
 from orchestrator.loop.markers import BadMarker, Evaluated, Up, Usage, read_marker
 from tests import sshlab
 from tests.conftest import REPO, events, kill_tree, run_tfo, tfo_cmd, write_spec
+from tests.helpers import host_yaml
 from tests.jobs.noisy import BAD_MARKERS
-from tests.test_ssh import host_yaml
 from worker_entry import channel, markers
 
 # ---- markers: (line, what the error names) -------------------------------------------------

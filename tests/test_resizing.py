@@ -18,7 +18,7 @@ from orchestrator.loop.supervise import JobState, Supervisor
 from orchestrator.planning.plan import TaskPlan
 from orchestrator.planning.spec import parse_spec
 from tests.conftest import events as run_events
-from tests.test_supervise import FakeClock, FakeHandle, FakeWaiter, Script, planned
+from tests.fakes import FakeClock, FakeHandle, FakeWaiter, Script, planned
 
 E = parse_spec({"name": "e", "job": {"entry": "a.b:c"},
                 "tasks": {"worker": ["localhost:1", "localhost:2", "localhost:3"]},
@@ -478,7 +478,7 @@ def test_tensorflow_s_tutorial_script_unmodified_goes_on_with_2_workers(tmp_path
     after epoch 1; the group restarts as 2 with a TF_CONFIG of 2, resumes from the
     script's own backup, not epoch 0, and the chief saves the model."""
     from tests.conftest import REPO, write_spec
-    from tests.test_faults import Tfo, kill_task
+    from tests.helpers import Tfo, kill_task
 
     out, run_dir = tmp_path / "out", tmp_path / "run"
     spec = write_spec(tmp_path / "c.yaml", f"""\
@@ -518,7 +518,7 @@ def test_a_ps_job_drops_a_lost_worker_then_restarts_with_the_ps_left(tmp_path) -
     rejoins alone, serving again (1 → 2), the chief never stopped. Then ps:1 killed: the
     job restarts with 1 ps, the chief from its backup (its first epoch after the restart
     past 0), and finishes; the chief's model is written once."""
-    from tests.test_faults import Tfo, kill_task
+    from tests.helpers import Tfo, kill_task
 
     spec = tmp_path / "c.yaml"
     spec.write_text("""\

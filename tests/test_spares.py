@@ -19,8 +19,8 @@ from orchestrator.launch.spares import SPARE_RSS, Spares, spares_pay_off, spares
 from orchestrator.planning.plan import make_plan
 from orchestrator.planning.spec import cluster_schema, parse_spec
 from tests.conftest import events, wait_until, write_spec
+from tests.helpers import Tfo, assert_restart_served_by_spares, kill_task, standbys
 from tests.procs import gone
-from tests.test_faults import Tfo, attempt_end, first, kill_task
 
 GIB = 2**30
 
@@ -148,11 +148,6 @@ timeouts: {{grace_seconds: 5}}
 """
 
 
-def standbys(run_dir: Path) -> dict[tuple[str, int], int]:
-    return {(e["task"], e["attempt"]): e["pid"] for e in events(run_dir)
-            if e["event"] == "task_standby_started"}
-
-
 def run_with_spares(run_dir: Path, tmp_path: Path, epochs: int, sleep: float,
                     act: Callable[[Tfo], Any]) -> Any:
     """`tfo run` of the 2-worker job with warm spares (one restart): once worker:1's standby
@@ -179,26 +174,6 @@ def test_sigkill_restart_is_served_by_the_warm_spare(run_dir: Path, tmp_path: Pa
     killed_at = run_with_spares(run_dir, tmp_path, 5, 2, kill)
     assert_restart_served_by_spares(run_dir, killed_at, -signal.SIGKILL)
     assert (run_dir / "model" / "saved_model" / "saved_model.pb").exists()
-
-
-def assert_restart_served_by_spares(run_dir: Path, killed_at: float, killed_rc: int,
-                                    ended_by: tuple[str, ...] = ("task_exited",),
-                                    within: float = 5.0) -> None:
-    """worker:1 was killed at `killed_at` (its attempt 0 ended by one of `ended_by`, with
-    `killed_rc`); both workers' attempt 1 were their standbys, started within `within` s of
-    the kill, resumed from the checkpoint, and the job succeeded."""
-    ev = events(run_dir)
-    ended = attempt_end(ev, "worker:1", 0, ended_by)
-    assert ended is not None and ended["returncode"] == killed_rc, ended
-    spares = standbys(run_dir)
-    assert set(spares) == {("worker:0", 1), ("worker:1", 1)}  # none for attempt 2: no restart
-    for task in ("worker:0", "worker:1"):
-        started = first(ev, "task_started", task, attempt=1)
-        assert started["warm"] is True and started["pid"] == spares[(task, 1)]
-        assert started["time"] - killed_at < within
-    resumed = [e["epoch"] for e in ev if e["event"] == "task_epoch" and e["attempt"] == 1]
-    assert resumed and min(resumed) >= 1, resumed  # from its checkpoint, not the start
-    assert ev[-1]["event"] == "job_finished" and ev[-1]["exit_code"] == 0
 
 
 def zombie_or_alive(pid: int) -> bool:

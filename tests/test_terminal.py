@@ -37,7 +37,7 @@ from orchestrator.cli.liveview import (
 from orchestrator.loop.decide import JobState, TaskState
 from orchestrator.loop.records import RunResult, TaskOutcome
 from tests.conftest import REPO, kill_tree, run_processes, run_tfo, tfo_cmd, wait_until
-from tests.test_liveview import ANSI, run_in_pty, tfo_env, user_dir
+from tests.helpers import ANSI, run_in_pty, tfo_env, user_dir
 
 SCRIPTS = REPO / "tests" / "scripts"
 
