@@ -26,23 +26,20 @@ import contextlib
 import json
 import os
 import re
-import shlex
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from orchestrator.cli.console import (
-    ConsoleWriter,
-    console_echo,
     point_at_devnull,
     printable,
     reopen_closed_std_streams,
 )
-from orchestrator.cli.guide import EPILOG, guide_page
+from orchestrator.cli.guide import EPILOG
+from orchestrator.cli.messages import fail, made_by, one_error_style, say, warn
 from orchestrator.cli.options import (
     _COMMAND,
     AccountOpt,
@@ -80,14 +77,14 @@ from orchestrator.cli.report import (
     out,
     preflight_table,
     print_plan,
-    print_summary,
     print_table,
     resize_lines,
     runs_table,
 )
+from orchestrator.cli.running import run_job
 from orchestrator.errors import SpecError
 from orchestrator.launch import BackendError
-from orchestrator.pipeline import CannotStart, load_source
+from orchestrator.pipeline import load_source
 from orchestrator.pipeline import problems as host_problems
 from orchestrator.runs.rundir import (
     RUNS,
@@ -104,7 +101,6 @@ if TYPE_CHECKING:
     from orchestrator.planning.plan import Plan
     from orchestrator.planning.quick import QuickFlags, SlurmFlags
 
-EXIT_BAD_SPEC = 2
 # Plain help and errors: typer's rich formatting imports rich's markdown and traceback
 # modules (0.16 s of CPU here, more than half of what `tfo --help` may take). So help
 # strings are plain text: write `[default: x]`, no markup, no escapes.
@@ -135,48 +131,12 @@ def _main(version: Annotated[bool, typer.Option(
     """Run multi-worker TensorFlow jobs on this machine or on a lab's machines."""
 
 
-def _fail(message: str) -> typer.Exit:
-    _fail_line(message)
-    page = guide_page(message)
-    if page:
-        err.print(f"see: {page}", soft_wrap=True)
-    return typer.Exit(EXIT_BAD_SPEC)
-
-
-def _usage_error(self: Any, file: Any = None) -> None:
-    """A usage error (an unknown option, a missing value) in tfo's one style, as its own
-    errors are: `error: …`, then where help is (typer's was `Usage: … Error: …`)."""
-    _fail_line(self.format_message())
-    if getattr(self, "ctx", None) is not None:
-        err.print(f"see: {self.ctx.command_path} --help", soft_wrap=True)
-
-
-def _one_error_style() -> None:
-    # typer's own click (typer._click, 0.29+); an older typer keeps its style.
-    with contextlib.suppress(ImportError, AttributeError):
-        from typer._click import exceptions
-
-        exceptions.UsageError.show = _usage_error  # NoArgsIsHelpError keeps its own (help)
-
-
-def _fail_line(message: str) -> None:
-    err.print(labeled("error:", "bold red", message), soft_wrap=True)
-
-
-def _say(line: str) -> None:
-    err.print(labeled("tfo:", "bold", line), soft_wrap=True)
-
-
-def _warn(line: str) -> None:
-    err.print(labeled("warning:", "yellow", line), soft_wrap=True)
-
-
 def prepare(source: Path | dict, run_dir: Path | None, dry_run: bool = False,
             ask_hosts: bool = True) -> tuple[Plan, Backends]:
     """orchestrator.pipeline.prepare, saying what it does on stderr."""
     from orchestrator import pipeline
 
-    return pipeline.prepare(source, run_dir, dry_run, ask_hosts, say=_say, warn=_warn)
+    return pipeline.prepare(source, run_dir, dry_run, ask_hosts, say=say, warn=warn)
 
 
 def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags,
@@ -188,11 +148,7 @@ def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags,
         return source_from(ctx.meta.get(_COMMAND) if ctx is not None else None, file, flags,
                            slurm, ctx.info_name if ctx is not None else "run")
     except SpecError as e:
-        raise _fail(str(e)) from None
-
-
-def _made_by() -> str:
-    return shlex.join(["tfo", *sys.argv[1:]])
+        raise fail(str(e)) from None
 
 
 @app.command(cls=CommandAfterDashes,
@@ -225,7 +181,7 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
     try:
         p, backends = prepare(source, run_dir, dry_run=True, ask_hosts=False)
     except SpecError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     backends.close()
     if as_json:  # the plan as plan.json holds it
         from orchestrator.planning.plan import json_text
@@ -233,7 +189,7 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
         sys.stdout.write(json_text(p.to_json()))
         return
     print_plan(p, run_dir is not None, source if isinstance(source, dict) else None,
-               _made_by())
+               made_by())
 
 
 @app.command(short_help="Preflight every host: reachable, python, TF, ports")
@@ -247,7 +203,7 @@ def check(file: FileArg) -> None:
     try:
         p, backends = prepare(file, None, dry_run=True)
     except (SpecError, BackendError) as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     t0 = time.monotonic()
     try:
         rows = backends.check(p, versions=True)  # the table shows them
@@ -312,155 +268,11 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
         max_restarts, independent), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
                                   gpus_per_task, account, tuple(slurm_arg or ())))
-    _run(source, run_dir, verbose, logs, show)
+    run_job(source, run_dir, verbose, logs, show)
 
 
 def _str(path: Path | None) -> str | None:
     return None if path is None else str(path)
-
-
-class _Interrupted(BaseException):
-    """SIGTERM, SIGHUP or SIGQUIT before the supervisor took over (it has its own handlers)."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-
-
-class _Signals:
-    """`tfo run`'s handlers around the supervisor's: before it takes over, a signal ends tfo
-    (SIGINT as KeyboardInterrupt, the others as _Interrupted); once it has handled the job's
-    end, a signal only counts (`late`). A second Ctrl-C lands there when the first one's
-    teardown is quick: raised, it cut the summary off and said "nothing was started"."""
-
-    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
-
-    def __init__(self) -> None:
-        import signal
-
-        self.supervised = False  # the supervisor's handlers took over (and later gave back)
-        self.late = 0
-        for name in self.SIGNALS:
-            signal.signal(getattr(signal, name), self)
-
-    def __call__(self, signum: int, frame: object) -> None:
-        import signal
-
-        if self.supervised:
-            self.late += 1
-            return
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise _Interrupted(signum)
-
-    def ignore(self) -> None:
-        """From now on, ignored: Python puts back the default handlers as it exits (a
-        Ctrl-C then would end tfo with SIGINT, whatever the job's exit code)."""
-        import signal
-
-        for name in self.SIGNALS:
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
-
-
-def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True,
-         show: str | None = None) -> None:
-    """orchestrator.pipeline.run, printing: its lines, the tasks' (a ConsoleWriter, and the
-    live view on a terminal), the summary; its errors as the user's, with the exit code."""
-    # Until the supervisor takes over, SIGTERM, SIGHUP and SIGQUIT end tfo as Ctrl-C does: what was
-    # under way (a host's check, a code sync) is said and cleaned up, not cut off silently.
-    import signal
-
-    from orchestrator.pipeline import run as run_pipeline
-
-    signals = _Signals()
-    stage = ["planning"]  # what was under way, for the message
-    shown: list[ConsoleWriter] = []  # the console, once the supervisor takes over
-    began: list[float] = []  # when the tasks were started (monotonic)
-    only: list[str] = []  # --show's tasks
-
-    @contextlib.contextmanager
-    def display(p: Plan) -> Iterator[tuple[Any, Any]]:
-        from orchestrator.cli.liveview import LiveView, is_live_terminal
-
-        fd = sys.stdout.fileno()
-        console = ConsoleWriter(fd)
-        shown.append(console)
-        view = LiveView(console, fd) if is_live_terminal(fd) else None
-        only.extend(_shown_tasks(show, p))
-        echo = console_echo(console.write, verbose, logs, view.seen if view else None,
-                            prefixes=prefixes(p), only=set(only) if show else None)
-        try:
-            yield echo, view
-        finally:
-            echo.flush()
-            if view is not None:
-                view.close()  # the summary's table takes its place
-            console.close()
-
-    def started(p: Plan) -> None:
-        """Said once the tasks are started: rich loads then (liveview defers it too). A
-        closed stderr does not stop the run; events.jsonl has it all."""
-        signals.supervised = True  # its handlers are in place: ours see only what follows
-        began.append(time.monotonic())
-        with contextlib.suppress(OSError):
-            _say(f"run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
-
-    def under_way(what: str) -> None:
-        stage[0] = what
-
-    try:
-        result = run_pipeline(source, run_dir, say=_say, warn=_warn, display=display,
-                              started=started, stage=under_way, made_by=_made_by())
-    except (_Interrupted, KeyboardInterrupt) as e:
-        signum = e.signum if isinstance(e, _Interrupted) else signal.SIGINT
-        err.print(f"tfo: interrupted by {signal.Signals(signum).name} while {stage[0]}; "
-                  "nothing was started", soft_wrap=True)
-        raise typer.Exit(128 + signum) from None
-    except CannotStart as e:
-        raise _fail(str(e)) from None
-    except (SpecError, BackendError) as e:  # planning's own words; later, nothing started
-        started_some = stage[0] == "supervising" and isinstance(e, BackendError)
-        raise _fail(str(e) if stage[0] == "planning" or started_some
-                    else f"{e}; nothing was started") from None
-    except OSError as e:  # e.g. the run directory's disk filled up once the run was going
-        if stage[0] == "planning":
-            raise
-        where = f"{e.filename}: " if e.filename else ""
-        err.print(labeled("error:", "bold red", f"{where}{e.strerror or e}"), soft_wrap=True)
-        raise typer.Exit(1) from None
-    with contextlib.suppress(OSError):  # a closed terminal (SIGHUP); events.jsonl has it all
-        console = shown[0]
-        if console.dropped:
-            err.print(f"tfo: {console.dropped} console lines dropped (slow reader); logs are "
-                      f"complete in {result.run_dir}/logs", soft_wrap=True)
-        if console.reader_gone:
-            err.print(f"tfo: stdout was closed; console echo stopped; logs are complete in "
-                      f"{result.run_dir}/logs", soft_wrap=True)
-        print_summary(result, elapsed=time.monotonic() - began[0] if began else None,
-                      shown=logs and not console.dropped and not console.reader_gone
-                      and (not show or result.failed_task in only))
-    signals.ignore()  # the exit code is the job's, not a signal's while the interpreter ends
-    raise typer.Exit(result.exit_code)
-
-
-def _shown_tasks(show: str | None, p: Plan) -> list[str]:
-    """--show's task names, each one of the plan's."""
-    if not show:
-        return []
-    names = [t.name for t in p.tasks]
-    wanted = [name.strip() for name in show.split(",") if name.strip()]
-    unknown = [name for name in wanted if name not in names]
-    if unknown:
-        raise SpecError(f"--show: no task {unknown[0]!r} in this job; its tasks: "
-                        f"{', '.join(names)}")
-    return wanted
-
-
-def prefixes(p: Plan) -> dict[str, str]:
-    """Each task's console prefix: `worker:1`, or `worker:1@gpu2` where the job spans
-    hosts."""
-    if len({t.host for t in p.tasks}) <= 1:
-        return {}
-    return {t.name: f"{t.name}@{t.host}" for t in p.tasks}
 
 
 @app.command(short_help="Run a run's plan again, in a new run directory")
@@ -473,14 +285,14 @@ def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt
     Examples:
       tfo rerun last
       tfo rerun train-20261127"""
-    _run(Path(_find_run(run_ref).plan_path), run_dir, verbose, logs, show)
+    run_job(Path(_find_run(run_ref).plan_path), run_dir, verbose, logs, show)
 
 
 def _find_run(ref: str | None) -> RunDir:
     try:
         return RunDir.find(ref)
     except RunDirError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
 
 
 @app.command(short_help="A run's tasks: state, epoch, loss, exit")
@@ -500,7 +312,7 @@ def status(run_ref: RunArg = None) -> None:
     try:
         events, skipped = rd.read_events()
     except OSError as e:
-        raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
+        raise fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
     line, abnormal = job_line(events, skipped, rd.held())
     rows = rows_from_events(events, over=abnormal, now=time.time())
     print_table(out, table(rows, without_restarts(rows, STATUS), title=f"{rd.name}: {line}",
@@ -561,9 +373,9 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
     rd = _find_run(run_dir)
     found = rd.task_logs()
     if not found:
-        raise _fail(f"{rd}: no task logs there (is it a run directory?)")
+        raise fail(f"{rd}: no task logs there (is it a run directory?)")
     if task and task not in found:
-        raise _fail(f"no task {task!r} in {rd}; tasks: {', '.join(found)}")
+        raise fail(f"no task {task!r} in {rd}; tasks: {', '.join(found)}")
     # A task's output is untrusted: escaped for a terminal, as printed into a file or pipe.
     show = LogPrinter(rd, task, raw, printable if sys.stdout.isatty() else str).show
     try:
@@ -613,17 +425,17 @@ def export_tfjob(
         spec, _ = load_source(file)
         exported = tfjob(spec, image=image, name=name)
     except SpecError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     for warning in exported.warnings:
         err.print(labeled("warning:", "yellow", warning), soft_wrap=True)
-    text = exported.text(_made_by())
+    text = exported.text(made_by())
     if output is None:
         sys.stdout.write(text)
         return
     try:
         output.write_text(text)
     except OSError as e:
-        raise _fail(f"--output {output}: cannot write: {e.strerror or e}") from None
+        raise fail(f"--output {output}: cannot write: {e.strerror or e}") from None
     err.print(f"tfo: wrote {output}; run it with kubectl apply -f {output}")
 
 
@@ -633,7 +445,7 @@ def main() -> None:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    _one_error_style()
+    one_error_style()
     try:
         with starting():
             app()
