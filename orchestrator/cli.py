@@ -56,9 +56,11 @@ from orchestrator.cli_options import (
     RestartOpt,
     RunArg,
     RunDirOpt,
+    SecondsOpt,
     SlurmArgOpt,
     SourceArg,
     StrategyOpt,
+    TasksOpt,
     TasksPerNodeOpt,
     TimeOpt,
     VerboseOpt,
@@ -381,6 +383,18 @@ def runs() -> None:
             "directories that are not readable runs"
         err.print(f"skipped {broken} {what} under {RUNS}/ (no plan.json, or no events.jsonl "
                   "that starts with run_started)", soft_wrap=True)
+
+
+@app.command()
+def profile(run_ref: RunArg = None, seconds: SecondsOpt = 2.0, tasks: TasksOpt = None) -> None:
+    """Trace every training task at once into the run's TensorBoard folder; print each task's
+    step time and shares of input, compute and communication, and name the slow task."""
+    from orchestrator import profiling
+    try:
+        found = profiling.profile(_find_run(run_ref), seconds, tasks.split(",") if tasks else None)
+    except profiling.ProfileError as e:
+        raise _fail(str(e)) from None
+    out.print("\n".join(map(printable, profiling.lines(found))), soft_wrap=True, markup=False)
 
 
 _TASK_NAME = re.compile(r"^[a-z_]+:\d+$")

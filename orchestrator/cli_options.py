@@ -107,3 +107,8 @@ class CommandAfterDashes(TyperCommand):
 
     def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
         return [*super().collect_usage_pieces(ctx), "[-- COMMAND ARGS...]"]
+SecondsOpt = Annotated[float, typer.Option(
+    "--seconds", help="how long to trace every task [default: 2]", show_default=False)]
+TasksOpt = Annotated[str | None, typer.Option(
+    "--tasks", help="only these tasks, comma-separated: worker:0,worker:1 [default: every "
+    "training task]", show_default=False)]

@@ -21,7 +21,7 @@ from orchestrator.launch.local import LocalBackend
 from orchestrator.launch.preflight import HostCheck, same_versions
 from orchestrator.launch.slurm import SLURM, SlurmBackend
 from orchestrator.launch.ssh import SshBackend
-from orchestrator.plan import Plan, TaskPlan, placement, task_name
+from orchestrator.plan import Plan, TaskPlan, placement, profiled, profiler_key, task_name
 from orchestrator.spec import ClusterSpec, HostSpec, SpecError
 
 BACKENDS: dict[str, type[Backend]] = {
@@ -84,13 +84,17 @@ class Backends:
         return nodes
 
     def allocate(self, spec: ClusterSpec) -> dict[str, int]:
-        """Ports for the `auto` tasks, each from its own backend, all distinct."""
+        """Ports for the `auto` tasks and the profilers (`profiler_key`), each from its own
+        backend, all distinct."""
         taken = {a.port for _, _, a in spec.tasks.all() if a.port is not None}
         wanted: dict[str, list[str]] = {}
+        with_profiler = set(profiled(spec))
         for role, index, addr in spec.tasks.all():
+            name, kind = task_name(role, index), placement(spec, addr.host).kind
             if addr.port is None:
-                kind = placement(spec, addr.host).kind
-                wanted.setdefault(kind, []).append(task_name(role, index))
+                wanted.setdefault(kind, []).append(name)
+            if name in with_profiler:
+                wanted.setdefault(kind, []).append(profiler_key(name))
         ports: dict[str, int] = {}
         for kind, names in wanted.items():
             got = self.get(kind).allocate(names, taken | set(ports.values()))
