@@ -88,13 +88,13 @@ class Backends:
         backend, all distinct."""
         taken = {a.port for _, _, a in spec.tasks.all() if a.port is not None}
         wanted: dict[str, list[str]] = {}
-        with_profiler = set(profiled(spec))
         for role, index, addr in spec.tasks.all():
-            name, kind = task_name(role, index), placement(spec, addr.host).kind
             if addr.port is None:
-                wanted.setdefault(kind, []).append(name)
-            if name in with_profiler:
-                wanted.setdefault(kind, []).append(profiler_key(name))
+                kind = placement(spec, addr.host).kind
+                wanted.setdefault(kind, []).append(task_name(role, index))
+        kinds = {task_name(r, i): placement(spec, a.host).kind for r, i, a in spec.tasks.all()}
+        for name in profiled(spec):  # after the tasks': theirs are as they were
+            wanted.setdefault(kinds[name], []).append(profiler_key(name))
         ports: dict[str, int] = {}
         for kind, names in wanted.items():
             got = self.get(kind).allocate(names, taken | set(ports.values()))
