@@ -1,14 +1,18 @@
 """Multi-worker training with Keras, as TensorFlow's tutorial writes it, whose input pipeline
 is slow on one worker: its `map` runs a Python function (tf.py_function, as a script that
 decodes or augments in Python does) that sleeps a few ms per element on the task named by
---slow_task, as a slow disk or a busy host would make it. Everything else is the tutorial's.
+--slow_task, as a slow disk or a busy host would make it. --busy_task: that task runs a
+thread that hashes all the time (a background job of the script's own), which takes CPU from
+its training. Everything else is the tutorial's.
 
     TF_CONFIG=... python slow_input.py --slow_task worker:1 --sleep_ms 5 --steps 300
 """
 
 import argparse
+import hashlib
 import json
 import os
+import threading
 import time
 
 import numpy as np
@@ -18,11 +22,24 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--slow_task", default="")
 parser.add_argument("--sleep_ms", type=float, default=5.0)
+parser.add_argument("--busy_task", default="")
+parser.add_argument("--busy_threads", type=int, default=2)
 args = parser.parse_args()
 
 tf_config = json.loads(os.environ["TF_CONFIG"])
 me = "%s:%d" % (tf_config["task"]["type"], tf_config["task"]["index"])
 slow = me == args.slow_task
+
+
+def busy():
+    data = b"x" * (1 << 22)
+    while True:
+        hashlib.sha256(data).digest()  # releases the GIL: it takes a core, not the GIL
+
+
+if me == args.busy_task:
+    for _ in range(args.busy_threads):
+        threading.Thread(target=busy, daemon=True).start()
 
 
 def decode(x, y):
