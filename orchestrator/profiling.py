@@ -206,7 +206,24 @@ def profile(rd: RunDir, seconds: float = 2.0, tasks: list[str] | None = None,
     except subprocess.TimeoutExpired:
         raise ProfileError(f"the capture did not end in {seconds + HELPER_SLACK_SECONDS:g} s"
                            ) from None
-    return _read_answer(done, services, without, logdir)
+    found = _read_answer(done, services, without, logdir)
+    for i, t in enumerate(found.tasks):  # why a task did not answer, where its log says
+        if t.error and (why := said_in_log(plan.task(t.name).log_path)):
+            found.tasks[i] = TaskProfile(t.name, error=f"{t.error} ({why})")
+    return found
+
+
+def said_in_log(path: str, tail: int = 1 << 16) -> str | None:
+    """worker_entry/profiler.py's line in the task's log, where its profiler could not start:
+    the log's last `tail` bytes (the task's own output is untrusted: only this line's words)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - tail))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    said = [ln for ln in text.splitlines() if ln.startswith("[tfo] profiler: port ")]
+    return said[-1][len("[tfo] "):].split(";")[0][:200] if said else None
 
 
 def _read_answer(done: subprocess.CompletedProcess[str], services: dict[str, str],

@@ -95,6 +95,18 @@ def test_a_port_another_process_holds_is_told():
     assert taken(port) is None
 
 
+def test_why_a_task_has_no_profiler_comes_from_its_log(tmp_path: Path):
+    from orchestrator.profiling import said_in_log
+
+    log = tmp_path / "worker-2.log"
+    log.write_text("===== tfo: worker:2 attempt 0 =====\n[tfo] profiler: port 41234 in use by "
+                   "another process; this task has no profiler (tfo profile cannot capture it)\n")
+    assert said_in_log(str(log)) == "profiler: port 41234 in use by another process"
+    log.write_text("[worker] profiler: port 1 looks like ours, but not at a line's start\n")
+    assert said_in_log(str(log)) is None
+    assert said_in_log(str(tmp_path / "none.log")) is None
+
+
 def tp(name: str, input: float, comm: float, step: float = 100.0) -> TaskProfile:
     return TaskProfile(name, steps=10, step_ms=step, input=input, communication=comm)
 
@@ -196,7 +208,8 @@ def test_tfo_profile_names_the_input_starved_worker(tmp_path: Path, run_dir: Pat
         got = run_tfo("profile", str(run_dir), "--seconds", "2", timeout=150)
         assert got.returncode == 0, got.output
         assert "slow: worker:1, cause input" in got.stdout, got.output
-        assert "worker:2: no trace" in got.stdout, got.output
+        assert (f"worker:2: no trace: its profiler did not answer (profiler: port {port} in "
+                "use by another process)") in got.stdout, got.output
         row = next(line for line in got.stdout.splitlines() if line.startswith("worker:1 "))
         assert int(row.split()[-3].rstrip("%")) >= 50, row  # its input share
         traces = sorted(p.name for p in (run_dir / "tensorboard/plugins/profile")
