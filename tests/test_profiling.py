@@ -205,7 +205,8 @@ def test_tfo_profile_names_the_input_starved_worker(tmp_path: Path, run_dir: Pat
         squatter.listen()
         assert wait_until(lambda: sum(e["event"] == "task_progress" for e in events(run_dir))
                           >= 3, 240, interval=0.5), "no training"
-        got = run_tfo("profile", str(run_dir), "--seconds", "2", timeout=150)
+        # 5 s: at load 40 a step took 1.6 s, and a 2 s trace caught one step of one task
+        got = run_tfo("profile", str(run_dir), "--seconds", "5", timeout=150)
         assert got.returncode == 0, got.output
         assert "slow: worker:1, cause input" in got.stdout, got.output
         assert (f"worker:2: no trace: its profiler did not answer (profiler: port {port} in "
