@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import Plan, make_plan, profiler_key
-from orchestrator.profiling import Profile, TaskProfile, lines, task_profile, verdict
-from orchestrator.spec import SpecError, parse_spec
+from orchestrator.cli.profiling import Profile, TaskProfile, lines, task_profile, verdict
+from orchestrator.planning.plan import Plan, make_plan, profiler_key
+from orchestrator.planning.spec import SpecError, parse_spec
 from tests.conftest import REPO, events, kill_tree, run_tfo, tfo_cmd, wait_until
 
 SPEC = {"name": "p", "job": {"entry": "worker_entry.examples.digits:train"},
@@ -96,7 +96,7 @@ def test_a_port_another_process_holds_is_told():
 
 
 def test_why_a_task_has_no_profiler_comes_from_its_log(tmp_path: Path):
-    from orchestrator.profiling import said_in_log
+    from orchestrator.cli.profiling import said_in_log
 
     log = tmp_path / "worker-2.log"
     log.write_text("===== tfo: worker:2 attempt 0 =====\n[tfo] profiler: port 41234 in use by "

@@ -19,10 +19,18 @@ from orchestrator.launch import Backend, Say, TaskHandle, one_by_one
 from orchestrator.launch.gpus import GpuReport, auto_hosts, gpu_problem
 from orchestrator.launch.local import LocalBackend
 from orchestrator.launch.preflight import HostCheck, same_versions
-from orchestrator.launch.slurm import SLURM, SlurmBackend
-from orchestrator.launch.ssh import SshBackend
-from orchestrator.plan import Plan, TaskPlan, placement, profiled, profiler_key, task_name
-from orchestrator.spec import ClusterSpec, HostSpec, SpecError
+from orchestrator.launch.slurm import SlurmBackend
+from orchestrator.launch.ssh.backend import SshBackend
+from orchestrator.planning.plan import (
+    Plan,
+    TaskPlan,
+    placement,
+    profiled,
+    profiler_key,
+    task_name,
+)
+from orchestrator.planning.slurmspec import SLURM
+from orchestrator.planning.spec import ClusterSpec, HostSpec, SpecError
 
 BACKENDS: dict[str, type[Backend]] = {
     "local": LocalBackend,

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from orchestrator.plan import TaskPlan
+    from orchestrator.planning.plan import TaskPlan
 
 SHIM_SOURCE = r"""
 #define _GNU_SOURCE

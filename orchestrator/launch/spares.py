@@ -21,13 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from orchestrator.decide import restarts_left, serving, training
-from orchestrator.plan import LOCAL
-from orchestrator.spec import LOCALHOST
+from orchestrator.planning.plan import LOCAL
+from orchestrator.planning.spec import LOCALHOST
+from orchestrator.planning.strategy import restarts_left, serving, training
 
 if TYPE_CHECKING:
     from orchestrator.launch.preflight import HostCheck
-    from orchestrator.plan import Plan, TaskPlan
+    from orchestrator.planning.plan import Plan, TaskPlan
 
 # What a warm standby holds: TensorFlow 2.21 and tf-keras imported, on CPU (measured 650 MiB).
 SPARE_RSS = 650 * 2**20
@@ -108,7 +108,7 @@ def spares_wanted(plan: Plan, checks: Iterable[HostCheck]) -> frozenset[str]:
     and available memory; local tasks share this machine's row; a Slurm node's row is the
     job's share of it). None without restarts."""
     policy, rules = plan.policy, plan.rules
-    # The restart budget's one rule (orchestrator.decide), before any restart was used.
+    # The restart budget's one rule (orchestrator.loop.decide), before any restart was used.
     if policy.warm_spares is False or not any(
             restarts_left(t.role, policy, rules, 0, 0) for t in plan.tasks):
         return frozenset()
