@@ -28,7 +28,8 @@ from worker_entry.faults import FAULTS_ENV
 
 if TYPE_CHECKING:
     from orchestrator.launch.pool import WarmPool
-    from orchestrator.loop.supervise import RunResult, Supervisor
+    from orchestrator.loop.job import Job
+    from orchestrator.loop.supervise import RunResult
     from orchestrator.planning.plan import Plan
 
 FAULT_KINDS = ("kill", "preempt", "stall")
@@ -253,14 +254,14 @@ def _display(echo: bool, timeout: float | None
         t0 = time.monotonic()
         asked = False
 
-        def watch(sup: Supervisor) -> None:
+        def watch(job: Job) -> None:
             nonlocal asked
             if asked or timeout is None or time.monotonic() - t0 < timeout - STACKS_LEAD_SECONDS:
                 return
             asked = True
-            for rec in sup.records.values():
+            for rec in job.live():
                 request = getattr(rec.handle, "request_stacks", None)
-                if rec.state.live and request is not None:
+                if request is not None:
                     with contextlib.suppress(OSError):
                         request()
 

@@ -35,17 +35,18 @@ if TYPE_CHECKING:
     from orchestrator.launch.pool import WarmPool
     from orchestrator.launch.preflight import HostCheck
     from orchestrator.loop.decide import Timing
-    from orchestrator.loop.supervise import RunResult, Supervisor
+    from orchestrator.loop.job import Job
+    from orchestrator.loop.supervise import RunResult
     from orchestrator.planning.plan import Plan
     from orchestrator.planning.spec import ClusterSpec
 
 Say = Callable[[str], None]
 Source: TypeAlias = "Path | str | dict | ClusterSpec"
 # What the caller shows while the job runs: given the plan, a context in which the tasks'
-# lines go to `echo(task, line)` (None: stdout) and the loop calls `watch(supervisor)` (the
-# live view).
+# lines go to `echo(task, line)` (None: stdout) and the loop calls `watch(job)` with its
+# `Job` (the live view; api's stacks before a deadline).
 Display: TypeAlias = ("Callable[[Plan], contextlib.AbstractContextManager[tuple["
-                      "Callable[[str, str], None] | None, Callable[[Supervisor], None] | None]]]")
+                      "Callable[[str, str], None] | None, Callable[[Job], None] | None]]]")
 
 # A TensorFlow task wants about a core and half a GiB; beyond this many on one machine a
 # job is a mistake (10,000 workers grew the coordinator to 9.4 GB before anything started).

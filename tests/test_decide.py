@@ -271,8 +271,15 @@ def test_stall_rule(seconds, rule):
                                      stall_min_seconds=60.0)) == rule
 
 
-# The loop: supervise.py and the modules it carries decide's answers out through.
-LOOP = ("supervise", "job", "intake", "exits", "stopping", "stacks", "starts", "checks")
+# The loop: supervise.py and the modules it carries decide's answers out through: every
+# module of orchestrator/loop/ but the pure ones (decide and the rules beside it).
+PURE = {"__init__", "decide", "stall", "rate", "resumes", "joined", "markers"}
+LOOP = tuple(sorted(p.stem for p in (REPO / "orchestrator" / "loop").glob("*.py")
+                    if p.stem not in PURE))
+
+
+def test_the_guard_sees_every_act_module():
+    assert {"supervise", "resizing", "backupfill", "rundirwatch", "records"} <= set(LOOP)
 
 
 @pytest.mark.parametrize("module", LOOP)

@@ -1,6 +1,6 @@
 """Elastic jobs (issue 27): which places train, decided as pure functions of the group's
 state; no I/O, no clock. The loop carries the answers out
-(orchestrator/loop/resizing.py; docs/architecture.md, "Elastic jobs").
+(orchestrator/loop/resizing.py; the package's docstring, "Elastic jobs").
 
     places = pool(spec, ports)                  # tasks.worker: every place a worker may take
     group = first_group(spec.elastic, places)   # the first max_workers of them

@@ -20,6 +20,59 @@ workers agree on one among themselves: nothing to fill (job.script_backup None).
     refill.fill(wanted, had)           # an elastic resize's (resizing._fill_backups)
     refill.tick()                      # each round: copies removed once the group trains;
                                        # a directory that cannot be filled, said once
+
+Design: Backups across restarts
+====================
+
+Issue 37. Every worker of an MWMS group that starts again must restore the same backup, or
+the restore's collectives mismatch ("Collective instance 118 expected … data_type 9 but got
+… 1") on every restart. tfo's own `_TaskBackup` (`ctx.callbacks()`) keeps a backup in every
+task's TFO_BACKUP_DIR and the workers agree on one (an all-gather before restoring): nothing
+for the coordinator to do. tf-keras's `BackupAndRestore`, as a script uses it, lets the
+chief alone keep the backup, in `backup_dir/chief`, and has every worker restore from its
+own `backup_dir/chief`: with `backup_dir=os.environ["TFO_BACKUP_DIR"]` (one directory per
+task) or a path on lab hosts without a shared filesystem, the others hold nothing beside the
+chief's epoch N. So autoprogress tells the directory (a `backup` marker, once a task, as the
+fit starts; not with `TFO_AUTO_PROGRESS=0`), the coordinator keeps it for every worker
+(`Job.script_backup`, `backups.told`: `$TFO_BACKUP_DIR` for each task's own, else relative
+to the task's cwd, the same under each host's workdir, else absolute), and
+`backupfill.Refill` copies the chief's newest backup (the newest any worker's directory
+holds, `elastic.resume_from(chief_keeps=True)`) into the directories that lack it (hard
+links on one filesystem: a model's size costs nothing, and TensorFlow never rewrites a
+checkpoint's files) before the group starts again: a restart of the policy (`Exits.restart`
+→ `exits.refill`, the unit stopped, before its backoff), a resize
+(`Resizing._fill_backups`), a rerun's first start. Through `launch/backupstore.BackupStore`:
+this machine's files, a lab host's over its SSH connection (the store is the run's for every
+job now, not only an elastic one's). The copies (not worker 0's directory) are removed once
+every worker took a step (`Refill.tick`, each round): tf-keras never updates them, and a
+later start would restore the stale copy beside the chief's newer backup. A path every
+worker shares (one machine) is held everywhere and nothing is copied. A worker's directory
+the store cannot reach (a scheduler's node) is said in a `[tfo]` line as the fit starts
+(`backupfill.unfillable`): a restart would fail unless the path is shared.
+
+A rerun (`tfo rerun`, `tfo run runs/<id>/plan.json`; `pipeline.previous_plan`) resumes:
+before its first start, `backupfill.rerun` copies each task's old TFO_BACKUP_DIR into its
+new one on the same host (`BackupStore.carry`: `cp -pR` on a lab host), learns a script's
+directory from the old run's `task_backup` events (`told_before`), fills as for a restart,
+and says what training resumes from (`rerun of ID: training resumes from its backup N`, or
+`it left no backup …: training starts over`; a `job_rerun` event `{of, carried, save}`). A
+run that finished leaves no backup (tf-keras removes the chief's at the end).
+
+Tested (`tests/test_backups.py`, real processes, the epochs from each task's own `Epoch N/M`
+lines in its last attempt; 2 cores at load 20-27): the tutorial on TFO_BACKUP_DIR, 2
+workers, worker:1 SIGKILLed in epoch 3: one restart, both resume at the same epoch ≥ 2 and
+finish, no copy left (136 s; before: every restart failed as above, the job lost); the same
+in an elastic job, 3 → 2 from the chief's backup (134 s; before: no backup in common, both
+places lost); tfo SIGKILLed in epoch 3 and `tfo rerun`: both workers of the new run resume
+at the old run's backup (90 s; before: epoch 1); on real directories, without TensorFlow: a
+restart's copy and its removal once the group trains or finished, a rerun's carry-over or
+its "starts over", a directory it cannot fill said once. `tests/test_backups_lab.py` (SSH
+lab): the tutorial with `--backup_dir bk` on two lab hosts, lab2's link down 23 s, restart
+policy only: both resume at the same epoch from the chief's backup copied to lab2 over sftp
+(194 s; before: 10 restarts, each failing on the collectives, job failed after 416 s); the
+tutorial on TFO_BACKUP_DIR on two lab hosts, tfo SIGKILLed, `tfo rerun`: both resume from
+the old run's backup (carried with `cp -pR` on each host, the chief's copied to lab2; 106
+s).
 """
 
 from __future__ import annotations

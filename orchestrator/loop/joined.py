@@ -13,6 +13,79 @@ false` allows independent tasks). A ParameterServer chief that trains alone leav
 plan's ps and worker servers unused: its verdict names them.
 
 DTensor's clients are worker_entry.markers.dtensor_env's (the task sets them from TF_CONFIG).
+
+Design: Did it train in the plan's cluster
+====================
+
+tfo's progress says a task trained; a script that ignores TF_CONFIG trains too, alone, in
+every process, and exits 0. So each task tells which cluster its strategy joined (issue 36):
+`worker_entry/joined.py` wraps, before any user code runs, the `__init__` of every subclass
+of TensorFlow's `StrategyBase` (not the default strategy's: a script with no strategy tells
+nothing), and emits a `joined` marker once the outermost constructor returns: `via` (the
+public name: `CollectiveAllReduceStrategy` is `MultiWorkerMirroredStrategy`), `cluster` (its
+resolver's cluster spec; `ParameterServerStrategyV2` keeps its resolver without the
+property), `member` (the resolver's task), and `in_process`, the addresses of that cluster
+served by a `tf.distribute.Server` of this very process (the Server's `__init__` is wrapped
+too): the ParameterServer tutorial's `create_in_process_cluster`. DTensor's
+`initialize_accelerator_system` (wrapped in its module and in the `tensorflow._api…dtensor`
+modules that re-export it) tells `clients`, `client` and `{DTENSOR_JOB_NAME: DTENSOR_JOBS}`.
+The marker is checked as any (`markers.Joined`, bounded lists) and kept per attempt
+(`Attempt.joins`).
+
+The decision is `orchestrator/joined.judge` (pure, tables in `tests/test_joined.py`): for a
+plan whose cluster has more than one task, did any of the attempt's joins name the plan's
+peers (MWMS: chief and worker lists; PS: worker and ps, the coordinator's resolver may omit
+itself; addresses compared with the loopback's names as one) as the task the plan made, with
+neither a one-process strategy, an in-process cluster (peers its own process serves; its own
+address is none: a PS chief may serve itself) nor the other kind's strategy? Else `Alone`:
+what it joined, the plan's cluster, the likely cause and the fix (no strategy, one-process
+strategy, in-process cluster, a cluster of one, another task, other peers, the other kind, a
+DTensor mesh of other clients), and for a ParameterServer chief the servers it left unused.
+`Intake` asks once an attempt, at its first `first_step` or `progress`, and at an exit 0 of
+a task that built a strategy or drives servers (a PS chief that never stepped), for training
+tasks that are not servers; a verdict is written at once (`task_alone`, three console lines)
+and kept in `Job.alone`, and `Checks.alone` ends the job FAILED with the verdict's reason
+before the round starts anything and again right before the success check (so a last step
+told in an exit's final lines cannot end in SUCCEEDED). `expect_cluster: false` (the plan's
+`Policy.expect_cluster`; `--independent`) skips the verdict; `task_joined` is still
+recorded. It cannot see a strategy that is no `tf.distribute.Strategy`, nor judge a task
+that neither steps where tfo counts nor builds a strategy.
+
+Tested: `tests/test_joined.py` (the verdict as a table: TF_CONFIG's cluster, 127.0.0.1 for
+localhost, no strategy, one-process strategies, a cluster of one, other peers, another task,
+the other kind, the PS tutorial's in-process cluster, a PS chief serving itself, DTensor
+meshes; when a task is judged; the marker as untrusted input; scripted loops: two workers
+stepping without a strategy and exiting 0 fail the job, `expect_cluster: false` succeeds;
+`tfo plan`'s lines) and `tests/test_alone.py` (TensorFlow: the PS tutorial under `--strategy
+ps --workers 2 --ps 1` fails naming the in-process cluster and `TFConfigClusterResolver()`,
+and succeeds with it; `MirroredStrategy` and no strategy on 2 workers fail, and succeed with
+`expect_cluster: false`; a DTensor script forms one mesh of 2 clients, where each process
+alone is a client of 1). Before the change all of these ended `job succeeded`.
+
+DTensor reads `DTENSOR_JOBS`, `DTENSOR_CLIENT_ID`, `DTENSOR_JOB_NAME` (TF 2.21's
+`dtensor/python/config.py`; `DTENSOR_NUM_CLIENTS` is no longer read, set for older code): an
+MWMS job's chief and worker tasks, where there are two or more, set (unless their
+environment has them) the chief's and the workers' TF_CONFIG addresses in that order, their
+index there, and `worker`, as TensorFlow's DTensor-based MultiWorkerMirroredStrategy derives
+them (`worker_entry/markers.dtensor_env`, in `runner.main` beside TFO_TASK, before the job's
+code; `tfo plan` prints them from the same function). Not in the plan's env: plan.json would
+hold the cluster once more per task (the 1,000-task plan's size and speed tests). The same
+ports as TF_CONFIG: a DTensor script builds no other strategy, and its client's server
+(`initialize_multi_client_cluster`) is the one the wrapper sees listen. Measured: 2 clients,
+one mesh (the same loss on both at every step), 28 s under `tfo run --workers 2` on the
+loaded 2 cores.
+
+What a restart lost (`orchestrator/loop/resumes.py`): `worker_entry/checkpoints.py` tells
+every `tf.train.Checkpoint` written or read back (`checkpoint` markers, `task_checkpoint`
+events: the path, the attempt's step count then from `autoprogress.steps_done`, a restore's
+own epoch variable). The intake keeps a `Ledger`: the steps each restart unit reached per
+attempt (an attempt's markers count from 0, so each attempt has a base: the step of the save
+it restored, else 0), and the step of each save by path. At a restarted attempt's first
+progress marker, `resumption` (pure) compares the checkpoint it restored (before training)
+with the save tfo saw and what the unit had reached: `task_resumed` (`how`, `restored`,
+`step`, `epoch`, `lost_steps`, `reached`, `words`), one `[tfo]` line per attempt and words,
+`RunResult.resumes` for the summary and the API, `tfo status` from the events. A checkpoint
+restored that no task of the run saved (a rerun's) is said as such, its loss unknown.
 """
 
 from __future__ import annotations

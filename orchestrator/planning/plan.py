@@ -6,6 +6,49 @@
 
 Printing a plan is a dry run (`tfo plan FILE`); plan.json is the plan as JSON, and
 `Plan.from_json` reads it back (`tfo rerun`).
+
+Design: Job kinds
+====================
+
+The spec's `job` names exactly one of `entry: module:function` (called with a `TaskContext`,
+or with nothing if it takes no argument; `args` a mapping; what it returns goes back in its
+`done` marker as `value`, JSON of at most `VALUE_BYTES`, 16 KiB, else a `value_error` saying
+why: the task's word, untrusted like any marker), `script: path/to/train.py` or `module:
+pkg.train` (`args` a list of strings). `JOB_KINDS` in plan.py turns each into the task's
+command and what it reads from `TFO_JOB`. A script or module runs in the task as `python
+train.py ARGS` or `python -m pkg.train ARGS` would (in a new `__main__` module left in
+`sys.modules`, so at exit its globals are cleared in order as a plain run's are; its
+`sys.argv`; a script's directory first on `sys.path`), inside the same wrapper; it builds
+its own strategy from TF_CONFIG. Under ParameterServer the servers (ps, worker) are ours and
+the script runs on the chief and the evaluator. Every task's environment (plan.py) has
+TF_CONFIG, `TFO_TASK`, `TFO_IS_CHIEF`, `TFO_MODEL_DIR`, `TFO_BACKUP_DIR`, `TFO_RUN_DIR`,
+`TMPDIR` (and the backend adds `TFO_ATTEMPT`; an MWMS job's chief and workers set DTensor's
+`DTENSOR_*` from TF_CONFIG themselves, below); the wrapper's defaults
+(worker_entry/defaults.py) are `TF_USE_LEGACY_KERAS=1`, which the spec's `env` or the
+environment tfo (or a lab host) runs in can override, and gRPC's first reconnect after 0.1
+s, not 1 s, added to any `TF_GRPC_DEFAULT_OPTIONS` that does not set it. Whoever imports
+TensorFlow (and tf-keras) in the task first (the job's code, a standby, the wrapper for a
+server), the import runs with Python's collector paused and what it made is frozen, unfrozen
+at exit (`worker_entry/tfimport.py`): 1.72 s instead of 2.27 s on one core here. The task's
+`sys.excepthook` (`runner.user_traceback`) prints an uncaught exception's traceback from the
+user's first frame on, as `python train.py` would, without the five frames of runpy and the
+runner; a syntax error in the user's file (raised by the runner's compile, or a `-m`
+module's loader) as Python shows it, file, line and caret alone; any other traceback with no
+frame of the user's is printed whole. A missing script or module is exit 2 before anything
+starts (entry.py finds them without importing), exit 78 in the task. Over SSH the job's code
+directory (`job.code`, by default a script's directory) is synced into each host's workdir,
+where a script's path is relative to it.
+- `policy`: restart policy per role, `max_restarts`, backoff, startup/deadline/grace/
+  evaluator timeouts (`evaluator_seconds`, `evaluator_idle_seconds`), `evaluator_required`.
+- `rules`: the strategy's rules as data (below).
+- `spec`, `workdir`: so that plan.json is enough to run the same job again.
+- In plan.json the cluster is written once, at the top; each task's `tf_config` there is
+  `{task}` and its env has no TF_CONFIG (`Plan.from_json` puts both back, and still reads an
+  older plan.json whose tasks carry them), so its size is linear in the tasks.
+
+The supervisor reads only the plan, and decides through `orchestrator/loop/decide.py` (pure
+functions of its state that return actions; see The loop): `orchestrator/loop/supervise.py`
+imports neither `spec` nor `Strategy`.
 """
 
 from __future__ import annotations

@@ -6,6 +6,35 @@ says what a role does.
     rules.restart_unit[Role.WORKER]   # RestartUnit.ALONE
 
 The plan carries its strategy's rules (plan.json shows them); the supervisor reads only those.
+
+Design: strategy rules
+====================
+
+- rule: multi_worker_mirrored; parameter_server
+- roles a job may list: chief, worker, evaluator; chief, worker, ps, evaluator
+- required: at least one chief or worker; exactly one chief, at least one worker and one ps
+- serve first (up before the others start): –; ps, worker
+- servers (never exit on their own: any exit is a loss): –; ps, worker
+- restart unit: chief, worker: the group (collectives need everyone); worker: alone; chief,
+  ps: the group
+- done when every task of: chief, worker; chief
+- sidecars (restart alone, fail the job only if `evaluator_required`): evaluator; evaluator
+- restart policy of a role `restart.policy` does not name (`restart_default`): chief,
+  worker: never; evaluator: on-failure; ps, worker, evaluator: on-failure (the servers come
+  back; the chief's ClusterCoordinator rides out a lost worker); chief: never
+
+A task that exits `EXIT_PERMANENT` (78: its entry, script or module cannot be found) is
+never restarted, whatever the policy. `RestartSpec.for_role(role, strategy)` is the one
+place a role's policy is decided: the one policy given, the map's entry for the role, else
+`restart_default`; `make_policy` writes the result per role into the plan (plan.json's
+`policy.restart`), and `tfo plan` prints it (`restart: ps on-failure (with every training
+task), worker on-failure (alone), chief never`). A task that finished
+(`TaskRecord.finished`: exit 0, or stopped in its teardown after its code ended well) stays
+finished: a later loss in its restart unit restarts the others only. A start that fails (a
+lab host that cannot be reached: `task_start_failed`, the host and what was tried in its
+error) counts as a loss; the unit's next start waits 1, 2, 4 ... up to 60 s
+(`START_BACKOFF_MAX`) after each failure in a row, and that task is started first, so its
+healthy peers are not started and stopped again while its host is down.
 """
 
 from __future__ import annotations
