@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[tf,test]'
+	$(BIN)/pip install --quiet -e '.[tf,test,profile]'
 	touch $(STAMP)
 
 # Bytecode for our own modules, as a non-editable pip install would leave it: where

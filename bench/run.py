@@ -45,6 +45,8 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
 - lab (bench/lab.py), kit (bench/kit.py); elastic (bench/elastic.py, issue 27): a 3-worker
   elastic job on 3 SSH lab hosts, one host's link down → training again with 2 workers, and
   back → with 3, in seconds; the loss curve across both (elastic-loss.json/.png).
+- profiler (bench/profiler.py, issue 41): throughput with every task's profiler service on ÷
+  off, alternated; `tfo profile --seconds 2` of a running 2- and 8-worker job.
 - chaos (bench/chaos.py, issue 37): an elastic 3-worker localhost job under random SIGKILL,
   SIGSTOP, SIGTERM and wrapper kills (a fixed seed) for 5 minutes: faults recovered, fault →
   training again, epochs lost, processes and files left after Ctrl-C (chaos.json).
@@ -185,6 +187,10 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
            None),
     Figure("progress_fit_us", "… a tiny fit's step, with it − without", "µs", None),
     Figure("progress_call_us", "… a tf.function call, counted − not", "µs", None),
+    # Issue 41: every training task's profiler service (bench/profiler.py).
+    Figure("profiler_ratio", "throughput, profiler services on ÷ off (tfo)", "×", 0.99, "ge"),
+    Figure("profile_2_s", "tfo profile --seconds 2, 2 workers: command → table", "s", None),
+    Figure("profile_8_s", "… 8 workers", "s", None),
     # Issue 28: 10 cluster tests in one pytest run (bench/kit.py).
     Figure("kit_ratio", "10 cluster tests, tf_cluster ÷ TF's multi_process_runner", "×", 0.5),
     Figure("kit_tfo", "… tf_cluster, one pytest run", "s", None),
@@ -988,11 +994,18 @@ def bench_chaos(s: Setting, tmp: Path) -> None:
 
 OUT: list[Path] = [REPO / "bench"]  # this run's output directory (main sets it)
 
+def bench_profiler(s: Setting, tmp: Path) -> None:
+    from bench import profiler  # it imports this module's helpers
+
+    profiler.bench_profiler(s, tmp)
+
+
 SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
     "cli": bench_cli, "light": bench_light, "paired": bench_paired, "resume": bench_resume,
     "recovery": bench_recovery, "paths": bench_paths,
     "progress": bench_progress, "lab": bench_lab, "kit": bench_kit,
-    "kitsoak": bench_kitsoak, "elastic": bench_elastic, "chaos": bench_chaos}
+    "kitsoak": bench_kitsoak, "elastic": bench_elastic, "chaos": bench_chaos,
+    "profiler": bench_profiler}
 
 
 def main(argv: list[str] | None = None) -> int:

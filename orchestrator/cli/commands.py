@@ -61,10 +61,12 @@ from orchestrator.cli.options import (
     RestartOpt,
     RunArg,
     RunDirOpt,
+    SecondsOpt,
     ShowOpt,
     SlurmArgOpt,
     SourceArg,
     StrategyOpt,
+    TasksOpt,
     TasksPerNodeOpt,
     TimeOpt,
     VerboseOpt,
@@ -339,6 +341,23 @@ def runs() -> None:
             "directories that are not readable runs"
         err.print(f"skipped {broken} {what} under {RUNS}/ (no plan.json, or no events.jsonl "
                   "that starts with run_started)", soft_wrap=True)
+
+
+@app.command(short_help="Trace a running job's tasks at once and name the slow one")
+def profile(run_ref: RunArg = None, seconds: SecondsOpt = 2.0, tasks: TasksOpt = None) -> None:
+    """Trace every training task at once into the run's TensorBoard folder; print each task's
+    step time and shares of input, compute and communication, and name the slow task.
+
+    \b
+    Examples:
+      tfo profile
+      tfo profile last --seconds 5 --tasks worker:0,worker:1"""
+    from orchestrator.cli import profiling
+    try:
+        found = profiling.profile(_find_run(run_ref), seconds, tasks.split(",") if tasks else None)
+    except profiling.ProfileError as e:
+        raise fail(str(e)) from None
+    out.print("\n".join(map(printable, profiling.lines(found))), soft_wrap=True, markup=False)
 
 
 _TASK_NAME = re.compile(r"^[a-z_]+:\d+$")

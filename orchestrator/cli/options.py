@@ -136,3 +136,10 @@ class CommandAfterDashes(TyperCommand):
         for title, records in sections.items():
             with formatter.section(title[0].upper() + title[1:]):
                 formatter.write_dl(records)
+
+
+SecondsOpt = Annotated[float, typer.Option(
+    "--seconds", help="how long to trace every task [default: 2]", show_default=False)]
+TasksOpt = Annotated[str | None, typer.Option(
+    "--tasks", help="only these tasks, comma-separated: worker:0,worker:1 [default: every "
+    "training task]", show_default=False)]

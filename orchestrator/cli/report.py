@@ -229,19 +229,20 @@ def _last_lines(task: str, log_path: str, n: int) -> list[str]:
 
 
 def print_plan(p: Plan, run_dir_given: bool, made: dict | None, made_by: str) -> None:
-    """`tfo plan`: every task's host, port, GPUs, TF_CONFIG task and command, the cluster,
-    the job, the restart policy and the run directory; and the cluster file a command line
-    made (`made`)."""
+    """`tfo plan`: every task's host, port, profiler port, GPUs, TF_CONFIG task and command,
+    the cluster, the job, the restart policy and the run directory; and the cluster file a
+    command line made (`made`)."""
     from rich.table import Table
 
     from orchestrator.launch.gpus import auto_gpus, auto_notes
     from orchestrator.planning.quick import cluster_yaml
 
     table = Table(title=f"{p.name}: {p.strategy.value}, {len(p.tasks)} tasks", title_justify="left")
-    for col in ("task", "host", "port", "gpus", "TF_CONFIG task", "command"):
+    for col in ("task", "host", "port", "profiler", "gpus", "TF_CONFIG task", "command"):
         table.add_column(col, overflow="fold")
     for t in p.tasks:
-        table.add_row(t.name, t.host, str(t.port), ",".join(map(str, t.gpus)) or "-",
+        table.add_row(t.name, t.host, str(t.port), str(t.profiler_port or "-"),
+                      ",".join(map(str, t.gpus)) or "-",
                       json.dumps(t.tf_config["task"]), " ".join(t.command))
     out.print(table)
     for note in auto_notes(p.spec, auto_gpus(p.spec, None)):  # local_gpus is cached

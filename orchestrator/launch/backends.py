@@ -56,7 +56,14 @@ from orchestrator.launch.local import LocalBackend
 from orchestrator.launch.preflight import HostCheck, same_versions
 from orchestrator.launch.slurm import SlurmBackend
 from orchestrator.launch.ssh.backend import SshBackend
-from orchestrator.planning.plan import Plan, TaskPlan, placement, task_name
+from orchestrator.planning.plan import (
+    Plan,
+    TaskPlan,
+    placement,
+    profiled,
+    profiler_key,
+    task_name,
+)
 from orchestrator.planning.slurmspec import SLURM
 from orchestrator.planning.spec import ClusterSpec, HostSpec, SpecError
 
@@ -120,13 +127,17 @@ class Backends:
         return nodes
 
     def allocate(self, spec: ClusterSpec) -> dict[str, int]:
-        """Ports for the `auto` tasks, each from its own backend, all distinct."""
+        """Ports for the `auto` tasks and the profilers (`profiler_key`), each from its own
+        backend, all distinct."""
         taken = {a.port for _, _, a in spec.tasks.all() if a.port is not None}
         wanted: dict[str, list[str]] = {}
         for role, index, addr in spec.tasks.all():
             if addr.port is None:
                 kind = placement(spec, addr.host).kind
                 wanted.setdefault(kind, []).append(task_name(role, index))
+        kinds = {task_name(r, i): placement(spec, a.host).kind for r, i, a in spec.tasks.all()}
+        for name in profiled(spec):  # after the tasks': theirs are as they were
+            wanted.setdefault(kinds[name], []).append(profiler_key(name))
         ports: dict[str, int] = {}
         for kind, names in wanted.items():
             got = self.get(kind).allocate(names, taken | set(ports.values()))

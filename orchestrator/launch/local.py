@@ -202,7 +202,11 @@ class LocalBackend(HostBackend):
         """The ports reserved first (every task's: they are held until `close`), then
         checked free."""
         self._ports.rename(run_owner(tasks))
-        return [check_local(tasks, self._ports.reserve_all([t.port for t in tasks]))]
+        row = check_local(tasks, self._ports.reserve_all([t.port for t in tasks]))
+        for t in tasks:  # a profiler's port held elsewhere costs its profile, not the run
+            if t.profiler_port is not None:
+                self._ports.reserve(t.profiler_port)
+        return [row]
 
     def sync(self, plan: Plan, tasks: list[TaskPlan]) -> list[str]:
         """Local tasks run in the workdir, where the code is. Here, once before the first

@@ -455,8 +455,8 @@ class SlurmBackend:
     def allocate(self, names: list[str], avoid: set[int]) -> dict[str, int]:
         """Free ports on each task's node, asked there (one step over all nodes)."""
         per_node: dict[str, list[str]] = {}
-        for name in names:
-            per_node.setdefault(self._nodes[name], []).append(name)
+        for name in names:  # a task's, or its profiler's (`worker:0/profiler`): its node
+            per_node.setdefault(self._nodes[name.partition("/")[0]], []).append(name)
         if self._alloc is None:  # a dry run: there are no nodes to ask yet
             return {n: 20000 + i for i, n in enumerate(names)}
         want = max(len(v) for v in per_node.values()) + len(avoid)  # some may be in avoid

@@ -117,6 +117,9 @@ class TaskPlan:
     log_path: str  # on the coordinator's machine
     tmp_dir: str  # on the task's host; its TMPDIR, removed when it ends
     gpus: list[int] = field(default_factory=list)  # its CUDA_VISIBLE_DEVICES; [] is none
+    # Where it serves TensorFlow's profiler (worker_entry/profiler.py; `tfo profile`), on its
+    # placement's address; None: no profiler (`profiler: false`, or an evaluator).
+    profiler_port: int | None = None
 
     @property
     def host(self) -> str:
@@ -127,7 +130,7 @@ class TaskPlan:
         return self.placement.address
 
     _KEYS = ("name", "role", "index", "port", "tf_config", "command", "env", "cwd", "log_path",
-             "tmp_dir", "gpus")
+             "tmp_dir", "gpus", "profiler_port")
 
     def to_json(self) -> dict[str, Any]:
         """Without the cluster, which the plan's JSON holds once for every task (else its size
@@ -143,7 +146,7 @@ class TaskPlan:
                   cluster_json: str | None = None) -> TaskPlan:
         """`cluster`: the plan's (`cluster_json`: serialized, once for all tasks); None for a
         plan.json from before the cluster moved to the top, whose tasks carry it themselves."""
-        fields = {k: data[k] for k in cls._KEYS}
+        fields = {k: data[k] for k in cls._KEYS if k in data}  # profiler_port: since issue 41
         if cluster is not None:
             task = data["tf_config"]["task"]
             fields["tf_config"] = {"cluster": cluster, "task": task}
@@ -173,7 +176,11 @@ class Plan:
         return next(t for t in self.tasks if t.name == name)
 
     def ports(self) -> dict[str, int]:
-        return {t.name: t.port for t in self.tasks}
+        """Every port the plan gave, by task name (its profiler's: `profiler_key(name)`): a
+        rerun's plan has them all again."""
+        return {t.name: t.port for t in self.tasks} | {
+            profiler_key(t.name): t.profiler_port for t in self.tasks
+            if t.profiler_port is not None}
 
     @property
     def cluster(self) -> dict[str, list[str]]:
@@ -227,6 +234,7 @@ class _TaskFile(BaseModel):
     tmp_dir: str = Field(strict=True)
     gpus: list[Annotated[Int, Field(ge=0)]]
     placement: _PlacementFile
+    profiler_port: Port | None = None
 
 
 class _PlanFile(BaseModel):
@@ -274,10 +282,15 @@ def _check_plan_file(data: Any, source: str) -> tuple[_PlanFile, ClusterSpec]:
         elif address.port is not None and task.port != address.port:
             where = f"spec.tasks.{role.value}[{task.index}]"
             problems.append(f"tasks[{i}].port: {task.port}, but {where} is {address}")
-        key = (task.placement.address, task.port)
-        if key in seen:
-            problems.append(f"tasks[{i}].port: {task.port} on {key[0]} is also {seen[key]}'s")
-        seen.setdefault(key, name)
+        for field_, port, owner in (("port", task.port, name),
+                                    ("profiler_port", task.profiler_port, profiler_key(name))):
+            key = (task.placement.address, port)
+            if port is None:
+                continue
+            if key in seen:
+                problems.append(f"tasks[{i}].{field_}: {port} on {key[0]} is also "
+                                f"{seen[key]}'s")
+            seen.setdefault(key, owner)
     if problems:
         raise SpecError(f"{source}: invalid plan.json\n" + "\n".join(problems))
     return checked, spec
@@ -299,6 +312,19 @@ def json_text(plan: dict[str, Any]) -> str:
 
 def task_name(role: str, index: int) -> str:
     return f"{role}:{index}"
+
+
+def profiler_key(name: str) -> str:
+    """The key of a task's profiler port among the plan's ports (`ports=`, Plan.ports)."""
+    return f"{name}/profiler"
+
+
+def profiled(spec: ClusterSpec) -> list[str]:
+    """The tasks that serve TensorFlow's profiler: every training task (chief, worker, ps),
+    unless the spec says `profiler: false`."""
+    if not spec.profiler:
+        return []
+    return [task_name(r, i) for r, i, _ in spec.tasks.all() if r in CLUSTER_ROLES]
 
 
 def _entry_job(spec: ClusterSpec, python: str, remote: bool) -> tuple[list[str], dict[str, Any]]:
@@ -389,6 +415,7 @@ def make_plan(
     kind = spec.job.kind
     local_run = RunDir(run_dir)
     devices = task_gpus(spec, gpus or {})  # in spec.tasks.all() order, as `resolved`
+    with_profiler = set(profiled(spec))
 
     tasks = []
     for (role, index, where, port), task_devices in zip(resolved, devices, strict=True):
@@ -431,12 +458,16 @@ def make_plan(
             "CUDA_VISIBLE_DEVICES": visible_devices(task_devices),
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         }
+        # None where the caller allocated none (a test's plan; an elastic resize's).
+        profiler_port = ports.get(profiler_key(name)) if name in with_profiler else None
+        if profiler_port is not None:
+            env["TFO_PROFILER_PORT"] = str(profiler_port)
         _check_env_fits(name, where.host if lab_host else LOCALHOST, env)
         tasks.append(TaskPlan(
             name=name, role=role, index=index, placement=where, port=port,
             tf_config={"cluster": cluster, "task": task}, command=command, env=env,
             cwd=task_workdir, log_path=local_run.log_path(role, index), tmp_dir=tmp_dir,
-            gpus=task_devices,
+            gpus=task_devices, profiler_port=profiler_port,
         ))
     return Plan(name=spec.name, strategy=spec.strategy, run_id=run_id, run_dir=run_dir,
                 job=f"{kind} {spec.job.target}", policy=make_policy(spec), rules=rules,

@@ -102,6 +102,9 @@ class ClusterSpec(_Model):
         "true: every training task must train in the planned cluster (its strategy, or "
         "DTensor mesh, joins the chief, workers and ps TF_CONFIG names), else the job "
         "fails; false: the tasks may train independently, on purpose"))
+    profiler: bool = Field(default=True, description=(
+        "true: every training task serves TensorFlow's profiler on a port of the plan "
+        "(`tfo profile` captures them all at once); false: none is started"))
     backend: SchedulerSpec | None = Field(default=None, description=(
         "a scheduler that places the tasks, by kind: {slurm: {...}}; default: none, "
         "the tasks name their hosts"))
