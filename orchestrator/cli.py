@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import re
-import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -35,6 +34,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from orchestrator.cli_common import HELP
+from orchestrator.cli_common import fail as _fail
+from orchestrator.cli_common import made_by as _made_by
 from orchestrator.cli_options import (
     _COMMAND,
     AccountOpt,
@@ -46,8 +48,11 @@ from orchestrator.cli_options import (
     HostsFileOpt,
     HostsOpt,
     IndependentOpt,
+    JsonOpt,
     LogsOpt,
     MaxRestartsOpt,
+    MetricsAddressOpt,
+    MetricsPortOpt,
     NameOpt,
     NodesOpt,
     OnOpt,
@@ -72,9 +77,10 @@ from orchestrator.console import (
     reopen_closed_std_streams,
 )
 from orchestrator.errors import SpecError
-from orchestrator.guide import EPILOG, guide_page
+from orchestrator.exportcmd import export_app
+from orchestrator.guide import EPILOG
 from orchestrator.launch import BackendError
-from orchestrator.pipeline import CannotStart, load_source
+from orchestrator.pipeline import CannotStart
 from orchestrator.pipeline import problems as host_problems
 from orchestrator.report import (
     err,
@@ -101,24 +107,11 @@ if TYPE_CHECKING:
     from orchestrator.launch.backends import Backends
     from orchestrator.plan import Plan
     from orchestrator.quick import QuickFlags, SlurmFlags
+    from orchestrator.spec import MetricsSpec
 
-EXIT_BAD_SPEC = 2
-# Plain help and errors: typer's rich formatting imports rich's markdown and traceback
-# modules (0.16 s of CPU here, more than half of what `tfo --help` may take). So help
-# strings are plain text: write `[default: x]`, no markup, no escapes.
-HELP = {"rich_markup_mode": None, "add_completion": False, "no_args_is_help": True,
-        "pretty_exceptions_enable": False}
 app = typer.Typer(**HELP,
                   help="Run multi-worker TensorFlow jobs on this machine or on a lab's machines.",
                   epilog=EPILOG)
-
-
-def _fail(message: str) -> typer.Exit:
-    err.print(labeled("error:", "bold red", message), soft_wrap=True)
-    page = guide_page(message)
-    if page:
-        err.print(f"see: {page}", soft_wrap=True)
-    return typer.Exit(EXIT_BAD_SPEC)
 
 
 def _say(line: str) -> None:
@@ -147,10 +140,6 @@ def _source(ctx: typer.Context | None, file: Path | None, flags: QuickFlags,
                            slurm, ctx.info_name if ctx is not None else "run")
     except SpecError as e:
         raise _fail(str(e)) from None
-
-
-def _made_by() -> str:
-    return shlex.join(["tfo", *sys.argv[1:]])
 
 
 @app.command(cls=CommandAfterDashes)
@@ -230,6 +219,7 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         partition: PartitionOpt = None, time_limit: TimeOpt = None, nodes: NodesOpt = None,
         tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
         account: AccountOpt = None, slurm_arg: SlurmArgOpt = None,
+        metrics_port: MetricsPortOpt = None, metrics_address: MetricsAddressOpt = None,
         ctx: typer.Context = None) -> None:  # type: ignore[assignment]  # last: run(FILE) works
     """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/131/143.
     FILE may be a run's plan.json: the same tasks again, in a new run directory. Without
@@ -238,14 +228,19 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
     `--on slurm`, the same job runs in one Slurm allocation, each task a job step.
     On a terminal a table of the tasks (state, CPU, memory, epoch, step, loss, last line)
     stays below their lines, redrawn every second; piped, the lines only, and the table at
-    the end."""
+    the end. --metrics-port serves Prometheus metrics (docs/guide/watching.md)."""
+    from orchestrator.metrics import from_flags
     from orchestrator.quick import QuickFlags, SlurmFlags
 
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
         max_restarts, independent), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
                                   gpus_per_task, account, tuple(slurm_arg or ())))
-    _run(source, run_dir, verbose, logs)
+    try:
+        metrics = from_flags(metrics_port, metrics_address)
+    except SpecError as e:
+        raise _fail(str(e)) from None
+    _run(source, run_dir, verbose, logs, metrics)
 
 
 def _str(path: Path | None) -> str | None:
@@ -263,7 +258,8 @@ def _interrupt(signum: int, frame: object) -> None:
     raise _Interrupted(signum)
 
 
-def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True) -> None:
+def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True,
+         metrics: MetricsSpec | None = None) -> None:
     """orchestrator.pipeline.run, printing: its lines, the tasks' (a ConsoleWriter, and the
     live view on a terminal), the summary; its errors as the user's, with the exit code."""
     # Until the supervisor takes over, SIGTERM, SIGHUP and SIGQUIT end tfo as Ctrl-C does: what was
@@ -303,7 +299,8 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
 
     try:
         result = run_pipeline(source, run_dir, say=_say, warn=_warn, display=display,
-                              started=started, stage=under_way, made_by=_made_by())
+                              started=started, stage=under_way, made_by=_made_by(),
+                              metrics=metrics)
     except (_Interrupted, KeyboardInterrupt) as e:
         signum = e.signum if isinstance(e, _Interrupted) else signal.SIGINT
         err.print(f"tfo: interrupted by {signal.Signals(signum).name} while {stage[0]}; "
@@ -349,32 +346,47 @@ def _find_run(ref: str | None) -> RunDir:
 
 
 @app.command()
-def status(run_ref: RunArg = None) -> None:
+def status(run_ref: RunArg = None, as_json: JsonOpt = False, wait: Annotated[bool, typer.Option(
+        "--wait", help="wait for the run to end, then print and exit with its exit code "
+        "(1 for a run whose coordinator was lost)")] = False) -> None:
     """The tasks of a run (the latest by default) as its events.jsonl tells them: state,
     restarts, last epoch, step, steps/s and loss, last event, exit."""
-    from orchestrator import resumes
+    from orchestrator import resumes, statejson
     from orchestrator.liveview import STATUS, rows_from_events, table
 
     rd = _find_run(run_ref)
+    if wait:
+        statejson.wait(rd)
     try:
         events, skipped = rd.read_events()
     except OSError as e:
         raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
-    line, abnormal = job_line(events, skipped, rd.held())
-    out.print(table(rows_from_events(events, over=abnormal, now=time.time()), STATUS,
-                    title=f"{rd.name}: {line}"))
-    for line in resize_lines([e for e in events if e["event"] == "job_resized"]) + \
-            resumes.lines([e for e in events if e["event"] == "task_resumed"]):
-        out.print(printable(line), soft_wrap=True, highlight=False, markup=False)
-    if skipped:
-        err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)")
+    doc = statejson.status(rd, events, skipped) if as_json or wait else None
+    if as_json:
+        sys.stdout.write(statejson.text(doc))
+    else:
+        line, abnormal = job_line(events, skipped, rd.held())
+        out.print(table(rows_from_events(events, over=abnormal, now=time.time()), STATUS,
+                        title=f"{rd.name}: {line}"))
+        for line in resize_lines([e for e in events if e["event"] == "job_resized"]) + \
+                resumes.lines([e for e in events if e["event"] == "task_resumed"]):
+            out.print(printable(line), soft_wrap=True, highlight=False, markup=False)
+        if skipped:
+            err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)")
+    if doc is not None and wait:
+        raise typer.Exit(statejson.exit_code(doc))
 
 
 @app.command()
-def runs() -> None:
+def runs(as_json: JsonOpt = False) -> None:
     """The runs under runs/, oldest first: id, cluster name, start, duration, outcome,
     restarts."""
     found, broken = list_runs()
+    if as_json:
+        from orchestrator import statejson
+
+        sys.stdout.write(statejson.text(statejson.runs(found, broken)))
+        return
     out.print(runs_table(found))
     if broken:
         what = "directory that is not a readable run" if broken == 1 else \
@@ -428,44 +440,7 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
         point_at_devnull(sys.stdout.fileno())
 
 
-export_app = typer.Typer(**HELP, help="Hand the job to another engine, as a file it runs: a "
-                         "Kubeflow TFJob.")
 app.add_typer(export_app, name="export")
-
-
-@export_app.command("tfjob")
-def export_tfjob(
-        file: FileArg,
-        image: Annotated[str, typer.Option(
-            "--image", help="the container image: TensorFlow, and the project as its working "
-            "directory", show_default=False)],
-        output: Annotated[Path | None, typer.Option(
-            "--output", "-o", help="write the TFJob here [default: stdout]",
-            show_default=False)] = None,
-        name: Annotated[str | None, typer.Option(
-            "--name", help="the TFJob's name [default: the cluster file's name]",
-            show_default=False)] = None) -> None:
-    """Write a Kubeflow TFJob (kubeflow.org/v1) that runs FILE's tasks as pods: one replica
-    spec per role, the restart section as restartPolicy and backoffLimit. What does not carry
-    over is a warning on stderr (docs/guide/kubernetes.md)."""
-    from orchestrator.export import tfjob
-
-    try:
-        spec, _ = load_source(file)
-        exported = tfjob(spec, image=image, name=name)
-    except SpecError as e:
-        raise _fail(str(e)) from None
-    for warning in exported.warnings:
-        err.print(labeled("warning:", "yellow", warning), soft_wrap=True)
-    text = exported.text(_made_by())
-    if output is None:
-        sys.stdout.write(text)
-        return
-    try:
-        output.write_text(text)
-    except OSError as e:
-        raise _fail(f"--output {output}: cannot write: {e.strerror or e}") from None
-    err.print(f"tfo: wrote {output}; run it with kubectl apply -f {output}")
 
 
 def main() -> None:

@@ -659,6 +659,16 @@ class LocalhostSpec(_Model):
         "default: none"))
 
 
+class MetricsSpec(_Model):
+    """A Prometheus endpoint, /metrics, served by tfo while the job runs
+    (orchestrator/metrics.py; docs/guide/watching.md)."""
+
+    port: Annotated[int, Strict(), Field(ge=0, le=65535)] = Field(description=(
+        "the port to listen on (0: any free one, said when the run starts)"))
+    address: str = Field(default="127.0.0.1", description=(
+        "the address to listen on: this machine only by default; 0.0.0.0 for every network"))
+
+
 class ClusterSpec(_Model):
     """A cluster file: the job, its tasks, where they run, and how they are watched."""
 
@@ -687,6 +697,8 @@ class ClusterSpec(_Model):
     backend: SchedulerSpec | None = Field(default=None, description=(
         "a scheduler that places the tasks, by kind: {slurm: {...}}; default: none, "
         "the tasks name their hosts"))
+    metrics: MetricsSpec | None = Field(default=None, description=(
+        "serve Prometheus metrics while the job runs: {port: 9400}; default: none"))
     elastic: ElasticSpec | None = Field(default=None, description=(
         "train on fewer workers when a host is lost, more when it is back; parameter_server: "
         "a lost worker is dropped as the chief trains on, a lost ps restarts the job with "
