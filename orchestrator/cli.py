@@ -331,6 +331,28 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
 
 
 @app.command()
+def submit(file: FileArg, partition: PartitionOpt = None, time_limit: TimeOpt = None,
+           nodes: NodesOpt = None, tasks_per_node: TasksPerNodeOpt = None,
+           gpus_per_task: GpusPerTaskOpt = None, account: AccountOpt = None,
+           slurm_arg: SlurmArgOpt = None) -> None:
+    """Submit FILE as a Slurm batch job (sbatch) that runs `tfo run` inside its allocation:
+    the request from backend.slurm (or these flags), the run directory chosen now, so
+    `tfo status`/`tfo logs` follow it from here. It outlives your login session."""
+    from orchestrator.quick import SlurmFlags
+    from orchestrator.submit import submit as submit_job
+
+    try:
+        job_id, rd, script = submit_job(file, SlurmFlags(
+            "slurm", partition, time_limit, nodes, tasks_per_node, gpus_per_task, account,
+            tuple(slurm_arg or ())), _made_by(), sys.executable, Path(RUNS))
+    except SpecError as e:
+        raise _fail(str(e)) from None
+    out.print(f"submitted slurm job {job_id}: {script}\nfollow it: tfo status {rd}   "
+              f"tfo logs {rd} -f   tfo status --wait {rd}   squeue -j {job_id}",
+              soft_wrap=True, highlight=False, markup=False)
+
+
+@app.command()
 def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt = False,
           logs: LogsOpt = True) -> None:
     """Run a run's plan again: the same tasks, ports and TF_CONFIGs, in a new run directory;

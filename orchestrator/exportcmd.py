@@ -4,8 +4,9 @@ orchestrator/jobset.py make the manifests; this module only writes them)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -15,30 +16,52 @@ from orchestrator.errors import SpecError
 from orchestrator.pipeline import load_source
 from orchestrator.report import err, labeled
 
+if TYPE_CHECKING:
+    from orchestrator.export import TFJobExport
+    from orchestrator.jobset import JobSetExport
+
 export_app = typer.Typer(**HELP, help="Hand the job to another engine, as a file it runs: a "
-                         "Kubeflow TFJob.")
+                         "Kubernetes JobSet (or a Kubeflow TFJob).")
+ImageOpt = Annotated[str, typer.Option(
+    "--image", help="the container image: TensorFlow, and the project as its working directory",
+    show_default=False)]
+OutputOpt = Annotated[Path | None, typer.Option(
+    "--output", "-o", help="write the manifest here [default: stdout]", show_default=False)]
+NameOpt = Annotated[str | None, typer.Option(
+    "--name", help="the manifest's name [default: the cluster file's name]",
+    show_default=False)]
 
 
 @export_app.command("tfjob")
-def export_tfjob(
-        file: FileArg,
-        image: Annotated[str, typer.Option(
-            "--image", help="the container image: TensorFlow, and the project as its working "
-            "directory", show_default=False)],
-        output: Annotated[Path | None, typer.Option(
-            "--output", "-o", help="write the TFJob here [default: stdout]",
-            show_default=False)] = None,
-        name: Annotated[str | None, typer.Option(
-            "--name", help="the TFJob's name [default: the cluster file's name]",
-            show_default=False)] = None) -> None:
+def export_tfjob(file: FileArg, image: ImageOpt, output: OutputOpt = None,
+                 name: NameOpt = None) -> None:
     """Write a Kubeflow TFJob (kubeflow.org/v1) that runs FILE's tasks as pods: one replica
     spec per role, the restart section as restartPolicy and backoffLimit. What does not carry
-    over is a warning on stderr (docs/guide/kubernetes.md)."""
+    over is a warning on stderr (docs/guide/kubernetes.md). TFJob restarts a lost pod alone,
+    where a MultiWorkerMirrored group must restart together: prefer `tfo export jobset`."""
     from orchestrator.export import tfjob
 
+    _export(tfjob, file, image, name, output)
+
+
+@export_app.command("jobset")
+def export_jobset(file: FileArg, image: ImageOpt, output: OutputOpt = None,
+                  name: NameOpt = None) -> None:
+    """Write a Kubernetes JobSet (jobset.x-k8s.io/v1alpha2) that runs FILE's tasks as pods:
+    one Indexed Job per role, each pod's TF_CONFIG from the set's stable pod DNS names, the
+    whole set restarted on a failure (as MultiWorkerMirrored needs) up to max_restarts. What
+    does not carry over is a warning on stderr (docs/guide/kubernetes.md)."""
+    from orchestrator.jobset import jobset
+
+    _export(jobset, file, image, name, output)
+
+
+def _export(make: Callable[..., JobSetExport | TFJobExport], file: Path, image: str,
+            name: str | None, output: Path | None) -> None:
+    """FILE's manifest by `make`, its warnings on stderr, written to `output` or stdout."""
     try:
         spec, _ = load_source(file)
-        exported = tfjob(spec, image=image, name=name)
+        exported = make(spec, image=image, name=name)
     except SpecError as e:
         raise fail(str(e)) from None
     for warning in exported.warnings:
