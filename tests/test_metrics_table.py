@@ -154,3 +154,45 @@ def test_the_grafana_dashboard_asks_only_for_metrics_tfo_serves():
     served = {f.name + ("_total" if f.type == "counter" else "") for f in families(
         Snapshot("j", "r", "multi_worker_mirrored"))}
     assert asked and asked <= served, asked - served
+
+
+def _non_loopback_ipv4() -> str | None:
+    import socket
+
+    import psutil
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+def test_the_endpoint_listens_where_asked():
+    """127.0.0.1 by default; another address (0.0.0.0: every network) only when asked."""
+    import socket
+    import urllib.request
+    from types import SimpleNamespace
+
+    from orchestrator.metrics import Exporter
+    from orchestrator.spec import MetricsSpec
+
+    plan = SimpleNamespace(spec=SimpleNamespace(name="j"), run_id="r1",
+                           strategy=SimpleNamespace(value="multi_worker_mirrored"))
+    other = _non_loopback_ipv4()
+    if other is None:
+        pytest.skip("this machine has no address but loopback to try from")
+    for address, reachable in (("127.0.0.1", False), ("0.0.0.0", True)):
+        exporter = Exporter.serve(MetricsSpec(port=0, address=address), plan)
+        try:
+            url = f"http://{other}:{exporter.port}/metrics"
+            if reachable:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    assert b'tfo_job_info{job="j",run="r1"' in r.read()
+            else:
+                with pytest.raises(ConnectionRefusedError), \
+                        socket.create_connection((other, exporter.port), 5):
+                    pass
+            assert exporter.url == f"http://{address}:{exporter.port}/metrics"
+        finally:
+            exporter.close()
