@@ -32,6 +32,8 @@ run id); a task's also `task` (worker:1) and `host`:
     tfo_task_cpu_usage_cores          its process tree's CPU (1.0: one core busy)
     tfo_task_memory_rss_bytes
     tfo_task_stalls_total             hangs found (orchestrator.stall)
+    tfo_metrics_errors_total          (no labels) snapshots that failed: a bug of ours, the
+                                      last good snapshot is served, the training goes on
 
 A series with no value yet (no loss reported) is left out, not 0: an alert on `loss > x`
 must not fire on a task that has not said.
@@ -200,6 +202,8 @@ class Exporter:
     thread: threading.Thread | None = None
     address: str = LOOPBACK
     port: int = 0
+    errors: int = 0  # snapshots that failed (a bug of ours): the last good one is served
+    error: str = ""
 
     @classmethod
     def serve(cls, spec: MetricsSpec, plan: Plan) -> Exporter:
@@ -218,10 +222,20 @@ class Exporter:
         return exporter
 
     def collect(self) -> Iterator[Any]:  # prometheus_client's thread
-        return families(self.snap)
+        from prometheus_client.core import CounterMetricFamily
+
+        yield from families(self.snap)
+        failed = CounterMetricFamily(PREFIX + "metrics_errors", "snapshots of the job that "
+                                     "failed (a bug of tfo's; the last good one is served)")
+        failed.add_metric([], self.errors)
+        yield failed
 
     def watch(self, job: Job) -> None:  # the loop's thread
-        self.snap = snapshot(job, self.counters, self.resizes(), job.clock())
+        try:
+            self.snap = snapshot(job, self.counters, self.resizes(), job.clock())
+        except Exception as e:  # noqa: BLE001 - a bug here must not stop the training
+            self.error = f"{type(e).__name__}: {e}"  # served as tfo_metrics_errors_total
+            self.errors += 1
 
     def chain(self, other: Callable[[Job], None] | None) -> Callable[[Job], None]:
         """The loop has one watch: this one, then the live view's."""

@@ -149,6 +149,8 @@ def test_prometheus_scrapes_a_job_and_status_json_follows_it(run_dir: Path, tmp_
         before = prom.value(steps, task="worker:1")
         assert wait_until(lambda: prom.value(steps, task="worker:1") > before, 60, 0.5), \
             prom.query(steps)
+        rate = 'sum by (job) (rate(tfo_task_steps_total{job="prom"}[15s]))'
+        print(f"\nprometheus: {steps} → {prom.query(steps)}\n{rate} → {prom.query(rate)}")
         assert prom.value('tfo_task_up{job="prom"}', task="worker:0") == 1
         assert prom.value('tfo_job_state{job="prom",state="running"}') == 1
         text = http_get(f"http://127.0.0.1:{port}/metrics")

@@ -196,3 +196,17 @@ def test_the_endpoint_listens_where_asked():
             assert exporter.url == f"http://{address}:{exporter.port}/metrics"
         finally:
             exporter.close()
+
+
+def test_a_failing_snapshot_keeps_the_last_one_and_counts():
+    from types import SimpleNamespace
+
+    from orchestrator.metrics import Exporter
+
+    exporter = Exporter(Snapshot("j", "r1", "multi_worker_mirrored", state="running"))
+    exporter.watch(SimpleNamespace(clock=lambda: 0.0))  # no records: a bug's AttributeError
+    assert exporter.errors == 1 and "AttributeError" in exporter.error
+    names = {f.name: f for f in exporter.collect()}
+    assert names["tfo_metrics_errors"].samples[0].value == 1
+    assert names["tfo_job_state"].samples[1].labels["state"] == "running"
+    assert names["tfo_job_state"].samples[1].value == 1
