@@ -14,10 +14,10 @@ import jsonschema
 import pytest
 import yaml
 
-from orchestrator.jobset import INDEX_ANNOTATION, PORT, jobset, pod_address
 from orchestrator.pipeline import load_source
-from orchestrator.plan import make_plan
-from orchestrator.spec import SpecError, parse_spec
+from orchestrator.planning.jobset import INDEX_ANNOTATION, PORT, jobset, pod_address
+from orchestrator.planning.plan import make_plan
+from orchestrator.planning.spec import SpecError, parse_spec
 from tests.conftest import REPO, run_tfo
 
 CRD = Path(__file__).parent / "data" / "jobset_crd_v1alpha2.schema.json"

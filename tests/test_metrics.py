@@ -1,7 +1,7 @@
 """One real 2-worker job, watched as a lab's tools watch it: a real Prometheus (Debian's
 `prometheus`) scrapes `tfo run --metrics-port`, a script reads `tfo status --json` (against
 the JSON Schema kept in docs/reference/) and waits on `tfo status --wait`.
-The tables of orchestrator/metrics.py and statejson.py are tested on their own in
+The tables of orchestrator/loop/metrics.py and statejson.py are tested on their own in
 test_metrics_table.py."""
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator import statejson
-from orchestrator.metrics import Snapshot, StepCounter, TaskSample, families, from_flags
-from orchestrator.rundir import RunDir
-from orchestrator.spec import SpecError
+from orchestrator.cli import statejson
+from orchestrator.loop.metrics import Snapshot, StepCounter, TaskSample, families, from_flags
+from orchestrator.planning.spec import SpecError
+from orchestrator.runs.rundir import RunDir
 from tests.conftest import REPO
 
 
@@ -93,7 +93,7 @@ def test_metrics_flags():
 
 def test_the_schema_kept_is_the_models():
     kept = json.loads((REPO / "docs" / "reference" / "state-json.schema.json").read_text())
-    assert kept == statejson.schema(), "run: python -m orchestrator.statejson"
+    assert kept == statejson.schema(), "run: python -m orchestrator.cli.statejson"
 
 
 def write_run(path, evs, plan=None):  # noqa: ANN001, ANN201
@@ -174,8 +174,8 @@ def test_the_endpoint_listens_where_asked():
     import urllib.request
     from types import SimpleNamespace
 
-    from orchestrator.metrics import Exporter
-    from orchestrator.spec import MetricsSpec
+    from orchestrator.loop.metrics import Exporter
+    from orchestrator.planning.spec import MetricsSpec
 
     plan = SimpleNamespace(spec=SimpleNamespace(name="j"), run_id="r1",
                            strategy=SimpleNamespace(value="multi_worker_mirrored"))
@@ -201,7 +201,7 @@ def test_the_endpoint_listens_where_asked():
 def test_a_failing_snapshot_keeps_the_last_one_and_counts():
     from types import SimpleNamespace
 
-    from orchestrator.metrics import Exporter
+    from orchestrator.loop.metrics import Exporter
 
     exporter = Exporter(Snapshot("j", "r1", "multi_worker_mirrored", state="running"))
     exporter.watch(SimpleNamespace(clock=lambda: 0.0))  # no records: a bug's AttributeError
