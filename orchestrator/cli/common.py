@@ -16,7 +16,8 @@ EXIT_BAD_SPEC = 2
 # modules (0.16 s of CPU here, more than half of what `tfo --help` may take). So help
 # strings are plain text: write `[default: x]`, no markup, no escapes.
 HELP = {"rich_markup_mode": None, "add_completion": False, "no_args_is_help": True,
-        "pretty_exceptions_enable": False}
+        "pretty_exceptions_enable": False,
+        "context_settings": {"help_option_names": ["-h", "--help"]}}  # as kubectl, docker
 
 
 def fail(message: str) -> typer.Exit:
