@@ -1,13 +1,13 @@
 # make run: set up .venv and run the 2-worker job on localhost:20000/20001.
-# make test: set up .venv (sshd for the SSH tests, Slurm for the Slurm tests) and run the
-# whole suite, in two pytest-xdist workers (tests sharing fixed ports, the netns SSH lab or the
-# Slurm lab run in one worker each: tests/conftest.py).
+# make test: set up .venv (sshd for the SSH tests, Slurm for the Slurm tests, Prometheus for
+# the metrics test) and run the whole suite, in two pytest-xdist workers (tests sharing fixed
+# ports, the netns SSH lab or the Slurm lab run in one worker each: tests/conftest.py).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint clean sshd slurm pyc docs
+.PHONY: run test bench lint clean sshd slurm prometheus pyc docs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,7 +37,12 @@ slurm:
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
 	  slurmctld slurmd slurm-client munge iproute2 util-linux >/dev/null; }
 
-test: $(STAMP) pyc sshd slurm
+# tests/test_metrics.py scrapes a real job with a real Prometheus server: Debian's.
+prometheus:
+	@test -x /usr/bin/prometheus || { export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+test: $(STAMP) pyc sshd slurm prometheus
 	$(BIN)/ruff check orchestrator worker_entry tests bench
 	$(BIN)/pytest -q -rfEs -n 2 --dist loadgroup --durations=25
 

@@ -36,9 +36,10 @@ if TYPE_CHECKING:
     from orchestrator.launch.preflight import HostCheck
     from orchestrator.loop.decide import Timing
     from orchestrator.loop.job import Job
+    from orchestrator.loop.metrics import Exporter
     from orchestrator.loop.supervise import RunResult
     from orchestrator.planning.plan import Plan
-    from orchestrator.planning.spec import ClusterSpec
+    from orchestrator.planning.spec import ClusterSpec, MetricsSpec
 
 Say = Callable[[str], None]
 Source: TypeAlias = "Path | str | dict | ClusterSpec"
@@ -233,6 +234,23 @@ def write_cluster_file(p: Plan, spec: dict, made_by: str) -> Path:
     return path
 
 
+def serve_metrics(spec: MetricsSpec | None, p: Plan, say: Say) -> Exporter | None:
+    """The run's /metrics endpoint, said; an address or port that cannot be had is the
+    user's error, before any task starts."""
+    if spec is None:
+        return None
+    from orchestrator.loop.metrics import Exporter
+
+    try:
+        exporter = Exporter.serve(spec, p)
+    except OSError as e:
+        raise SpecError(f"metrics: cannot listen on {spec.address}:{spec.port}: "
+                        f"{e.strerror or e} (metrics.port, or --metrics-port: a free port, "
+                        "or 0 for any)") from None
+    say(f"metrics at {exporter.url}")
+    return exporter
+
+
 @contextlib.contextmanager
 def _no_display(p: Plan) -> Iterator[tuple[None, None]]:
     yield None, None
@@ -242,13 +260,14 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
         warn: Say = _quiet, display: Display = _no_display,
         started: Callable[[Plan], None] | None = None, stage: Say = _quiet,
         made_by: str = "python", pool: WarmPool | None = None,
-        timing: Timing | None = None) -> RunResult:
+        timing: Timing | None = None, metrics: MetricsSpec | None = None) -> RunResult:
     """Run a job to its end and return its result: the whole of `tfo run` but the printing.
     `stage(what)` is told what is under way (for a message if a signal cuts it short);
     `started(plan)` is called once the tasks are started. A dict source is written into the
     run directory as cluster.yaml (`made_by` its first comment). A `pool` (launch/pool.py)
     serves local tasks with processes that imported TensorFlow already; `timing`, the loop's own
-    limits (decide.Timing: the test kit's shorter teardown grace)."""
+    limits (decide.Timing: the test kit's shorter teardown grace); `metrics`, a Prometheus
+    endpoint (loop/metrics.py) in place of the cluster file's."""
     from orchestrator.elastic.backupstore import for_lab
     from orchestrator.launch.spares import spares_wanted
     from orchestrator.loop import backupfill
@@ -260,6 +279,7 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
         backends.local().pool = pool
     settled()  # before anything is started: the tasks get the user's environment
     lock: IO[bytes] | None = None  # the run directory's, while the run goes on
+    exporter = None
     try:
         stage("checking the hosts")
         checks = backends.check(p, versions=False)  # check
@@ -274,7 +294,10 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
         for line in backends.sync(p):  # sync
             say(line)
         stage("starting the supervisor")
+        exporter = serve_metrics(metrics or p.spec.metrics, p, say)
         with display(p) as (echo, watch):  # supervise
+            if exporter is not None:
+                watch = exporter.chain(watch)
             wanted = spares_wanted(p, checks)
             standby = functools.partial(backends.standby, wanted=wanted) if wanted else None
             stage("supervising")
@@ -283,10 +306,15 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
                                     backup_store=for_lab(p.spec.hosts,
                                                          lambda: backends.get("ssh")),
                                     timing=timing)
+            if exporter is not None and supervisor.resizing is not None:
+                resizing = supervisor.resizing
+                exporter.resizes = lambda: len(resizing.resized)
             if (old := previous_plan(source)) is not None:  # a rerun resumes
                 backupfill.rerun(old, supervisor.refill, say)
             return supervisor.run(started=functools.partial(started, p) if started else None)
     finally:
+        if exporter is not None:
+            exporter.close()
         backends.close()
         if lock is not None:
             lock.close()

@@ -7,8 +7,10 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -495,3 +497,123 @@ def test_rerun_of_a_slurm_run_asks_for_a_new_allocation(lab: slurmlab.SlurmLab, 
     assert res.returncode == 0, res.output[-4000:]
     assert first(events(again), "job_finished")["state"] == "succeeded"
     _no_job_within(lab, _job_id(res.stderr), 10)
+
+
+BATCH = """\
+#!/bin/sh
+#SBATCH --nodes={nodes}
+#SBATCH --exclusive
+#SBATCH --partition={partition}
+#SBATCH --time=10
+#SBATCH --job-name=tfo-batch
+#SBATCH --output={out}
+cd {repo}
+{python} -m orchestrator run {spec} --on slurm --nodes 2 --run-dir {run_dir}
+rc=$?
+held=$(srun -N{nodes} -n{nodes} hostname | sort | tr '\\n' ' ')
+echo "tfo exited $rc; the allocation still holds: $held"
+exit $rc
+"""
+
+LOCAL_JOB = """\
+name: batch
+job:
+  entry: tests.jobs.faulty:train
+  args: {epochs: 2, epoch_sleep: 1}
+tasks:
+  worker: [localhost:20000, localhost:20001]
+restart: {policy: on-failure, max_restarts: 1}
+timeouts: {startup_seconds: 120, grace_seconds: 5}
+"""
+
+
+def _sbatch(lab: slurmlab.SlurmLab, tmp_path: Path, run_dir: Path, nodes: int) -> tuple[str, Path]:
+    spec = write_spec(tmp_path / "local.yaml", LOCAL_JOB)
+    out = tmp_path / "batch.out"
+    script = tmp_path / "job.sh"
+    script.write_text(BATCH.format(nodes=nodes, partition=slurmlab.PARTITION, out=out, repo=REPO,
+                                   python=sys.executable, spec=spec, run_dir=run_dir))
+    cp = lab.run("sbatch", "--parsable", str(script))
+    assert cp.returncode == 0, cp.stderr
+    return cp.stdout.strip().split(";")[0], out
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_inside_a_batch_job_tfo_runs_its_tasks_as_its_steps(lab: slurmlab.SlurmLab,
+                                                            run_dir: Path, tmp_path: Path):
+    """`sbatch` of a script that holds both nodes exclusively and calls `tfo run --on slurm`:
+    the tasks run as steps of that job, on its nodes; no second allocation is asked for (it
+    would wait behind the job that asked, issue 42); the job is not tfo's to cancel (the
+    script goes on after tfo, and srun still has its nodes)."""
+    job_id, out = _sbatch(lab, tmp_path, run_dir, nodes=2)
+    queued: list[list[str]] = []  # every squeue seen while the job ran
+    steps: set[str] = set()
+
+    def over() -> bool:
+        jobs = lab.jobs()
+        if jobs:
+            queued.append(jobs)
+            shown = lab.run("squeue", "-h", "-s", "-o", "%i %j").stdout.split("\n")
+            steps.update(line.split(" ", 1)[1] for line in shown if " " in line)
+        return not jobs
+    assert wait_until(over, 240, interval=0.5), lab.jobs()
+    text = out.read_text() if out.exists() else "(no batch output)"
+    assert lab.job_state(job_id) == "COMPLETED", text[-4000:]
+    assert {tuple(j.split()[0] for j in jobs) for jobs in queued} == {(job_id,)}, queued
+    assert {"tfo.worker:0.0", "tfo.worker:1.0"} <= steps, steps
+    assert f"slurm job {job_id}: tfo runs inside it" in text, text[-3000:]
+    assert "tfo exited 0; the allocation still holds: node1 node2" in text, text[-3000:]
+    hosts = {e["task"]: e["host"] for e in events(run_dir) if e["event"] == "task_started"}
+    assert hosts == {"worker:0": "node1", "worker:1": "node2"}
+    assert first(events(run_dir), "job_finished")["state"] == "succeeded"
+
+
+@pytest.mark.timeout(120)
+def test_inside_a_job_too_small_for_the_spec_is_exit_2_naming_the_field(
+        lab: slurmlab.SlurmLab, run_dir: Path, tmp_path: Path):
+    job_id, out = _sbatch(lab, tmp_path, run_dir, nodes=1)
+    assert wait_until(lambda: not lab.jobs(), 90, interval=0.5), lab.jobs()
+    text = out.read_text()
+    assert "error: backend.slurm.nodes: the job needs 2 node(s)" in text, text[-3000:]
+    assert f"inside Slurm job {job_id}, which holds 1 (node1)" in text, text
+    assert "tfo exited 2; the allocation still holds: node1" in text, text
+    assert "Traceback" not in text
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_tfo_submit_runs_a_localhost_file_as_a_batch_job_followed_from_here(
+        lab: slurmlab.SlurmLab, tmp_path: Path):
+    """`tfo submit` writes the batch script (the request from the flags) and submits it; the
+    run directory it names is followed from the submitting side, on the shared file system:
+    `tfo status --wait` exits with the run's code once the batch job's tfo ended."""
+    spec = write_spec(tmp_path / "local.yaml", LOCAL_JOB)
+    res = run_tfo("submit", str(spec), "--partition", slurmlab.PARTITION, "--nodes", "2",
+                  "--time", "10", timeout=60)
+    assert res.returncode == 0, res.output[-3000:]
+    job_id = re.search(r"submitted slurm job (\d+): (\S+)", res.stdout).group(1)
+    rd = Path(re.search(r"follow it: tfo status (\S+)", res.stdout).group(1))
+    try:
+        script = Path(f"{rd}.sbatch").read_text()
+        assert "#SBATCH --nodes=2" in script and f"#SBATCH --partition={slurmlab.PARTITION}" \
+            in script and f"--run-dir {rd}" in script, script
+        assert wait_until(lambda: (rd / "events.jsonl").exists() or not lab.jobs(), 120, 0.5)
+        waited = run_tfo("status", "--wait", "--json", str(rd), timeout=240)
+        out = Path(f"{rd}.out").read_text() if Path(f"{rd}.out").exists() else ""
+        assert waited.returncode == 0, waited.output[-2000:] + out[-3000:]
+        doc = json.loads(waited.stdout)
+        assert doc["state"] == "succeeded" and doc["name"] == "batch", doc
+        assert {t["task"]: t["host"] for t in doc["tasks"]} == {"worker:0": "node1",
+                                                                "worker:1": "node2"}
+        shown = run_tfo("status", str(rd), timeout=60)
+        assert shown.returncode == 0 and "succeeded" in shown.stdout, shown.output
+        assert wait_until(lambda: not lab.jobs(), 30), lab.jobs()
+        assert lab.job_state(job_id) == "COMPLETED", out[-3000:]
+        assert f"slurm job {job_id}: tfo runs inside it" in out, out[-3000:]
+    finally:
+        for p in (rd, *(Path(f"{rd}{s}") for s in (".sbatch", ".out", ".cluster.yaml"))):
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()

@@ -33,13 +33,21 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from orchestrator.cli.common import HELP
 from orchestrator.cli.console import (
     point_at_devnull,
     printable,
     reopen_closed_std_streams,
 )
+from orchestrator.cli.exportcmd import export_app
 from orchestrator.cli.guide import EPILOG
-from orchestrator.cli.messages import fail, made_by, one_error_style, say, warn
+from orchestrator.cli.messages import (
+    fail,
+    made_by,
+    one_error_style,
+    say,
+    warn,
+)
 from orchestrator.cli.options import (
     _COMMAND,
     AccountOpt,
@@ -51,8 +59,11 @@ from orchestrator.cli.options import (
     HostsFileOpt,
     HostsOpt,
     IndependentOpt,
+    JsonOpt,
     LogsOpt,
     MaxRestartsOpt,
+    MetricsAddressOpt,
+    MetricsPortOpt,
     NameOpt,
     NodesOpt,
     OnOpt,
@@ -86,7 +97,6 @@ from orchestrator.cli.report import (
 from orchestrator.cli.running import run_job
 from orchestrator.errors import SpecError
 from orchestrator.launch import BackendError
-from orchestrator.pipeline import load_source
 from orchestrator.pipeline import problems as host_problems
 from orchestrator.runs.rundir import (
     RUNS,
@@ -103,12 +113,6 @@ if TYPE_CHECKING:
     from orchestrator.planning.plan import Plan
     from orchestrator.planning.quick import QuickFlags, SlurmFlags
 
-# Plain help and errors: typer's rich formatting imports rich's markdown and traceback
-# modules (0.16 s of CPU here, more than half of what `tfo --help` may take). So help
-# strings are plain text: write `[default: x]`, no markup, no escapes.
-HELP = {"rich_markup_mode": None, "add_completion": False, "no_args_is_help": True,
-        "pretty_exceptions_enable": False,
-        "context_settings": {"help_option_names": ["-h", "--help"]}}  # as kubectl, docker
 app = typer.Typer(**HELP,
                   help="Run multi-worker TensorFlow jobs on this machine or on a lab's machines.",
                   epilog=EPILOG)
@@ -217,9 +221,6 @@ def check(file: FileArg) -> None:
     from orchestrator.launch.loopback import listen_note
 
     out.print(listen_note(p.tasks), soft_wrap=True)
-    from orchestrator.launch.spares import spares_line
-
-    out.print(spares_line(p, rows), soft_wrap=True, markup=False)
     for problem in problems:
         err.print(labeled("problem:", "red", problem), soft_wrap=True)
     raise typer.Exit(1 if problems else 0)
@@ -245,6 +246,7 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         partition: PartitionOpt = None, time_limit: TimeOpt = None, nodes: NodesOpt = None,
         tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
         account: AccountOpt = None, slurm_arg: SlurmArgOpt = None, show: ShowOpt = None,
+        metrics_port: MetricsPortOpt = None, metrics_address: MetricsAddressOpt = None,
         ctx: typer.Context = None) -> None:  # type: ignore[assignment]  # last: run(FILE) works
     """Bring the job up, watch it, restart by policy, tear it down.
     FILE may be a run's plan.json: the same tasks again, in a new run directory. Without
@@ -263,18 +265,46 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
     Examples:
       tfo run --workers 2 -- python train.py --epochs 3
       tfo run clusters/localhost.yaml --show worker:0
-      tfo run runs/<id>/plan.json"""
+      tfo run runs/<id>/plan.json
+      tfo run clusters/localhost.yaml --metrics-port 9400   # Prometheus: docs/guide/watching.md"""
+    from orchestrator.loop.metrics import from_flags
     from orchestrator.planning.quick import QuickFlags, SlurmFlags
 
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
         max_restarts, independent), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
                                   gpus_per_task, account, tuple(slurm_arg or ())))
-    run_job(source, run_dir, verbose, logs, show)
+    try:
+        metrics = from_flags(metrics_port, metrics_address)
+    except SpecError as e:
+        raise fail(str(e)) from None
+    run_job(source, run_dir, verbose, logs, show, metrics)
 
 
 def _str(path: Path | None) -> str | None:
     return None if path is None else str(path)
+
+
+@app.command(short_help="Submit the job as a Slurm batch job")
+def submit(file: FileArg, partition: PartitionOpt = None, time_limit: TimeOpt = None,
+           nodes: NodesOpt = None, tasks_per_node: TasksPerNodeOpt = None,
+           gpus_per_task: GpusPerTaskOpt = None, account: AccountOpt = None,
+           slurm_arg: SlurmArgOpt = None) -> None:
+    """Submit FILE as a Slurm batch job (sbatch) that runs `tfo run` inside its allocation:
+    the request from backend.slurm (or these flags), the run directory chosen now, so
+    `tfo status`/`tfo logs` follow it from here. It outlives your login session."""
+    from orchestrator.cli.submit import submit as submit_job
+    from orchestrator.planning.quick import SlurmFlags
+
+    try:
+        job_id, rd, script = submit_job(file, SlurmFlags(
+            "slurm", partition, time_limit, nodes, tasks_per_node, gpus_per_task, account,
+            tuple(slurm_arg or ())), made_by(), sys.executable, Path(RUNS))
+    except SpecError as e:
+        raise fail(str(e)) from None
+    out.print(f"submitted slurm job {job_id}: {script}\nfollow it: tfo status {rd}   "
+              f"tfo logs {rd} -f   tfo status --wait {rd}   squeue -j {job_id}",
+              soft_wrap=True, highlight=False, markup=False)
 
 
 @app.command(short_help="Run a run's plan again, in a new run directory")
@@ -298,7 +328,9 @@ def _find_run(ref: str | None) -> RunDir:
 
 
 @app.command(short_help="A run's tasks: state, epoch, loss, exit")
-def status(run_ref: RunArg = None) -> None:
+def status(run_ref: RunArg = None, as_json: JsonOpt = False, wait: Annotated[bool, typer.Option(
+        "--wait", help="wait for the run to end, then print and exit with its exit code "
+        "(1 for a run whose coordinator was lost)")] = False) -> None:
     """The tasks of a run (the latest by default) as its events.jsonl tells them: state,
     restarts, last epoch, step, steps/s and loss, last event, exit.
 
@@ -306,15 +338,23 @@ def status(run_ref: RunArg = None) -> None:
     Examples:
       tfo status
       tfo status last
-      tfo status train-20261127-0349"""
+      tfo status train-20261127-0349
+      tfo status --wait --json RUN_DIR     # for scripts: docs/reference/state-json.md"""
+    from orchestrator.cli import statejson
     from orchestrator.cli.liveview import STATUS, rows_from_events, table, without_restarts
     from orchestrator.loop import resumes
 
     rd = _find_run(run_ref)
+    if wait:
+        statejson.wait(rd)
     try:
         events, skipped = rd.read_events()
     except OSError as e:
         raise fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
+    doc = statejson.status(rd, events, skipped) if as_json or wait else None
+    if as_json:
+        sys.stdout.write(statejson.text(doc))
+        raise typer.Exit(statejson.exit_code(doc) if wait else 0)
     line, abnormal = job_line(events, skipped, rd.held())
     rows = rows_from_events(events, over=abnormal, now=time.time())
     print_table(out, table(rows, without_restarts(rows, STATUS), title=f"{rd.name}: {line}",
@@ -324,23 +364,37 @@ def status(run_ref: RunArg = None) -> None:
         out.print(printable(line), soft_wrap=True, highlight=False, markup=False)
     if skipped:
         err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)")
+    if doc is not None:
+        raise typer.Exit(statejson.exit_code(doc))
 
 
 @app.command(short_help="The runs under runs/: id, start, duration, outcome")
-def runs() -> None:
+def runs(as_json: JsonOpt = False) -> None:
     """The runs under runs/, oldest first: id, cluster name, start, duration, outcome,
     restarts.
 
     \b
     Examples:
-      tfo runs"""
+      tfo runs
+      tfo runs --json"""
     found, broken = list_runs()
+    if as_json:
+        from orchestrator.cli import statejson
+
+        sys.stdout.write(statejson.text(statejson.runs(found, broken)))
+        return
     print_table(out, runs_table(found, width=out.width))
     if broken:
         what = "directory that is not a readable run" if broken == 1 else \
             "directories that are not readable runs"
         err.print(f"skipped {broken} {what} under {RUNS}/ (no plan.json, or no events.jsonl "
                   "that starts with run_started)", soft_wrap=True)
+
+
+_TASK_NAME = re.compile(r"^[a-z_]+:\d+$")
+
+
+FOLLOW_SECONDS = 0.25  # how often `tfo logs -f` looks for new lines
 
 
 @app.command(short_help="Trace a running job's tasks at once and name the slow one")
@@ -358,12 +412,6 @@ def profile(run_ref: RunArg = None, seconds: SecondsOpt = 2.0, tasks: TasksOpt =
     except profiling.ProfileError as e:
         raise fail(str(e)) from None
     out.print("\n".join(map(printable, profiling.lines(found))), soft_wrap=True, markup=False)
-
-
-_TASK_NAME = re.compile(r"^[a-z_]+:\d+$")
-
-
-FOLLOW_SECONDS = 0.25  # how often `tfo logs -f` looks for new lines
 
 
 @app.command(short_help="Print a task's log, or every task's; -f follows the run")
@@ -417,45 +465,8 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
                               f"{job_line(events, skipped, rd.held())[0]}"), soft_wrap=True)
 
 
-export_app = typer.Typer(**HELP, help="Hand the job to another engine, as a file it runs: a "
-                         "Kubeflow TFJob.")
 app.add_typer(export_app, name="export",
-              short_help="Hand the job to another engine: a Kubeflow TFJob")
-
-
-@export_app.command("tfjob")
-def export_tfjob(
-        file: FileArg,
-        image: Annotated[str, typer.Option(
-            "--image", help="the container image: TensorFlow, and the project as its working "
-            "directory", show_default=False)],
-        output: Annotated[Path | None, typer.Option(
-            "--output", "-o", help="write the TFJob here [default: stdout]",
-            show_default=False)] = None,
-        name: Annotated[str | None, typer.Option(
-            "--name", help="the TFJob's name [default: the cluster file's name]",
-            show_default=False)] = None) -> None:
-    """Write a Kubeflow TFJob (kubeflow.org/v1) that runs FILE's tasks as pods: one replica
-    spec per role, the restart section as restartPolicy and backoffLimit. What does not carry
-    over is a warning on stderr (docs/guide/kubernetes.md)."""
-    from orchestrator.planning.export import tfjob
-
-    try:
-        spec, _ = load_source(file)
-        exported = tfjob(spec, image=image, name=name)
-    except SpecError as e:
-        raise fail(str(e)) from None
-    for warning in exported.warnings:
-        err.print(labeled("warning:", "yellow", warning), soft_wrap=True)
-    text = exported.text(made_by())
-    if output is None:
-        sys.stdout.write(text)
-        return
-    try:
-        output.write_text(text)
-    except OSError as e:
-        raise fail(f"--output {output}: cannot write: {e.strerror or e}") from None
-    err.print(f"tfo: wrote {output}; run it with kubectl apply -f {output}")
+              short_help="Hand the job to another engine: a Kubernetes JobSet, a Kubeflow TFJob")
 
 
 def main() -> None:

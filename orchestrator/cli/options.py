@@ -101,6 +101,15 @@ VerboseOpt = Annotated[bool, typer.Option(
 LogsOpt = Annotated[bool, typer.Option(
     "--logs/--no-logs", help="stream the tasks' lines, [role:index] first (the logs in the run "
     "directory have them either way)")]
+MetricsPortOpt = Annotated[int | None, typer.Option(
+    "--metrics-port", help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics while the "
+    "job runs (0: any free port) [default: the cluster file's metrics.port, else none]",
+    min=0, max=65535, show_default=False)]
+MetricsAddressOpt = Annotated[str | None, typer.Option(
+    "--metrics-address", help="the address /metrics listens on, e.g. 0.0.0.0 for every network "
+    "[default: 127.0.0.1, this machine only]", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option(
+    "--json", help="print it as JSON (docs/reference/state-json.md: versioned, for scripts)")]
 ShowOpt = Annotated[str | None, typer.Option(
     "--show", metavar="TASKS", help="stream only these tasks' lines, e.g. worker:0,chief:0 "
     "(the others' go to their logs; tfo's own lines, and a failed task's last lines, "

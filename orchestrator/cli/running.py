@@ -30,6 +30,7 @@ from orchestrator.pipeline import CannotStart
 
 if TYPE_CHECKING:
     from orchestrator.planning.plan import Plan
+    from orchestrator.planning.spec import MetricsSpec
 
 
 class _Interrupted(BaseException):
@@ -75,7 +76,7 @@ class _Signals:
 
 
 def run_job(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True,
-         show: str | None = None) -> None:
+            show: str | None = None, metrics: MetricsSpec | None = None) -> None:
     """orchestrator.pipeline.run, printing: its lines, the tasks' (a ConsoleWriter, and the
     live view on a terminal), the summary; its errors as the user's, with the exit code."""
     # Until the supervisor takes over, SIGTERM, SIGHUP and SIGQUIT end tfo as Ctrl-C does: what was
@@ -122,7 +123,8 @@ def run_job(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool
 
     try:
         result = run_pipeline(source, run_dir, say=say, warn=warn, display=display,
-                              started=started, stage=under_way, made_by=made_by())
+                              started=started, stage=under_way, made_by=made_by(),
+                              metrics=metrics)
     except (_Interrupted, KeyboardInterrupt) as e:
         signum = e.signum if isinstance(e, _Interrupted) else signal.SIGINT
         err.print(f"tfo: interrupted by {signal.Signals(signum).name} while {stage[0]}; "

@@ -49,6 +49,7 @@ from orchestrator.launch import BackendError, Say, answered
 from orchestrator.launch.gpus import GpuReport
 from orchestrator.launch.output import TaskOutput, close_pipes, pipe_output, send_lifeline
 from orchestrator.launch.preflight import HostCheck
+from orchestrator.launch.slurmgranted import Granted, inside_allocation
 from orchestrator.launch.spares import DISCARD_SECONDS, Spares
 from orchestrator.planning.plan import Plan, TaskPlan, task_name
 from orchestrator.planning.slurmspec import SlurmSpec
@@ -394,12 +395,12 @@ class SlurmBackend:
 
     def __init__(self, hosts: Mapping[str, HostSpec]) -> None:
         self._spec: ClusterSpec | None = None
-        self._alloc: Allocation | None = None
+        # Ours (salloc), or the one tfo runs inside (sbatch, salloc: launch/slurmgranted.py).
+        self._alloc: Allocation | Granted | None = None
         self._nodes: dict[str, str] = {}
         self._cpus = 1  # the job's CPUs per task, which each step asks again
         self._detail = ""  # `scontrol show job -d` of the granted job: its share of each node
-        self._spares = Spares(lambda task, attempt: SlurmHandle(
-            task, attempt, self._job_for(task), 0, self._cpus, standby=True))
+        self._spares = Spares(lambda task, attempt: self._step(task, attempt, 0, standby=True))
 
     @property
     def job_id(self) -> str | None:
@@ -422,6 +423,11 @@ class SlurmBackend:
             say(f"slurm: {count} node(s) named node1… and ports 20000… stand in for what the "
                 "allocation gives when the job runs")
             self._nodes = assign_nodes(names, [f"node{i + 1}" for i in range(count)])
+            return self._nodes
+        if (granted := inside_allocation(os.environ)) is not None:  # sbatch, salloc: no salloc
+            self._alloc = granted
+            self._nodes, self._detail = granted.place(slurm, names, count, say)
+            self._cpus = cpus_per_task(self._detail)
             return self._nodes
         part = partition_info(slurm.partition)
         problems = fit_problems(slurm, count, part)
@@ -523,8 +529,14 @@ class SlurmBackend:
     def start(self, task: TaskPlan, attempt: int) -> SlurmHandle:
         """The task's warm spare for this attempt, if one waits; else a new step."""
         return self._spares.take(task, attempt) or \
-            SlurmHandle(task, attempt, self._job_for(task), self._slurm().gpus_per_task,
-                        self._cpus)
+            self._step(task, attempt, self._slurm().gpus_per_task)
+
+    def _step(self, task: TaskPlan, attempt: int, gpus: int, standby: bool = False
+              ) -> SlurmHandle:
+        handle = SlurmHandle(task, attempt, self._job_for(task), gpus, self._cpus, standby)
+        if isinstance(self._alloc, Granted):  # its steps, tfo's to cancel at the end
+            self._alloc.steps.add(handle.step_name)
+        return handle
 
     def start_batch(self, items: Iterable[tuple[TaskPlan, int]]
                     ) -> Iterator[SlurmHandle | Exception]:

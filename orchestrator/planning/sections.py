@@ -518,3 +518,13 @@ class LocalhostSpec(_Model):
     gpus: Gpus = Field(default_factory=list, description=(
         "GPU ids its tasks may use, as nvidia-smi numbers them ([0, 1]), or auto; "
         "default: none"))
+
+
+class MetricsSpec(_Model):
+    """A Prometheus endpoint, /metrics, served by tfo while the job runs
+    (orchestrator/loop/metrics.py; docs/guide/watching.md)."""
+
+    port: Annotated[int, Strict(), Field(ge=0, le=65535)] = Field(description=(
+        "the port to listen on (0: any free one, said when the run starts)"))
+    address: str = Field(default="127.0.0.1", description=(
+        "the address to listen on: this machine only by default; 0.0.0.0 for every network"))

@@ -58,6 +58,7 @@ from orchestrator.planning.sections import (  # noqa: F401 - the spec's names, i
     HostSpec,
     JobSpec,
     LocalhostSpec,
+    MetricsSpec,
     RestartSpec,
     SchedulerOptions,
     SchedulerSpec,
@@ -108,6 +109,8 @@ class ClusterSpec(_Model):
     backend: SchedulerSpec | None = Field(default=None, description=(
         "a scheduler that places the tasks, by kind: {slurm: {...}}; default: none, "
         "the tasks name their hosts"))
+    metrics: MetricsSpec | None = Field(default=None, description=(
+        "serve Prometheus metrics while the job runs: {port: 9400}; default: none"))
     elastic: ElasticSpec | None = Field(default=None, description=(
         "train on fewer workers when a host is lost, more when it is back; parameter_server: "
         "a lost worker is dropped as the chief trains on, a lost ps restarts the job with "
