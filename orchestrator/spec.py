@@ -38,7 +38,7 @@ from orchestrator.errors import SpecError
 from orchestrator.policy import RestartPolicy
 from orchestrator.specfile import SpecFileError, read_data
 from orchestrator.stall import FLOOR_SECONDS
-from orchestrator.strategy import CLUSTER_ROLES, RULES, START_ORDER
+from orchestrator.strategy import CLUSTER_ROLES, DATA_SERVICE, RULES, START_ORDER
 from worker_entry.markers import HEARTBEAT_SECONDS, LIFELINE_SECONDS, Role, Strategy
 
 __all__ = ["RestartPolicy", "Role", "Strategy", "ClusterSpec", "SchedulerOptions",
@@ -394,6 +394,12 @@ class TasksSpec(_Model):
         "parameter servers, holding the variables: parameter_server only, at least one"))
     evaluator: Addresses = Field(default_factory=list, description=(
         "at most one: a sidecar that evaluates the chief's checkpoints"))
+    dispatcher: Addresses = Field(default_factory=list, description=(
+        "at most one: the tf.data service's dispatcher, with data_worker tasks (the "
+        "trainers get its address as TFO_DATA_SERVICE)"))
+    data_worker: Addresses = Field(default_factory=list, description=(
+        "the tf.data service's workers: they run the trainers' input pipelines; need a "
+        "dispatcher"))
 
     @model_validator(mode="before")
     @classmethod
@@ -406,7 +412,8 @@ class TasksSpec(_Model):
         return data
 
     def all(self) -> Iterator[tuple[Role, int, Address]]:
-        """Every task as (role, index, address), in start order: ps, worker, chief, evaluator."""
+        """Every task as (role, index, address), in start order: dispatcher, data_worker, ps,
+        worker, chief, evaluator."""
         for role in START_ORDER:
             for index, address in enumerate(getattr(self, role)):
                 yield role, index, address
@@ -756,6 +763,7 @@ class ClusterSpec(_Model):
                                f"{len(t.evaluator)}: {', '.join(map(str, t.evaluator))}")
         if not t.chief and not t.worker:
             raise _field_error("tasks", "no training tasks: list at least one worker or chief")
+        _data_service_rules(t)
         rules = RULES[self.strategy]
         for role in Role:
             if getattr(t, role) and role not in rules.roles:
@@ -785,8 +793,9 @@ class ClusterSpec(_Model):
         if remote:
             # TF_CONFIG names each task by its host's address; "localhost" would point a lab
             # machine at itself.
+            # The trainers reach the data service's tasks too (its address, its workers').
             for role, index, address in t.all():
-                if address.host == LOCALHOST and role in CLUSTER_ROLES:
+                if address.host == LOCALHOST and role in (*CLUSTER_ROLES, *DATA_SERVICE):
                     raise _field_error(f"tasks.{role}[{index}]", (
                         f"localhost cannot be reached from the lab hosts ({remote[0][0]} runs "
                         f"on {remote[0][1]}); list this machine under hosts: with an address "
@@ -864,6 +873,22 @@ class ClusterSpec(_Model):
 
     def _machine(self, host: str) -> str:
         return self.hosts[host].address if host in self.hosts else LOCALHOST
+
+
+def _data_service_rules(t: TasksSpec) -> None:
+    """The tf.data service: one dispatcher, and data workers for it to hand out work to."""
+    if len(t.dispatcher) > 1:
+        raise _field_error("tasks.dispatcher", (
+            f"at most one dispatcher (the tf.data service has one), got {len(t.dispatcher)}: "
+            f"{', '.join(map(str, t.dispatcher))}"))
+    if t.data_worker and not t.dispatcher:
+        raise _field_error("tasks.data_worker", (
+            "data workers register with the tf.data service's dispatcher, and none is "
+            "listed: add one under tasks.dispatcher ('host:auto')"))
+    if t.dispatcher and not t.data_worker:
+        raise _field_error("tasks.dispatcher", (
+            "a dispatcher with no data workers serves no data: list at least one under "
+            "tasks.data_worker, or remove it"))
 
 
 class _FieldError(ValueError):
