@@ -40,6 +40,7 @@ from orchestrator.cli_options import (
     AccountOpt,
     ChiefOpt,
     CommandAfterDashes,
+    DataWorkersOpt,
     EvaluatorOpt,
     FileArg,
     GpusPerTaskOpt,
@@ -164,15 +165,17 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
          on: OnOpt = None, partition: PartitionOpt = None, time_limit: TimeOpt = None,
          nodes: NodesOpt = None,
          tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
-         account: AccountOpt = None, slurm_arg: SlurmArgOpt = None) -> None:
+         account: AccountOpt = None, slurm_arg: SlurmArgOpt = None,
+         data_workers: DataWorkersOpt = None) -> None:
     """Print what `run` would start, without starting anything: `tfo plan FILE`, or
     `tfo plan --workers 2 -- python train.py` (then also the cluster file it makes)."""
     from orchestrator.quick import QuickFlags, SlurmFlags
 
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
-        max_restarts, independent), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
-                                  gpus_per_task, account, tuple(slurm_arg or ())))
+        max_restarts, independent, data_workers), SlurmFlags(
+            on, partition, time_limit, nodes, tasks_per_node, gpus_per_task, account,
+            tuple(slurm_arg or ())))
     try:
         p, backends = prepare(source, run_dir, dry_run=True, ask_hosts=False)
     except SpecError as e:
@@ -230,6 +233,7 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         partition: PartitionOpt = None, time_limit: TimeOpt = None, nodes: NodesOpt = None,
         tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
         account: AccountOpt = None, slurm_arg: SlurmArgOpt = None,
+        data_workers: DataWorkersOpt = None,
         ctx: typer.Context = None) -> None:  # type: ignore[assignment]  # last: run(FILE) works
     """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/131/143.
     FILE may be a run's plan.json: the same tasks again, in a new run directory. Without
@@ -243,8 +247,9 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
 
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
-        max_restarts, independent), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
-                                  gpus_per_task, account, tuple(slurm_arg or ())))
+        max_restarts, independent, data_workers), SlurmFlags(
+            on, partition, time_limit, nodes, tasks_per_node, gpus_per_task, account,
+            tuple(slurm_arg or ())))
     _run(source, run_dir, verbose, logs)
 
 

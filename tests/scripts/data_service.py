@@ -4,7 +4,8 @@ guide writes it (tensorflow.org/api_docs/python/tf/data/experimental/service): t
 trainers share one pass over the data (each element goes to one of them), and a custom
 training loop over `strategy.distribute_datasets_from_function` (tutorials/distribute/
 multi_worker_with_ctl), whose iterator evens out the trainers' last batches. Each element
-costs --delay_ms of waiting, as reading remote storage does.
+costs --delay_ms of waiting, as reading remote storage does (tf.data's own sleep
+transformation: a Python function could not run on the data workers).
 
 It writes the ids of the elements it trained on, per epoch, to --seen_dir/<task>.json.
 """
@@ -12,9 +13,9 @@ It writes the ids of the elements it trained on, per epoch, to --seen_dir/<task>
 import argparse
 import json
 import os
-import time
 
 import tensorflow as tf
+from tensorflow.python.data.experimental.ops import testing
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--elements", type=int, default=256)
@@ -30,15 +31,10 @@ task = f"{tf_config['task']['type']}:{tf_config['task']['index']}"
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
 
-def slow_read(i):
-    time.sleep(args.delay_ms / 1000.0)
-    return i
-
-
 def dataset_fn(input_context):
     dataset = tf.data.Dataset.range(args.elements)
     if args.delay_ms:
-        dataset = dataset.map(lambda i: tf.numpy_function(slow_read, [i], tf.int64))
+        dataset = dataset.apply(testing.sleep(int(args.delay_ms * 1000)))
     dataset = dataset.map(lambda i: (i, tf.cast(tf.reshape(i % 10, [1]), tf.float32)))
     dataset = dataset.batch(args.batch)
     return dataset.apply(tf.data.experimental.service.distribute(
