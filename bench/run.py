@@ -903,6 +903,14 @@ def bench_elastic(s: Setting, tmp: Path) -> None:
     elastic(s, tmp)
 
 
+def bench_dataservice(s: Setting, tmp: Path) -> None:
+    """bench/dataservice.py: an input-bound 2-worker job with 0, 1 and 2 data workers:
+    throughput and the share of the step spent waiting for input."""
+    from bench.dataservice import bench_dataservice as dataservice
+
+    dataservice(s, tmp)
+
+
 def bench_chaos(s: Setting, tmp: Path) -> None:
     """bench/chaos.py: an elastic 3-worker localhost job under random SIGKILL, SIGSTOP,
     SIGTERM and wrapper kills for 5 minutes: recovered, time back, epochs lost, left over."""
@@ -916,7 +924,8 @@ OUT: list[Path] = [REPO / "bench"]  # this run's output directory (main sets it)
 SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
     "cli": bench_cli, "light": bench_light, "paired": bench_paired, "resume": bench_resume,
     "progress": bench_progress, "lab": bench_lab, "kit": bench_kit,
-    "kitsoak": bench_kitsoak, "elastic": bench_elastic, "chaos": bench_chaos}
+    "kitsoak": bench_kitsoak, "elastic": bench_elastic, "chaos": bench_chaos,
+    "dataservice": bench_dataservice}
 
 
 def main(argv: list[str] | None = None) -> int:
