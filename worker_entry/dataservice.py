@@ -1,5 +1,5 @@
 """The tf.data service's servers, run by tfo with no user code: a task of role `dispatcher` or
-`data_worker` (orchestrator/strategy.py DATA_SERVICE) serves until it is stopped.
+`data_worker` (orchestrator/planning/strategy.py DATA_SERVICE) serves until it is stopped.
 
     dispatcher:  DispatchServer(port, work_dir=<run dir>/dataservice, fault_tolerant_mode)
     data_worker: WorkerServer(dispatcher_address, worker_address=<its host>:<port>, port)
@@ -21,7 +21,7 @@ from typing import Any
 from worker_entry import markers
 from worker_entry.markers import Role
 
-DATA_SERVICE_ENV = "TFO_DATA_SERVICE"  # as orchestrator/plan.py sets it
+DATA_SERVICE_ENV = "TFO_DATA_SERVICE"  # as orchestrator/planning/plan.py sets it
 
 
 def _port(listen: str) -> int:
