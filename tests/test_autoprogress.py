@@ -101,7 +101,7 @@ timeouts: {{startup_seconds: 120, grace_seconds: 5}}
     raw, code = run_in_pty(["run", "live.yaml"], cwd, timeout=200)
     text = ANSI.sub("", raw)
     assert code == 0, text[-4000:]
-    rows = re.findall(r"worker:1\s+localhost\s+\d+\s+running\s+0\s+\d+s\s+\S+\s+\S+\s+"
+    rows = re.findall(r"worker:1\s+localhost\s+\d+\s+running\s+\d+s\s+\S+\s+\S+\s+"
                       r"(\d)/3\s+(\d+)/300\s+[\d.]+\s+([\d.e+-]+)\s", text)
     assert rows, text[-4000:]
     assert all(float(loss) > 0 for _, _, loss in rows)

@@ -66,16 +66,17 @@ def tfo_env(cwd: Path, **extra: str) -> dict[str, str]:
 
 
 def run_in_pty(args: list[str], cwd: Path, timeout: float,
-               unsized_stdin: bool = False) -> tuple[str, int]:
-    """`tfo ARGS` on a terminal of COLUMNS x LINES; all it wrote, and its exit code. Killed
-    (its whole tree) and failed past `timeout`. `unsized_stdin`: stdin is another terminal,
-    one that reports 0 x 0 (a pty nobody sized)."""
+               unsized_stdin: bool = False, columns: int = COLUMNS,
+               lines: int = LINES, env: dict[str, str] | None = None) -> tuple[str, int]:
+    """`tfo ARGS` on a terminal of `columns` x `lines`; all it wrote, and its exit code.
+    Killed (its whole tree) and failed past `timeout`. `unsized_stdin`: stdin is another
+    terminal, one that reports 0 x 0 (a pty nobody sized)."""
     leader, follower = os.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", LINES, COLUMNS, 0, 0))
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
     other = os.openpty() if unsized_stdin else None
     proc = subprocess.Popen(tfo_cmd(*args), cwd=cwd, stdin=other[1] if other else follower,
                             stdout=follower, stderr=follower, start_new_session=True,
-                            env=tfo_env(cwd, TERM="xterm-256color"))
+                            env=tfo_env(cwd, TERM="xterm-256color", **(env or {})))
     os.close(follower)
     if other:
         os.close(other[1])  # its leader stays open: a closed one reads as no terminal
@@ -138,12 +139,13 @@ timeouts: {{startup_seconds: 120, grace_seconds: 5}}
 def test_the_live_table_shows_each_task_training(pty_run: PtyRun):
     assert pty_run.returncode == 0, pty_run.text[-4000:]
     text = pty_run.text
-    header = re.search(r"task\s+host\s+pid\s+state\s+restarts\s+up\s+cpu\s+rss\s+epoch\s+step"
+    # No restarts column: under the default policy (never) there are none to count.
+    header = re.search(r"task\s+host\s+pid\s+state\s+up\s+cpu\s+rss\s+epoch\s+step"
                        r"\s+steps/s\s+loss\s+last line", text)
     assert header, text[-4000:]
     # A row of a running worker: its pid, its epoch of 3, its step of 20, its speed, its loss;
     # no usage reported (yet): "-".
-    rows = re.findall(r"worker:1\s+localhost\s+(\d+)\s+running\s+0\s+\d+s\s+(\S+)\s+(\S+)\s+"
+    rows = re.findall(r"worker:1\s+localhost\s+(\d+)\s+running\s+\d+s\s+(\S+)\s+(\S+)\s+"
                       r"(\d)/3\s+(\d+)/20\s+([\d.]+)\s+([\d.e+-]+)\s", text)
     assert rows, text[-4000:]
     epochs = {int(r[3]) for r in rows}
@@ -174,7 +176,7 @@ def test_the_summary_has_a_row_per_task_and_where_tensorboard_is(pty_run: PtyRun
     text = pty_run.text
     assert re.search(r"job succeeded: all training tasks finished", text)
     for task in ("worker:0", "worker:1"):
-        assert re.search(rf"{task}\s+localhost\s+succeeded\s+{ENDED}\s+0\s+3/3\s+20/20\s+"
+        assert re.search(rf"{task}\s+localhost\s+succeeded\s+{ENDED}\s+3/3\s+20/20\s+"
                          r"[\d.]", text), text[-3000:]
     board = pty_run.run_dir / "tensorboard"
     assert f"tensorboard: {board} (to view: tensorboard --logdir {board})" in text
@@ -222,7 +224,7 @@ def test_runs_status_and_logs_show_the_run(pty_run: PtyRun):
     (cwd / "runs" / "broken").mkdir()  # a directory that is no run: skipped, counted
     runs = run_tfo("runs", cwd=cwd, env=tfo_env(cwd), timeout=30)
     assert runs.returncode == 0, runs.output
-    assert re.search(rf"{run_id}\s+live\s+\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\s+\d+s\s+succeeded"
+    assert re.search(rf"{run_id}\s+live\s+\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\s+[\dhms]+\s+succeeded"
                      r"\s+0", runs.stdout), runs.output
     assert "skipped 1 directory" in runs.stderr
 
@@ -230,7 +232,7 @@ def test_runs_status_and_logs_show_the_run(pty_run: PtyRun):
     assert status.returncode == 0, status.output
     assert f"{run_id}: succeeded: all training tasks finished" in status.stdout
     for task in ("worker:0", "worker:1"):
-        assert re.search(rf"{task}\s+localhost\s+succeeded\s+0\s+3/3\s+20/20\s+[\d.]+\s+"
+        assert re.search(rf"{task}\s+localhost\s+succeeded\s+3/3\s+20/20\s+[\d.]+\s+"
                          rf"[\d.]+\s+task_exited\s+\d+\s+{ENDED}", status.stdout), status.stdout
 
     logs = run_tfo("logs", "last", "worker:1", cwd=cwd, env=tfo_env(cwd), timeout=30)
@@ -275,6 +277,8 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_run(tmp_path: P
                                 "state": "succeeded", "restarts": 0}) + "\n")
         assert proc.wait(timeout=10) == 0
         assert proc.stdout.read() == ""
+        # It says how the run ended, rather than return to the prompt without a word.
+        assert proc.stderr.read() == "tfo: run hand-1 ended: succeeded: \n"
     finally:
         if proc.poll() is None:
             kill_tree(proc.pid)

@@ -67,3 +67,13 @@ def main() -> None:
     from orchestrator.cli.commands import main as commands_main
 
     commands_main()
+
+
+def __getattr__(name: str) -> object:
+    """`orchestrator.cli.app` and the commands' other names, from cli/commands.py at first use
+    (PEP 562): importing the package alone loads nothing."""
+    if name.startswith("__") or name == "commands":
+        raise AttributeError(name)
+    import importlib
+
+    return getattr(importlib.import_module("orchestrator.cli.commands"), name)

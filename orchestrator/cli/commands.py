@@ -65,6 +65,7 @@ from orchestrator.cli.options import (
     RestartOpt,
     RunArg,
     RunDirOpt,
+    ShowOpt,
     SlurmArgOpt,
     SourceArg,
     StrategyOpt,
@@ -81,6 +82,7 @@ from orchestrator.cli.report import (
     preflight_table,
     print_plan,
     print_summary,
+    print_table,
     resize_lines,
     runs_table,
 )
@@ -108,18 +110,58 @@ EXIT_BAD_SPEC = 2
 # modules (0.16 s of CPU here, more than half of what `tfo --help` may take). So help
 # strings are plain text: write `[default: x]`, no markup, no escapes.
 HELP = {"rich_markup_mode": None, "add_completion": False, "no_args_is_help": True,
-        "pretty_exceptions_enable": False}
+        "pretty_exceptions_enable": False,
+        "context_settings": {"help_option_names": ["-h", "--help"]}}  # as kubectl, docker
 app = typer.Typer(**HELP,
                   help="Run multi-worker TensorFlow jobs on this machine or on a lab's machines.",
                   epilog=EPILOG)
 
 
+def _version(value: bool) -> None:
+    if value:
+        # The installed distribution's (pyproject's version), as pip shows it.
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"tfo {version('tf-orchestrator')}")
+        except PackageNotFoundError:
+            print("tfo (not installed: run from a source tree)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option(
+        "--version", help="print tfo's version and exit", callback=_version,
+        is_eager=True)] = False) -> None:
+    """Run multi-worker TensorFlow jobs on this machine or on a lab's machines."""
+
+
 def _fail(message: str) -> typer.Exit:
-    err.print(labeled("error:", "bold red", message), soft_wrap=True)
+    _fail_line(message)
     page = guide_page(message)
     if page:
         err.print(f"see: {page}", soft_wrap=True)
     return typer.Exit(EXIT_BAD_SPEC)
+
+
+def _usage_error(self: Any, file: Any = None) -> None:
+    """A usage error (an unknown option, a missing value) in tfo's one style, as its own
+    errors are: `error: …`, then where help is (typer's was `Usage: … Error: …`)."""
+    _fail_line(self.format_message())
+    if getattr(self, "ctx", None) is not None:
+        err.print(f"see: {self.ctx.command_path} --help", soft_wrap=True)
+
+
+def _one_error_style() -> None:
+    # typer's own click (typer._click, 0.29+); an older typer keeps its style.
+    with contextlib.suppress(ImportError, AttributeError):
+        from typer._click import exceptions
+
+        exceptions.UsageError.show = _usage_error  # NoArgsIsHelpError keeps its own (help)
+
+
+def _fail_line(message: str) -> None:
+    err.print(labeled("error:", "bold red", message), soft_wrap=True)
 
 
 def _say(line: str) -> None:
@@ -154,7 +196,8 @@ def _made_by() -> str:
     return shlex.join(["tfo", *sys.argv[1:]])
 
 
-@app.command(cls=CommandAfterDashes)
+@app.command(cls=CommandAfterDashes,
+             short_help="Print what run would start, without starting anything")
 def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, typer.Option(
         "--json", help="print the plan as JSON, as plan.json holds it")] = False,
          run_dir: RunDirOpt = None,
@@ -168,7 +211,13 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
          account: AccountOpt = None, slurm_arg: SlurmArgOpt = None,
          data_workers: DataWorkersOpt = None) -> None:
     """Print what `run` would start, without starting anything: `tfo plan FILE`, or
-    `tfo plan --workers 2 -- python train.py` (then also the cluster file it makes)."""
+    `tfo plan --workers 2 -- python train.py` (then also the cluster file it makes).
+
+    \b
+    Examples:
+      tfo plan clusters/localhost.yaml
+      tfo plan --workers 2 -- python train.py
+      tfo plan clusters/lab.yaml --json"""
     from orchestrator.planning.quick import QuickFlags, SlurmFlags
 
     source = _source(ctx, file, QuickFlags(
@@ -190,10 +239,14 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
                _made_by())
 
 
-@app.command()
+@app.command(short_help="Preflight every host: reachable, python, TF, ports")
 def check(file: FileArg) -> None:
     """Preflight every host at once: reachable, authenticated, python, TF versions, ports,
-    workdir. Exit 0 when all is well, 1 naming each problem."""
+    workdir. Exit 0 when all is well, 1 naming each problem.
+
+    \b
+    Examples:
+      tfo check clusters/lab.yaml"""
     try:
         p, backends = prepare(file, None, dry_run=True)
     except (SpecError, BackendError) as e:
@@ -214,7 +267,7 @@ def check(file: FileArg) -> None:
     raise typer.Exit(1 if problems else 0)
 
 
-@app.command()
+@app.command(short_help="Print the cluster file's JSON Schema, for editors")
 def schema() -> None:
     """Print the cluster file's JSON Schema, for editors: `tfo schema > cluster.schema.json`."""
     from orchestrator.planning.spec import cluster_schema
@@ -222,7 +275,8 @@ def schema() -> None:
     print(json.dumps(cluster_schema(), indent=2))
 
 
-@app.command(cls=CommandAfterDashes)
+@app.command(cls=CommandAfterDashes,
+             short_help="Bring the job up, watch it, restart by policy, tear it down")
 def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         verbose: VerboseOpt = False, logs: LogsOpt = True, workers: WorkersOpt = None,
         chief: ChiefOpt = False, ps: PsOpt = None, evaluator: EvaluatorOpt = False,
@@ -232,17 +286,27 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         independent: IndependentOpt = False, on: OnOpt = None,
         partition: PartitionOpt = None, time_limit: TimeOpt = None, nodes: NodesOpt = None,
         tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
-        account: AccountOpt = None, slurm_arg: SlurmArgOpt = None,
+        account: AccountOpt = None, slurm_arg: SlurmArgOpt = None, show: ShowOpt = None,
         data_workers: DataWorkersOpt = None,
         ctx: typer.Context = None) -> None:  # type: ignore[assignment]  # last: run(FILE) works
-    """Bring the job up, watch it, restart by policy, tear it down; exit 0/1/2/129/130/131/143.
+    """Bring the job up, watch it, restart by policy, tear it down.
     FILE may be a run's plan.json: the same tasks again, in a new run directory. Without
     FILE, the command after -- runs (`tfo run --workers 2 -- python train.py --epochs 3`), and
     the cluster file made for it is written into the run directory as cluster.yaml. With
     `--on slurm`, the same job runs in one Slurm allocation, each task a job step.
     On a terminal a table of the tasks (state, CPU, memory, epoch, step, loss, last line)
-    stays below their lines, redrawn every second; piped, the lines only, and the table at
-    the end."""
+    and a progress bar stay below their lines, redrawn every second; piped, the lines only.
+    Either way the table at the end, and last the verdict.
+
+    Exit codes: 0 the job succeeded, 1 it failed, 2 bad cluster file or usage (nothing
+    started), 129 hung up (SIGHUP), 130 interrupted (Ctrl-C), 131 quit (SIGQUIT), 143
+    terminated (SIGTERM).
+
+    \b
+    Examples:
+      tfo run --workers 2 -- python train.py --epochs 3
+      tfo run clusters/localhost.yaml --show worker:0
+      tfo run runs/<id>/plan.json"""
     from orchestrator.planning.quick import QuickFlags, SlurmFlags
 
     source = _source(ctx, file, QuickFlags(
@@ -250,7 +314,7 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         max_restarts, independent, data_workers), SlurmFlags(
             on, partition, time_limit, nodes, tasks_per_node, gpus_per_task, account,
             tuple(slurm_arg or ())))
-    _run(source, run_dir, verbose, logs)
+    _run(source, run_dir, verbose, logs, show)
 
 
 def _str(path: Path | None) -> str | None:
@@ -264,11 +328,43 @@ class _Interrupted(BaseException):
         self.signum = signum
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise _Interrupted(signum)
+class _Signals:
+    """`tfo run`'s handlers around the supervisor's: before it takes over, a signal ends tfo
+    (SIGINT as KeyboardInterrupt, the others as _Interrupted); once it has handled the job's
+    end, a signal only counts (`late`). A second Ctrl-C lands there when the first one's
+    teardown is quick: raised, it cut the summary off and said "nothing was started"."""
+
+    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+
+    def __init__(self) -> None:
+        import signal
+
+        self.supervised = False  # the supervisor's handlers took over (and later gave back)
+        self.late = 0
+        for name in self.SIGNALS:
+            signal.signal(getattr(signal, name), self)
+
+    def __call__(self, signum: int, frame: object) -> None:
+        import signal
+
+        if self.supervised:
+            self.late += 1
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise _Interrupted(signum)
+
+    def ignore(self) -> None:
+        """From now on, ignored: Python puts back the default handlers as it exits (a
+        Ctrl-C then would end tfo with SIGINT, whatever the job's exit code)."""
+        import signal
+
+        for name in self.SIGNALS:
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
-def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True) -> None:
+def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = True,
+         show: str | None = None) -> None:
     """orchestrator.pipeline.run, printing: its lines, the tasks' (a ConsoleWriter, and the
     live view on a terminal), the summary; its errors as the user's, with the exit code."""
     # Until the supervisor takes over, SIGTERM, SIGHUP and SIGQUIT end tfo as Ctrl-C does: what was
@@ -277,10 +373,11 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
 
     from orchestrator.pipeline import run as run_pipeline
 
-    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(s, _interrupt)
+    signals = _Signals()
     stage = ["planning"]  # what was under way, for the message
     shown: list[ConsoleWriter] = []  # the console, once the supervisor takes over
+    began: list[float] = []  # when the tasks were started (monotonic)
+    only: list[str] = []  # --show's tasks
 
     @contextlib.contextmanager
     def display(p: Plan) -> Iterator[tuple[Any, Any]]:
@@ -290,9 +387,13 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         console = ConsoleWriter(fd)
         shown.append(console)
         view = LiveView(console, fd) if is_live_terminal(fd) else None
+        only.extend(_shown_tasks(show, p))
+        echo = console_echo(console.write, verbose, logs, view.seen if view else None,
+                            prefixes=prefixes(p), only=set(only) if show else None)
         try:
-            yield console_echo(console.write, verbose, logs, view.seen if view else None), view
+            yield echo, view
         finally:
+            echo.flush()
             if view is not None:
                 view.close()  # the summary's table takes its place
             console.close()
@@ -300,6 +401,8 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
     def started(p: Plan) -> None:
         """Said once the tasks are started: rich loads then (liveview defers it too). A
         closed stderr does not stop the run; events.jsonl has it all."""
+        signals.supervised = True  # its handlers are in place: ours see only what follows
+        began.append(time.monotonic())
         with contextlib.suppress(OSError):
             _say(f"run {p.run_id}: {len(p.tasks)} tasks, logs in {p.run_dir}/logs")
 
@@ -334,16 +437,45 @@ def _run(source: Path | dict, run_dir: Path | None, verbose: bool, logs: bool = 
         if console.reader_gone:
             err.print(f"tfo: stdout was closed; console echo stopped; logs are complete in "
                       f"{result.run_dir}/logs", soft_wrap=True)
-        print_summary(result)
+        print_summary(result, elapsed=time.monotonic() - began[0] if began else None,
+                      shown=logs and not console.dropped and not console.reader_gone
+                      and (not show or result.failed_task in only))
+    signals.ignore()  # the exit code is the job's, not a signal's while the interpreter ends
     raise typer.Exit(result.exit_code)
 
 
-@app.command()
+def _shown_tasks(show: str | None, p: Plan) -> list[str]:
+    """--show's task names, each one of the plan's."""
+    if not show:
+        return []
+    names = [t.name for t in p.tasks]
+    wanted = [name.strip() for name in show.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in names]
+    if unknown:
+        raise SpecError(f"--show: no task {unknown[0]!r} in this job; its tasks: "
+                        f"{', '.join(names)}")
+    return wanted
+
+
+def prefixes(p: Plan) -> dict[str, str]:
+    """Each task's console prefix: `worker:1`, or `worker:1@gpu2` where the job spans
+    hosts."""
+    if len({t.host for t in p.tasks}) <= 1:
+        return {}
+    return {t.name: f"{t.name}@{t.host}" for t in p.tasks}
+
+
+@app.command(short_help="Run a run's plan again, in a new run directory")
 def rerun(run_ref: RunArg = None, run_dir: RunDirOpt = None, verbose: VerboseOpt = False,
-          logs: LogsOpt = True) -> None:
+          logs: LogsOpt = True, show: ShowOpt = None) -> None:
     """Run a run's plan again: the same tasks, ports and TF_CONFIGs, in a new run directory;
-    training resumes from the run's backups (or starts over where it left none, as said)."""
-    _run(Path(_find_run(run_ref).plan_path), run_dir, verbose, logs)
+    training resumes from the run's backups (or starts over where it left none, as said).
+
+    \b
+    Examples:
+      tfo rerun last
+      tfo rerun train-20261127"""
+    _run(Path(_find_run(run_ref).plan_path), run_dir, verbose, logs, show)
 
 
 def _find_run(ref: str | None) -> RunDir:
@@ -353,11 +485,17 @@ def _find_run(ref: str | None) -> RunDir:
         raise _fail(str(e)) from None
 
 
-@app.command()
+@app.command(short_help="A run's tasks: state, epoch, loss, exit")
 def status(run_ref: RunArg = None) -> None:
     """The tasks of a run (the latest by default) as its events.jsonl tells them: state,
-    restarts, last epoch, step, steps/s and loss, last event, exit."""
-    from orchestrator.cli.liveview import STATUS, rows_from_events, table
+    restarts, last epoch, step, steps/s and loss, last event, exit.
+
+    \b
+    Examples:
+      tfo status
+      tfo status last
+      tfo status train-20261127-0349"""
+    from orchestrator.cli.liveview import STATUS, rows_from_events, table, without_restarts
     from orchestrator.loop import resumes
 
     rd = _find_run(run_ref)
@@ -366,8 +504,9 @@ def status(run_ref: RunArg = None) -> None:
     except OSError as e:
         raise _fail(f"{rd}: cannot read events.jsonl: {e.strerror or e}") from None
     line, abnormal = job_line(events, skipped, rd.held())
-    out.print(table(rows_from_events(events, over=abnormal, now=time.time()), STATUS,
-                    title=f"{rd.name}: {line}"))
+    rows = rows_from_events(events, over=abnormal, now=time.time())
+    print_table(out, table(rows, without_restarts(rows, STATUS), title=f"{rd.name}: {line}",
+                           width=out.width))
     for line in resize_lines([e for e in events if e["event"] == "job_resized"]) + \
             resumes.lines([e for e in events if e["event"] == "task_resumed"]):
         out.print(printable(line), soft_wrap=True, highlight=False, markup=False)
@@ -375,12 +514,16 @@ def status(run_ref: RunArg = None) -> None:
         err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)")
 
 
-@app.command()
+@app.command(short_help="The runs under runs/: id, start, duration, outcome")
 def runs() -> None:
     """The runs under runs/, oldest first: id, cluster name, start, duration, outcome,
-    restarts."""
+    restarts.
+
+    \b
+    Examples:
+      tfo runs"""
     found, broken = list_runs()
-    out.print(runs_table(found))
+    print_table(out, runs_table(found, width=out.width))
     if broken:
         what = "directory that is not a readable run" if broken == 1 else \
             "directories that are not readable runs"
@@ -394,7 +537,7 @@ _TASK_NAME = re.compile(r"^[a-z_]+:\d+$")
 FOLLOW_SECONDS = 0.25  # how often `tfo logs -f` looks for new lines
 
 
-@app.command()
+@app.command(short_help="Print a task's log, or every task's; -f follows the run")
 def logs(run_dir: Annotated[str | None, typer.Argument(
             help="a run directory, id or id prefix, or a task name (of the latest run)",
             show_default=False)] = None,
@@ -406,7 +549,13 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
          raw: Annotated[bool, typer.Option(
              "--raw", help="also the @tfo marker lines tfo itself reads")] = False) -> None:
     """Print a task's log (every task's, [role:index] first, when none is named): `tfo logs`,
-    `tfo logs worker:1`, `tfo logs last worker:1 -f`, `tfo logs RUN_DIR worker:1`."""
+    `tfo logs worker:1`, `tfo logs last worker:1 -f`, `tfo logs RUN_DIR worker:1`.
+
+    \b
+    Examples:
+      tfo logs worker:1
+      tfo logs last worker:1 -f
+      tfo logs train-20261127 -n 50"""
     from orchestrator.cli.logprint import LogPrinter
 
     if task is None and run_dir and _TASK_NAME.match(run_dir) and not Path(run_dir).is_dir():
@@ -431,11 +580,18 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
             time.sleep(FOLLOW_SECONDS)
     except BrokenPipeError:  # `tfo logs | head`: the reader has what it wanted
         point_at_devnull(sys.stdout.fileno())
+        return
+    if follow:  # how the run ended, rather than a silent return to the prompt
+        with contextlib.suppress(OSError):
+            events, skipped = rd.read_events()
+            err.print(labeled("tfo:", "bold", f"run {rd.name} ended: "
+                              f"{job_line(events, skipped, rd.held())[0]}"), soft_wrap=True)
 
 
 export_app = typer.Typer(**HELP, help="Hand the job to another engine, as a file it runs: a "
                          "Kubeflow TFJob.")
-app.add_typer(export_app, name="export")
+app.add_typer(export_app, name="export",
+              short_help="Hand the job to another engine: a Kubeflow TFJob")
 
 
 @export_app.command("tfjob")
@@ -479,6 +635,7 @@ def main() -> None:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    _one_error_style()
     try:
         with starting():
             app()

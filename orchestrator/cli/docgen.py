@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 REFERENCE = Path("docs") / "reference"
 WIDTH = 100  # help text's width, whatever the terminal
 HEADER = (

@@ -30,7 +30,6 @@ from orchestrator.loop.decide import exited_how
 from orchestrator.loop.rate import STALE_INTERVALS, STALE_SECONDS, shown
 
 if TYPE_CHECKING:
-    from rich.table import Table
 
     from orchestrator.loop.job import Job
     from orchestrator.loop.records import TaskOutcome, TaskRecord
@@ -208,6 +207,14 @@ def _bytes(n: int | None) -> str:
     return f"{n}B"
 
 
+def _loss(loss: float | None) -> str:
+    """Four decimals where a loss usually is (0.1300, 0.1088, 0.0943: one width as it
+    falls), three significant digits beyond."""
+    if loss is None:
+        return "-"
+    return f"{loss:.4f}" if 1e-3 <= abs(loss) < 100 else f"{loss:.3g}"
+
+
 def _epoch(r: Row) -> str:
     t = r.trained
     if t.epoch is None:
@@ -234,7 +241,7 @@ CELLS: dict[str, Any] = {
     "epoch": _epoch,
     "step": _step,
     "steps/s": lambda r: "-" if r.steps_per_second is None else f"{r.steps_per_second:.1f}",
-    "loss": lambda r: "-" if r.trained.loss is None else f"{r.trained.loss:.4g}",
+    "loss": lambda r: _loss(r.trained.loss),
     "exit": lambda r: "-" if r.exit is None
     else exited_how(describe_exit(r.exit), r.exit_reason, r.torn_down),
     "last line": lambda r: r.last or "-",
@@ -248,54 +255,109 @@ STATUS = ("task", "host", "state", "restarts", "epoch", "step", "steps/s", "loss
 _STYLES = {"running": "green", "succeeded": "green", "failed": "red", "stopped": "yellow"}
 
 
-# A narrow terminal loses these first, in this order, before the last line gets too short.
-NARROW_DROPS = ("pid", "host", "restarts", "rss", "up", "cpu")
+# ---- fitting a table to the terminal ----------------------------------------------------
+# Every table (live, summary, `tfo status`, `tfo runs`) fits its width the same way: by
+# dropping whole columns, in this order, never by cutting a value. These go first ...
+DROPS = ("pid", "rss", "name", "cpu", "up", "restarts", "started", "steps/s", "host",
+         "duration", "step")
+# A job on one host says it on every row: its host column goes first. A job on several keeps
+# it longest: there it tells the tasks' machines apart.
+ONE_HOST = ("host", *DROPS)
+HOSTS = (*(c for c in DROPS if c != "host"), "host")
+# ... these never (a value that identifies something, or that the user came for) ...
+ESSENTIAL = ("task", "state", "epoch", "loss", "exit", "run", "outcome")
+# ... and free text is cut to what is left (a '…' where it is cut), at least MIN_LAST while
+# columns can still go, at least LEAST_LAST, else left out.
+FREE = ("last line", "last event")
 MIN_LAST = 20
+LEAST_LAST = 8
+SEPARATOR = 3  # between two columns: padding, rule, padding
+# The widths a value of these columns reaches as a job goes on (a table whose columns moved
+# with each refresh was hard to read).
+RESERVED = {"pid": 7, "cpu": 4, "rss": 5, "up": 6, "steps/s": 5, "loss": 6}
 
 
-def _cells(rows: list[Row], columns: tuple[str, ...]) -> tuple[list[list[str]], list[int]]:
-    cells = [[printable(CELLS[col](r)) for col in columns] for r in rows]
-    return cells, [max([len(col), *(len(c[i]) for c in cells)]) for i, col in enumerate(columns)]
+def widths(columns: tuple[str, ...], cells: list[list[str]]) -> dict[str, int]:
+    """Each column's width: its header, its longest cell, what it reserves."""
+    return {col: max([len(col), RESERVED.get(col, 0), *(len(c[i]) for c in cells)])
+            for i, col in enumerate(columns)}
 
 
-def _room(widths: list[int], width: int) -> int:
-    """What a table's last column gets of `width`: each other column takes its padding and
-    a separator."""
-    return width - sum(w + 3 for w in widths[:-1])
+def _total(columns: tuple[str, ...], wide: dict[str, int], free: int) -> int:
+    return sum(free if c in FREE else wide[c] for c in columns) + \
+        SEPARATOR * (len(columns) - 1)
 
 
-def fit(rows: list[Row], columns: tuple[str, ...], width: int) -> tuple[str, ...]:
-    """The columns that leave the last line MIN_LAST characters on a terminal this wide."""
-    for drop in NARROW_DROPS:
-        if _room(_cells(rows, columns)[1], width) >= MIN_LAST:
+def fit(columns: tuple[str, ...], wide: dict[str, int], width: int,
+        drops: tuple[str, ...] = DROPS) -> tuple[str, ...]:
+    """The columns of a table `width` wide: `drops` leave, one at a time, until the others
+    fit with MIN_LAST for free text; then free text gets what is left, if that is
+    LEAST_LAST. ESSENTIAL columns always stay."""
+    for drop in drops:
+        if _total(columns, wide, MIN_LAST) <= width:
             break
-        columns = tuple(c for c in columns if c != drop)
+        if drop not in ESSENTIAL:
+            columns = tuple(c for c in columns if c != drop)
+    if _total(columns, wide, LEAST_LAST) > width:
+        columns = tuple(c for c in columns if c not in FREE)
     return columns
 
 
-def table(rows: list[Row], columns: tuple[str, ...], title: str = "",
-          width: int | None = None) -> Table:
-    """Every cell is Text: a task name, host or line is never read as rich markup. Given the
-    width, a last column of lines is cut to what the other columns leave (one line a row)."""
+def fitted(columns: tuple[str, ...], cells: list[list[str]], width: int | None,
+           title: str = "", styles: list[dict[str, str]] | None = None,
+           wide: dict[str, int] | None = None, drops: tuple[str, ...] = DROPS) -> Any:
+    """A table of `cells` (one list a row, in `columns`' order) that fits `width` (None:
+    every column, as is): see `fit`. Every cell is Text: a task name, host or line is never
+    read as rich markup. A kept value is never cut by rich either (min_width, and folded
+    should the essential columns alone be too wide); free text is cut here, once."""
     from rich import box  # here, not at the top: `tfo run` starts its tasks before rich loads
     from rich.table import Table
     from rich.text import Text
 
-    t = Table(title=Text(printable(title)) if title else None, title_justify="left",
-              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    cells, widths = _cells(rows, columns)
-    for col in columns:
-        t.add_column(col, no_wrap=True)
-    if width is not None and columns[-1].startswith("last"):
-        room = max(10, _room(widths, width))
-        cells = [[*c[:-1], c[-1] if len(c[-1]) <= room else c[-1][:room - 1] + "…"]
-                 for c in cells]
-    state = columns.index("state") if "state" in columns else -1
-    for r, row_cells in zip(rows, cells, strict=True):
-        style = _STYLES.get(r.state.split()[0], "")
-        t.add_row(*(Text(c, style=style if i == state else "")
-                    for i, c in enumerate(row_cells)))
-    return t
+    wide = {**widths(columns, cells), **(wide or {})}
+    kept = columns if width is None else fit(columns, wide, width, drops)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    room = None if width is None else width - _total(tuple(c for c in kept if c not in FREE),
+                                                      wide, 0) - SEPARATOR
+    for col in kept:
+        if col in FREE:
+            t.add_column(col, no_wrap=True, overflow="ellipsis")
+        else:
+            t.add_column(col, no_wrap=True, overflow="fold", min_width=wide[col])
+    at = [columns.index(col) for col in kept]
+    for n, row in enumerate(cells):
+        style = (styles or [{}] * len(cells))[n]
+        shown = []
+        for i in at:
+            text = row[i]
+            if columns[i] in FREE and room is not None and len(text) > room:
+                text = text[:max(1, room - 1)] + "…"
+            shown.append(Text(text, style=style.get(columns[i], "")))
+        t.add_row(*shown)
+    if not title:
+        return t
+    from rich.console import Group  # the title a line of its own: as wide as the console,
+    # not wrapped at a narrow table's width
+    return Group(Text(printable(title)), t)
+
+
+def cells(rows: list[Row], columns: tuple[str, ...]) -> list[list[str]]:
+    return [[printable(CELLS[col](r)) for col in columns] for r in rows]
+
+
+def without_restarts(rows: list[Row], columns: tuple[str, ...]) -> tuple[str, ...]:
+    """A finished run's table without its restarts column when nothing restarted (the run
+    directory's line says `restarts: 0`)."""
+    return columns if any(r.restarts for r in rows) else \
+        tuple(c for c in columns if c != "restarts")
+
+
+def table(rows: list[Row], columns: tuple[str, ...], title: str = "",
+          width: int | None = None, wide: dict[str, int] | None = None) -> Any:
+    """The tasks' table, fit to `width` (see `fitted`; ONE_HOST, HOSTS)."""
+    styles = [{"state": _STYLES.get(r.state.split()[0], "")} for r in rows]
+    return fitted(columns, cells(rows, columns), width, title, styles, wide,
+                  ONE_HOST if len({r.host for r in rows}) <= 1 else HOSTS)
 
 
 def render(renderable: Any, width: int, color: bool = False) -> str:
@@ -325,11 +387,65 @@ LINES_REFRESH_SECONDS = 0.25
 RENDER_SHARE = 0.05
 
 
+def restarts_possible(job: Job) -> bool:
+    """Some role may restart: its policy is not `never`, and max_restarts allows one."""
+    return job.policy.max_restarts > 0 and \
+        any(p.value != "never" for p in job.policy.restart.values())
+
+
+def done_share(rows: list[Row]) -> float | None:
+    """How much of the job is done, where the epochs are known: its slowest task's share
+    (epochs begun and steps done), 0-1; None while no task knows its epochs."""
+    shares = []
+    for r in rows:
+        t = r.trained
+        if t.epochs and t.epoch is not None:
+            within = t.step_in_epoch / t.steps if t.steps and t.step_in_epoch is not None else 0
+            shares.append(min(1.0, (t.epoch + within) / t.epochs))
+    return min(shares) if shares else None
+
+
+@dataclass
+class Eta:
+    """The job's time to go, from its share done and the time since the first share seen
+    (the start-up before training does not count)."""
+
+    first: tuple[float, float] | None = None  # (when, share) first seen
+
+    def __call__(self, share: float | None, now: float) -> float | None:
+        if share is None:
+            return None
+        if self.first is None or share < self.first[1]:  # a restart went back: start again
+            self.first = (now, share)
+        at, began = self.first
+        if share <= began or now <= at:
+            return None
+        return (1 - share) * (now - at) / (share - began)
+
+
+def progress_line(share: float | None, eta: float | None, width: int) -> Any:
+    """A bar of the job's share done, its percent and ETA (rich's ProgressBar), or None."""
+    if share is None:
+        return None
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    words = f" {share * 100:3.0f}%" + ("" if eta is None else f"  eta {duration(eta)}")
+    grid = Table.grid()
+    grid.add_row(ProgressBar(total=1.0, completed=share, width=max(5, min(40, width - 20))),
+                 Text(words))
+    return grid
+
+
 class LiveView:
     """The table under the tasks' lines on a terminal, redrawn once a second (the loop's
     `watch`), and while tasks print lines, as they are shown (LINES_REFRESH_SECONDS, where
     a redraw is cheap enough), so the table is about as current as the lines above it. Rows
-    that do not fit the terminal's height are left out, and counted."""
+    that do not fit the terminal's height are left out, and counted. Its columns' widths only
+    grow while the terminal's width stays (`fit` then drops the same columns each redraw); a
+    new width starts them again. Above the table: the job's elapsed time, and where the
+    epochs are known a progress bar and an ETA."""
 
     def __init__(self, writer: ConsoleWriter, fd: int) -> None:
         self._writer, self._fd = writer, fd
@@ -338,6 +454,9 @@ class LiveView:
         self._job: Job | None = None
         self._next = 0.0  # when a line may redraw the table next (monotonic)
         self._render_seconds = 0.0  # the last redraw's (the writer's thread sets it)
+        self._eta = Eta()
+        self._wide: dict[str, int] = {}  # the columns' widths so far (the writer's thread)
+        self._width = 0  # the terminal's width they are for
 
     def seen(self, task: str, line: str) -> None:
         self._last[task] = line
@@ -350,27 +469,51 @@ class LiveView:
         self._next = now + max(LINES_REFRESH_SECONDS, self._render_seconds / RENDER_SHARE)
         rows = [row_from_record(rec, now, self._last.get(rec.name, ""))
                 for rec in job.records.values()]
-        title = (f"{job.plan.run_id}: {job.state.value}, {duration(now - self._t0)}, "
-                 f"restarts {job.restarts}/{job.policy.max_restarts}"
+        possible = restarts_possible(job)
+        title = (f"{job.plan.run_id}: {job.state.value}, {duration(now - self._t0)}"
+                 + (f", restarts {job.restarts}/{job.policy.max_restarts}" if possible else "")
                  # The workers working: a parameter_server job's dropped ones have no record.
                  + size_note(job.plan.spec, sum(r.role == "worker" for r in job.records.values())))
-        self._writer.set_footer(lambda: self._render(rows, title))
+        columns = LIVE if possible or any(r.restarts for r in rows) else \
+            tuple(c for c in LIVE if c != "restarts")
+        share = done_share(rows)
+        eta = self._eta(share, now)
+        self._writer.set_footer(lambda: self._render(rows, title, columns, share, eta))
 
-    def _render(self, rows: list[Row], title: str) -> str:
+    def _render(self, rows: list[Row], title: str, columns: tuple[str, ...],
+                share: float | None, eta: float | None) -> str:
         t0 = time.perf_counter()
         try:
-            return self._rendered(rows, title)
+            return self.frame(rows, title, columns, share, eta)
         finally:
             self._render_seconds = time.perf_counter() - t0
 
-    def _rendered(self, rows: list[Row], title: str) -> str:
+    def frame(self, rows: list[Row], title: str, columns: tuple[str, ...],
+                  share: float | None, eta: float | None) -> str:
+        from rich.console import Group
+        from rich.text import Text
+
         try:
             width, height = os.get_terminal_size(self._fd)
         except OSError:
             width, height = 120, 40
-        room = max(1, height - 6)  # title, header, rule, the "more" line, a line of output
+        # One column short of the terminal: a line as wide as it leaves the cursor in its
+        # last column, and some terminals then wrap the next line's first character.
+        width = max(20, width - 1)
+        bar = progress_line(share, eta, width)
+        room = max(1, height - 6 - (bar is not None))  # title, header, rule, "more", a line
         shown = rows[:room]
-        text = render(table(shown, fit(shown, LIVE, width), title, width), width, color=True)
+        if width != self._width:
+            self._wide, self._width = {}, width
+        for col, w in widths(columns, cells(shown, columns)).items():
+            self._wide[col] = max(w, self._wide.get(col, 0))
+        parts: list[Any] = [Text(printable(title), no_wrap=True, overflow="ellipsis")]
+        if bar is not None:
+            parts.append(bar)
+        parts.append(table(shown, columns, width=width, wide=self._wide))
+        from orchestrator.cli.report import no_color
+
+        text = render(Group(*parts), width, color=not no_color())
         if len(rows) > len(shown):
             text += f"… {len(rows) - len(shown)} more tasks (tfo status shows all)\n"
         return text

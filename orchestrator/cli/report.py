@@ -54,8 +54,30 @@ def _console(stderr: bool) -> Console:
     # Piped output (CI, `| less`, tests) gets wide tables instead of rich's 80 columns.
     # No markup or emoji codes: what we print holds paths, users' arguments and hosts' replies
     # (a `[/x]` in one was a MarkupError traceback). Our own styles go through `_labeled`.
+    # NO_COLOR (no-color.org): no escape codes at all, bold included (rich drops colors only).
+    extra: dict[str, Any] = {"color_system": None} if no_color() else {}
     return _Console(stderr=stderr, highlight=False, markup=False, emoji=False,
-                    width=None if tty else 160)
+                    width=None if tty else 160, **extra)
+
+
+def no_color() -> bool:
+    """NO_COLOR set, and not empty: no colors, no bold (no-color.org)."""
+    return bool(os.environ.get("NO_COLOR"))
+
+
+def print_table(console: Console, table: Any) -> None:
+    """A table at the console's width; where it is no terminal, without the spaces rich
+    pads its lines with (plain output has no trailing spaces)."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    from rich.text import Text
+
+    from orchestrator.cli.liveview import render
+
+    text = render(table, console.width)
+    console.print(Text("\n".join(line.rstrip() for line in text.splitlines())),
+                  soft_wrap=True)
 
 
 class _LazyConsole:
@@ -115,24 +137,36 @@ def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.1f} GiB"
 
 
-def print_summary(result: RunResult) -> None:
-    from orchestrator.cli.liveview import FINAL, row_from_outcome, table
+def print_summary(result: RunResult, elapsed: float | None = None,
+                  shown: bool = False) -> None:
+    """The end of `tfo run`: the tasks' table, what went wrong, where things are, and last
+    the verdict, one line (on an 80x24 screen it is what stays in view): the job's state,
+    why, the failing task's error and the total time (`elapsed`). `shown`: the console
+    showed the tasks' lines (the failing task's last lines are not repeated then; the line
+    above the verdict says how to see its log)."""
+    from orchestrator.cli.liveview import FINAL, duration, row_from_outcome, table, without_restarts
+    from orchestrator.loop.decide import TaskState, exited_how
 
-    err.print(table([row_from_outcome(t) for t in result.tasks], FINAL,
-                    title=f"job {result.state.value}: {result.reason}"))
+    rows = [row_from_outcome(t) for t in result.tasks]
+    took = "" if elapsed is None else f" after {duration(elapsed)}"
+    run_id = Path(result.run_dir).name
+    print_table(err, table(rows, without_restarts(rows, FINAL), width=err.width,
+                           title=f"{run_id}: job {result.state.value}{took}"))
+    error = ""
     if result.failed_task:
         failed = next(t for t in result.tasks if t.name == result.failed_task)
-        # No exit code: it never started (its start failed), so it cannot be "still running".
-        from orchestrator.loop.decide import TaskState, exited_how
-
-        how = exited_how(describe_exit(failed.returncode), failed.exit_reason) \
-            if failed.returncode is not None else "could not start"
-        # A task the job's end stopped (it trained alone) is not said to have failed.
-        said = "failed" if failed.state is TaskState.FAILED else failed.state.value
-        err.print(labeled(f"{failed.name} {said}: {how};", "bold red",
-                           f"last lines of {failed.log_path}:"), soft_wrap=True)
-        for line in _last_lines(failed.name, failed.log_path, 20):
-            err.print(f"  {line}", soft_wrap=True)
+        last = _last_lines(failed.name, failed.log_path, 20)
+        error = raised(last)
+        if not shown:
+            # No exit code: it never started (its start failed), so it is not "still running".
+            how = exited_how(describe_exit(failed.returncode), failed.exit_reason) \
+                if failed.returncode is not None else "could not start"
+            # A task the job's end stopped (it trained alone) is not said to have failed.
+            said = "failed" if failed.state is TaskState.FAILED else failed.state.value
+            err.print(labeled(f"{failed.name} {said}: {how};", "bold red",
+                              f"last lines of {failed.log_path}:"), soft_wrap=True)
+            for line in last:
+                err.print(f"  {line}", soft_wrap=True)
     for stall in result.stalls:  # restarted or not: where a hang was is worth seeing
         err.print(labeled("stalled:", "bold red", f"{stall.task} {stall.reason}"))
         for frame in stall.where:
@@ -149,19 +183,48 @@ def print_summary(result: RunResult) -> None:
     for note in result.notes:
         err.print(labeled("run directory:", "bold red", note), soft_wrap=True)
     preempted = f", preemptions: {result.preemptions}" if result.preemptions else ""
-    err.print(f"run directory: {result.run_dir} (restarts: {result.restarts}{preempted})",
+    logs = f"; its log: tfo logs {run_id} {result.failed_task}" if result.failed_task else ""
+    err.print(f"run directory: {result.run_dir} (restarts: {result.restarts}{preempted}){logs}",
               soft_wrap=True)
+    err.print(verdict(result.state.value, result.reason, error, elapsed), soft_wrap=True)
+
+
+_STATE_STYLES = {"succeeded": "bold green", "failed": "bold red"}
+
+
+def verdict(state: str, reason: str, error: str = "", elapsed: float | None = None) -> Any:
+    """The run's last line: `job failed: <why>: <the error it raised> (1m02s)`."""
+    from orchestrator.cli.liveview import duration
+
+    said = f"{reason}: {error}" if error and error not in reason else reason
+    took = "" if elapsed is None else f" ({duration(elapsed)})"
+    return labeled(f"job {state}:", _STATE_STYLES.get(state, "bold yellow"), said + took)
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def raised(last: list[str]) -> str:
+    """The exception a Python traceback among a task's last lines ended with
+    (`FileNotFoundError: [Errno 2] ...`), else "": the first unindented line after the
+    last traceback's frames."""
+    if _TRACEBACK not in last:
+        return ""
+    after = last[len(last) - 1 - last[::-1].index(_TRACEBACK) + 1:]
+    return next((line for line in after if line and not line[0].isspace()), "")
 
 
 def _last_lines(task: str, log_path: str, n: int) -> list[str]:
-    """The end of a task's log as the console showed it: no markers, no TensorFlow chatter,
-    escaped (a task's output is untrusted)."""
+    """The end of a task's log as the console showed it: no markers, no TensorFlow chatter
+    nor tfo's traceback frames, escaped (a task's output is untrusted)."""
+    from orchestrator.cli.console import OwnFrames
     from orchestrator.loop.markers import is_marker
     from orchestrator.loop.records import tail
 
-    chatter = ChatterFilter()
+    chatter, frames = ChatterFilter(), OwnFrames()
     shown = [printable(line) for line in tail(log_path, 50 * n)
-             if not is_marker(line) and not chatter.hides(task, line)]
+             if not is_marker(line) and not chatter.hides(task, line)
+             and not frames.hides(task, line)]
     return shown[-n:]
 
 
@@ -239,24 +302,17 @@ def cluster_check_lines(p: Plan) -> list[str]:
             "independently"]
 
 
-def runs_table(found: list[RunInfo]) -> Table:
-    """`tfo runs`: each run's id, cluster name, start, duration, outcome and restarts."""
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
+def runs_table(found: list[RunInfo], width: int | None = None) -> Any:
+    """`tfo runs`: each run's id, cluster name, start, duration, outcome and restarts; fit to
+    `width` by dropping columns (liveview.fit), the id always whole."""
+    from orchestrator.cli.liveview import duration, fitted
 
-    from orchestrator.cli.liveview import duration
-
-    table = Table(title=f"{len(found)} run(s) under {RUNS}/", title_justify="left",
-                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for col in ("run", "name", "started", "duration", "outcome", "restarts"):
-        table.add_column(col, no_wrap=col != "run")
-    for r in found:
-        table.add_row(Text(r.run_id), Text(r.name),
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)),
-                      duration(r.duration), r.outcome.value,
-                      "-" if r.restarts is None else str(r.restarts))
-    return table
+    columns = ("run", "name", "started", "duration", "outcome", "restarts")
+    cells = [[printable(r.run_id), printable(r.name),
+              time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)),
+              duration(r.duration), r.outcome.value,
+              "-" if r.restarts is None else str(r.restarts)] for r in found]
+    return fitted(columns, cells, width, title=f"{len(found)} run(s) under {RUNS}/")
 
 
 def resize_lines(resized: list[dict[str, Any]]) -> list[str]:
