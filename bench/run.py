@@ -984,6 +984,14 @@ def bench_elastic(s: Setting, tmp: Path) -> None:
     elastic(s, tmp)
 
 
+def bench_dataservice(s: Setting, tmp: Path) -> None:
+    """bench/dataservice.py: an input-bound 2-worker job with 0, 1 and 2 data workers:
+    throughput and the share of the step spent waiting for input."""
+    from bench.dataservice import bench_dataservice as dataservice
+
+    dataservice(s, tmp)
+
+
 def bench_chaos(s: Setting, tmp: Path) -> None:
     """bench/chaos.py: an elastic 3-worker localhost job under random SIGKILL, SIGSTOP,
     SIGTERM and wrapper kills for 5 minutes: recovered, time back, epochs lost, left over."""
@@ -1005,7 +1013,7 @@ SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
     "recovery": bench_recovery, "paths": bench_paths,
     "progress": bench_progress, "lab": bench_lab, "kit": bench_kit,
     "kitsoak": bench_kitsoak, "elastic": bench_elastic, "chaos": bench_chaos,
-    "profiler": bench_profiler}
+    "profiler": bench_profiler, "dataservice": bench_dataservice}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.loop import decide
 from orchestrator.loop.decide import EndJob, Restart, Say, TaskState
-from orchestrator.loop.stall import Pace, StallRule, Watched
+from orchestrator.loop.stall import Pace, StallRule, Watched, find_stalls
 from orchestrator.planning.policy import Policy, RestartPolicy
 from orchestrator.planning.strategy import RULES
 from tests.conftest import REPO
@@ -22,12 +22,13 @@ from worker_entry.markers import EXIT_PERMANENT, EXIT_PREEMPTED, Role, Strategy
 
 MWMS, PS_RULES = RULES[Strategy.MULTI_WORKER_MIRRORED], RULES[Strategy.PARAMETER_SERVER]
 C, W, P, E = Role.CHIEF, Role.WORKER, Role.PS, Role.EVALUATOR
+D, DW = Role.DISPATCHER, Role.DATA_WORKER  # the tf.data service
 ON, NEVER, CODE = RestartPolicy.ON_FAILURE, RestartPolicy.NEVER, RestartPolicy.EXIT_CODE
 
 
 def policy(restart: RestartPolicy = ON, max_restarts: int = 2, required: bool = False,
            **by_role: RestartPolicy) -> Policy:
-    roles = {r: by_role.get(r.value, restart) for r in (C, W, P, E)}
+    roles = {r: by_role.get(r.value, restart) for r in (C, W, P, E, D, DW)}
     return Policy(restart=roles, max_restarts=max_restarts, backoff_seconds=0.5,
                   startup_seconds=1, deadline_seconds=None, grace_seconds=1,
                   evaluator_seconds=5, evaluator_required=required)
@@ -55,7 +56,8 @@ def test_the_decision_module_imports_nothing_of_time_signals_backends_or_run_dir
 @pytest.mark.parametrize("rules, role, training, serving", [
     (MWMS, W, True, False), (MWMS, C, True, False), (MWMS, E, False, False),
     (PS_RULES, C, True, False), (PS_RULES, W, True, True), (PS_RULES, P, True, True),
-    (PS_RULES, E, False, False)])
+    (PS_RULES, E, False, False), (MWMS, D, False, True), (MWMS, DW, False, True),
+    (PS_RULES, D, False, True), (PS_RULES, DW, False, True)])
 def test_training_and_serving(rules, role, training, serving):
     assert decide.training(role, rules) is training
     assert decide.serving(role, rules) is serving
@@ -215,6 +217,14 @@ LOSSES = [
     (MWMS, E, EXIT_PERMANENT, policy(), 0, 0,
      Say("worker:1: a.b:c cannot be found (exit code 78: permanent, not restarted); the "
          "evaluator is a sidecar, the job goes on")),
+    # The tf.data service: alone, on its own budget (the job's restarts are the trainers').
+    (MWMS, DW, -9, policy(), 0, 2, Restart(WHY, alone=True, counted=False)),
+    (PS_RULES, DW, -9, policy(), 1, 0, Restart(WHY, alone=True, counted=False)),
+    (MWMS, D, -9, policy(), 0, 0, Restart(WHY, alone=True, counted=False)),
+    (MWMS, DW, -9, policy(), 2, 0, EndJob(
+        f"{WHY} (no restarts left; the trainers' data service is down)", "worker:1")),
+    (MWMS, D, 1, policy(NEVER), 0, 0, EndJob(
+        f"{WHY} (restart policy never; the trainers' data service is down)", "worker:1")),
 ]
 
 
@@ -267,14 +277,16 @@ def test_finishing_words(verdict, idle, words):
     (MWMS, [(W, True), (W, True), (E, False)], True),  # the evaluator is not waited for here
     (MWMS, [(W, True), (W, False)], False),
     (PS_RULES, [(C, True), (W, False), (P, False)], True),  # the chief decides
-    (PS_RULES, [(C, False), (W, True)], False)])
+    (PS_RULES, [(C, False), (W, True)], False),
+    (MWMS, [(W, True), (D, False), (DW, False)], True)])  # the data service serves, never done
 def test_training_done(rules, tasks, done):
     assert decide.training_done(rules, tasks) is done
 
 
 @pytest.mark.parametrize("rules, role, first", [
-    (MWMS, W, ()), (MWMS, C, ()), (PS_RULES, P, ()), (PS_RULES, W, ()),
-    (PS_RULES, C, (P, W)), (PS_RULES, E, (P, W))])
+    (MWMS, W, (D, DW)), (MWMS, C, (D, DW)), (MWMS, E, (D, DW)), (MWMS, D, ()), (MWMS, DW, ()),
+    (PS_RULES, P, ()), (PS_RULES, W, ()), (PS_RULES, D, ()),
+    (PS_RULES, C, (D, DW, P, W)), (PS_RULES, E, (D, DW, P, W))])
 def test_waits_for(rules, role, first):
     assert decide.waits_for(role, rules) == first
 
@@ -306,6 +318,38 @@ def test_startup_failed(now, busy, why):
 def test_stall_rule(seconds, rule):
     assert decide.stall_rule(replace(policy(), stall_seconds=seconds,
                                      stall_min_seconds=60.0)) == rule
+
+
+@pytest.mark.parametrize("services, outage", [
+    ([], None),  # no data service: the stall clocks are the trainers' own
+    ([(True, 5.0), (True, 8.0)], 8.0),  # all up: from the last one back (a restarted one)
+    ([(True, 5.0), (False, None)], 100.0),  # one down: from now on (nobody is blamed)
+    ([(True, 5.0), (True, None)], 100.0)])  # running, its attempt's readiness not yet seen
+def test_input_outage(services, outage):
+    assert decide.input_outage(100.0, services) == outage
+
+
+def test_a_trainer_waiting_for_its_input_is_not_stalled_until_the_service_is_back_that_long():
+    """A trainer whose steps stopped at 10 while a data worker was down (back at 80): with
+    the fixed 60 s limit it would be stalled at 100; from 80 it is not, until 140."""
+    rule = StallRule(seconds=60.0)
+    pace = Pace(started_at=0.0, step=30, moved_at=10.0, first=1)
+    w = Watched("worker:0", pace, busy_at=10.0, cpu=0.0)
+    assert find_stalls([w], 100.0, rule)  # unexcused: blamed
+    assert find_stalls([decide.excused(w, 80.0)], 100.0, rule) == []
+    assert find_stalls([decide.excused(w, 80.0)], 141.0, rule)  # back 61 s: its own now
+    assert decide.excused(w, 5.0) == w  # moved after the outage: as it was
+    stopped = w._replace(stopped_since=10.0)  # a stop (state T) is its own
+    assert decide.excused(stopped, 80.0).stopped_since == 10.0
+
+
+@pytest.mark.parametrize("rules, ended_well, built, judged", [
+    (MWMS, True, False, False),  # an MWMS task that built nothing: no tf.data server drives
+    (PS_RULES, True, False, True),  # a PS chief drives its servers
+    (MWMS, True, True, True)])
+def test_judged_now_ignores_the_data_service(rules, ended_well, built, judged):
+    assert decide.judged_now(C, policy(), rules, stepped=False, ended_well=ended_well,
+                             built=built) is judged
 
 
 # The loop: supervise.py and the modules it carries decide's answers out through: every

@@ -201,7 +201,7 @@ def test_plan_json_round_trips(spec):
 def test_the_plan_carries_policy_rules_and_placement():
     plan = plan_of(PS_SPEC, ports={"worker:1": 30002})
     assert plan.rules == RULES[Strategy.PARAMETER_SERVER]
-    assert plan.rules.serve_first == (Role.PS, Role.WORKER)
+    assert plan.rules.serve_first == (Role.DISPATCHER, Role.DATA_WORKER, Role.PS, Role.WORKER)
     # The roles the map leaves out get the strategy's default: a PS job's servers come back.
     assert plan.policy.restart == {Role.PS: RestartPolicy.ON_FAILURE,
                                    Role.WORKER: RestartPolicy.ALWAYS,
@@ -355,3 +355,25 @@ def test_tfo_run_and_rerun_of_a_bad_plan_json_exit_2(tmp_path: Path):
         assert f"{rd / 'plan.json'}: invalid plan.json\ntasks[1].port: Input should be a valid " \
             "integer (got True)" in res.stderr
         assert "Traceback" not in res.output and not (tmp_path / "new").exists()
+
+
+def test_the_data_service_is_planned_beside_the_cluster_at_the_address_the_trainers_reach():
+    """Every task is given the dispatcher's address; the service's tasks are not in
+    TF_CONFIG's cluster, and each is told where it listens (a lab host's address, the plan's
+    port) and the dispatcher its journal in the run directory on its host."""
+    spec = {"name": "ds", "job": {"script": "train.py"},
+            "hosts": {"lab1": {"address": "10.0.0.1"}, "lab3": {"address": "10.0.0.3",
+                                                                "workdir": "/scratch/tfo"}},
+            "tasks": {"worker": ["lab1:30000", "lab1:30001"], "dispatcher": "lab3:31000",
+                      "data_worker": ["lab3:31001", "lab3:auto"]}}
+    plan = plan_of(spec, ports={"data_worker:1": 31002})
+    assert [t.name for t in plan.tasks] == ["dispatcher:0", "data_worker:0", "data_worker:1",
+                                            "worker:0", "worker:1"]
+    assert plan.cluster == {"worker": ["10.0.0.1:30000", "10.0.0.1:30001"]}
+    assert {t.env["TFO_DATA_SERVICE"] for t in plan.tasks} == {"grpc://10.0.0.3:31000"}
+    jobs = {t.name: json.loads(t.env["TFO_JOB"]) for t in plan.tasks}
+    assert jobs["data_worker:1"]["listen"] == "10.0.0.3:31002" and jobs["data_worker:1"]["serve"]
+    assert jobs["dispatcher:0"]["work_dir"].startswith("/scratch/tfo/")
+    assert jobs["dispatcher:0"]["work_dir"].endswith("/dataservice")
+    assert "listen" not in jobs["worker:0"] and not jobs["worker:0"]["serve"]
+    assert Plan.from_json(json.loads(json_text(plan.to_json()))).tasks == plan.tasks

@@ -258,6 +258,36 @@ ELASTIC = [
 ]
 BAD += ELASTIC
 
+# The tf.data service (issue 43): a dispatcher, its data workers, reachable by the trainers.
+DATA_SERVICE = [
+    ("data workers without a dispatcher", GOOD + "  data_worker: [localhost:20002]\n",
+     ["tasks.data_worker", "none is listed", "tasks.dispatcher"]),
+    ("two dispatchers", GOOD + "  dispatcher: [localhost:20002, localhost:20003]\n"
+     "  data_worker: [localhost:20004]\n",
+     ["tasks.dispatcher", "at most one dispatcher", "localhost:20003"]),
+    ("a dispatcher without data workers", GOOD + "  dispatcher: [localhost:20002]\n",
+     ["tasks.dispatcher", "no data workers", "tasks.data_worker"]),
+    ("data worker on a trainer's port", GOOD + "  dispatcher: [localhost:20002]\n"
+     "  data_worker: [localhost:20001]\n",
+     ["tasks.worker[1]", "duplicate address localhost:20001", "tasks.data_worker[0]"]),
+    ("dispatcher on the dispatcher's port", GOOD + "  dispatcher: [localhost:20002]\n"
+     "  data_worker: [localhost:20002]\n",
+     ["tasks.data_worker[0]", "duplicate address localhost:20002", "tasks.dispatcher[0]"]),
+    ("dispatcher the lab trainers cannot reach",
+     GOOD.replace("localhost:20000, localhost:20001", "lab:20000, lab:20001")
+     + "  dispatcher: [localhost:20002]\n  data_worker: [lab:20003]\n"
+     "hosts: {lab: {address: 10.0.0.2}}\n",
+     ["tasks.dispatcher[0]", "localhost cannot be reached from the lab hosts"]),
+    ("data worker the lab trainers cannot reach",
+     GOOD.replace("localhost:20000, localhost:20001", "lab:20000, lab:20001")
+     + "  dispatcher: [lab:20002]\n  data_worker: [localhost:20003]\n"
+     "hosts: {lab: {address: 10.0.0.2}}\n",
+     ["tasks.data_worker[0]", "localhost cannot be reached from the lab hosts"]),
+    ("data service roles misspelt", GOOD + "  data_workers: [localhost:20002]\n",
+     ["tasks", "unknown role 'data_workers'", "data_worker"]),
+]
+BAD += DATA_SERVICE
+
 
 @pytest.mark.parametrize(("case", "text", "needles"), BAD, ids=[c for c, _, _ in BAD])
 def test_bad_spec_is_rejected_with_the_field_named(case, text, needles, tmp_path):
@@ -273,7 +303,8 @@ def test_bad_spec_is_rejected_with_the_field_named(case, text, needles, tmp_path
                                   "PS job with two chiefs", *[c for c, _, _ in HOSTILE],
                                   "nccl without GPUs", "GPU count instead of ids",
                                   "addresses under slurm", "slurm time not a time",
-                                  "warm spares not a choice", "stall timeout words"])
+                                  "warm spares not a choice", "stall timeout words",
+                                  "data workers without a dispatcher"])
 def test_cli_exits_2_without_traceback(case, tmp_path):
     text, needles = next((t, n) for c, t, n in BAD if c == case)
     spec = write_spec(tmp_path / "c.yaml", text)

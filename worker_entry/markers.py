@@ -26,6 +26,9 @@ class Role(str, Enum):
     WORKER = "worker"
     PS = "ps"
     EVALUATOR = "evaluator"
+    # The tf.data service (orchestrator/planning/strategy.py DATA_SERVICE): tfo's own servers.
+    DISPATCHER = "dispatcher"
+    DATA_WORKER = "data_worker"
 
     def __str__(self) -> str:  # f"{role}:{index}" is "worker:1" (StrEnum needs Python 3.11)
         return self.value

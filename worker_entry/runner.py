@@ -193,6 +193,10 @@ def main() -> int:
     from worker_entry.context import TaskContext
 
     if entry is None:
+        if role in (Role.DISPATCHER, Role.DATA_WORKER):
+            from worker_entry import dataservice
+
+            return dataservice.serve(tf, role, job)
         return _serve(tf, role, index)
     markers.emit(markers.CONNECTING)
     if role == Role.EVALUATOR:

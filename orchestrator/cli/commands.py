@@ -53,6 +53,7 @@ from orchestrator.cli.options import (
     AccountOpt,
     ChiefOpt,
     CommandAfterDashes,
+    DataWorkersOpt,
     EvaluatorOpt,
     FileArg,
     GpusPerTaskOpt,
@@ -169,7 +170,8 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
          on: OnOpt = None, partition: PartitionOpt = None, time_limit: TimeOpt = None,
          nodes: NodesOpt = None,
          tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
-         account: AccountOpt = None, slurm_arg: SlurmArgOpt = None) -> None:
+         account: AccountOpt = None, slurm_arg: SlurmArgOpt = None,
+         data_workers: DataWorkersOpt = None) -> None:
     """Print what `run` would start, without starting anything: `tfo plan FILE`, or
     `tfo plan --workers 2 -- python train.py` (then also the cluster file it makes).
 
@@ -182,8 +184,9 @@ def plan(ctx: typer.Context, file: SourceArg = None, as_json: Annotated[bool, ty
 
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
-        max_restarts, independent), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
-                                  gpus_per_task, account, tuple(slurm_arg or ())))
+        max_restarts, independent, data_workers), SlurmFlags(
+            on, partition, time_limit, nodes, tasks_per_node, gpus_per_task, account,
+            tuple(slurm_arg or ())))
     try:
         p, backends = prepare(source, run_dir, dry_run=True, ask_hosts=False)
     except SpecError as e:
@@ -247,6 +250,7 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
         tasks_per_node: TasksPerNodeOpt = None, gpus_per_task: GpusPerTaskOpt = None,
         account: AccountOpt = None, slurm_arg: SlurmArgOpt = None, show: ShowOpt = None,
         metrics_port: MetricsPortOpt = None, metrics_address: MetricsAddressOpt = None,
+        data_workers: DataWorkersOpt = None,
         ctx: typer.Context = None) -> None:  # type: ignore[assignment]  # last: run(FILE) works
     """Bring the job up, watch it, restart by policy, tear it down.
     FILE may be a run's plan.json: the same tasks again, in a new run directory. Without
@@ -272,8 +276,9 @@ def run(file: SourceArg = None, run_dir: RunDirOpt = None,
 
     source = _source(ctx, file, QuickFlags(
         workers, chief, ps, evaluator, strategy, hosts, _str(hosts_file), None, name, restart,
-        max_restarts, independent), SlurmFlags(on, partition, time_limit, nodes, tasks_per_node,
-                                  gpus_per_task, account, tuple(slurm_arg or ())))
+        max_restarts, independent, data_workers), SlurmFlags(
+            on, partition, time_limit, nodes, tasks_per_node, gpus_per_task, account,
+            tuple(slurm_arg or ())))
     try:
         metrics = from_flags(metrics_port, metrics_address)
     except SpecError as e:

@@ -39,6 +39,10 @@ PsOpt = Annotated[int | None, typer.Option(
     rich_help_panel=_QUICK, show_default=False)]
 EvaluatorOpt = Annotated[bool, typer.Option(
     "--evaluator", help="an evaluator task, beside the chief", rich_help_panel=_QUICK)]
+DataWorkersOpt = Annotated[int | None, typer.Option(
+    "--data-workers", help="a tf.data service: a dispatcher and N data workers that run the "
+    "trainers' input pipelines (TFO_DATA_SERVICE)", rich_help_panel=_QUICK,
+    show_default=False)]
 StrategyOpt = Annotated[str | None, typer.Option(
     "--strategy", metavar="NAME", help="multi_worker_mirrored (mwms) or parameter_server (ps) "
     "[default: multi_worker_mirrored]", rich_help_panel=_QUICK,

@@ -248,6 +248,8 @@ def print_plan(p: Plan, run_dir_given: bool, made: dict | None, made_by: str) ->
     for note in auto_notes(p.spec, auto_gpus(p.spec, None)):  # local_gpus is cached
         out.print(note)
     out.print(f"cluster: {json.dumps(p.cluster)}")
+    if line := data_service_line(p):
+        out.print(line)
     for line in cluster_check_lines(p):
         out.print(line)
     # The command column is the task wrapper; this is what it runs.
@@ -261,6 +263,20 @@ def print_plan(p: Plan, run_dir_given: bool, made: dict | None, made_by: str) ->
     if made is not None:
         out.print("cluster file (`tfo run` writes it into the run directory as cluster.yaml):")
         out.print(cluster_yaml(made, made_by), end="", soft_wrap=True)
+
+
+def data_service_line(p: Plan) -> str | None:
+    """`tfo plan`: the tf.data service's address, as every task is given it, and its
+    workers'; None without one."""
+    from orchestrator.planning.plan import DATA_SERVICE_ENV
+    from worker_entry.markers import Role
+
+    address = p.tasks[0].env.get(DATA_SERVICE_ENV) if p.tasks else None
+    if address is None:
+        return None
+    workers = [f"{t.address}:{t.port}" for t in p.tasks if t.role is Role.DATA_WORKER]
+    return (f"data service: {DATA_SERVICE_ENV}={address} in every task; data workers "
+            f"{', '.join(workers)}")
 
 
 def cluster_check_lines(p: Plan) -> list[str]:

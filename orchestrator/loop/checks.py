@@ -52,6 +52,11 @@ class Checks:
         watched = [job.watched(r) for r in job.records.values()
                    if r.state.live and r.handle is not None and not r.current.done
                    and decide.training(r.role, rules)]
+        outage = decide.input_outage(now, [
+            (r.state is TaskState.RUNNING, r.current.running_at)
+            for r in job.records.values() if decide.service(r.role, rules)])
+        if outage is not None:  # a trainer waiting for its input while the service was down
+            watched = [decide.excused(w, outage) for w in watched]
         stalls = find_stalls(watched, now, rule)
         if not stalls:
             return

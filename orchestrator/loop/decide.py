@@ -28,7 +28,7 @@ nothing that does): tests/test_decide.py checks it, and decides with no process 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -38,7 +38,9 @@ from orchestrator.planning.strategy import (  # the roles and the budget, for de
     RestartUnit,
     StrategyRules,
     restarts_left,
+    service,
     serving,
+    sidecar,
     training,
 )
 from worker_entry.markers import EXIT_PERMANENT, EXIT_PREEMPTED, Role
@@ -333,6 +335,10 @@ def on_loss(name: str, role: Role, rc: int | None, why: str, job: str, policy: P
         if restart_allowed(restart, rc) and restarts_left(role, policy, rules, task_restarts,
                                                          job_restarts):
             return Restart(why, alone=True, counted=False)
+        if service(role, rules):  # the trainers' input is gone for good
+            left = "no restarts left" if restart_allowed(restart, rc) else \
+                f"restart policy {restart.value}"
+            return EndJob(f"{why} ({left}; the trainers' data service is down)", name)
         if policy.evaluator_required:
             return EndJob(why, name)
         return Say(f"{why}; the evaluator is a sidecar, the job goes on")
@@ -408,7 +414,8 @@ def judged_now(role: Role, policy: Policy, rules: StrategyRules, stepped: bool,
     uncounted) or drives servers (a ParameterServer chief that never stepped used none)."""
     if not policy.expect_cluster or not training(role, rules) or serving(role, rules):
         return False
-    return stepped or (ended_well and (built or bool(rules.servers)))
+    drives = any(r not in rules.services for r in rules.servers)  # tf.data's drive nothing
+    return stepped or (ended_well and (built or drives))
 
 
 def training_done(rules: StrategyRules, tasks: Iterable[tuple[Role, bool]]) -> bool:
@@ -445,6 +452,27 @@ def startup_failed(policy: Policy, starting: list[tuple[str, str, Watched]], now
     return f"startup timeout ({limit:g} s): never came up: {names}"
 
 
+def input_outage(now: float, services: Iterable[tuple[bool, float | None]]) -> float | None:
+    """Since when the trainers' stall clocks run, given the data service's tasks (each: up,
+    and when its attempt came up): `now` while one is not up (a trainer waiting for its input
+    then is not hung: no stall is blamed on it), else the last time one came back; None
+    without a data service."""
+    latest: float | None = None
+    for up, since in services:
+        if not up or since is None:
+            return now
+        latest = since if latest is None else max(latest, since)
+    return latest
+
+
+def excused(w: Watched, outage: float) -> Watched:
+    """A trainer as the stall rules see it once the data service is back since `outage`: its
+    steps and work count from then (a stop, state T, is its own and still counts)."""
+    moved = w.pace.moved_at
+    pace = w.pace if moved is None or moved >= outage else replace(w.pace, moved_at=outage)
+    return w._replace(pace=pace, busy_at=max(w.busy_at, outage))
+
+
 def stall_rule(policy: Policy) -> StallRule | None:
     """The hang rule `stall_seconds` sets: a fixed limit, `auto`'s, or none."""
     seconds = policy.stall_seconds
@@ -477,5 +505,6 @@ def grace(policy: Policy, peer_lost: bool = False) -> float:
 
 
 __all__ = ["EndJob", "JobState", "Restart", "Say", "TaskState", "advance", "exit_state",
-           "on_loss", "restarts_left", "standby_wanted", "training"]
+           "on_loss", "restarts_left", "service", "serving", "sidecar", "standby_wanted",
+           "training"]
 

@@ -113,7 +113,7 @@ class Job:
         return [r for r in self.records.values() if decide.training(r.role, self.rules)]
 
     def sidecars_running(self) -> list[TaskRecord]:
-        return [r for r in self.records.values() if not decide.training(r.role, self.rules)
+        return [r for r in self.records.values() if decide.sidecar(r.role, self.rules)
                 and r.state.live]
 
     def watched(self, rec: TaskRecord) -> Watched:

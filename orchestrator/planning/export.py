@@ -64,6 +64,9 @@ def tfjob(spec: ClusterSpec, *, image: str, name: str | None = None) -> TFJobExp
     if not image.strip():
         raise SpecError("--image: give the container image that holds the job's code and "
                         "TensorFlow (e.g. registry.lab/train:1)")
+    if spec.tasks.dispatcher:  # TFJob has no replica type for it (Kubeflow declined one)
+        raise SpecError("tasks.dispatcher: a TFJob has no replica type for the tf.data "
+                        "service; run its dispatcher and data workers apart, or run with tfo")
     job_name = _job_name(spec, name)
     counts = {role: len(getattr(spec.tasks, role)) for role in _roles(spec)}
     replicas = {REPLICA_TYPES[role]: _replica(spec, role, count, image)

@@ -74,11 +74,14 @@ from orchestrator.planning.spec import (
     SpecError,
     format_validation_error,
 )
-from orchestrator.planning.strategy import CLUSTER_ROLES, RULES, StrategyRules
+from orchestrator.planning.strategy import CLUSTER_ROLES, DATA_SERVICE, RULES, StrategyRules
 from orchestrator.runs.rundir import RunDir
 from worker_entry.markers import Role, Strategy, is_chief
 
 LOCAL = "local"  # the placement kind (backend) of tasks on the coordinator's machine
+# The tf.data service's address, grpc://dispatcher:port, in every task of a job that has one:
+# `dataset.apply(tf.data.experimental.service.distribute(..., service=os.environ[...]))`.
+DATA_SERVICE_ENV = "TFO_DATA_SERVICE"
 
 
 @dataclass(frozen=True)
@@ -409,6 +412,9 @@ def make_plan(
         if role in CLUSTER_ROLES:
             cluster.setdefault(role.value, []).append(f"{where.address}:{port}")
     cluster = {role: cluster[role] for role in sorted(cluster)}
+    # The tf.data service's address, for every task (TFO_DATA_SERVICE): its dispatcher's.
+    dispatcher = next((f"{where.address}:{port}" for role, _, where, port in resolved
+                       if role is Role.DISPATCHER), None)
     # Serialized once and shared: every task's TF_CONFIG holds the whole cluster.
     cluster_json = json.dumps(cluster)
     args_json = json.dumps(spec.job.args, sort_keys=True)
@@ -433,6 +439,9 @@ def make_plan(
         tmp_dir = task_run.tmp_dir(role, index)
         command, job_fields = JOB_KINDS[kind](spec, exe, lab_host)
         backup_dir = task_run.backup_dir(role, index)
+        if role in DATA_SERVICE:  # tfo's own server: what it listens on, where it keeps state
+            job_fields = {**job_fields, "listen": f"{where.address}:{port}",
+                          "work_dir": posixpath.join(task_run.path, "dataservice")}
         tfo_job = job_env(spec, role, job_fields, args_json, model_dir=model_dir, run_id=run_id,
                           run_dir=task_run.path, tmp_dir=tmp_dir, backup_dir=backup_dir)
         env = {
@@ -446,6 +455,7 @@ def make_plan(
             "TFO_RUN_DIR": task_run.path,
             **spec.env,
             **(spec.hosts[where.host].env if where.host in spec.hosts else {}),
+            **({DATA_SERVICE_ENV: f"grpc://{dispatcher}"} if dispatcher else {}),
             "TF_CONFIG": tf_config_env(cluster_json, task),
             "TFO_TASK": name,
             "TFO_JOB": tfo_job,

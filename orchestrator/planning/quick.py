@@ -69,6 +69,7 @@ class QuickFlags:
     restart: str | None = None
     max_restarts: int | None = None
     independent: bool = False  # expect_cluster: false
+    data_workers: int | None = None  # a tf.data service: a dispatcher and this many workers
 
     def given(self) -> list[str]:
         """The flags given (`--workers`): with a FILE, they are a mistake."""
@@ -177,12 +178,17 @@ def _roles(flags: QuickFlags, strategy: Strategy) -> dict[Role, int]:
     for flag, count in (("--workers", workers), ("--ps", flags.ps)):
         if count is not None and count > MAX_TASKS_PER_ROLE:  # before a list of that size
             raise FlagError(f"{flag} {count}: at most {MAX_TASKS_PER_ROLE}")
+    if flags.data_workers is not None and not 1 <= flags.data_workers <= MAX_TASKS_PER_ROLE:
+        raise FlagError(f"--data-workers {flags.data_workers}: 1 to {MAX_TASKS_PER_ROLE} "
+                        "(or leave it out)")
     ps = strategy is Strategy.PARAMETER_SERVER
     if flags.ps and not ps:
         raise FlagError(f"--ps {flags.ps}: ps tasks are for --strategy parameter_server; "
                         "add it, or drop --ps")
     counts = {Role.CHIEF: int(flags.chief or ps), Role.WORKER: workers or 1,
-              Role.PS: (flags.ps or 1) if ps else 0, Role.EVALUATOR: int(flags.evaluator)}
+              Role.PS: (flags.ps or 1) if ps else 0, Role.EVALUATOR: int(flags.evaluator),
+              Role.DISPATCHER: int(bool(flags.data_workers)),
+              Role.DATA_WORKER: flags.data_workers or 0}
     return {role: n for role, n in counts.items() if n}
 
 
@@ -231,11 +237,12 @@ def _hosts_from_file(flags: QuickFlags) -> dict[str, Any]:
 
 
 def _tasks(roles: dict[Role, int], hosts: list[str]) -> dict[str, list[str]]:
-    """Round-robin over the hosts, chief first; the evaluator goes beside the chief (worker 0
-    when there is none): it reads the chief's checkpoints from that host's disk."""
+    """Round-robin over the hosts, chief first, the data service last; the evaluator goes
+    beside the chief (worker 0 when there is none): it reads the chief's checkpoints from
+    that host's disk."""
     tasks: dict[str, list[str]] = {}
     turn = 0
-    for role in (Role.CHIEF, Role.WORKER, Role.PS):
+    for role in (Role.CHIEF, Role.WORKER, Role.PS, Role.DISPATCHER, Role.DATA_WORKER):
         for _ in range(roles.get(role, 0)):
             tasks.setdefault(role.value, []).append(f"{hosts[turn % len(hosts)]}:auto")
             turn += 1

@@ -259,6 +259,12 @@ class TasksSpec(_Model):
         "parameter servers, holding the variables: parameter_server only, at least one"))
     evaluator: Addresses = Field(default_factory=list, description=(
         "at most one: a sidecar that evaluates the chief's checkpoints"))
+    dispatcher: Addresses = Field(default_factory=list, description=(
+        "at most one: the tf.data service's dispatcher, with data_worker tasks (the "
+        "trainers get its address as TFO_DATA_SERVICE)"))
+    data_worker: Addresses = Field(default_factory=list, description=(
+        "the tf.data service's workers: they run the trainers' input pipelines; need a "
+        "dispatcher"))
 
     @model_validator(mode="before")
     @classmethod
@@ -271,7 +277,8 @@ class TasksSpec(_Model):
         return data
 
     def all(self) -> Iterator[tuple[Role, int, Address]]:
-        """Every task as (role, index, address), in start order: ps, worker, chief, evaluator."""
+        """Every task as (role, index, address), in start order: dispatcher, data_worker, ps,
+        worker, chief, evaluator."""
         for role in START_ORDER:
             for index, address in enumerate(getattr(self, role)):
                 yield role, index, address

@@ -69,7 +69,7 @@ from orchestrator.planning.sections import (  # noqa: F401 - the spec's names, i
     _scheduler_kind,
 )
 from orchestrator.planning.specfile import SpecFileError, read_data
-from orchestrator.planning.strategy import CLUSTER_ROLES, RULES
+from orchestrator.planning.strategy import CLUSTER_ROLES, DATA_SERVICE, RULES
 from worker_entry.markers import Role, Strategy
 
 __all__ = ["RestartPolicy", "Role", "Strategy", "ClusterSpec", "SchedulerOptions",
@@ -180,6 +180,7 @@ class ClusterSpec(_Model):
                                f"{len(t.evaluator)}: {', '.join(map(str, t.evaluator))}")
         if not t.chief and not t.worker:
             raise _field_error("tasks", "no training tasks: list at least one worker or chief")
+        _data_service_rules(t)
         rules = RULES[self.strategy]
         for role in Role:
             if getattr(t, role) and role not in rules.roles:
@@ -210,7 +211,8 @@ class ClusterSpec(_Model):
             # TF_CONFIG names each task by its host's address; "localhost" would point a lab
             # machine at itself.
             for role, index, address in t.all():
-                if address.host == LOCALHOST and role in CLUSTER_ROLES:
+                # The trainers reach the data service's tasks too (its address, its workers').
+                if address.host == LOCALHOST and role in (*CLUSTER_ROLES, *DATA_SERVICE):
                     raise _field_error(f"tasks.{role}[{index}]", (
                         f"localhost cannot be reached from the lab hosts ({remote[0][0]} runs "
                         f"on {remote[0][1]}); list this machine under hosts: with an address "
@@ -325,3 +327,19 @@ def load_spec(path: str | Path) -> ClusterSpec:
     except SpecFileError as err:
         raise SpecError(str(err)) from None
     return parse_spec(data, str(path))
+
+
+def _data_service_rules(t: TasksSpec) -> None:
+    """The tf.data service: one dispatcher, and data workers for it to hand out work to."""
+    if len(t.dispatcher) > 1:
+        raise _field_error("tasks.dispatcher", (
+            f"at most one dispatcher (the tf.data service has one), got {len(t.dispatcher)}: "
+            f"{', '.join(map(str, t.dispatcher))}"))
+    if t.data_worker and not t.dispatcher:
+        raise _field_error("tasks.data_worker", (
+            "data workers register with the tf.data service's dispatcher, and none is "
+            "listed: add one under tasks.dispatcher ('host:auto')"))
+    if t.dispatcher and not t.data_worker:
+        raise _field_error("tasks.dispatcher", (
+            "a dispatcher with no data workers serves no data: list at least one under "
+            "tasks.data_worker, or remove it"))

@@ -23,6 +23,15 @@ Design: strategy rules
   worker: never; evaluator: on-failure; ps, worker, evaluator: on-failure (the servers come
   back; the chief's ClusterCoordinator rides out a lost worker); chief: never
 
+Both strategies may also list the tf.data service (`DATA_SERVICE`: one `dispatcher` and its
+`data_worker`s; issue 43), tfo's own servers (worker_entry/dataservice.py: a DispatchServer
+in fault-tolerant mode journaling to `<run dir>/dataservice`, WorkerServers at the address
+the trainers reach): in `serve_first` and `servers`, each restarts alone on its own count
+(`services`: no training task, never in the training group's restarts or resizes; out of
+restarts, the job fails), default on-failure. Every task gets TFO_DATA_SERVICE=grpc://
+dispatcher:port (plan.py); while one is down, the trainers' stall clocks start again once it
+is back (`decide.input_outage`, `excused`).
+
 A task that exits `EXIT_PERMANENT` (78: its entry, script or module cannot be found) is
 never restarted, whatever the policy. `RestartSpec.for_role(role, strategy)` is the one
 place a role's policy is decided: the one policy given, the map's entry for the role, else
@@ -48,8 +57,14 @@ from worker_entry.markers import Role, Strategy
 
 # TF_CONFIG's `cluster` lists these; the evaluator is never part of it.
 CLUSTER_ROLES = (Role.CHIEF, Role.WORKER, Role.PS)
+# The tf.data service (worker_entry/dataservice.py): a dispatcher and its data workers, tfo's
+# own servers under either strategy. They serve before the others start, any exit is a loss,
+# each restarts alone on its own count, they are stopped once training is done, and they are
+# no training task: never part of the training group, its restarts or its resizes.
+DATA_SERVICE = (Role.DISPATCHER, Role.DATA_WORKER)
 # The order tasks are listed and started in: servers first.
-START_ORDER = (Role.PS, Role.WORKER, Role.CHIEF, Role.EVALUATOR)
+START_ORDER = (Role.DISPATCHER, Role.DATA_WORKER, Role.PS, Role.WORKER, Role.CHIEF,
+               Role.EVALUATOR)
 
 
 class RestartUnit(str, Enum):
@@ -68,6 +83,9 @@ class StrategyRules:
     # Restart alone on their own count, fail the job only if `evaluator_required`, and are
     # waited for (timeouts.evaluator_seconds) once the job is done.
     sidecars: tuple[Role, ...] = (Role.EVALUATOR,)
+    # tfo's own servers beside the training (DATA_SERVICE): in `servers` and `serve_first`
+    # too; restart alone on their own count, and decide nothing about training.
+    services: tuple[Role, ...] = DATA_SERVICE
     # Each role's restart policy where the cluster file's `restart.policy` names none for it
     # (unset, or a map without the role). Empty in a plan.json from before it was carried.
     restart_default: dict[Role, RestartPolicy] = field(default_factory=dict)
@@ -76,49 +94,65 @@ class StrategyRules:
         return {"roles": list(self.roles), "required": [list(r) for r in self.required],
                 "serve_first": list(self.serve_first), "servers": list(self.servers),
                 "restart_unit": dict(self.restart_unit), "done_when": list(self.done_when),
-                "sidecars": list(self.sidecars), "restart_default": {
+                "sidecars": list(self.sidecars), "services": list(self.services),
+                "restart_default": {
                     r.value: p.value for r, p in self.restart_default.items()}}
 
 
 # plan.json's `rules` are read back by pydantic (plan._PlanFile), as this dataclass.
 _NEVER, _ON_FAILURE = RestartPolicy.NEVER, RestartPolicy.ON_FAILURE
+_SERVICE_UNITS = dict.fromkeys(DATA_SERVICE, RestartUnit.ALONE)
+_SERVICE_POLICY = dict.fromkeys(DATA_SERVICE, _ON_FAILURE)
 RULES: dict[Strategy, StrategyRules] = {
     # Collectives need every worker: losing one restarts them all; done when all are.
     Strategy.MULTI_WORKER_MIRRORED: StrategyRules(
-        roles=(Role.CHIEF, Role.WORKER, Role.EVALUATOR),
+        roles=(Role.CHIEF, Role.WORKER, Role.EVALUATOR, *DATA_SERVICE),
         required=(),
-        serve_first=(),
-        servers=(),
+        serve_first=DATA_SERVICE,
+        servers=DATA_SERVICE,
         restart_unit={Role.CHIEF: RestartUnit.GROUP, Role.WORKER: RestartUnit.GROUP,
-                      Role.EVALUATOR: RestartUnit.ALONE},
+                      Role.EVALUATOR: RestartUnit.ALONE, **_SERVICE_UNITS},
         done_when=(Role.CHIEF, Role.WORKER),
         # A lost worker fails the job unless the cluster file asks for restarts: a restart
         # costs every worker's progress since the last backup. The evaluator restarts alone.
-        restart_default={Role.CHIEF: _NEVER, Role.WORKER: _NEVER, Role.EVALUATOR: _ON_FAILURE},
+        restart_default={Role.CHIEF: _NEVER, Role.WORKER: _NEVER, Role.EVALUATOR: _ON_FAILURE,
+                         **_SERVICE_POLICY},
     ),
     # ps and workers are TF servers the chief drives; the chief's coordinator retries a lost
     # worker's steps, so a worker restarts alone; a lost ps (the variables) restarts the job.
     Strategy.PARAMETER_SERVER: StrategyRules(
-        roles=(Role.CHIEF, Role.WORKER, Role.PS, Role.EVALUATOR),
+        roles=(Role.CHIEF, Role.WORKER, Role.PS, Role.EVALUATOR, *DATA_SERVICE),
         required=((Role.CHIEF, "exactly one"), (Role.WORKER, "at least one"),
                   (Role.PS, "at least one")),
-        serve_first=(Role.PS, Role.WORKER),
-        servers=(Role.PS, Role.WORKER),
+        serve_first=(*DATA_SERVICE, Role.PS, Role.WORKER),
+        servers=(*DATA_SERVICE, Role.PS, Role.WORKER),
         restart_unit={Role.CHIEF: RestartUnit.GROUP, Role.WORKER: RestartUnit.ALONE,
-                      Role.PS: RestartUnit.GROUP, Role.EVALUATOR: RestartUnit.ALONE},
+                      Role.PS: RestartUnit.GROUP, Role.EVALUATOR: RestartUnit.ALONE,
+                      **_SERVICE_UNITS},
         done_when=(Role.CHIEF,),
         # The servers come back: the chief's ClusterCoordinator rides out a lost worker (it
         # reschedules its functions), and a lost ps restarts the group from the chief's
         # checkpoints. A failing chief is the job's own failure.
         restart_default={Role.CHIEF: _NEVER, Role.WORKER: _ON_FAILURE, Role.PS: _ON_FAILURE,
-                         Role.EVALUATOR: _ON_FAILURE},
+                         Role.EVALUATOR: _ON_FAILURE, **_SERVICE_POLICY},
     ),
 }
 
 def training(role: Role, rules: StrategyRules) -> bool:
     """A training task: not a sidecar (the evaluator), which restarts alone and decides
-    nothing about the job."""
-    return role not in rules.sidecars
+    nothing about the job, nor a service (the tf.data service's dispatcher and data
+    workers: the trainers' input, never part of the training group)."""
+    return role not in rules.sidecars and role not in rules.services
+
+
+def sidecar(role: Role, rules: StrategyRules) -> bool:
+    """A sidecar (the evaluator): waited for, for a while, once training is done."""
+    return role in rules.sidecars
+
+
+def service(role: Role, rules: StrategyRules) -> bool:
+    """A service (the tf.data service): a server of tfo's own beside the training."""
+    return role in rules.services
 
 
 def serving(role: Role, rules: StrategyRules) -> bool:
