@@ -12,7 +12,7 @@ acts: this machine's files, a lab host's over its SSH connection), and those cop
 removed once every worker took a step (tf-keras never updates them: a later start would
 restore the stale copy beside the chief's newer backup).
 
-tfo's own `_TaskBackup` (ctx.callbacks()) keeps a backup in every task's directory and the
+tfo's own `TaskBackup` (ctx.callbacks()) keeps a backup in every task's directory and the
 workers agree on one among themselves: nothing to fill (job.script_backup None).
 
     refill = Refill(job, store)

@@ -1,21 +1,11 @@
-"""Richer progress for a script of your own, in one import:
-
-    from worker_entry import progress
-    model.fit(..., callbacks=[progress.callback()])      # Keras
-
-    for step in ...:                                      # a custom training loop
-        loss = train_step(...)
-        progress.report(epoch=epoch, loss=float(loss))   # once per step
-
-Under tfo the task then reports its epochs and steps (the live view, `tfo status`, stall
-detection, events.jsonl); run any other way, both do nothing. Free of TensorFlow until
-`callback()` is called.
-"""
+"""How a task's steps are counted and told, free of TensorFlow (tests pass a clock): the
+throttled `Reporter` every source of progress shares (a script's reports, tfo's Keras
+callback, the steps tfo infers), `loop_step` (which count a loop's marker tells), and
+`counts_calls` (how tfo's Keras callback counts a fit's steps)."""
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,7 +66,7 @@ FROM_CALLS = "calls"
 
 
 def loop_step(told: int, told_calls: int, calls: int, iterations: int | None) -> tuple[int, str]:
-    """The step a marker of a loop tfo counts tells (worker_entry/autoprogress.py), after
+    """The step a marker of a loop tfo counts tells (progress.auto), after
     `told` at `told_calls` calls, now `calls` calls in: the optimizer's `iterations` where
     it moved past the step told (a call that ran 10 steps, orbit's steps_per_loop, moved it
     10; a resumed training's starts where its checkpoint left it), else the step told plus
@@ -91,8 +81,8 @@ def loop_step(told: int, told_calls: int, calls: int, iterations: int | None) ->
 
 @dataclass(frozen=True)
 class FitFacts:
-    """What decides how tfo's Keras callback (worker_entry.context `Progress`) counts a fit's
-    steps (`context.fit_facts` reads them off the model)."""
+    """What decides how tfo's Keras callback (progress.fit `Progress`) counts a fit's steps
+    (`fit.fit_facts` reads them off the model)."""
 
     tf_keras: bool  # tf-keras's fit loop (Keras 3's is another)
     steps_per_execution: int | None  # steps one train_function call runs (None: unreadable)
@@ -114,40 +104,3 @@ def counts_calls(facts: FitFacts) -> bool:
     Keras 3, whose fit loop is another."""
     return (facts.tf_keras and facts.steps_per_execution == 1 and not facts.autotuned
             and not facts.coordinator and not facts.mid_epoch_resume)
-
-
-_reporter = Reporter()
-_by_script = False
-
-
-def reported_by_script() -> bool:
-    """Has the script reported for itself? Then tfo's own counting of its loop stands down
-    (worker_entry/autoprogress.py)."""
-    return _by_script
-
-
-def steps_reported() -> int:
-    """The steps the script has reported so far."""
-    return _reporter.step
-
-
-def report(*, epoch: int | None = None, epochs: int | None = None,
-           step_in_epoch: int | None = None, steps: int | None = None,
-           loss: float | None = None) -> None:
-    """One training step ended: tell tfo (throttled). A no-op outside tfo."""
-    global _by_script
-    if os.environ.get("TFO_TASK"):
-        _by_script = True
-        _reporter.report(epoch=epoch, epochs=epochs, step_in_epoch=step_in_epoch, steps=steps,
-                         loss=loss)
-
-
-def callback() -> Any:
-    """A Keras callback that reports progress markers under tfo; a no-op elsewhere."""
-    import tensorflow as tf
-
-    if not os.environ.get("TFO_TASK"):
-        return tf.keras.callbacks.Callback()
-    from worker_entry.context import Progress
-
-    return Progress()
