@@ -1,7 +1,7 @@
-"""worker_entry's layout (issue 38): one home per idea, so no module grows past MAX_LINES,
-and its imports point one way, so no two of its modules import each other, however
-indirectly. Every import counts, those inside functions and `if TYPE_CHECKING:` too: a lazy
-import is still a dependency, only a later one.
+"""worker_entry's layout (issue 38): one home per idea, so no module grows past MAX_LINES
+and each says what it holds, and its imports point one way, so no two of its modules import
+each other, however indirectly. Every import counts, those inside functions and
+`if TYPE_CHECKING:` too: a lazy import is still a dependency, only a later one.
 """
 
 from __future__ import annotations
@@ -92,15 +92,43 @@ def test_no_worker_entry_module_is_over_the_size_limit():
     assert over == {}, f"over {MAX_LINES} lines: {over}: split along a seam"
 
 
+def test_every_worker_entry_module_says_what_it_holds():
+    bare = [name for name, path in _modules().items()
+            if not ast.get_docstring(ast.parse(path.read_text()))]
+    assert bare == [], f"no module docstring: {bare}"
+
+
 def test_worker_entry_has_no_import_cycle():
     graph = _graph()
     assert "worker_entry.markers" in graph["worker_entry.context"]  # imports are read
     assert _cycles(graph) == []
 
 
-def test_the_cycle_finder_finds_a_cycle_through_a_lazy_and_a_type_only_import(tmp_path):
-    """What the test above relies on: an import inside a function or a TYPE_CHECKING block,
-    relative or absolute, closes a cycle."""
+def _coordinator_imports(root: Path = ROOT) -> list[tuple[str, str]]:
+    """(module, what it imports) for every import of `orchestrator` in the package."""
+    found = []
+    for name, path in _modules(root).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            found += [(name, n) for n in names if n.split(".")[0] == "orchestrator"]
+    return found
+
+
+def test_worker_entry_never_imports_the_coordinator():
+    """The one direction between the two packages: the coordinator imports worker_entry's
+    protocol (markers, channel, frames), never the other way: a lab host gets worker_entry
+    alone, and a task must not load the coordinator's dependencies."""
+    assert _coordinator_imports() == []
+
+
+def test_the_checks_see_lazy_type_only_and_relative_imports(tmp_path):
+    """What the tests above rely on: an import inside a function or a TYPE_CHECKING block,
+    relative or absolute, closes a cycle; a lazy import of the coordinator is found."""
     pkg = tmp_path / PACKAGE
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -112,3 +140,6 @@ def test_the_cycle_finder_finds_a_cycle_through_a_lazy_and_a_type_only_import(tm
     (pkg / "d.py").write_text("from worker_entry import c\n")  # into the cycle, not of it
     assert _cycles(_graph(tmp_path)) == [
         ["worker_entry.a", "worker_entry.c", "worker_entry.sub.b"]]
+    assert _coordinator_imports(tmp_path) == []
+    (pkg / "e.py").write_text("def f():\n    import orchestrator.spec\n")
+    assert _coordinator_imports(tmp_path) == [("worker_entry.e", "orchestrator.spec")]

@@ -1,3 +1,7 @@
+"""`python -m worker_entry`: a task, as every backend starts it. The hooks go in first
+(before anything imports TensorFlow), then lifeline.start forks the task from its wrapper,
+and the task runs the role's work (runner.main), telling its exit code as it ends."""
+
 import os
 import sys
 
