@@ -50,7 +50,7 @@ bench: $(STAMP) pyc
 # make docs: docs/reference/cluster-file.md (from the cluster file's models) and
 # docs/reference/cli.md (every command's --help); tests/test_docs.py fails when they are stale.
 docs: $(STAMP)
-	$(BIN)/python -m orchestrator.docgen
+	$(BIN)/python -m orchestrator.cli.docgen
 
 lint: $(STAMP)
 	$(BIN)/ruff check orchestrator worker_entry tests bench

@@ -199,7 +199,7 @@ def events(run_dir: Path) -> list[dict]:
     """The run's events so far, read as `tfo status` reads them: the bench reads while tfo
     writes, and a line caught half-written (a JSONDecodeError once ended a whole bench) is
     skipped, to be read whole next time."""
-    from orchestrator.rundir import read_events
+    from orchestrator.runs.rundir import read_events
 
     path = run_dir / "events.jsonl"
     return read_events(path)[0] if path.exists() else []

@@ -83,8 +83,8 @@ def run_task(job: dict, workdir: Path, path: tuple[str, ...] = (),
     """One real task process (`python -m worker_entry`) run to its end, with the environment
     tfo's plan gives it and no coordinator (no lifeline). Its PYTHONPATH: `path`, then
     `workdir`, then the repo."""
-    from orchestrator.plan import make_plan
-    from orchestrator.spec import parse_spec
+    from orchestrator.planning.plan import make_plan
+    from orchestrator.planning.spec import parse_spec
 
     spec = parse_spec({"name": "t", "job": job, "tasks": {"worker": ["localhost:1"]}})
     task = make_plan(spec, run_id="r", run_dir=workdir / "run", workdir=workdir).tasks[0]

@@ -535,7 +535,7 @@ def test_auto_progress_is_on_unless_the_env_says_0():
 
 
 def test_source_is_an_optional_field_of_the_markers():
-    from orchestrator.markers import read_marker
+    from orchestrator.loop.markers import read_marker
     from worker_entry import markers
 
     old = read_marker(markers.line(markers.PROGRESS, step=3).rstrip("\n"))
@@ -597,7 +597,7 @@ def test_a_script_s_backup_and_restore_directory_is_told_once(counted: list[dict
     """A script's own BackupAndRestore (any subclass: by its class's name, TensorFlow not
     imported here): its directory, absolute, in one `backup` marker a task, which the
     coordinator reads (an elastic resize fills it)."""
-    from orchestrator.markers import read_marker
+    from orchestrator.loop.markers import read_marker
     from worker_entry import markers
     from worker_entry.progress import auto as autoprogress
 

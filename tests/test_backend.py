@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from orchestrator import cli
+from orchestrator.cli import commands as cli
 from orchestrator.errors import SpecError
 from orchestrator.launch.backends import BACKENDS
 from orchestrator.launch.preflight import HostCheck
@@ -151,7 +151,7 @@ def test_a_scheduler_is_one_class_and_one_registry_line(tmp_path: Path, monkeypa
     registered in one line, `--on fakesched` hands it a job, and the pipeline places,
     allocates, checks, syncs and starts through it; the tasks run for real."""
     from orchestrator.pipeline import run
-    from orchestrator.quick import SlurmFlags, on_scheduler
+    from orchestrator.planning.quick import SlurmFlags, on_scheduler
     from tests.test_pipeline import shown
 
     monkeypatch.setitem(BACKENDS, "fakesched", fake_backend.FakeScheduler)  # the one line
@@ -192,8 +192,8 @@ def test_a_scheduler_is_one_class_and_one_registry_line(tmp_path: Path, monkeypa
 def test_a_backend_kind_the_registry_lacks_is_a_field_named_error(monkeypatch):
     """`backend:` names a scheduler by its kind; what is not one is named, the kinds listed,
     and a registered scheduler's request is checked by its own model, field by field."""
-    from orchestrator.quick import FlagError, SlurmFlags, on_scheduler
-    from orchestrator.spec import parse_spec
+    from orchestrator.planning.quick import FlagError, SlurmFlags, on_scheduler
+    from orchestrator.planning.spec import parse_spec
 
     job = {**LISTED, "tasks": {"worker": 2}}
     cases = {"pbs": "backend: unknown kind 'pbs'; the schedulers' kinds are slurm",

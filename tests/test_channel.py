@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import decide
+from orchestrator.loop import decide
 from tests.conftest import REPO, TfoResult, events, run_task, run_tfo
 from tests.test_faults import first
 from tests.test_scripts import TWO_WORKERS, spec

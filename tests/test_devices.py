@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.devices import allocate_gpus
 from orchestrator.launch.gpus import parse
-from orchestrator.plan import make_plan
-from orchestrator.spec import SpecError, parse_spec
+from orchestrator.planning.devices import allocate_gpus
+from orchestrator.planning.plan import make_plan
+from orchestrator.planning.spec import SpecError, parse_spec
 from tests.conftest import run_tfo, write_spec
 
 LAB = {

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import backups, elastic
-from orchestrator.backups import TASK_DIR, told
-from orchestrator.elastic import (
+from orchestrator.elastic import backups
+from orchestrator.elastic import groups as elastic
+from orchestrator.elastic.backups import TASK_DIR, told
+from orchestrator.elastic.groups import (
     NUM_WORKERS_ENV,
     Act,
     Group,
@@ -37,8 +38,8 @@ from orchestrator.elastic import (
     to_probe,
 )
 from orchestrator.launch.ports import free_ports
-from orchestrator.plan import Plan, make_plan
-from orchestrator.spec import ClusterSpec, ElasticSpec, parse_spec
+from orchestrator.planning.plan import Plan, make_plan
+from orchestrator.planning.spec import ClusterSpec, ElasticSpec, parse_spec
 from tests.conftest import REPO
 from worker_entry.markers import Role, num_workers
 
@@ -594,13 +595,13 @@ def test_a_smaller_group_resumes_from_the_bigger_one_s_backup(tmp_path: Path) ->
 ])
 def test_a_lab_host_s_backup_paths(path: str, shell: str, sftp: str) -> None:
     """A workdir under ~ is the login's home for the shell and for sftp; nothing unquoted."""
-    from orchestrator.launch.backupstore import _sftp, _sh
+    from orchestrator.elastic.backupstore import _sftp, _sh
 
     assert (_sh(path), _sftp(path)) == (shell, sftp)
 
 
 def test_the_store_reads_and_fills_this_machine_s_directories(tmp_path: Path) -> None:
-    from orchestrator.launch.backupstore import BackupStore, for_lab
+    from orchestrator.elastic.backupstore import BackupStore, for_lab
 
     write_backup(tmp_path / "a", [2, 3])
     store = BackupStore()

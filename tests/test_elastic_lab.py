@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import backups
+from orchestrator.elastic import backups
 from tests import sshlab
 from tests.conftest import SSH_LAB, events, run_processes, wait_until, write_spec
 from tests.test_faults import Tfo

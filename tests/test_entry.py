@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.entry import EntryError, check_entry
+from orchestrator.planning.entry import EntryError, check_entry
 from tests.conftest import REPO, run_task, run_tfo, write_spec
 from worker_entry.markers import EXIT_PERMANENT
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.spec import RestartPolicy
-from orchestrator.supervise import restart_allowed
+from orchestrator.loop.supervise import restart_allowed
+from orchestrator.planning.spec import RestartPolicy
 from tests import golden
 from tests.conftest import (
     FIXED_PORTS,

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import pipeline
-from orchestrator.liveview import STATUS, row_from_record
-from orchestrator.rate import WINDOW_SECONDS
+from orchestrator.cli.liveview import STATUS, row_from_record
+from orchestrator.loop.rate import WINDOW_SECONDS
 from tests.conftest import REPO, events, tfo_cmd
 
 SCRIPT = REPO / "tests" / "scripts" / "ctl_steps_per_loop.py"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.decide import PEER_LOST_GRACE_SECONDS
+from orchestrator.loop.decide import PEER_LOST_GRACE_SECONDS
 from tests.conftest import events, write_spec
 from tests.test_faults import Tfo, first
 from tests.test_hangs import progressed, task_process

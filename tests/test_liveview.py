@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.console import ConsoleWriter, console_echo, printable
-from orchestrator.liveview import (
+from orchestrator.cli.console import ConsoleWriter, console_echo, printable
+from orchestrator.cli.liveview import (
     FINAL,
     LIVE,
     Row,
@@ -351,7 +351,7 @@ def test_plain_output_has_no_escape_sequences(tmp_path: Path):
 
 
 def test_the_failure_summary_shows_the_log_s_end_as_the_console_did(tmp_path: Path):
-    from orchestrator.report import _last_lines
+    from orchestrator.cli.report import _last_lines
     from worker_entry import markers
 
     log = tmp_path / "worker-1.log"

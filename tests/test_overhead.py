@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from bench.run import cpu_seconds
-from orchestrator.plan import TaskPlan
-from orchestrator.supervise import JobState, Supervisor
+from orchestrator.loop.supervise import JobState, Supervisor
+from orchestrator.planning.plan import TaskPlan
 from tests.conftest import REPO, events, kill_tree, tfo_cmd, wait_until, write_spec
 from tests.conftest import events as run_events
 from tests.test_supervise import READY, FakeClock, FakeHandle, FakeWaiter, Script, planned, spec
@@ -132,9 +132,9 @@ def test_a_wrapper_waiting_for_its_script_s_port_costs_next_to_nothing(tmp_path:
     taken from the task's TensorFlow import; over sock_diag it is next to nothing."""
     from orchestrator.launch.local import LocalHandle
     from orchestrator.launch.ports import free_ports
-    from orchestrator.plan import make_plan
-    from orchestrator.rundir import RunDir
-    from orchestrator.spec import parse_spec
+    from orchestrator.planning.plan import make_plan
+    from orchestrator.planning.spec import parse_spec
+    from orchestrator.runs.rundir import RunDir
 
     (tmp_path / "slow.py").write_text("import time\ntime.sleep(60)\n")  # never listens
     port = free_ports(1)[0]

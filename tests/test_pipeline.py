@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.pipeline import run
-from orchestrator.spec import parse_spec
+from orchestrator.planning.spec import parse_spec
 from tests.conftest import REPO
 from tests.conftest import events as run_events
 

@@ -327,9 +327,9 @@ def test_a_script_that_opts_in_reports_its_epochs(tmp_path, run_dir):
     ({"module": "tests.jobs.faulty"}, None, None, "tests"),
 ])
 def test_a_lab_host_gets_the_code_directory_and_a_path_in_it(job, local, remote, synced):
-    from orchestrator.launch.ssh import job_packages
-    from orchestrator.plan import make_plan
-    from orchestrator.spec import parse_spec
+    from orchestrator.launch.ssh.backend import job_packages
+    from orchestrator.planning.plan import make_plan
+    from orchestrator.planning.spec import parse_spec
 
     spec = parse_spec({"name": "t", "job": job, "hosts": {"lab": {"address": "10.0.0.2"}},
                        "tasks": {"worker": ["lab:1"], "evaluator": ["localhost:2"]}})
@@ -343,8 +343,8 @@ def test_a_lab_host_gets_the_code_directory_and_a_path_in_it(job, local, remote,
 
 def test_a_script_job_survives_plan_json():
     """`tfo rerun` plans a script job again from plan.json."""
-    from orchestrator.plan import Plan, make_plan
-    from orchestrator.spec import parse_spec
+    from orchestrator.planning.plan import Plan, make_plan
+    from orchestrator.planning.spec import parse_spec
 
     spec = parse_spec({"name": "t", "job": {"script": "train.py", "args": ["--epochs", "3"]},
                        "tasks": {"worker": ["localhost:5"]}})
@@ -479,8 +479,8 @@ def test_a_lab_task_forked_without_setproctitle_is_titled_as_a_local_one(tmp_pat
     """A lab host's agent forks each wrapper (forkstart), and a python there may lack
     setproctitle: the wrapper and its task showed the agent's command line in ps
     (`python -m worker_entry.agent 15`). Both are titled by hand instead."""
-    from orchestrator.plan import make_plan
-    from orchestrator.spec import parse_spec
+    from orchestrator.planning.plan import make_plan
+    from orchestrator.planning.spec import parse_spec
 
     script = tmp_path / "train.py"
     script.write_text("import os, time\nprint('task', os.getpid(), flush=True)\ntime.sleep(60)\n")

@@ -26,9 +26,9 @@ from orchestrator.launch.slurm import (
     fit_problems,
     salloc_argv,
 )
-from orchestrator.quick import FlagError, SlurmFlags
-from orchestrator.quick import on_scheduler as on_slurm
-from orchestrator.spec import parse_spec
+from orchestrator.planning.quick import FlagError, SlurmFlags
+from orchestrator.planning.quick import on_scheduler as on_slurm
+from orchestrator.planning.spec import parse_spec
 from tests import slurmlab
 from tests.conftest import (
     REPO,
@@ -415,7 +415,7 @@ def test_a_granted_jobs_preflight_has_its_share_of_each_node(
     """What `warm_spares: auto` weighs under Slurm: the CPUs the job got on each node (not
     the node's 4), and memory (the lab allots none: the node's free memory)."""
     from orchestrator.launch.spares import spares_wanted
-    from orchestrator.plan import make_plan
+    from orchestrator.planning.plan import make_plan
 
     spec = parse_spec(yaml.safe_load(job(slurm=extra)))
     backend = SlurmBackend({})

@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from orchestrator.launch.spares import SPARE_RSS, Spares, spares_pay_off, spares_wanted
-from orchestrator.plan import make_plan
-from orchestrator.spec import cluster_schema, parse_spec
+from orchestrator.planning.plan import make_plan
+from orchestrator.planning.spec import cluster_schema, parse_spec
 from tests.conftest import events, wait_until, write_spec
 from tests.procs import gone
 from tests.test_faults import Tfo, attempt_end, first, kill_task

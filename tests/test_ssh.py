@@ -275,9 +275,9 @@ env: {json.dumps({bad_key: "v", "NOTE": bad_value})}
     # the task's command is `env`, which prints the environment it was given.
     from dataclasses import replace
 
-    from orchestrator.launch.ssh import SshBackend
-    from orchestrator.plan import make_plan
-    from orchestrator.spec import load_spec
+    from orchestrator.launch.ssh.backend import SshBackend
+    from orchestrator.planning.plan import make_plan
+    from orchestrator.planning.spec import load_spec
 
     spec = load_spec(write_spec(tmp_path / "ok.yaml", text.replace(bad_key, "SAFE")))
     task = make_plan(spec, run_id="inject", run_dir=tmp_path / "run", workdir=tmp_path).tasks[0]

@@ -16,12 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import wakeup
-from orchestrator.decide import PEER_LOST_GRACE_SECONDS
-from orchestrator.plan import Plan, TaskPlan, make_plan
-from orchestrator.rundir import RunDir
-from orchestrator.spec import parse_spec
-from orchestrator.supervise import (
+from orchestrator.launch import wakeup
+from orchestrator.loop.decide import PEER_LOST_GRACE_SECONDS
+from orchestrator.loop.supervise import (
     IDLE_SECONDS,
     JOB_TRANSITIONS,
     OUTPUT_SECONDS,
@@ -33,6 +30,9 @@ from orchestrator.supervise import (
     Timing,
     advance,
 )
+from orchestrator.planning.plan import Plan, TaskPlan, make_plan
+from orchestrator.planning.spec import parse_spec
+from orchestrator.runs.rundir import RunDir
 from tests import golden
 from tests.conftest import events as run_events
 from worker_entry.markers import EXIT_PERMANENT, PREFIX, START
@@ -338,7 +338,7 @@ def test_ps_worker_restarts_alone_and_chief_decides(tmp_path):
 def test_a_server_that_exits_0_is_failed_in_the_events_and_in_tfo_status(tmp_path):
     """A server never exits on its own: exit 0 is a loss. events.jsonl says the state the
     supervisor decided, and `tfo status` (rows_from_events) reads it, not exit 0's success."""
-    from orchestrator.liveview import rows_from_events
+    from orchestrator.cli.liveview import rows_from_events
 
     scripts = {"chief:0": Script([(None, 0, True)]), "worker:1": Script([(0, 0.1, True)]),
                "worker:0": Script([(None, 0, True)]), "ps:0": Script([(None, 0, True)])}
@@ -428,7 +428,7 @@ def test_an_evaluator_whose_entry_cannot_be_found_is_not_restarted(tmp_path):
 
 @pytest.mark.timeout(20)
 def test_a_task_that_could_not_start_is_not_still_running(tmp_path, capsys):
-    from orchestrator.cli import print_summary
+    from orchestrator.cli.commands import print_summary
 
     plan = planned(tmp_path, spec(policy="never"))
 
@@ -546,7 +546,7 @@ DUMP = ["Thread 0x00007ff3a555c6c0 (most recent call first):",
 
 @pytest.mark.timeout(20)
 def test_a_stalled_worker_fails_its_attempt_and_the_group_restarts(tmp_path, capsys):
-    from orchestrator.cli import print_summary
+    from orchestrator.cli.commands import print_summary
 
     scripts = {"worker:0": Script([(None, 0, True), (0, 0.3, True)], {0: steps(0.5)}),
                "worker:1": Script([(None, 0, True), (0, 0.3, True)], {0: steps(0.5)}, DUMP)}
@@ -683,7 +683,7 @@ SIGTERM = '@tfo {"event": "sigterm", "grace": 10}'
 
 @pytest.mark.timeout(20)
 def test_a_preempted_group_restarts_without_counting(tmp_path, capsys):
-    from orchestrator.cli import print_summary
+    from orchestrator.cli.commands import print_summary
 
     scripts = {"worker:0": Script([(42, 0.4, True), (0, 0.2, True)]),
                "worker:1": Script([(42, 0.3, True), (0, 0.2, True)], {0: [(0.1, SIGTERM)]})}
@@ -727,7 +727,7 @@ def test_a_preemption_under_policy_never_fails_the_job(tmp_path):
 
 
 def test_the_summary_tail_skips_markers(tmp_path):
-    from orchestrator.supervise import tail
+    from orchestrator.loop.supervise import tail
 
     log = tmp_path / "worker-1.log"
     log.write_text("".join(f"line {i}\n{START}{usage(False)}\n{START}{progress(i)}\n"

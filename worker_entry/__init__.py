@@ -8,7 +8,8 @@ Where things are:
 
 - the protocol both sides import: `markers` (roles, markers, exit codes), `channel` (the
   wrapper's frames);
-- the two processes of a task: `lifeline/` (the wrapper and the task's prologue), with
+- the two processes of a task: `lifeline/` (the wrapper and the task's prologue; its
+  docstring has the design), with
   `proctree`, `usage`, `listen`, `title`;
 - the task's work: `runner`, `context` (the entry API, `TaskContext`), `backup`, `standby`;
 - what the task tells without the job's help: `progress/`, `joined`, `checkpoints`, with

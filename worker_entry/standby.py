@@ -24,7 +24,7 @@ import tempfile
 
 from worker_entry import defaults, markers, title
 
-# A pool standby (orchestrator/pool.py, the pytest plugin's warm pool) is started before its
+# A pool standby (orchestrator/launch/pool.py, the pytest plugin's warm pool) is started before its
 # job exists: its environment and directory come at GO, from the JSON file this names
 # (`{"env": {...}, "cwd": "..."}`), written by the coordinator just before it sends GO.
 POOL_ENV = "TFO_POOL_ENV"

@@ -34,14 +34,14 @@ from orchestrator.launch.output import TaskOutput, close_pipes, pipe_output, sen
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, check_local, run_owner
 from orchestrator.launch.spares import DISCARD_SECONDS, Spares
-from orchestrator.plan import Plan, TaskPlan
-from orchestrator.spec import HostSpec
+from orchestrator.planning.plan import Plan, TaskPlan
+from orchestrator.planning.spec import HostSpec
 from worker_entry import markers
 from worker_entry.portlocks import Reservations, owner_line
 
 if TYPE_CHECKING:
     from orchestrator.launch.forkserver import Forked, ForkServer
-    from orchestrator.pool import WarmPool
+    from orchestrator.launch.pool import WarmPool
 
 
 def task_env(task: TaskPlan, attempt: int, shim: Path | None) -> dict[str, str]:
@@ -169,7 +169,7 @@ class LocalBackend(HostBackend):
         self._spares = Spares(lambda task, attempt: LocalHandle(
             task, attempt, standby=True, shim=self._shim(task)))
         self._built: tuple[Path | None, str | None] | None = None  # loopback.try_build's
-        self.pool: WarmPool | None = None  # processes warm before their job (orchestrator/pool.py)
+        self.pool: WarmPool | None = None  # processes warm before their job (launch/pool.py)
         # This job's ports, held until `close` (the job's end): another job asking for one
         # of them, together or between two attempts of its task, is told whose it is.
         self._ports = Reservations(owner_line(None, None))
