@@ -1,4 +1,4 @@
-"""What the automatic progress (worker_entry/autoprogress.py) costs a task, in one process:
+"""What the automatic progress (worker_entry/progress/auto.py) costs a task, in one process:
 
 - per step: tfo's callback (`Progress`) counts a fit's steps by wrapping its train_function
   (`_CountedTrainFunction`: a counter, one clock compare, the logs kept), so Keras needs no
@@ -59,8 +59,8 @@ def main() -> None:
     import tensorflow as tf
     from tensorflow.python.eager.polymorphic_function.polymorphic_function import Function
 
-    from worker_entry import autoprogress
-    from worker_entry.context import Progress, _CountedTrainFunction
+    from worker_entry.progress import auto as autoprogress
+    from worker_entry.progress.fit import Progress, _CountedTrainFunction
 
     out, sys.stdout = sys.stdout, open(os.devnull, "w")  # noqa: SIM115 (the markers)
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])

@@ -176,7 +176,7 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     # stops a task there 3 s after its peers' code is over (supervise.py); a hand launch waits.
     Figure("exit_tail_tfo", "both workers' code over → run over, tfo", "s", None),
     Figure("exit_tail_hand", "both workers' code over → run over, hand", "s", None),
-    # Issue 29: tfo's callback joins every fit by itself (worker_entry/autoprogress.py).
+    # Issue 29: tfo's callback joins every fit by itself (worker_entry/progress/auto.py).
     Figure("progress_ratio", "throughput, automatic progress on ÷ off (tfo)", "×", 0.99,
            "ge"),
     # The same question within one process (bench/progress_cost.py): the bench job's fit

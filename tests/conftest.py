@@ -112,7 +112,7 @@ def frame_lines(stream: BinaryIO) -> Iterator[str]:
         for kind, payload in reader.feed(data):
             if kind in (channel.MARKER, channel.OWN):
                 yield START + payload.decode()
-            elif kind != channel.BEAT:
+            else:
                 text += payload + (b"\n" if kind == channel.SAY else b"")
                 *whole, text = text.split(b"\n")
                 yield from (line.decode(errors="replace") for line in whole)

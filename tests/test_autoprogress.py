@@ -1,4 +1,4 @@
-"""What tfo sees of a script that reports nothing itself (worker_entry/autoprogress.py):
+"""What tfo sees of a script that reports nothing itself (worker_entry/progress/auto.py):
 Keras's fit and a tf.function loop report their steps; real TensorFlow processes running
 the tutorials' scripts unmodified (tests/scripts/), and the counting rules on their own."""
 
@@ -418,12 +418,14 @@ class FakeFunction:
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """FakeFunction counted as autoprogress counts Function; the markers it would emit."""
-    from worker_entry import autoprogress, markers, progress
+    from worker_entry import markers, progress
+    from worker_entry.progress import auto as autoprogress
+    from worker_entry.progress import loops
 
     out: list[dict] = []
     monkeypatch.setattr(markers, "emit", lambda event, **f: out.append({"event": event, **f}))
-    monkeypatch.setattr(autoprogress, "_state", autoprogress._State())
-    monkeypatch.setattr(autoprogress.atexit, "register", lambda f: None)
+    monkeypatch.setattr(autoprogress, "_state", loops.State())
+    monkeypatch.setattr(loops.atexit, "register", lambda f: None)
     monkeypatch.setattr(progress, "_by_script", False)
     monkeypatch.setattr(FakeFunction, "__call__", autoprogress._counted(FakeFunction.__call__))
     return out
@@ -442,13 +444,13 @@ def test_the_most_called_function_is_the_step_from_its_second_call(counted: list
     assert counted[1] == {"event": "progress", "step": 2, "source": "tf.function",
                           "step_from": "calls", "at": counted[1]["at"]}  # no optimizer in it
     assert inner.__dict__.get("_tfo_calls") is None  # nested: never counted
-    from worker_entry import autoprogress
+    from worker_entry.progress import auto as autoprogress
 
     assert autoprogress._state.best == 3
 
 
 def test_a_call_that_raises_is_no_step(counted: list[dict]):
-    from worker_entry import autoprogress
+    from worker_entry.progress import auto as autoprogress
 
     failing = FakeFunction(fail=True)
     for _ in range(3):
@@ -458,7 +460,8 @@ def test_a_call_that_raises_is_no_step(counted: list[dict]):
 
 
 def test_counting_stands_down_for_keras_and_for_a_script_that_reports(counted: list[dict]):
-    from worker_entry import autoprogress, progress
+    from worker_entry import progress
+    from worker_entry.progress import auto as autoprogress
 
     step = FakeFunction()
     autoprogress._state.in_keras = 1  # fit's own train_function: its callback tells
@@ -472,7 +475,7 @@ def test_counting_stands_down_for_keras_and_for_a_script_that_reports(counted: l
 def test_a_call_in_another_thread_does_not_hide_this_threads_steps(counted: list[dict]):
     """The depth that marks a nested call is per thread: a call running in one thread (a
     tf.py_function's, a coordinator's) leaves another thread's calls counted."""
-    from worker_entry import autoprogress
+    from worker_entry.progress import auto as autoprogress
 
     entered, release = threading.Event(), threading.Event()
 
@@ -521,7 +524,7 @@ def test_a_hook_runs_after_the_import_and_a_look_up_does_not_disarm_it(tmp_path,
 
 
 def test_auto_progress_is_on_unless_the_env_says_0():
-    from worker_entry.autoprogress import enabled
+    from worker_entry.progress.auto import enabled
 
     assert enabled({}) and enabled({"TFO_AUTO_PROGRESS": "1"})
     assert not any(enabled({"TFO_AUTO_PROGRESS": v}) for v in ("0", "false", "off", " 0"))
@@ -539,7 +542,7 @@ def test_source_is_an_optional_field_of_the_markers():
 
 
 def test_the_last_count_is_told_at_exit_unless_a_fit_took_over(counted: list[dict]):
-    from worker_entry import autoprogress
+    from worker_entry.progress import auto as autoprogress
 
     step = FakeFunction()
     for _ in range(5):
@@ -563,12 +566,14 @@ def test_steps_held_back_by_the_markers_rate_go_out_once_its_second_passed(
     count stays current: the first call past the second tells the count then."""
     import functools
 
-    from worker_entry import autoprogress, progress
+    from worker_entry.progress import auto as autoprogress
+    from worker_entry.progress import loops
+    from worker_entry.progress.counting import Reporter
 
     now = [100.0]
-    monkeypatch.setattr(autoprogress, "monotonic", lambda: now[0])
-    autoprogress._state.reporters["tf.function"] = progress.Reporter(
-        clock=lambda: now[0], emit=functools.partial(autoprogress._emit_with,
+    monkeypatch.setattr(loops, "monotonic", lambda: now[0])
+    autoprogress._state.reporters["tf.function"] = Reporter(
+        clock=lambda: now[0], emit=functools.partial(autoprogress._state.emit_with,
                                                      source="tf.function"))
     step = FakeFunction()
     for _ in range(42):
@@ -589,7 +594,8 @@ def test_a_script_s_backup_and_restore_directory_is_told_once(counted: list[dict
     imported here): its directory, absolute, in one `backup` marker a task, which the
     coordinator reads (an elastic resize fills it)."""
     from orchestrator.loop.markers import read_marker
-    from worker_entry import autoprogress, markers
+    from worker_entry import markers
+    from worker_entry.progress import auto as autoprogress
 
     class BackupAndRestore:
         def __init__(self, backup_dir: str) -> None:

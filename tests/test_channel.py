@@ -27,9 +27,9 @@ from worker_entry import channel, markers
 def test_frames_come_out_whole_from_pieces_of_any_size():
     stream = (b"python: starting\n" + channel.frame(channel.OUTPUT, b"a line\n")
               + channel.frame(channel.MARKER, b'@tfo {"event": "done"}')
-              + channel.frame(channel.BEAT) + channel.frame(channel.OWN, b"x" * 70_000))
+              + channel.frame(channel.SAY) + channel.frame(channel.OWN, b"x" * 70_000))
     want = [(channel.RAW, b"python: starting\n"), (channel.OUTPUT, b"a line\n"),
-            (channel.MARKER, b'@tfo {"event": "done"}'), (channel.BEAT, b""),
+            (channel.MARKER, b'@tfo {"event": "done"}'), (channel.SAY, b""),
             (channel.OWN, b"x" * 70_000)]
     for size in (1, 5, 6, 7, 1000, len(stream)):
         reader = channel.Reader()

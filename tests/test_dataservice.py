@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, events, run_tfo, write_spec
-from tests.test_faults import Tfo, first
+from tests.helpers import Tfo, first
 
 SCRIPT = REPO / "tests/scripts/data_service.py"
 

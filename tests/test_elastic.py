@@ -439,7 +439,7 @@ def test_previous_dirs_follow_the_places() -> None:
 
 def test_held_reads_what_a_backup_directory_holds(tmp_path: Path) -> None:
     write_backup(tmp_path / "w0", [2, 3])
-    write_backup(tmp_path / "w1", [2, 3], absolute=True)  # as _TaskBackup rewrites it
+    write_backup(tmp_path / "w1", [2, 3], absolute=True)  # as TaskBackup rewrites it
     write_backup(tmp_path / "w2", [2, 3])
     (tmp_path / "w2" / "chief" / "ckpt-3.index").unlink()  # killed while writing it
     assert backups.held(tmp_path / "w0") == backups.held(tmp_path / "w1") == {2, 3}

@@ -41,7 +41,7 @@ def threads_of(pid: int) -> int:
 
 def standby_env(env: dict[str, str]) -> dict[str, str]:
     """A standby's: it waits for GO, and ends at its lifeline's EOF (our end's close)."""
-    return {**env, markers.STANDBY_ENV: "1", markers.LIFELINE_ENV: markers.lifeline(False)}
+    return {**env, markers.STANDBY_ENV: "1", markers.LIFELINE_ENV: markers.LIFELINE_STDIN}
 
 
 @pytest.mark.timeout(300)

@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.loop.markers import BadMarker, Progress, read_marker
 from worker_entry import markers
-from worker_entry.progress import FitFacts, Reporter, counts_calls
+from worker_entry.progress.counting import FitFacts, Reporter, counts_calls
 
 
 def test_reporter_counts_every_step_and_emits_at_most_once_a_second() -> None:

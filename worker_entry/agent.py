@@ -36,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from worker_entry import forkstart, frames, portlocks
+from worker_entry import forkstart, frames, portlocks, proctree
 from worker_entry.markers import beat_seconds
 
 CLEANUP_SECONDS = 5.0  # after the lifeline ends: wrappers still running then are SIGKILLed
@@ -47,7 +47,6 @@ OUT_LIMIT = 4 << 20  # bytes waiting for the channel: task pipes are not read pa
 # one wake-up of the coordinator's threads instead of eight. Anything else goes at once.
 COALESCE_SECONDS = 0.05
 PROBE_GONE_SECONDS = 2.0  # a port held by this run's own probe: it ends within this
-_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 
 
 @dataclass
@@ -70,13 +69,6 @@ def _close(fd: int | None) -> None:
 
 def _expand(value: str) -> str:
     return os.path.expanduser(value) if value == "~" or value.startswith("~/") else value
-
-
-def _prctl(option: int, value: int) -> None:
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
 class Agent:
@@ -179,11 +171,9 @@ class Agent:
 
     # ---- the loop --------------------------------------------------------------------
     def reap(self) -> None:
-        from worker_entry.lifeline import reaped
-
         by_pid = {t.pid: t for t in self.tasks.values()}
         orphans = False
-        for pid, status in reaped():
+        for pid, status in proctree.reaped():
             task = by_pid.get(pid)
             if task is None:
                 continue  # an orphan of a wrapper's tree, adopted and now reaped
@@ -197,13 +187,11 @@ class Agent:
     def kill_orphans(self) -> None:
         """A wrapper killed by a signal could not kill what its task started: what of it
         detached came to us (the subreaper). Our only children are wrappers."""
-        from worker_entry.lifeline import children, descendants
-
         ours = {t.pid for t in self.tasks.values() if t.code is None}
-        for child in children(os.getpid()):
+        for child in proctree.children(os.getpid()):
             if child in ours:  # a live wrapper: its tree is its own to end
                 continue
-            for pid in [child, *descendants(child)]:
+            for pid in [child, *proctree.descendants(child)]:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -327,8 +315,8 @@ class Agent:
 def main(argv: list[str], ports: portlocks.Reservations | None = None) -> None:
     """`ports`: the preflight's probe's reservations, where this agent is that probe."""
     lifeline = float(argv[0]) if argv else 30.0
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGHUP)
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    proctree.parent_death_signal(signal.SIGHUP)
+    proctree.become_subreaper()
     forkstart.preload()  # before the first START: each task's wrapper is a fork of this
     agent = Agent(lifeline, ports)
     os.set_blocking(0, False)

@@ -29,9 +29,8 @@ OUTPUT = b"o"  # the task's stdout and stderr bytes (MAGIC escaped)
 MARKER = b"m"  # one marker line the task wrote on its channel, `@tfo {json}`
 OWN = b"w"  # one marker line of the wrapper's own (usage, sigterm, ready by port)
 SAY = b"s"  # a line of the wrapper's own words for the task's log (`[tfo] ...`)
-BEAT = b"b"  # the wrapper is alive (a heartbeat lifeline): no payload
 RAW = b""  # Reader: bytes outside any frame
-KINDS = frozenset((OUTPUT, MARKER, OWN, SAY, BEAT))
+KINDS = frozenset((OUTPUT, MARKER, OWN, SAY))
 # The wrapper's markers alone: a task's marker of these kinds is dropped (a task cannot say
 # it got a SIGTERM, nor what its wrapper measured).
 WRAPPER_EVENTS = frozenset(("usage", "sigterm"))

@@ -6,13 +6,13 @@ read back (`restore` and `read` end in `Checkpoint.read`) is told in a `checkpoi
     {"event": "checkpoint", "op": "saved" | "restored", "path": ".../ckpt-2", "step": 40,
      "epoch": 1}
 
-`step`: the steps this attempt had done at that moment (autoprogress's count, passed in);
+`step`: the steps this attempt had done at that moment (progress.auto's count, passed in);
 `epoch`: on a restore, the checkpoint's own epoch variable where it has one (an integer
 scalar whose name says epoch: the custom-loop tutorial's `epoch`, tf-keras's
 `ckpt_saved_epoch`), as the script counts it. The coordinator matches a restore's path with
 the save it saw (orchestrator/loop/resumes.py): where an attempt began, and what a restart lost.
 
-    checkpoints.install(steps_done)   # autoprogress.install: hooks on TensorFlow's import
+    checkpoints.install(steps_done)   # progress.auto.install: hooks on TensorFlow's import
 """
 
 from __future__ import annotations

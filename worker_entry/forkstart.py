@@ -31,7 +31,7 @@ WRAPPER = ("-m", "worker_entry")
 # forked from a process started with other values would not be what an exec makes.
 _STARTUP_PREFIXES = ("PYTHON", "LD_", "LC_", "MALLOC_")
 _STARTUP_NAMES = frozenset({"LANG", "LANGUAGE", "GLIBC_TUNABLES", "HOME"})  # HOME: user site
-_PRELOADED = ("defaults", "tfimport", "autoprogress", "faults", "lifeline", "runner",
+_PRELOADED = ("defaults", "tfimport", "progress.auto", "faults", "lifeline.start", "runner",
               "standby", "markers", "title", "usage", "listen", "progress", "frames")
 
 

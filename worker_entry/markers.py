@@ -94,11 +94,11 @@ def dtensor_env(strategy: str, cluster: dict[str, list[str]], role: str,
 
 
 # The lifeline (worker_entry.lifeline): the task's stdin, whose write end the coordinator
-# holds. TFO_LIFELINE is "stdin" (EOF means the coordinator is gone) or "stdin:SECONDS"
-# (heartbeats both ways: the coordinator sends a byte down stdin every HEARTBEAT_SECONDS, the
-# task's wrapper writes BEAT as often; silence for SECONDS means the other side is gone).
+# (or a lab host's agent) holds. TFO_LIFELINE is "stdin" (EOF means the coordinator is gone);
+# unset, nobody holds it (a Kubernetes pod, `python -m worker_entry` by hand).
 LIFELINE_ENV = "TFO_LIFELINE"
 LIFELINE_STDIN = "stdin"
+# A lab host's agent and the coordinator beat to each other at least this often (beat_seconds).
 HEARTBEAT_SECONDS = 1.0
 # How often the task's wrapper measures its task's processes on their host (any backend).
 USAGE_SECONDS = 2.0
@@ -109,9 +109,6 @@ USAGE_SECONDS = 2.0
 # takes 8 in a row (25.4 s after 7): 0.3^8, once in 15,000 segments, about an hour and a
 # half; and a cut network is still noticed well within a task's start-up timeout.
 LIFELINE_SECONDS = 30.0
-# The wrapper's exit status when it killed its task because the lifeline went quiet (SSH):
-# the coordinator reports it as lost contact, not as the SIGKILL the task got.
-EXIT_LIFELINE = 79
 
 
 def beat_seconds(lifeline_seconds: float) -> float:
@@ -129,19 +126,6 @@ def next_usage(now: float, period: float = USAGE_SECONDS) -> float:
     return (now // period + 1) * period
 
 
-def lifeline(heartbeat: bool, seconds: float = LIFELINE_SECONDS) -> str:
-    """The TFO_LIFELINE value for a task: with heartbeats where EOF may never come (SSH)."""
-    return f"{LIFELINE_STDIN}:{seconds:g}" if heartbeat else LIFELINE_STDIN
-
-
-def parse_lifeline(value: str | None) -> tuple[bool, float | None]:
-    """(watch stdin?, seconds of silence that mean gone, or None) from a TFO_LIFELINE value."""
-    if not value or not value.startswith(LIFELINE_STDIN):
-        return False, None
-    _, sep, seconds = value.partition(":")
-    return True, float(seconds) if sep else None
-
-
 PREFIX = "@tfo "
 # Every marker is START + "@tfo {json}\n", in one write on the task's channel. In a task's
 # log and in the lines the coordinator's reader hands on, a marker line starts with START
@@ -149,11 +133,9 @@ PREFIX = "@tfo "
 # merely looks like a marker is text.
 START = "\x1f"  # not \x1c-\x1e: str.splitlines would split a line there
 MARK = START + PREFIX
-# With a heartbeat lifeline (SSH), the task's wrapper writes a BEAT frame every
-# HEARTBEAT_SECONDS (worker_entry.channel). Readers drop it.
 # Down the lifeline, the coordinator's request for the task's Python stacks (a stall): the
 # wrapper sends the task STACKS_SIGNAL, on which the task's faulthandler writes every
-# thread's stack to its stderr, the task's log. Heartbeats are any other byte.
+# thread's stack to its stderr, the task's log.
 STACKS = b"?"
 STACKS_SIGNAL = "SIGUSR2"  # by name: this module stays free of platform imports
 # A warm spare (orchestrator/launch/spares.py) is a task started ahead of its attempt with

@@ -179,7 +179,7 @@ def main() -> int:
         os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     if "entry" not in job and not job["serve"]:
         # The user's own script: it builds its strategy from TF_CONFIG. The wrapper reports
-        # it ready once its port listens (lifeline.py); the evaluator has no port.
+        # it ready once its port listens (lifeline.wrapper); the evaluator has no port.
         if role == Role.EVALUATOR:
             markers.emit(markers.READY, what="evaluating")
         run_script(job)

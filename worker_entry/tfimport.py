@@ -103,7 +103,7 @@ def install() -> None:
 
 def after_import(name: str, hook: Callable[[ModuleType], None]) -> None:
     """`hook(module)` once the top-level module `name` has been imported (at once if it is
-    already): how the task's automatic progress (worker_entry/autoprogress.py) finds Keras
+    already): how the task's automatic progress (worker_entry/progress/auto.py) finds Keras
     and TensorFlow without importing either."""
     if name in sys.modules:
         hook(sys.modules[name])

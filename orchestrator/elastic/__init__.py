@@ -63,7 +63,7 @@ and `tfo rerun` starts from the pool again).
 `backup/worker-SLOT` on the place's host, whatever its index (`plan_for`): after a shrink
 every remaining worker finds its own backups where it left them, on any host, and nothing is
 copied. The group resumes from the newest backup every remaining worker holds
-(`resume_from`; save numbers, ckpt-N, as `_TaskBackup` agrees on them); a worker whose
+(`resume_from`; save numbers, ckpt-N, as `TaskBackup` agrees on them); a worker whose
 directory lacks it (a place joining, its directory stale or empty) gets it copied in from a
 peer's, one on its host first, through `launch/backupstore.BackupStore`: on this machine
 `backups.copy_backup`; on a lab host through its SSH connection (a listing and the
@@ -71,7 +71,7 @@ peer's, one on its host first, through `launch/backupstore.BackupStore`: on this
 renamed). The loop waits for the copy (a backup is a model's size; each remote call is
 bounded by the host's connect timeout). A joiner the store cannot reach (a scheduler's node:
 `elastic.unfilled_joiners`) is not grown onto: its stale directory would leave the group no
-backup in common. With no backup in common the tasks start over together, as `_TaskBackup`
+backup in common. With no backup in common the tasks start over together, as `TaskBackup`
 already does. A script with its own `BackupAndRestore(backup_dir=…)` (TensorFlow's tutorial,
 or on TFO_BACKUP_DIR) keeps the chief's backup alone (Backups across restarts, above): a
 resize reads and fills those directories instead (`backup_dirs(plan, script)`), resuming
@@ -86,8 +86,8 @@ restart's). With the chief's host the one lost and no other copy, the group star
    first plan gave it), `first_group`, and the Supervisor runs `plan_for` of that group
    (plan.json keeps the first plan, of the whole pool).
 2. Shrink: `Exits.lost` asks `Resizing.lost` first (`exits.resize`). A worker's place is
-   lost by a failed start (its handle None), a cut lifeline (exit `EXIT_LIFELINE`, or its
-   handle lost contact), or `lost_after_failures` failures of its own in a row
+   lost by a failed start (its handle None), a cut lifeline (its handle lost
+   contact), or `lost_after_failures` failures of its own in a row
    (`failures_in_row`; the count is the place's): a failure when a peer of its group was
    gone (failed, exited with a failure, contact lost) or stopped (its usage: state T) is not
    its own (`own_failure`), and a success, an epoch trained (a step, for a task that tells
@@ -181,7 +181,7 @@ while a worker its TF_CONFIG names does not serve.
   (contiguous indices; dropped ones whose hosts answered since back in); `job_resized` with
   `ps: {from, to}` (the summary's and `tfo status`'s line: `3 → 3 workers, 2 → 1 ps`), its
   `save` the newest backup in the chief's directory (`PsResizing._fill_backups`: nothing to
-  fill), which the chief's `_TaskBackup` restores. With no ps left, below `min_workers`, or
+  fill), which the chief's `TaskBackup` restores. With no ps left, below `min_workers`, or
   `max_resizes` spent: `NoResize(follow_policy)`, the restart policy (a ps on-failure
   restarts the group; the chief never).
 - Whenever the restart policy restarts the chief (its unit stopped, `Exits.restart` asks

@@ -1,7 +1,7 @@
 """A task's BackupAndRestore directory, read and filled by the coordinator (without
 TensorFlow): what an elastic resize needs (orchestrator/elastic/groups.py decides, this acts).
 
-Every task keeps its own (TFO_BACKUP_DIR, worker_entry.context._TaskBackup), laid out as
+Every task keeps its own (TFO_BACKUP_DIR, worker_entry.backup.TaskBackup), laid out as
 tf-keras lays out the chief's, which a tutorial script's `BackupAndRestore(backup_dir=…)`
 writes too:
 

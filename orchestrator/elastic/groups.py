@@ -466,7 +466,7 @@ def resume_from(wanted: Mapping[str, Dir], had: Mapping[str, Dir | None],
     and constrains nothing); `held`: the save numbers found in each directory
     (backups.held). A worker whose index changed writes a new directory on its own host:
     its copy comes from its own old one there; a joining one's from a peer, one on its own
-    host first. The tasks themselves (worker_entry's _TaskBackup) then agree on the same
+    host first. The tasks themselves (worker_entry.backup.TaskBackup) then agree on the same
     backup, and drop newer ones.
 
     `chief_keeps`: tf-keras's own BackupAndRestore (a script's), where the chief alone keeps

@@ -204,11 +204,6 @@ class BackendError(Exception):
     """A host could not be reached, authenticated or used; the message names the host."""
 
 
-# How a task ended that the supervisor stopped in TensorFlow's teardown, its code over and
-# its peers gone (supervise.TEARDOWN_GRACE_SECONDS): a success, whatever its signal.
-TORN_DOWN = "stopped in teardown"
-
-
 def describe_exit(returncode: int | None) -> str:
     """'exit code 3', 'signal SIGKILL', or 'still running'."""
     if returncode is None:

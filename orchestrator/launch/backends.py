@@ -192,9 +192,6 @@ class Backends:
         """Tasks to start together (the supervisor's starts of one round): each backend
         that starts a batch gets its run of them at once, the others start theirs one by
         one; each task answered in order (launch.BatchLauncher)."""
-        if not any(hasattr(cls, "start_batch") for cls in BACKENDS.values()):
-            yield from one_by_one(self.start, items)  # every backend today: lazily, in order
-            return
         for kind, group in itertools.groupby(list(items), key=lambda i: i[0].placement.kind):
             run, backend = list(group), self.get(kind)
             make = getattr(backend, "start_batch", None)

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 def task_env(task: TaskPlan, attempt: int, shim: Path | None) -> dict[str, str]:
     """The environment a local task's wrapper starts with."""
     env = {**os.environ, **task.env, "TFO_ATTEMPT": str(attempt),
-           markers.LIFELINE_ENV: markers.lifeline(heartbeat=False)}
+           markers.LIFELINE_ENV: markers.LIFELINE_STDIN}
     if shim is not None:  # an all-local job: its servers listen on the loopback only
         env = loopback.with_preload(env, shim)
     return env

@@ -188,7 +188,7 @@ class WarmPool:
             handle = self._held.pop(0)  # the oldest: the likeliest to have imported already
             self._more(after)
         env = {**os.environ, **task.env, "TFO_ATTEMPT": str(attempt),
-               markers.LIFELINE_ENV: markers.lifeline(heartbeat=False)}
+               markers.LIFELINE_ENV: markers.LIFELINE_STDIN}
         if shim is not None:
             env = loopback.with_preload(env, shim)
         slot = handle.task.env[POOL_ENV]  # type: ignore[attr-defined]

@@ -290,7 +290,7 @@ class SlurmHandle:
         self.step_name = f"tfo.{task.name}.{attempt}"
         self._step: str | None = None
         env = {**os.environ, **task.env, "TFO_ATTEMPT": str(attempt),
-               markers.LIFELINE_ENV: markers.lifeline(heartbeat=False)}
+               markers.LIFELINE_ENV: markers.LIFELINE_STDIN}
         if standby:
             env[markers.STANDBY_ENV] = "1"
         # slurmstepd makes TMPDIR before the wrapper runs, and falls back to /tmp (where the

@@ -12,7 +12,7 @@ acts: this machine's files, a lab host's over its SSH connection), and those cop
 removed once every worker took a step (tf-keras never updates them: a later start would
 restore the stale copy beside the chief's newer backup).
 
-tfo's own `_TaskBackup` (ctx.callbacks()) keeps a backup in every task's directory and the
+tfo's own `TaskBackup` (ctx.callbacks()) keeps a backup in every task's directory and the
 workers agree on one among themselves: nothing to fill (job.script_backup None).
 
     refill = Refill(job, store)
@@ -26,13 +26,13 @@ Design: Backups across restarts
 
 Issue 37. Every worker of an MWMS group that starts again must restore the same backup, or
 the restore's collectives mismatch ("Collective instance 118 expected … data_type 9 but got
-… 1") on every restart. tfo's own `_TaskBackup` (`ctx.callbacks()`) keeps a backup in every
+… 1") on every restart. tfo's own `TaskBackup` (`ctx.callbacks()`) keeps a backup in every
 task's TFO_BACKUP_DIR and the workers agree on one (an all-gather before restoring): nothing
 for the coordinator to do. tf-keras's `BackupAndRestore`, as a script uses it, lets the
 chief alone keep the backup, in `backup_dir/chief`, and has every worker restore from its
 own `backup_dir/chief`: with `backup_dir=os.environ["TFO_BACKUP_DIR"]` (one directory per
 task) or a path on lab hosts without a shared filesystem, the others hold nothing beside the
-chief's epoch N. So autoprogress tells the directory (a `backup` marker, once a task, as the
+chief's epoch N. So progress.auto tells the directory (a `backup` marker, once a task, as the
 fit starts; not with `TFO_AUTO_PROGRESS=0`), the coordinator keeps it for every worker
 (`Job.script_backup`, `backups.told`: `$TFO_BACKUP_DIR` for each task's own, else relative
 to the task's cwd, the same under each host's workdir, else absolute), and

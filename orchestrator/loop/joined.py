@@ -77,7 +77,7 @@ loaded 2 cores.
 
 What a restart lost (`orchestrator/loop/resumes.py`): `worker_entry/checkpoints.py` tells
 every `tf.train.Checkpoint` written or read back (`checkpoint` markers, `task_checkpoint`
-events: the path, the attempt's step count then from `autoprogress.steps_done`, a restore's
+events: the path, the attempt's step count then from `progress.auto.steps_done`, a restore's
 own epoch variable). The intake keeps a `Ledger`: the steps each restart unit reached per
 attempt (an attempt's markers count from 0, so each attempt has a base: the step of the save
 it restored, else 0), and the step of each save by path. At a restarted attempt's first

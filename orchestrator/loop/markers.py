@@ -86,7 +86,7 @@ class FirstStep(_Marker):
     event: Literal[m.FIRST_STEP]
     batch: int | None = None
     approximate: bool = False
-    # Where a step inferred by tfo came from (worker_entry/autoprogress.py: "tf.function",
+    # Where a step inferred by tfo came from (worker_entry/progress/auto.py: "tf.function",
     # "coordinator"); unset when Keras's callback or the script told it.
     source: str | None = None
 
@@ -144,7 +144,7 @@ class Saved(_Marker):
 
 
 class Backup(_Marker):
-    """A script's BackupAndRestore directory (worker_entry/autoprogress.py tells it)."""
+    """A script's BackupAndRestore directory (worker_entry/progress/auto.py tells it)."""
 
     event: Literal[m.BACKUP]
     dir: str = Field(min_length=1, max_length=4096)

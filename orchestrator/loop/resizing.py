@@ -18,8 +18,8 @@ record set aside; nothing else stops: the chief's ClusterCoordinator goes on wit
 others), and rejoins alone on the same plan once its host answers a probe; a lost ps
 restarts the training tasks on the plan of the ps left, the chief from its own backup.
 
-A place is lost (elastic.Why) when a start on it failed, its lifeline was cut (exit
-EXIT_LIFELINE, or its handle lost contact), or its tasks failed lost_after_failures times
+A place is lost (elastic.Why) when a start on it failed, its lifeline was cut (its
+handle lost contact), or its tasks failed lost_after_failures times
 of their own in a row (elastic.failures_in_row: a failure that followed a peer's loss or stall
 is not the place's own, `own_failure`; an epoch trained ends the row, `trained_well`).
 Probes run in a daemon thread, each bounded by the host's connect timeout: the loop never
@@ -45,7 +45,7 @@ from orchestrator.loop.records import TaskRecord
 from orchestrator.loop.stopping import lost_contact, stop
 from orchestrator.planning.plan import Plan, task_name
 from orchestrator.planning.spec import LOCALHOST, ClusterSpec
-from worker_entry.markers import EXIT_LIFELINE, Role, Strategy
+from worker_entry.markers import Role, Strategy
 
 Probe = Callable[[str], bool]  # a place's `where` → does it answer
 
@@ -160,7 +160,7 @@ class Resizing:
             for r in job.unit(rec) if r is not rec and r.state is not TaskState.PENDING)
         before = 0 if trained_well(rec) else self.failures.get(where, 0)
         self.failures[where] = elastic.failures_in_row(before, own)
-        lifeline = rc == EXIT_LIFELINE or bool(lost_contact(rec))
+        lifeline = bool(lost_contact(rec))
         how = elastic.lost_why(self.elastic, start_failed=rec.handle is None and rc is None,
                                lifeline_cut=lifeline, failures_in_row=self.failures[where])
         if how is None:

@@ -461,7 +461,7 @@ def make_plan(
             "TFO_JOB": tfo_job,
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": task_workdir,
-            # TensorFlow's autograph files and the like: gone with the task (lifeline.py).
+            # TensorFlow's autograph files and the like: gone with the task (worker_entry.lifeline).
             "TMPDIR": tmp_dir, "TEMP": tmp_dir, "TMP": tmp_dir,
             # Its own GPUs only ("" for none: unset, TensorFlow takes every GPU), numbered
             # as nvidia-smi numbers them (CUDA's default order is fastest first).

@@ -74,12 +74,12 @@ def train(ctx: TaskContext) -> None:
 
 
 def _main(marker: str, action: str) -> None:
-    from worker_entry import lifeline
+    from worker_entry.lifeline import start
 
     if action == "double-fault":
         spawn_escapees(marker)
         os.kill(os.getpid(), signal.SIGKILL)
-    lifeline.wrap()
+    start.wrap()
     what, _, arg = action.partition(":")
     spawn_escapees(marker)
     # Before the task line, which tests wait for: what they do next meets the handler.

@@ -178,7 +178,7 @@ class HostAgent:
                 self._tasks[slot] = handle
             handles.append(handle)
             env = {**task.env, "TFO_ATTEMPT": str(attempt),
-                   markers.LIFELINE_ENV: markers.lifeline(heartbeat=False)}
+                   markers.LIFELINE_ENV: markers.LIFELINE_STDIN}
             if standby:
                 env[markers.STANDBY_ENV] = "1"
             self.send(frames.START, slot, json.dumps(

@@ -1,11 +1,12 @@
 """Progress from a script that reports none: tfo sees its training without a line of its code.
+These are the hooks; the steps they infer are counted in progress.loops.
 
-    autoprogress.install()   # in the task, before any of its code runs (worker_entry/__main__)
+    auto.install()   # in the task, before any of its code runs (worker_entry/__main__)
 
 Nothing is imported here: the hooks wait for the script's own imports (tfimport.after_import).
 
 - Keras (tf-keras, and Keras 3 where a script uses it): once imported, `Model.fit` adds tfo's
-  progress callback (worker_entry.context `Progress`; `_EpochProgress` under
+  progress callback (progress.fit `Progress`; `EpochProgress` under
   ParameterServer, whose fit refuses batch-level callbacks) after the script's own, unless
   one is there already (`progress.callback()`, an entry's `ctx.callbacks()`). One callback
   serves every fit of the task, so its steps keep counting and its first step is told once.
@@ -13,7 +14,7 @@ Nothing is imported here: the hooks wait for the script's own imports (tfimport.
   no batch hook, so a fit with no other batch callback skips Keras's per-batch dispatch
   (its cost per step was the callback's whole cost); where a call is not one step
   (steps_per_execution, ParameterServer, a mid-epoch resume, Keras 3) by the batch hook
-  (`progress.counts_calls`).
+  (`counting.counts_calls`).
 - A custom training loop: once TensorFlow is imported, every completed top-level call of a
   `tf.function` is counted per function (not calls made while one traces or runs, nor
   inside Keras's fit, evaluate or predict, which report for themselves). The most-called
@@ -42,25 +43,20 @@ that reports for itself (`progress.report`) turns the counting off from its firs
 
 from __future__ import annotations
 
-import atexit
 import functools
 import json
 import os
-import re
 import sys
-import threading
 from collections.abc import Callable
-from time import monotonic
 from types import ModuleType
 from typing import Any
 
 from worker_entry import checkpoints, markers, progress, tfimport
+from worker_entry.progress import loops
 
 ENV = "TFO_AUTO_PROGRESS"
 # Keras's own loops: their tf.function calls are Keras's steps, which its callback reports.
 _KERAS_LOOPS = ("fit", "evaluate", "predict")
-# The sources whose steps are a loop's calls (`_State.loop_step`), not a count of their own.
-_LOOPS = ("tf.function", "coordinator")
 
 
 def enabled(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
@@ -88,87 +84,7 @@ def _guarded(hook: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]
     return run
 
 
-class _State:
-    """The task's one counter of steps inferred, and whether Keras's loops run now."""
-
-    def __init__(self) -> None:
-        self.in_keras = 0  # fit/evaluate/predict calls under way, any thread
-        self.fitted = False  # a Keras fit ran: its callback tells the steps from then on
-        self.local = threading.local()  # .depth: a tf.function call of ours under way
-        self.best = 0  # the most-called function's completed calls
-        self.first_told = False
-        self.reporters: dict[str, progress.Reporter] = {}
-        self.keras_callback: Any = None
-        self.given_callback: Any = None  # the script's or entry's own, in its last fit
-        self.told: dict[str, int] = {}  # per source, the last step a marker told
-        self.told_calls: dict[str, int] = {}  # per loop source, its calls when it was told
-        self.leader: Any = None  # the tf.function whose calls were the step at the last marker
-        self.evaluations = 0  # a script's evaluator: evaluate calls completed
-        self.backup_told = False  # the script's BackupAndRestore's directory (_tell_backup)
-
-    def tell_the_last(self) -> None:
-        """At exit: the last steps, which the markers' rate may have held back (unless a
-        fit or the script took over since: theirs are the last word)."""
-        if self.fitted or progress.reported_by_script():
-            return
-        for source, reporter in self.reporters.items():
-            if source in _LOOPS:
-                if self.best <= self.told_calls.get(source, 0):
-                    continue
-                step, step_from = self.loop_step(source, self.best)
-                # No `at`: when the held steps ended is not known (the rate stays the window's)
-                _emit_with(markers.PROGRESS, source=source, step=step, step_from=step_from)
-            elif reporter.step > self.told.get(source, 0):
-                _emit_with(markers.PROGRESS, source=source, step=reporter.step)
-
-    def counting(self) -> bool:
-        return not (self.in_keras or self.fitted or progress.reported_by_script())
-
-    def completed(self, count: int, source: str, function: Any = None) -> None:
-        """A counted call (of `function`, a tf.function) completed, the `count`th of its
-        kind: a step if it is the most."""
-        if count <= self.best:
-            return
-        self.best = count
-        if count < 2:
-            return
-        reporter = self.reporters.get(source)
-        if reporter is not None and monotonic() < reporter.next_at:
-            return  # the next marker (or tell_the_last) tells it: one compare, not a report()
-        if function is not None:
-            self.leader = function
-        if not self.first_told:
-            self.first_told = True
-            markers.emit(markers.FIRST_STEP, batch=None, approximate=True, source=source)
-        reporter = self.reporter(source)
-        step, step_from = self.loop_step(source, count)
-        reporter.report(step=step, step_from=step_from)
-
-    def loop_step(self, source: str, calls: int) -> tuple[int, str]:
-        """The step to tell `calls` calls in, and where it came from (progress.loop_step):
-        the optimizer's, read now, where the loop's function holds one."""
-        iterations = _iterations(self.leader) if source == "tf.function" else None
-        step, step_from = progress.loop_step(self.reporter(source).step,
-                                             self.told_calls.get(source, 0), calls, iterations)
-        self.told_calls[source] = calls
-        return step, step_from
-
-    def reporter(self, source: str) -> progress.Reporter:
-        """The markers of one source, at most one a second."""
-        if not self.reporters:
-            atexit.register(self.tell_the_last)
-        if source not in self.reporters:
-            self.reporters[source] = progress.Reporter(
-                emit=functools.partial(_emit_with, source=source))
-        return self.reporters[source]
-
-
-def _emit_with(event: str, source: str, **fields: Any) -> None:
-    _state.told[source] = fields["step"]
-    markers.emit(event, **fields, source=source)
-
-
-_state = _State()
+_state = loops.State()
 
 
 def steps_done() -> int:
@@ -246,7 +162,8 @@ def _with_callback(fit: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _joined(model: Any, callbacks: Any) -> Any:
-    from worker_entry.context import _EpochProgress, _TaskBackup  # TensorFlow is in by now
+    from worker_entry.backup import TaskBackup  # TensorFlow is in by now
+    from worker_entry.progress.fit import EpochProgress
 
     _state.fitted = True  # saving the model after calls tf.functions: they are no steps
     if callbacks is None:
@@ -256,8 +173,8 @@ def _joined(model: Any, callbacks: Any) -> Any:
         held = list(held)
     except TypeError:
         return callbacks  # something Keras will refuse anyway: left to it
-    _tell_backup(cb for cb in held if not isinstance(cb, _TaskBackup))
-    given = next((cb for cb in held if isinstance(cb, _EpochProgress)), None)
+    _tell_backup(cb for cb in held if not isinstance(cb, TaskBackup))
+    given = next((cb for cb in held if isinstance(cb, EpochProgress)), None)
     if given is not None:
         _state.given_callback = given  # its steps are the task's (steps_done)
         return callbacks  # the script's own progress.callback(), an entry's ctx.callbacks()
@@ -291,11 +208,11 @@ def _parameter_server(model: Any) -> bool:
 def _callback(ps: bool) -> Any:
     """One callback per kind for every fit of the task: its steps go on counting and its
     first step is told once."""
-    from worker_entry.context import Progress, _EpochProgress
+    from worker_entry.progress.fit import EpochProgress, Progress
 
     key = "ps" if ps else "steps"
     if _state.keras_callback is None or _state.keras_callback[0] != key:
-        _state.keras_callback = (key, _EpochProgress() if ps else Progress())
+        _state.keras_callback = (key, EpochProgress() if ps else Progress())
     return _state.keras_callback[1]
 
 
@@ -338,40 +255,6 @@ def _counted(call: Callable[..., Any]) -> Callable[..., Any]:
         return result
     run._tfo_wrapped = True  # type: ignore[attr-defined]
     return run
-
-
-# An optimizer's step counter, as its graph names it: tf-keras's `iteration` (optimizer_v2's
-# `iter`, under the loop's scope where it was made: `while/Adam/iter:0`), Keras 3's
-# `sgd/iteration:0`.
-_ITERATIONS = re.compile(r"(?:^|/)(?:iter|iteration|iterations)(?:_\d+)?:\d+$")
-
-
-def _iterations(function: Any) -> int | None:
-    """The optimizer's step after `function`'s last call: the largest step counter (an
-    optimizer's `iterations`) its traced graphs touch. The counters are looked for once a
-    tracing (TensorFlow's private function cache: where it is missing, None), and read
-    only when a marker goes out. None: no optimizer in the function (the loop's calls count)."""
-    try:
-        held = function.__dict__
-        traced = function.experimental_get_tracing_count()
-        found = held.get("_tfo_iterations")
-        if found is None or found[0] != traced:
-            found = held["_tfo_iterations"] = (traced, _step_counters(function))
-        return max((int(v.numpy()) for v in found[1]), default=None)
-    except Exception:  # noqa: BLE001 (another TensorFlow's internals; a variable gone)
-        return None
-
-
-def _step_counters(function: Any) -> tuple[Any, ...]:
-    """The int64 scalar variables named as an optimizer's step counter in the function's
-    concrete functions (each a graph's variables: the ones it reads or writes, nested
-    functions' and loops' included; a distributed variable's local components)."""
-    found: dict[int, Any] = {}
-    for concrete in function._function_cache.values():
-        for v in concrete.graph.variables:
-            if v.dtype.name == "int64" and v.shape.rank == 0 and _ITERATIONS.search(v.name):
-                found[id(v)] = v
-    return tuple(found.values())
 
 
 def _closures_counted(mark_finished: Callable[..., Any]) -> Callable[..., Any]:
