@@ -143,27 +143,29 @@ class HangCatcher(threading.Thread):
             self._seen = {p: v for p, v in self._seen.items() if os.path.exists(f"/proc/{p}")}
 
     def _tasks(self, tick: int) -> list[tuple[int, float, float]]:
-        """(pid, CPU s, age s) of each process running the soak's entry in its directory."""
-        found = []
+        """(pid, CPU s, age s) of each soak task in its directory: a process named
+        `tfo-<task>` (a standby waiting for GO is `tfo-task`) whose parent is too (its
+        wrapper, idle by design, is not one). By the name, not the command line: a forked
+        task's shows the fork server's."""
+        stats, found = {}, []
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
         for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
             try:
-                if not os.readlink(f"/proc/{name}/cwd").startswith(self.root):
-                    continue
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    title = f.read()  # the task's, not its wrapper's (idle by design)
-                if b"soakpkg.steps:fit" not in title or b"[wrapper]" in title:
-                    continue
                 with open(f"/proc/{name}/stat", "rb") as f:
                     stat = f.read()
+                comm = stat[stat.find(b"(") + 1:stat.rfind(b")")]
+                if comm.startswith(b"tfo-") and comm != b"tfo-task" \
+                        and os.readlink(f"/proc/{name}/cwd").startswith(self.root):
+                    stats[int(name)] = stat[stat.rfind(b")") + 2:].split()
             except OSError:
                 continue
-            fields = stat[stat.rfind(b")") + 2:].split()
-            cpu = (int(fields[11]) + int(fields[12])) / tick
-            found.append((int(name), cpu, uptime - int(fields[19]) / tick))
+        for pid, fields in stats.items():
+            if int(fields[1]) in stats:  # its parent is a tfo- process: its wrapper
+                cpu = (int(fields[11]) + int(fields[12])) / tick
+                found.append((pid, cpu, uptime - int(fields[19]) / tick))
         return found
 
     def _take(self, pid: int) -> None:
