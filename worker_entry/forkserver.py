@@ -98,20 +98,22 @@ def unsafe() -> str | None:
     or eventfd is one kernel object shared by every child: one child's wait takes another's
     wake-up; a socket), memory shared writable (one child's lock or counter is all of
     theirs)."""
+    why = []
     if (count := threads()) != 1:
-        return f"{count} threads in the fork server: a fork would copy their locks without them"
+        why.append(f"{count} threads in the fork server: a fork would copy their locks "
+                   "without them")
     context = sys.modules.get("tensorflow.python.eager.context")
     started = getattr(context, "_context", None)
     if started is not None and getattr(started, "_context_handle", None) is not None:
-        return ("TensorFlow's runtime started in the fork server (its eager context): "
-                "a fork would copy its thread pools' state without their threads")
+        why.append("TensorFlow's runtime started in the fork server (its eager context): a "
+                   "fork would copy its thread pools' state without their threads")
     if found := runtime_fds():
-        return (f"the fork server holds {', '.join(found)}: every child would share "
-                "one kernel object with it and each other")
+        why.append(f"the fork server holds {', '.join(found)}: every child would share "
+                   "one kernel object with it and each other")
     if found := shared_memory():
-        return (f"the fork server maps {found[0]} shared and writable: every child would "
-                "share it")
-    return None
+        why.append(f"the fork server maps {', '.join(found)} shared and writable: every "
+                   "child would share it")
+    return "; ".join(why) or None
 
 
 def threads() -> int:
