@@ -12,8 +12,8 @@ clusters at once, where the hang was seen: 1 run in 3 of a 3-test file). A test'
 fails at its stall check or at `DEADLINE` s, so a hang costs one test, not the soak, and is
 told apart from other failures by its result (a stall or the deadline).
 
-While it runs, `HangCatcher` watches the soak's tasks: one that has run its entry for
-`OLD` s and used under 2 % of a core for the last `IDLE` s has its native and Python stacks
+While it runs, `HangCatcher` watches the soak's tasks: one that has lived `OLD` s and used
+under 2 % of a core for the last `IDLE` s has its native and Python stacks
 taken (gdb, py-spy where installed) with the sockets of every kit process (`ss`), into the
 soak's directory: the evidence a hang leaves, before the stall check kills it.
 
@@ -171,8 +171,11 @@ class HangCatcher(threading.Thread):
     def _take(self, pid: int) -> None:
         path = self.out / f"hang-{pid}.txt"
         parts = [f"pid {pid}, caught {time.strftime('%H:%M:%S')}"]
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            parts.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                parts.append(f.read().strip())
+        except OSError:
+            return  # gone meanwhile: it was not hung
         commands = [["ss", "-tanp"], ["gdb", "-p", str(pid), "-batch", "-ex",
                                       "thread apply all bt"]]
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
