@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[tf,test]'
+	$(BIN)/pip install --quiet -e '.[tf,test,profile]'
 	touch $(STAMP)
 
 # Bytecode for our own modules, as a non-editable pip install would leave it: where
@@ -50,7 +50,7 @@ bench: $(STAMP) pyc
 # make docs: docs/reference/cluster-file.md (from the cluster file's models) and
 # docs/reference/cli.md (every command's --help); tests/test_docs.py fails when they are stale.
 docs: $(STAMP)
-	$(BIN)/python -m orchestrator.docgen
+	$(BIN)/python -m orchestrator.cli.docgen
 
 lint: $(STAMP)
 	$(BIN)/ruff check orchestrator worker_entry tests bench

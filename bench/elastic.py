@@ -138,7 +138,7 @@ def describe(curve: dict) -> str:
 
 
 def one_run(hosts: list, tmp: Path, rep: int) -> None:
-    from orchestrator import backups
+    from orchestrator.elastic import backups
     from tests import sshlab
 
     tmp.mkdir(parents=True, exist_ok=True)

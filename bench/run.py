@@ -21,6 +21,9 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
   window once all are ready, for N = 2 … 64 (the scale curve).
 - SIGKILL → detected / all stopped: in the same runs, one task's wrapper is SIGKILLed;
   task_exited and the last task_stopped, from events.jsonl, against the kill's time.
+- recovery (issue 39): the same kill with tfo's defaults (the restart policy alone set) on
+  this machine's 2 cores: kill → both training again, and tfo run → first step; paths
+  (bench/restart_paths.py): fork-served against standby restarts, time and memory.
 - SIGKILL → training resumed: 2-worker MWMS under tfo, a worker SIGKILLed after epoch 0,
   restart on-failure; kill → both workers' first step of attempt 1, with its breakdown.
   `resume` with warm spares (restart.warm_spares: true; the kill waits until both standbys
@@ -42,6 +45,8 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
 - lab (bench/lab.py), kit (bench/kit.py); elastic (bench/elastic.py, issue 27): a 3-worker
   elastic job on 3 SSH lab hosts, one host's link down → training again with 2 workers, and
   back → with 3, in seconds; the loss curve across both (elastic-loss.json/.png).
+- profiler (bench/profiler.py, issue 41): throughput with every task's profiler service on ÷
+  off, alternated; `tfo profile --seconds 2` of a running 2- and 8-worker job.
 - chaos (bench/chaos.py, issue 37): an elastic 3-worker localhost job under random SIGKILL,
   SIGSTOP, SIGTERM and wrapper kills (a fixed seed) for 5 minutes: faults recovered, fault →
   training again, epochs lost, processes and files left after Ctrl-C (chaos.json).
@@ -144,6 +149,19 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     Figure("kill_stopped", "SIGKILL → all stopped, 64 light tasks", "s", 0.5, before="0.38"),
     Figure("resume", "SIGKILL → training resumed, 2-worker MWMS", "s", 3.0, before="6.1"),
     Figure("resume_cold", "… the same without warm spares", "s", None, before="6.1"),
+    # Issue 39: the same with tfo's defaults (no restart key but the policy), where the
+    # machine has no spare core: 2 workers pinned to this machine's 2 cores.
+    Figure("recovery", "SIGKILL → both training again, tfo's defaults, no spare core", "s",
+           1.0, before="3.04"),
+    Figure("recovery_first_step", "… tfo run → both workers' first step, same runs", "s",
+           None),
+    # Its two ways to skip TensorFlow's import (bench/restart_paths.py), informational.
+    Figure("path_fork", "… (a) fork server: request → forked task waiting", "s", None),
+    Figure("path_fork_server_mib", "… (a) fork server's RSS, once per host", "MiB", None),
+    Figure("path_fork_task_mib", "… (a) a forked task's own memory (USS)", "MiB", None),
+    Figure("path_exec", "… (b) standby: exec → waiting (its import, off the restart)", "s",
+           None),
+    Figure("path_standby_mib", "… (b) a standby's RSS, per task", "MiB", None),
     Figure("help", "tfo --help", "s", 0.25, before="0.47"),
     Figure("plan", "tfo plan", "s", 0.3, before="0.39"),
     Figure("plan_floor", "… its dependencies' imports alone", "s", None),
@@ -169,6 +187,10 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
            None),
     Figure("progress_fit_us", "… a tiny fit's step, with it − without", "µs", None),
     Figure("progress_call_us", "… a tf.function call, counted − not", "µs", None),
+    # Issue 41: every training task's profiler service (bench/profiler.py).
+    Figure("profiler_ratio", "throughput, profiler services on ÷ off (tfo)", "×", 0.99, "ge"),
+    Figure("profile_2_s", "tfo profile --seconds 2, 2 workers: command → table", "s", None),
+    Figure("profile_8_s", "… 8 workers", "s", None),
     # Issue 28: 10 cluster tests in one pytest run (bench/kit.py).
     Figure("kit_ratio", "10 cluster tests, tf_cluster ÷ TF's multi_process_runner", "×", 0.5),
     Figure("kit_tfo", "… tf_cluster, one pytest run", "s", None),
@@ -199,7 +221,7 @@ def events(run_dir: Path) -> list[dict]:
     """The run's events so far, read as `tfo status` reads them: the bench reads while tfo
     writes, and a line caught half-written (a JSONDecodeError once ended a whole bench) is
     skipped, to be read whole next time."""
-    from orchestrator.rundir import read_events
+    from orchestrator.runs.rundir import read_events
 
     path = run_dir / "events.jsonl"
     return read_events(path)[0] if path.exists() else []
@@ -378,14 +400,16 @@ def job_args(s: Setting, **over: float) -> list[str]:
 
 
 def spec(path: Path, name: str, args: list[str], workers: int, restart: str = "never",
-         max_restarts: int = 0, warm_spares: bool | str = "auto",
-         env: dict[str, str] | None = None) -> Path:
+         max_restarts: int = 0, warm_spares: bool | str | None = "auto",
+         env: dict[str, str] | None = None, backoff: float | None = 0) -> Path:
+    """The bench's cluster file; `warm_spares`/`backoff` None: tfo's defaults (unset)."""
+    given = {"warm_spares": warm_spares, "backoff_seconds": backoff}
     path.write_text(json.dumps({
         "name": name, "strategy": "multi_worker_mirrored",
         "job": {"script": JOB, "args": args},
         "tasks": {"worker": ["localhost:auto"] * workers},
-        "restart": {"policy": restart, "max_restarts": max_restarts, "backoff_seconds": 0,
-                    "warm_spares": warm_spares},
+        "restart": {"policy": restart, "max_restarts": max_restarts,
+                    **{k: v for k, v in given.items() if v is not None}},
         "timeouts": {"startup_seconds": 300, "grace_seconds": 5},
         **({"env": env} if env else {}),
     }))
@@ -643,23 +667,45 @@ class SpareWatch:
         return False
 
 
-def resume_run(s: Setting, tmp: Path, i: int, warm: bool) -> None:
+def bench_recovery(s: Setting, tmp: Path) -> None:
+    """Issue 39: SIGKILL → both workers training again with tfo's defaults (the restart
+    policy alone set) on a machine with no spare core, and tfo run → first step in the
+    same runs. `python bench/run.py --only recovery` alone. The full setting only: its
+    standbys import TensorFlow (the quick setting's resume section checks the harness)."""
+    if s.fake:
+        return
+    runs = max(3, s.resumes)
+    print(f"recovery: {runs} run(s) with tfo's defaults", flush=True)
+    for i in range(runs):
+        resume_run(s, tmp, i, warm=None)
+
+
+# With tfo's defaults a standby (if the host has the memory) starts at a worker's first
+# progress: the kill waits for those the run made to be warm, or this long after epoch 0.
+DEFAULTS_KILL_WAIT = 20.0
+
+
+def resume_run(s: Setting, tmp: Path, i: int, warm: bool | None) -> None:
     """One SIGKILL → resumed measure: `warm` with warm spares (the kill waits until both
-    standbys are warm), else without. The job runs long enough for that; the run is stopped
-    once both workers took their first step again."""
-    rd = tmp / f"resume-{'warm' if warm else 'cold'}-{i}"
+    standbys are warm), False without, None with tfo's defaults (the restart policy alone:
+    its backoff, its warm_spares; the kill waits for the standbys it made, if any). The job
+    runs long enough for that; the run is stopped once both workers took their first step
+    again."""
+    how = {True: "warm", False: "cold", None: "defaults"}[warm]
+    rd = tmp / f"resume-{how}-{i}"
     # Long enough for the standbys to start (5 s after ready: a script reports no progress)
     # and import TensorFlow on a busy machine; stopped early anyway.
     args = job_args(s, epochs=100, step_seconds=0.2) if s.fake else job_args(s, epochs=100)
     path = spec(tmp / "resume.json", "bench-resume", args, 2, restart="on-failure",
-                max_restarts=1, warm_spares=warm)
+                max_restarts=1, warm_spares=warm, backoff=None if warm is None else 0)
+    t0 = time.time()
     proc = tfo("run", str(path), "--run-dir", str(rd))
     peak_coord, peak_task = 0, 0
     spares = SpareWatch()
     try:
         coord = psutil.Process(proc.pid)
         until = time.monotonic() + 600
-        killed = stopped = None
+        killed = stopped = epoch_seen = None
         while proc.poll() is None and time.monotonic() < until:
             with contextlib.suppress(psutil.Error):
                 peak_coord = max(peak_coord, coord.memory_info().rss)
@@ -667,11 +713,22 @@ def resume_run(s: Setting, tmp: Path, i: int, warm: bool) -> None:
                     with contextlib.suppress(psutil.Error):
                         peak_task = max(peak_task, p.memory_info().rss)
             if stopped is None and (rd / "plan.json").exists():
-                logs = task_logs(rd)
+                try:
+                    logs = task_logs(rd)
+                except json.JSONDecodeError:  # plan.json caught half-written
+                    time.sleep(0.05)
+                    continue
                 ev = events(rd)
                 standbys = [e["pid"] for e in ev if e["event"] == "task_standby_started"]
-                if killed is None and "epoch" in timeline(logs["worker:1"], attempt=0) \
-                        and (not warm or (len(standbys) == 2 and spares.warm(standbys))):
+                if epoch_seen is None and "epoch" in timeline(logs["worker:1"], attempt=0):
+                    epoch_seen = time.monotonic()
+                if warm is None and epoch_seen is not None:
+                    ready = (len(standbys) == 2 and spares.warm(standbys)) or (
+                        not standbys and time.monotonic() - epoch_seen > DEFAULTS_KILL_WAIT)
+                else:
+                    ready = epoch_seen is not None and (
+                        not warm or (len(standbys) == 2 and spares.warm(standbys)))
+                if killed is None and ready:
                     victim = next(e["pid"] for e in ev if e["event"] == "task_started"
                                   and e["task"] == "worker:1")
                     killed = time.time()
@@ -699,8 +756,16 @@ def resume_run(s: Setting, tmp: Path, i: int, warm: bool) -> None:
     served = [e.get("warm") for e in ev if e["event"] == "task_started" and e["attempt"] == 1]
     if warm and served != [True, True]:
         raise RuntimeError(f"the restart was not served by the warm spares ({served}); see {rd}")
-    add("resume" if warm else "resume_cold", resumed - killed)
-    how = "warm" if warm else "cold"
+    if warm is None:
+        add("recovery", resumed - killed)
+        add("recovery_first_step", max(timeline(text, attempt=0)["first_step"][0]
+                                       for text in task_logs(rd).values()) - t0)
+        paths = sorted({e.get("path", "warm" if e.get("warm") else "cold") for e in ev
+                        if e["event"] == "task_started" and e["attempt"] == 1})
+        print(f"  restart path: {', '.join(paths)}; backoff "
+              f"{[e.get('backoff') for e in ev if e['event'] == 'task_restarted']}", flush=True)
+    else:
+        add("resume" if warm else "resume_cold", resumed - killed)
     detail(f"resume {how}: kill → detected", last("task_exited", 0) - killed)
     detail(f"resume {how}: kill → all stopped", max(
         e["time"] for e in ev if e["time"] <= restarted
@@ -708,7 +773,7 @@ def resume_run(s: Setting, tmp: Path, i: int, warm: bool) -> None:
     detail(f"resume {how}: kill → restarted", restarted - killed)
     detail(f"resume {how}: kill → up (python running our code)", last("task_up", 1) - killed)
     detail(f"resume {how}: kill → ready (TF imported, server up)", last("task_ready", 1) - killed)
-    if warm:
+    if spares.rss:
         for rss in spares.rss.values():
             detail("spare RSS MiB (a warm standby: wrapper and task)", rss / 2**20)
     detail("coordinator peak RSS MiB", peak_coord / 2**20)
@@ -865,6 +930,22 @@ def bench_lab(s: Setting, tmp: Path) -> None:
     lab(s, tmp)
 
 
+def bench_paths(s: Setting, tmp: Path) -> None:
+    """bench/restart_paths.py: issue 39's two ways to skip a restart's import, measured
+    alternately (the full setting only)."""
+    if s.fake:
+        return
+    from bench import restart_paths
+
+    keys = {"fork_to_waiting": "path_fork", "server_rss_mib": "path_fork_server_mib",
+            "forked_uss_mib": "path_fork_task_mib", "exec_to_waiting": "path_exec",
+            "standby_rss_mib": "path_standby_mib"}
+    for forked in (True, False, False, True):
+        for k, values in restart_paths.measure(forked, 2).items():
+            for v in values:
+                add(keys[k], v)
+
+
 def bench_kit(s: Setting, tmp: Path) -> None:
     """bench/kit.py: 10 cluster tests with tf_cluster and with TensorFlow's
     multi_process_runner, one pytest run each, alternated (the full setting only)."""
@@ -913,10 +994,18 @@ def bench_chaos(s: Setting, tmp: Path) -> None:
 
 OUT: list[Path] = [REPO / "bench"]  # this run's output directory (main sets it)
 
+def bench_profiler(s: Setting, tmp: Path) -> None:
+    from bench import profiler  # it imports this module's helpers
+
+    profiler.bench_profiler(s, tmp)
+
+
 SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
     "cli": bench_cli, "light": bench_light, "paired": bench_paired, "resume": bench_resume,
+    "recovery": bench_recovery, "paths": bench_paths,
     "progress": bench_progress, "lab": bench_lab, "kit": bench_kit,
-    "kitsoak": bench_kitsoak, "elastic": bench_elastic, "chaos": bench_chaos}
+    "kitsoak": bench_kitsoak, "elastic": bench_elastic, "chaos": bench_chaos,
+    "profiler": bench_profiler}
 
 
 def main(argv: list[str] | None = None) -> int:

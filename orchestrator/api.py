@@ -27,9 +27,10 @@ from orchestrator.errors import SpecError
 from worker_entry.faults import FAULTS_ENV
 
 if TYPE_CHECKING:
-    from orchestrator.plan import Plan
-    from orchestrator.pool import WarmPool
-    from orchestrator.supervise import RunResult, Supervisor
+    from orchestrator.launch.pool import WarmPool
+    from orchestrator.loop.job import Job
+    from orchestrator.loop.supervise import RunResult
+    from orchestrator.planning.plan import Plan
 
 FAULT_KINDS = ("kill", "preempt", "stall")
 FAULT_AT = ("epoch", "step")
@@ -124,7 +125,7 @@ def spec_from_flags(*, workers: int | None = None, script: str | None = None,
                     max_restarts: int | None = None, name: str | None = None,
                     independent: bool = False) -> dict[str, Any]:
     """The cluster file's data `tfo run FLAGS -- COMMAND` would make, from keywords."""
-    from orchestrator.quick import FlagError, QuickFlags, spec_from_command
+    from orchestrator.planning.quick import FlagError, QuickFlags, spec_from_command
 
     given = [k for k, v in (("script", script), ("module", module), ("entry", entry)) if v]
     if len(given) != 1:
@@ -215,7 +216,7 @@ def run(source: str | Path | Mapping[str, Any] | None = None, *,
     display = _display(echo, timeout)
     timing = None
     if teardown_grace is not None:
-        from orchestrator.decide import Timing
+        from orchestrator.loop.decide import Timing
 
         timing = Timing(teardown_grace=teardown_grace)
     raw = pipeline.run(spec, run_dir, say=say, warn=say, display=display,
@@ -227,7 +228,7 @@ def _as_dict(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     """A cluster file's data (a plan.json stays a path: its ports come with it)."""
     if isinstance(source, Mapping):
         return json.loads(json.dumps(source))  # a copy the caller's dict does not share
-    from orchestrator.specfile import SpecFileError, read_data
+    from orchestrator.planning.specfile import SpecFileError, read_data
 
     try:
         data = read_data(Path(source))
@@ -253,14 +254,14 @@ def _display(echo: bool, timeout: float | None
         t0 = time.monotonic()
         asked = False
 
-        def watch(sup: Supervisor) -> None:
+        def watch(job: Job) -> None:
             nonlocal asked
             if asked or timeout is None or time.monotonic() - t0 < timeout - STACKS_LEAD_SECONDS:
                 return
             asked = True
-            for rec in sup.records.values():
+            for rec in job.live():
                 request = getattr(rec.handle, "request_stacks", None)
-                if rec.state.live and request is not None:
+                if request is not None:
                     with contextlib.suppress(OSError):
                         request()
 
@@ -274,11 +275,11 @@ def _drop(task: str, line: str) -> None:
 
 def result_of(raw: RunResult) -> Result:
     """The Result of a RunResult: each task's value, attempts and events from events.jsonl
-    (the `done` marker's fields, untrusted, checked by orchestrator.markers), stacks from
+    (the `done` marker's fields, untrusted, checked by orchestrator.loop.markers), stacks from
     the last faulthandler dump in its log."""
-    from orchestrator.resumes import lines
-    from orchestrator.rundir import RunDir
-    from orchestrator.stall import stuck_thread, threads, where
+    from orchestrator.loop.resumes import lines
+    from orchestrator.loop.stall import stuck_thread, threads, where
+    from orchestrator.runs.rundir import RunDir
 
     records, _ = RunDir(raw.run_dir).read_events()
     tasks: dict[str, TaskResult] = {}

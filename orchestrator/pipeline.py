@@ -27,25 +27,26 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, TypeAlias
 
 from orchestrator.errors import SpecError
-from orchestrator.rundir import RunDir, RunDirError, write_private
+from orchestrator.runs.rundir import RunDir, RunDirError, write_private
 from orchestrator.startup import settled
 
 if TYPE_CHECKING:
-    from orchestrator.decide import Timing
     from orchestrator.launch.backends import Backends
+    from orchestrator.launch.pool import WarmPool
     from orchestrator.launch.preflight import HostCheck
-    from orchestrator.plan import Plan
-    from orchestrator.pool import WarmPool
-    from orchestrator.spec import ClusterSpec
-    from orchestrator.supervise import RunResult, Supervisor
+    from orchestrator.loop.decide import Timing
+    from orchestrator.loop.job import Job
+    from orchestrator.loop.supervise import RunResult
+    from orchestrator.planning.plan import Plan
+    from orchestrator.planning.spec import ClusterSpec
 
 Say = Callable[[str], None]
 Source: TypeAlias = "Path | str | dict | ClusterSpec"
 # What the caller shows while the job runs: given the plan, a context in which the tasks'
-# lines go to `echo(task, line)` (None: stdout) and the loop calls `watch(supervisor)` (the
-# live view).
+# lines go to `echo(task, line)` (None: stdout) and the loop calls `watch(job)` with its
+# `Job` (the live view; api's stacks before a deadline).
 Display: TypeAlias = ("Callable[[Plan], contextlib.AbstractContextManager[tuple["
-                      "Callable[[str, str], None] | None, Callable[[Supervisor], None] | None]]]")
+                      "Callable[[str, str], None] | None, Callable[[Job], None] | None]]]")
 
 # A TensorFlow task wants about a core and half a GiB; beyond this many on one machine a
 # job is a mistake (10,000 workers grew the coordinator to 9.4 GB before anything started).
@@ -70,8 +71,8 @@ def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
     """The entry's module and function, the module or the script must exist where tasks will
     look for them. Only located and parsed, never imported: user code could import
     TensorFlow, or do anything."""
-    from orchestrator.entry import EntryError, check_entry, check_module, check_script
-    from orchestrator.spec import LOCALHOST
+    from orchestrator.planning.entry import EntryError, check_entry, check_module, check_script
+    from orchestrator.planning.spec import LOCALHOST
 
     job = spec.job
     try:
@@ -95,7 +96,7 @@ def check_entry_importable(spec: ClusterSpec, workdir: Path) -> None:
 
 def check_local_tasks(spec: ClusterSpec, warn: Say = _quiet) -> None:
     """Refuse more localhost tasks than can make sense; warn beyond one per CPU."""
-    from orchestrator.spec import LOCALHOST
+    from orchestrator.planning.spec import LOCALHOST
 
     count = sum(1 for _, _, a in spec.tasks.all() if a.host == LOCALHOST)
     if count > MAX_LOCAL_TASKS:
@@ -139,8 +140,8 @@ def load_source(source: Source) -> tuple[ClusterSpec, dict[str, int] | None]:
     """A cluster file; or a run's plan.json, to run the same tasks again: the spec it was
     made from, and the ports it had (the same TF_CONFIGs, `auto` ports included); or a
     cluster file's data (a dict: made from flags, or a Python caller's); or a ClusterSpec."""
-    from orchestrator.spec import ClusterSpec, parse_spec
-    from orchestrator.specfile import SpecFileError, read_data
+    from orchestrator.planning.spec import ClusterSpec, parse_spec
+    from orchestrator.planning.specfile import SpecFileError, read_data
 
     if isinstance(source, ClusterSpec):
         return source, None
@@ -159,7 +160,7 @@ def load_source(source: Source) -> tuple[ClusterSpec, dict[str, int] | None]:
 def _as_plan(data: object, source: str) -> Plan | None:
     """A file's data as a run's plan.json (SpecError naming the field), None: a cluster
     file's."""
-    from orchestrator.plan import Plan
+    from orchestrator.planning.plan import Plan
 
     if not (isinstance(data, dict) and {"run_id", "spec", "tasks"} <= data.keys()):
         return None
@@ -168,7 +169,7 @@ def _as_plan(data: object, source: str) -> Plan | None:
 
 def previous_plan(source: Source) -> Plan | None:
     """The plan of the run `source` reruns (its plan.json), None for a cluster file."""
-    from orchestrator.specfile import SpecFileError, read_data
+    from orchestrator.planning.specfile import SpecFileError, read_data
 
     if not isinstance(source, str | Path):
         return None
@@ -186,7 +187,7 @@ def prepare(source: Source, run_dir: Path | None, dry_run: bool = False,
     a made-up id would be a false promise. Without `ask_hosts` lab hosts are not contacted
     (`tfo plan`). The caller closes the backends."""
     from orchestrator.launch.backends import Backends
-    from orchestrator.plan import make_plan
+    from orchestrator.planning.plan import make_plan
 
     spec, ports = load_source(source)
     check_entry_importable(spec, Path.cwd())
@@ -221,7 +222,7 @@ def problems(rows: list[HostCheck]) -> list[str]:
 def write_cluster_file(p: Plan, spec: dict, made_by: str) -> Path:
     """The cluster file a command line made, so the run can be repeated and grown into a
     file; where it was written."""
-    from orchestrator.quick import cluster_yaml
+    from orchestrator.planning.quick import cluster_yaml
 
     path = Path(RunDir(p.run_dir).cluster_path)
     try:
@@ -245,13 +246,13 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
     """Run a job to its end and return its result: the whole of `tfo run` but the printing.
     `stage(what)` is told what is under way (for a message if a signal cuts it short);
     `started(plan)` is called once the tasks are started. A dict source is written into the
-    run directory as cluster.yaml (`made_by` its first comment). A `pool` (orchestrator/pool.py)
+    run directory as cluster.yaml (`made_by` its first comment). A `pool` (launch/pool.py)
     serves local tasks with processes that imported TensorFlow already; `timing`, the loop's own
     limits (decide.Timing: the test kit's shorter teardown grace)."""
-    from orchestrator import backupfill
-    from orchestrator.launch.backupstore import for_lab
+    from orchestrator.elastic.backupstore import for_lab
     from orchestrator.launch.spares import spares_wanted
-    from orchestrator.supervise import Supervisor
+    from orchestrator.loop import backupfill
+    from orchestrator.loop.supervise import Supervisor
 
     stage("planning")
     p, backends = prepare(source, Path(run_dir) if run_dir else None, say=say, warn=warn)

@@ -9,7 +9,7 @@
 Result; a failed `assert result.ok` shows the outcome, each task's exit, the failed task's
 last lines and every task's stack where it hung (Result's repr). Ports are `auto` (the
 kernel's free ports: no range to share between pytest-xdist workers). A session's warm
-pool (orchestrator/pool.py) serves consecutive tests with processes forked from one that
+pool (orchestrator/launch/pool.py) serves consecutive tests with processes forked from one that
 imported TensorFlow once, each taken replaced at once for the next test (none after a test that no
 tf_cluster test follows in this process, pytest's `nextitem`: xdist's too); it and everything
 it started end with the session.
@@ -31,7 +31,7 @@ import pytest
 
 if TYPE_CHECKING:
     from orchestrator.api import Result
-    from orchestrator.pool import WarmPool
+    from orchestrator.launch.pool import WarmPool
 
 MARKER = "tf_cluster"
 DEFAULT_TIMEOUT = 120.0  # seconds: a test's cluster that runs longer fails, with its stacks
@@ -122,7 +122,7 @@ class Cluster:
 @pytest.fixture(scope="session")
 def tf_cluster_pool() -> Iterator[WarmPool]:
     """The session's warm pool; its standbys are killed when the session ends."""
-    from orchestrator.pool import WarmPool
+    from orchestrator.launch.pool import WarmPool
 
     pool = WarmPool(Path.cwd())
     try:

@@ -4,6 +4,7 @@ nothing of a run is left behind (processes, ports)."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import signal
@@ -28,6 +29,9 @@ FIXED_PORTS = pytest.mark.xdist_group("fixed-ports")  # jobs on localhost:20000-
 PORTS_20100 = pytest.mark.xdist_group("ports-20100")  # two-job port-lock tests: 20100-20101
 SSH_LAB = pytest.mark.xdist_group("sshlab")  # the netns lab: lab1/lab2 on 10.200.0.0/24
 SLURM_LAB = pytest.mark.xdist_group("slurmlab")  # the Slurm lab on 10.201.0.0/24
+# Tests that read one shared run of a tutorial script (keras_tutorial, ctl_tutorial below):
+# one worker, so the run is made once.
+TUTORIALS = pytest.mark.xdist_group("tutorials")
 
 # How a training task that succeeded shows its end in the tables: its exit code 0, or, once
 # a peer exited and it only waited in TensorFlow's teardown, stopped there (supervise.py).
@@ -83,8 +87,8 @@ def run_task(job: dict, workdir: Path, path: tuple[str, ...] = (),
     """One real task process (`python -m worker_entry`) run to its end, with the environment
     tfo's plan gives it and no coordinator (no lifeline). Its PYTHONPATH: `path`, then
     `workdir`, then the repo."""
-    from orchestrator.plan import make_plan
-    from orchestrator.spec import parse_spec
+    from orchestrator.planning.plan import make_plan
+    from orchestrator.planning.spec import parse_spec
 
     spec = parse_spec({"name": "t", "job": job, "tasks": {"worker": ["localhost:1"]}})
     task = make_plan(spec, run_id="r", run_dir=workdir / "run", workdir=workdir).tasks[0]
@@ -235,3 +239,93 @@ def peak_rss(cmd: list[str], timeout: float = 120, cwd: Path = REPO) -> tuple[in
     out = subprocess.run([PYTHON, "-c", _PEAK_RSS, *cmd], cwd=cwd, capture_output=True,
                          text=True, timeout=timeout, check=True).stdout.split()
     return int(out[0]), int(out[1]) * 1024, time.monotonic() - t0
+
+
+# The SSH lab's fixtures (tests/sshlab.py), one per test module that uses them.
+@pytest.fixture(scope="module")
+def loopback_sshd(tmp_path_factory):
+    """A real sshd on this host's loopback."""
+    from tests import sshlab
+
+    sshlab.ensure_openssh()
+    with sshlab.start_sshd(tmp_path_factory.mktemp("sshd")) as host:
+        yield host
+
+
+def _lab_hosts(tmp_path_factory, count: int):
+    from tests import sshlab
+
+    ok, reason = sshlab.netns_supported()
+    if not ok:
+        pytest.skip(f"network namespaces are not permitted here: {reason}")
+    sshlab.ensure_openssh()
+    with sshlab.lab_hosts(tmp_path_factory.mktemp("lab"), count=count) as hosts:
+        yield hosts
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """Two lab hosts, lab1 and lab2, each in a network namespace of its own."""
+    yield from _lab_hosts(tmp_path_factory, 2)
+
+
+@pytest.fixture(scope="module")
+def lab3(tmp_path_factory):
+    """Three lab hosts."""
+    yield from _lab_hosts(tmp_path_factory, 3)
+
+
+# ---- one run of a TensorFlow tutorial script, read by several tests -----------------------
+
+@dataclass
+class TutorialRun:
+    """A tutorial script run unmodified by `tfo run` on 2 workers, 3 epochs of 60 steps (what
+    its saved model needs to score, test_scripts.reload_accuracy): tfo's result, the run
+    directory, `root` (its cluster file; backups and checkpoints under it), and /tmp's
+    autograph files before and after the run."""
+
+    res: TfoResult
+    run_dir: Path
+    root: Path
+    autograph: tuple[set[str], set[str]]
+
+
+def autograph_files() -> set[str]:
+    return set(glob.glob("/tmp/__autograph_generated_file*"))
+
+
+def tutorial_run(root: Path, script: str, args: list[str]) -> TutorialRun:
+    from tests.helpers import script_spec
+
+    before = autograph_files()
+    run_dir = root / "run"
+    res = run_tfo("run", str(script_spec(root, script, ["--epochs", "3", "--steps_per_epoch",
+                                                        "60", *args])),
+                  "--run-dir", str(run_dir), timeout=280)
+    after = autograph_files()
+    run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
+    left = run_processes(run_id)
+    for p in left:
+        kill_tree(p.pid)
+    assert not left, f"processes of the run left behind: {[p.pid for p in left]}"
+    return TutorialRun(res, run_dir, root, (before, after))
+
+
+@pytest.fixture(scope="session")
+def keras_tutorial(tmp_path_factory: pytest.TempPathFactory) -> TutorialRun:
+    """TensorFlow's multi-worker Keras tutorial (tests/scripts/mwms_keras.py): its model at
+    run/model/keras-model, its backups at root/backup."""
+    root = tmp_path_factory.mktemp("keras-tutorial")
+    return tutorial_run(root, "mwms_keras.py", [
+        "--model_path", str(root / "run" / "model" / "keras-model"),
+        "--backup_dir", str(root / "backup")])
+
+
+@pytest.fixture(scope="session")
+def ctl_tutorial(tmp_path_factory: pytest.TempPathFactory) -> TutorialRun:
+    """TensorFlow's multi-worker custom-loop tutorial (tests/scripts/mwms_ctl.py): its
+    model at run/model/ctl-model, its checkpoints at root/ckpt/ckpt."""
+    root = tmp_path_factory.mktemp("ctl-tutorial")
+    return tutorial_run(root, "mwms_ctl.py", [
+        "--model_path", str(root / "run" / "model" / "ctl-model"),
+        "--checkpoint_dir", str(root / "ckpt" / "ckpt")])

@@ -20,9 +20,9 @@ from orchestrator.launch.gpus import GpuReport
 from orchestrator.launch.local import LocalBackend, LocalHandle
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck
-from orchestrator.plan import Plan, TaskPlan, task_name
-from orchestrator.spec import ClusterSpec, HostSpec, Int, SchedulerOptions
-from tests.test_supervise import FakeHandle, Script
+from orchestrator.planning.plan import Plan, TaskPlan, task_name
+from orchestrator.planning.spec import ClusterSpec, HostSpec, Int, SchedulerOptions
+from tests.fakes import FakeHandle, Script
 
 STARTED: list[tuple[str, int, str]] = []  # (task, attempt, TF_CONFIG) of every start
 

@@ -26,7 +26,7 @@ VARYING = {"time", "pid", "coordinator_pid", "coordinator_created", "coordinator
 # count and content per task is kept, their place in the whole sequence is not.
 # How a restart began (task_resumed) is said at its first progress, and its steps are counted.
 UNORDERED = {"task_usage", "task_progress", "task_first_step", "task_standby_started",
-             "task_resumed"}
+             "task_standby_lost", "task_standby_failed", "task_resumed"}
 # What tasks print (their markers) arrives in the order the loop reads them, which for two
 # tasks that print at about the same moment depends on timing: in a row of such events,
 # each task's keep their order, the tasks are put in name order.
@@ -78,9 +78,12 @@ def normalize(events: list[dict[str, Any]], tmp_path: Path, decisions_only: bool
 
 def decided(e: dict[str, Any]) -> dict[str, Any]:
     """An event as the faults' golden files keep it: without an auto port (a new one each
-    run), and a success without how TensorFlow's teardown went."""
+    run), a success without how TensorFlow's teardown went, and a start without its path
+    (warm or cold: under `warm_spares: auto` whether a standby was made in time depends on
+    the machine's memory and load)."""
     drop = {"port"} | (set(SUCCESS_WORDS) if e["event"] == "task_exited"
-                       and e.get("state") == "succeeded" else set())
+                       and e.get("state") == "succeeded" else set()) | (
+        {"warm", "path"} if e["event"] == "task_started" else set())
     return {k: v for k, v in e.items() if k not in drop}
 
 
@@ -120,6 +123,15 @@ def check(suite: str, nodeid: str, runs: list[list[dict[str, Any]]], tmp_path: P
     want = json.loads(path.read_text())
     assert got == want, f"events differ from {path.relative_to(GOLDEN.parent.parent)}: " \
         + _first_difference(got, want)
+
+
+def check_runs(suite: str, nodeid: str, tmp_path: Path, decisions_only: bool = False) -> None:
+    """check() every run directory's events.jsonl under `tmp_path` (none: nothing to check):
+    a test module's autouse fixture calls it after each test."""
+    runs = [[json.loads(line) for line in p.read_text().splitlines()]
+            for p in sorted(tmp_path.rglob("events.jsonl"))]
+    if runs:
+        check(suite, nodeid, runs, tmp_path, decisions_only)
 
 
 def _first_difference(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> str:

@@ -3,80 +3,18 @@ in, frames out; a task's output cannot pass for a frame."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from tests.conftest import REPO, wait_until
+from tests.helpers import Agent
 from tests.procs import alive
 from worker_entry import frames
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class Agent:
-    def __init__(self, lifeline: float = 30.0, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "worker_entry.agent", str(lifeline)],
-                                     cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     start_new_session=True, env=env)
-        self.reader = frames.Reader(frames.TO_COORDINATOR)
-        self.got: list[tuple[bytes, int, bytes]] = []
-        assert self.proc.stdout is not None
-        os.set_blocking(self.proc.stdout.fileno(), False)
-        self.synced = False
-        self.buf = b""
-
-    def send(self, kind: bytes, slot: int = 0, payload: bytes = b"") -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(frames.frame(kind, slot, payload))
-        self.proc.stdin.flush()
-
-    def start(self, slot: int, code: str, **env: str) -> None:
-        self.send(frames.START, slot, json.dumps({
-            "command": [sys.executable, "-c", code], "env": env, "cwd": str(REPO)}).encode())
-
-    def pump(self) -> None:
-        assert self.proc.stdout is not None
-        try:
-            data = os.read(self.proc.stdout.fileno(), 65536)
-        except BlockingIOError:
-            return
-        if not self.synced:
-            self.buf += data
-            if frames.SYNC not in self.buf:
-                return
-            self.synced, data = True, self.buf.split(frames.SYNC, 1)[1]
-        self.got += self.reader.feed(data)
-
-    def wait(self, kind: bytes, slot: int, timeout: float = 20) -> bytes:
-        until = time.monotonic() + timeout
-        while time.monotonic() < until:
-            self.pump()
-            for got in self.got:
-                if got[0] == kind and got[1] == slot:
-                    return got[2]
-            time.sleep(0.01)
-        raise AssertionError(f"no {kind!r} for slot {slot}: {self.got}")
-
-    def output(self, slot: int) -> bytes:
-        return b"".join(p for k, s, p in self.got if k == frames.OUTPUT and s == slot)
-
-    def close(self) -> None:
-        """QUIT: the agent kills its tasks (each in a session of its own) and exits."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                self.send(frames.QUIT)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
 
 
 def test_a_task_cannot_forge_frames_for_another_task_or_the_agent():

@@ -13,8 +13,8 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import events, run_tfo
-from tests.test_scripts import TWO_WORKERS, spec
+from tests.conftest import TUTORIALS, TutorialRun, events, run_tfo
+from tests.helpers import TWO_WORKERS, script_spec
 
 ONE_WORKER = "  worker: [localhost:auto]"
 
@@ -42,41 +42,40 @@ def scalars(board: Path) -> dict[str, list[int]]:
 
 
 @pytest.mark.tf
-@pytest.mark.timeout(180)
-def test_the_keras_tutorial_script_shows_its_epochs_steps_and_loss(tmp_path: Path, run_dir: Path):
+@pytest.mark.timeout(360)
+@TUTORIALS
+def test_the_keras_tutorial_script_shows_its_epochs_steps_and_loss(keras_tutorial: TutorialRun):
     """TensorFlow's multi-worker Keras tutorial, unmodified: in events, the summary and `tfo
     status`, as an entry's; TensorBoard scalars from the chief alone."""
-    cluster = spec(tmp_path, "mwms_keras.py", [
-        "--epochs", "2", "--steps_per_epoch", "20", "--model_path", str(tmp_path / "model"),
-        "--backup_dir", str(tmp_path / "backup")])
-    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    res, run_dir = keras_tutorial.res, keras_tutorial.run_dir
     assert res.returncode == 0, res.output[-4000:]
     ev = events(run_dir)
     for task in ("worker:0", "worker:1"):
-        assert [e["epoch"] for e in told(ev, "task_epoch", task)] == [0, 1]
+        assert [e["epoch"] for e in told(ev, "task_epoch", task)] == [0, 1, 2]
         assert [e["batch"] for e in told(ev, "task_first_step", task)] == [0]
-        assert [e["dir"] for e in told(ev, "task_backup", task)] == [str(tmp_path / "backup")]
+        assert [e["dir"] for e in told(ev, "task_backup", task)] == [
+            str(keras_tutorial.root / "backup")]
         steps = progress(ev, task)
         assert [e["step"] for e in steps] == sorted({e["step"] for e in steps})  # once each
         last = steps[-1]
         assert (last["step"], last["epoch"], last["step_in_epoch"], last["steps"]) == \
-            (40, 1, 20, 20)
+            (180, 2, 60, 60)
         assert isinstance(last["loss"], float) and "source" not in last  # Keras told it
         # The loss Keras prints for the last epoch (verbose=2), not the replicas' sum of it
         # (twice it with 2 workers, as tf-keras hands it to callbacks).
         log = run_dir / "logs" / f"{task.replace(':', '-')}.log"
         printed = re.findall(r" - loss: ([0-9.]+)", log.read_text())
         assert last["loss"] == pytest.approx(float(printed[-1]), rel=2e-3), (last, printed)
-    assert row(res.output, "worker:0")[-3:] == ["2/2", "20/20", f"{last['loss']:.4g}"]
+    assert row(res.output, "worker:0")[-3:] == ["3/3", "60/60", f"{last['loss']:.4g}"]
     status = run_tfo("status", str(run_dir), timeout=30)
     assert status.returncode == 0, status.output
     cells = row(status.stdout, "worker:1")
-    assert cells[4:6] + cells[7:8] == ["2/2", "20/20", f"{last['loss']:.4g}"]
+    assert cells[4:6] + cells[7:8] == ["3/3", "60/60", f"{last['loss']:.4g}"]
     assert re.fullmatch(r"-|[\d.]+", cells[6])  # steps/s: unknown where it ran under 1 s
     board = run_dir / "tensorboard"
     assert [p.name for p in board.iterdir()] == ["train"]
     found = scalars(board / "train")
-    assert found["epoch_loss"] == [0, 1] and found["batch_loss"][-1] == 40, found
+    assert found["epoch_loss"] == [0, 1, 2] and found["batch_loss"][-1] == 180, found
 
 
 @pytest.mark.tf
@@ -84,7 +83,7 @@ def test_the_keras_tutorial_script_shows_its_epochs_steps_and_loss(tmp_path: Pat
 def test_the_live_table_shows_the_unmodified_tutorial_training(tmp_path: Path):
     """On a terminal, the live table's rows of the multi-worker Keras tutorial, unmodified:
     its epoch of N, step of M and loss while it trains."""
-    from tests.test_liveview import ANSI, run_in_pty, user_dir
+    from tests.helpers import ANSI, run_in_pty, user_dir
 
     cwd = user_dir(tmp_path / "user")
     script = Path(__file__).parent / "scripts" / "mwms_keras.py"
@@ -101,7 +100,7 @@ timeouts: {{startup_seconds: 120, grace_seconds: 5}}
     raw, code = run_in_pty(["run", "live.yaml"], cwd, timeout=200)
     text = ANSI.sub("", raw)
     assert code == 0, text[-4000:]
-    rows = re.findall(r"worker:1\s+localhost\s+\d+\s+running\s+0\s+\d+s\s+\S+\s+\S+\s+"
+    rows = re.findall(r"worker:1\s+localhost\s+\d+\s+running\s+\d+s\s+\S+\s+\S+\s+"
                       r"(\d)/3\s+(\d+)/300\s+[\d.]+\s+([\d.e+-]+)\s", text)
     assert rows, text[-4000:]
     assert all(float(loss) > 0 for _, _, loss in rows)
@@ -110,7 +109,7 @@ timeouts: {{startup_seconds: 120, grace_seconds: 5}}
 @pytest.mark.tf
 @pytest.mark.timeout(120)
 def test_a_script_that_adds_the_callback_itself_reports_once(tmp_path: Path, run_dir: Path):
-    cluster = spec(tmp_path, "with_progress.py", [], tasks=ONE_WORKER)
+    cluster = script_spec(tmp_path, "with_progress.py", [], tasks=ONE_WORKER)
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=100)
     assert res.returncode == 0, res.output[-4000:]
     ev = events(run_dir)
@@ -123,7 +122,7 @@ def test_a_script_that_adds_the_callback_itself_reports_once(tmp_path: Path, run
 @pytest.mark.tf
 @pytest.mark.timeout(120)
 def test_tfo_auto_progress_0_turns_it_off(tmp_path: Path, run_dir: Path):
-    cluster = spec(tmp_path, "mwms_keras.py", [
+    cluster = script_spec(tmp_path, "mwms_keras.py", [
         "--epochs", "2", "--steps_per_epoch", "5", "--model_path", str(tmp_path / "model"),
         "--backup_dir", str(tmp_path / "backup")], tasks=ONE_WORKER,
         extra='env: {TFO_AUTO_PROGRESS: "0"}\n')
@@ -136,24 +135,22 @@ def test_tfo_auto_progress_0_turns_it_off(tmp_path: Path, run_dir: Path):
 
 
 @pytest.mark.tf
-@pytest.mark.timeout(180)
-def test_the_custom_loop_tutorial_scripts_steps_are_counted(tmp_path: Path, run_dir: Path):
+@pytest.mark.timeout(360)
+@TUTORIALS
+def test_the_custom_loop_tutorial_scripts_steps_are_counted(ctl_tutorial: TutorialRun):
     """TensorFlow's multi-worker custom-loop tutorial, unmodified: each worker's steps are
     its completed calls of `train_step`, the last one told at exit."""
-    cluster = spec(tmp_path, "mwms_ctl.py", [
-        "--epochs", "2", "--steps_per_epoch", "20", "--model_path", str(tmp_path / "model"),
-        "--checkpoint_dir", str(tmp_path / "ckpt" / "ckpt")], tasks=TWO_WORKERS)
-    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    res = ctl_tutorial.res
     assert res.returncode == 0, res.output[-4000:]
-    ev = events(run_dir)
+    ev = events(ctl_tutorial.run_dir)
     for task in ("worker:0", "worker:1"):
         first = told(ev, "task_first_step", task)
         assert len(first) == 1 and first[0]["source"] == "tf.function"
         steps = progress(ev, task)
         assert {e["source"] for e in steps} == {"tf.function"}
         assert [e["step"] for e in steps] == sorted({e["step"] for e in steps})
-        assert steps[-1]["step"] == 40 and "loss" not in steps[-1]
-    assert row(res.output, "worker:0")[-2] == "40"
+        assert steps[-1]["step"] == 180 and "loss" not in steps[-1]
+    assert row(res.output, "worker:0")[-2] == "180"
 
 
 @pytest.mark.tf
@@ -168,7 +165,7 @@ def test_a_one_process_mirrored_script_shows_its_training(script, epochs, steps,
     args = ["--epochs", "3"]
     if script == "mirrored_keras.py":
         args += ["--checkpoint_dir", str(tmp_path / "ckpt")]
-    cluster = spec(tmp_path, script, args, tasks=ONE_WORKER)
+    cluster = script_spec(tmp_path, script, args, tasks=ONE_WORKER)
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
     assert res.returncode == 0, res.output[-4000:]
     ev = events(run_dir)
@@ -183,7 +180,7 @@ def test_the_parameter_server_coordinators_loop_counts_its_closures(tmp_path: Pa
                                                                    run_dir: Path):
     tasks = "  chief: [localhost:auto]\n  worker: [localhost:auto, localhost:auto]\n" \
             "  ps: [localhost:auto]"
-    cluster = spec(tmp_path, "ps_coordinator.py", [
+    cluster = script_spec(tmp_path, "ps_coordinator.py", [
         "--epochs", "2", "--steps_per_epoch", "20", "--model_path", str(tmp_path / "model")],
         tasks=tasks, strategy="parameter_server")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
@@ -198,7 +195,7 @@ def test_the_parameter_server_coordinators_loop_counts_its_closures(tmp_path: Pa
 def test_a_sidecar_evaluators_evaluations_are_its_steps(tmp_path: Path, run_dir: Path):
     """The script's evaluator task (tf.keras.utils.SidecarEvaluator) beside two workers:
     each evaluation it completed is a step; the workers' fits report as ever."""
-    cluster = spec(tmp_path, "mwms_sidecar.py", [
+    cluster = script_spec(tmp_path, "mwms_sidecar.py", [
         "--epochs", "3", "--steps_per_epoch", "20", "--checkpoint_dir", str(tmp_path / "ckpt")],
         tasks=TWO_WORKERS + "\n  evaluator: [localhost:auto]")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
@@ -217,10 +214,9 @@ def test_a_warm_spare_that_imported_tensorflow_early_still_reports(tmp_path: Pat
                                                                    run_dir: Path):
     """A standby imports TensorFlow and tf-keras before its attempt: the hooks were
     installed before, so the attempt it serves reports its fit as a fresh task would."""
-    from tests.test_faults import Tfo, kill_task
-    from tests.test_spares import standbys
+    from tests.helpers import Tfo, kill_task, standbys
 
-    cluster = spec(tmp_path, "mwms_keras.py", [
+    cluster = script_spec(tmp_path, "mwms_keras.py", [
         "--epochs", "4", "--steps_per_epoch", "100", "--model_path", str(tmp_path / "model"),
         "--backup_dir", str(tmp_path / "backup")], policy="on-failure")
     cluster.write_text(cluster.read_text().replace(
@@ -532,7 +528,7 @@ def test_auto_progress_is_on_unless_the_env_says_0():
 
 
 def test_source_is_an_optional_field_of_the_markers():
-    from orchestrator.markers import read_marker
+    from orchestrator.loop.markers import read_marker
     from worker_entry import markers
 
     old = read_marker(markers.line(markers.PROGRESS, step=3).rstrip("\n"))
@@ -592,7 +588,7 @@ def test_a_script_s_backup_and_restore_directory_is_told_once(counted: list[dict
     """A script's own BackupAndRestore (any subclass: by its class's name, TensorFlow not
     imported here): its directory, absolute, in one `backup` marker a task, which the
     coordinator reads (an elastic resize fills it)."""
-    from orchestrator.markers import read_marker
+    from orchestrator.loop.markers import read_marker
     from worker_entry import autoprogress, markers
 
     class BackupAndRestore:

@@ -1,5 +1,6 @@
 """The backend seam: a new backend is one class (tests/fake_backend.py) and one line in the
-registry; `tfo run` does the rest (allocate, plan, check, sync, supervise)."""
+registry (a scheduler: one more, its options model in planning.schedulers.OPTIONS); `tfo run`
+does the rest (allocate, plan, check, sync, supervise)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from pathlib import Path
 import pytest
 import typer
 
-from orchestrator import cli
+from orchestrator.cli import commands as cli
 from orchestrator.errors import SpecError
 from orchestrator.launch.backends import BACKENDS
 from orchestrator.launch.preflight import HostCheck
+from orchestrator.planning.schedulers import OPTIONS
 from tests import fake_backend
 from tests.conftest import REPO, events, write_spec
 
@@ -151,10 +153,12 @@ def test_a_scheduler_is_one_class_and_one_registry_line(tmp_path: Path, monkeypa
     registered in one line, `--on fakesched` hands it a job, and the pipeline places,
     allocates, checks, syncs and starts through it; the tasks run for real."""
     from orchestrator.pipeline import run
-    from orchestrator.quick import SlurmFlags, on_scheduler
-    from tests.test_pipeline import shown
+    from orchestrator.planning.quick import SlurmFlags, on_scheduler
+    from tests.helpers import shown_in_output
 
-    monkeypatch.setitem(BACKENDS, "fakesched", fake_backend.FakeScheduler)  # the one line
+    # the one line in each registry: its backend, and its options model for the spec
+    monkeypatch.setitem(BACKENDS, "fakesched", fake_backend.FakeScheduler)
+    monkeypatch.setitem(OPTIONS, "fakesched", lambda: fake_backend.FakeRequest)
     monkeypatch.chdir(REPO)
     fake_backend.STARTED.clear()
     job = on_scheduler(LISTED, SlurmFlags(on="fakesched"))
@@ -182,7 +186,7 @@ def test_a_scheduler_is_one_class_and_one_registry_line(tmp_path: Path, monkeypa
     assert sorted(name for name, _, _ in fake_backend.STARTED) == sorted(placed)
     assert [(t.state.value, t.returncode) for t in result.tasks] == [("succeeded", 0)] * 3
     seen = {s["env"]["TFO_TASK"]: json.loads(s["env"]["TF_CONFIG"])
-            for s in shown(capsys.readouterr().out)}
+            for s in shown_in_output(capsys.readouterr().out)}
     assert sorted(seen) == sorted(placed)
     for name, tf_config in seen.items():
         assert tf_config["cluster"] == {"worker": cluster}
@@ -192,8 +196,8 @@ def test_a_scheduler_is_one_class_and_one_registry_line(tmp_path: Path, monkeypa
 def test_a_backend_kind_the_registry_lacks_is_a_field_named_error(monkeypatch):
     """`backend:` names a scheduler by its kind; what is not one is named, the kinds listed,
     and a registered scheduler's request is checked by its own model, field by field."""
-    from orchestrator.quick import FlagError, SlurmFlags, on_scheduler
-    from orchestrator.spec import parse_spec
+    from orchestrator.planning.quick import FlagError, SlurmFlags, on_scheduler
+    from orchestrator.planning.spec import parse_spec
 
     job = {**LISTED, "tasks": {"worker": 2}}
     cases = {"pbs": "backend: unknown kind 'pbs'; the schedulers' kinds are slurm",
@@ -211,6 +215,7 @@ def test_a_backend_kind_the_registry_lacks_is_a_field_named_error(monkeypatch):
         on_scheduler(LISTED, SlurmFlags(on="fakesched"))
 
     monkeypatch.setitem(BACKENDS, "fakesched", fake_backend.FakeScheduler)
+    monkeypatch.setitem(OPTIONS, "fakesched", lambda: fake_backend.FakeRequest)
     assert parse_spec({**job, "backend": {"fakesched": {"nodes": 3}}}).backend.fakesched.nodes == 3
     with pytest.raises(SpecError) as err:
         parse_spec({**job, "backend": {"fakesched": {"nodes": 0, "queue": "x"}}})

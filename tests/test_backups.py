@@ -9,34 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from orchestrator.backupfill import chief_dir, unfillable
-from orchestrator.backups import TASK_DIR
-from orchestrator.elastic import backup_dirs
+from orchestrator.elastic.backups import TASK_DIR
+from orchestrator.elastic.groups import backup_dirs
+from orchestrator.loop.backupfill import chief_dir, unfillable
 from tests.conftest import REPO, events, run_processes, run_tfo, wait_until, write_spec
-from tests.test_faults import Tfo, kill_task
-
-_EPOCH = re.compile(r"^Epoch (\d+)/(\d+)$", re.M)
-_ATTEMPT = re.compile(r"^===== tfo: \S+ attempt (\d+) =====$", re.M)
-
-
-def epochs_by_attempt(log: Path) -> dict[int, list[int]]:
-    """Each attempt's `Epoch N/M` lines (Keras's, 1-based) in a task's log."""
-    text = log.read_text(errors="replace")
-    parts = _ATTEMPT.split(text)[1:]  # attempt, its text, attempt, its text ...
-    return {int(a): [int(n) for n, _ in _EPOCH.findall(body)]
-            for a, body in zip(parts[::2], parts[1::2], strict=True)}
-
-
-def last_attempt_epochs(run_dir: Path, task: str) -> list[int]:
-    by = epochs_by_attempt(run_dir / "logs" / f"{task.replace(':', '-')}.log")
-    return by[max(by)]
+from tests.helpers import Tfo, kill_task, last_attempt_epochs
 
 
 def tutorial(tmp_path: Path, workers: int, epochs: int, extra: str = "") -> Path:
@@ -68,7 +51,8 @@ def killed_in_epoch_3(spec: Path, run_dir: Path, task: str) -> None:
 
 def test_the_chief_s_backup_alone_on_a_host_tfo_cannot_reach_is_said() -> None:
     """Before training: a scheduler's node whose directory cannot be filled from here."""
-    from tests.test_elastic import PLACES, Group, plan0, plan_for
+    from orchestrator.elastic.groups import Group, plan_for
+    from tests.fakes import PLACES, plan0
 
     plan = plan_for(plan0(), PLACES, Group((1, 2)))
     wanted = backup_dirs(plan, "bk")
@@ -81,9 +65,9 @@ def test_the_chief_s_backup_alone_on_a_host_tfo_cannot_reach_is_said() -> None:
 def test_a_chief_task_s_backup_is_the_one_the_workers_get() -> None:
     """MWMS with a chief task: the chief keeps the backup (tf-keras's should_checkpoint), so
     its directory is among those read and is the source the workers are filled from."""
-    from orchestrator.elastic import resume_from
-    from orchestrator.plan import make_plan
-    from orchestrator.spec import parse_spec
+    from orchestrator.elastic.groups import resume_from
+    from orchestrator.planning.plan import make_plan
+    from orchestrator.planning.spec import parse_spec
 
     spec = parse_spec({"name": "c", "job": {"script": "train.py"},
                        "tasks": {"chief": ["localhost:1"],
@@ -99,11 +83,11 @@ def test_a_chief_task_s_backup_is_the_one_the_workers_get() -> None:
 
 def two_workers(tmp_path: Path, name: str):  # noqa: ANN201 - (Plan, Job, said lines)
     """A plan of 2 workers on this machine in tmp_path/name, and its Job."""
-    from orchestrator.decide import Timing
-    from orchestrator.job import Job
-    from orchestrator.plan import make_plan
-    from orchestrator.rundir import RunDir
-    from orchestrator.spec import parse_spec
+    from orchestrator.loop.decide import Timing
+    from orchestrator.loop.job import Job
+    from orchestrator.planning.plan import make_plan
+    from orchestrator.planning.spec import parse_spec
+    from orchestrator.runs.rundir import RunDir
 
     spec = parse_spec({"name": "r", "job": {"script": "train.py"},
                        "tasks": {"worker": ["localhost:1", "localhost:2"]}})
@@ -119,14 +103,14 @@ def test_a_script_s_directory_tfo_cannot_fill_is_said_once_as_training_begins(
         tmp_path: Path) -> None:
     """Lab hosts the store cannot reach (here: none but this machine): the [tfo] line names
     the workers, once, when the directory is told; tfo's own backups need nothing said."""
-    from orchestrator.backupfill import Refill
-    from orchestrator.decide import Timing
-    from orchestrator.job import Job
-    from orchestrator.plan import make_plan
-    from orchestrator.rundir import RunDir
-    from tests.test_elastic import PORTS, SPEC
+    from orchestrator.loop.backupfill import Refill
+    from orchestrator.loop.decide import Timing
+    from orchestrator.loop.job import Job
+    from orchestrator.planning.plan import make_plan
+    from orchestrator.runs.rundir import RunDir
+    from tests.fakes import ELASTIC, PORTS
 
-    plan = make_plan(SPEC, run_id="r", run_dir=tmp_path, workdir="/w", ports=PORTS)
+    plan = make_plan(ELASTIC, run_id="r", run_dir=tmp_path, workdir="/w", ports=PORTS)
     lines: list[str] = []
     job = Job(plan, RunDir(plan.run_dir).open_events(), lambda task, line: lines.append(line),
               Timing(), None)
@@ -146,9 +130,9 @@ def test_a_rerun_carries_the_backups_over_or_says_it_starts_over(tmp_path: Path,
     """The old run's TFO_BACKUP_DIRs (the script's BackupAndRestore on them, its
     task_backup events say) copied into the new run's, the chief's to worker:1, and said;
     a run that left none: 'starts over'."""
-    from orchestrator.backupfill import Refill, rerun
-    from orchestrator.backups import held
-    from tests.test_elastic import write_backup
+    from orchestrator.elastic.backups import held
+    from orchestrator.loop.backupfill import Refill, rerun
+    from tests.fakes import write_backup
 
     old, old_job, _ = two_workers(tmp_path, "old")
     old_dirs = {t.name: Path(t.env["TFO_BACKUP_DIR"]) for t in old.tasks}
@@ -180,11 +164,11 @@ def test_a_restart_copies_the_chief_s_backup_and_the_copy_goes_once_the_group_tr
     the chief's newest backup (and a [tfo] line says so); once both train (or finished),
     the copy is removed and the chief's stays; ctx.callbacks()'s own backups (no script
     directory) are left alone."""
-    from orchestrator.backupfill import Refill
-    from orchestrator.backups import held
-    from orchestrator.decide import TaskState
-    from orchestrator.markers import Progress
-    from tests.test_elastic import write_backup
+    from orchestrator.elastic.backups import held
+    from orchestrator.loop.backupfill import Refill
+    from orchestrator.loop.decide import TaskState
+    from orchestrator.loop.markers import Progress
+    from tests.fakes import write_backup
 
     plan, job, lines = two_workers(tmp_path, "run")
     dirs = {t.name: Path(t.env["TFO_BACKUP_DIR"]) for t in plan.tasks}

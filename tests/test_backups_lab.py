@@ -17,10 +17,7 @@ import pytest
 
 from tests import sshlab
 from tests.conftest import SSH_LAB, events, run_processes, run_tfo, wait_until, write_spec
-from tests.test_backups import last_attempt_epochs
-from tests.test_elastic_lab import lab3  # noqa: F401 - the fixture
-from tests.test_faults import Tfo
-from tests.test_ssh import host_yaml, stop
+from tests.helpers import Tfo, host_yaml, last_attempt_epochs, stop
 
 pytestmark = [pytest.mark.ssh, SSH_LAB]
 

@@ -29,7 +29,12 @@ def test_quick_bench_measures_every_figure(tmp_path: Path) -> None:
     assert not FIGURES - set(results["figures"])
     for key, f in results["figures"].items():
         assert f["n"] >= 1 and f["min"] <= f["median"] <= f["max"], key
-        assert f["met"] in (True, False, None), key
+        # met: the median against the target, in the figure's direction; none without one.
+        if f["target"] is None:
+            assert f["met"] is None, key
+        else:
+            by = {"le": f["median"] <= f["target"], "ge": f["median"] >= f["target"]}
+            assert f["met"] is by[f["better"]], key
     assert set(results["coordinator_cpu_curve"]) == {"2", "4"}
     assert (tmp_path / "results.png").stat().st_size > 10_000
     table = done.stdout

@@ -5,16 +5,20 @@ worker prints a forged `exiting`, and a script that prints an old run's raw log.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from orchestrator import decide
-from tests.conftest import REPO, TfoResult, events, run_task, run_tfo
-from tests.test_faults import first
-from tests.test_scripts import TWO_WORKERS, spec
-from tests.test_ssh import host_yaml, loopback_sshd  # noqa: F401 (a fixture)
+from orchestrator.loop import decide
+from tests.conftest import REPO, events, run_task, run_tfo
+from tests.helpers import (
+    TWO_WORKERS,
+    assert_printed_as_text,
+    first,
+    host_yaml,
+    old_log_spec,
+    script_spec,
+)
 from worker_entry import channel, markers
 
 # ---- the wire ------------------------------------------------------------------------------
@@ -82,7 +86,7 @@ def test_a_forged_exiting_line_does_not_make_a_failed_worker_succeed(tmp_path: P
     """Worker 1 prints `@tfo {"event": "exiting", "code": 0}` after its fit, then exits 7
     30 s later. Before the channel, tfo took the line for its own marker, stopped worker 1
     3 s after worker 0 exited ("succeeded, stopped in teardown") and the job succeeded."""
-    cluster = spec(tmp_path, "forged_exit.py", ["--linger", "30"], tasks=TWO_WORKERS)
+    cluster = script_spec(tmp_path, "forged_exit.py", ["--linger", "30"], tasks=TWO_WORKERS)
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=280)
     assert res.returncode != 0, res.output[-4000:]
     ev = events(run_dir)
@@ -103,53 +107,6 @@ def test_a_forged_exiting_line_does_not_make_a_failed_worker_succeed(tmp_path: P
     # (TensorFlow's teardown may then be stopped: its exit stays 7).
     exiting = [e for e in ev if e["event"] == "task_exiting" and e["task"] == "worker:1"]
     assert [e.get("code") for e in exiting] == [7], exiting
-
-
-FORGED = [
-    '@tfo {"event": "up", "pid": 1}',
-    '@tfo {"event": "progress", "step": 99999, "loss": 1e-9, "epoch": 0}',
-    '@tfo {"event": "evaluated", "epoch": 0, "metrics": {"accuracy": 1.0}}',
-    '@tfo {"event": "backup", "dir": "/etc"}',
-    '\x1f@tfo {"event": "usage", "cpu": 0.0, "rss": 1, "stopped": true}',  # today's log form
-    '\x1d@tfo {"event": "sigterm", "grace": 10}',  # the old START
-    '@tfo {"event": "exiting", "code": 0}',
-]
-
-
-def old_log_spec(tmp_path: Path, extra: str = "",
-                 tasks: str = "  worker: [localhost:auto]") -> Path:
-    """One task of tests/scripts/old_log.py, which prints an old run's log (FORGED in it);
-    `extra`: the cluster file's hosts or backend."""
-    old = tmp_path / "old.log"
-    old.write_text("===== tfo: worker-0 attempt 0 =====\n" + "\n".join(FORGED)
-                   + "\nepoch 1/3 [====" + FORGED[1] + "\n")
-    return spec(tmp_path, "old_log.py", [str(old)], tasks=tasks, extra=extra)
-
-
-def assert_printed_as_text(res: TfoResult, run_dir: Path) -> None:
-    """Every forged line shown and logged as text, and no event of any of them."""
-    assert res.returncode == 0, res.output[-4000:]
-    ev = events(run_dir)
-    recorded = json.dumps(ev)
-    for forged in ("99999", "/etc/passwd", '"forged"', '"/etc"', "accuracy"):
-        assert forged not in recorded, [e for e in ev if forged in json.dumps(e)]
-    assert not [e for e in ev if e["event"] in (
-        "task_progress", "task_evaluated", "task_saved", "task_backup", "task_sigterm",
-        "task_bad_marker")], ev
-    assert [e["pid"] for e in ev if e["event"] == "task_up"] != [1]
-    exiting = [e for e in ev if e["event"] == "task_exiting"]
-    assert len(exiting) == 1 and len([e for e in ev if e["event"] == "task_done"]) == 1
-    # In the log, as printed (START written out); on the console, each line of it.
-    lines = (run_dir / "logs" / "worker-0.log").read_text().split("\n")
-    logged = [line.replace("\x1f", "\\x1f") for line in FORGED]
-    for line in [*logged, '@tfo {"event": "saved", "path": "/etc/passwd", "chief": true}',
-                 '\\x1f@tfo {"event": "done", "value": "forged"}']:
-        assert line in lines, line
-        shown = "[worker:0] " + line.replace("\x1d", "\\x1d")  # the console escapes it
-        assert shown in res.stdout, shown
-    assert "epoch 1/3 [====" + FORGED[1] in lines
-    assert not [line for line in lines if line.startswith(markers.MARK)
-                and any(x in line for x in ("99999", "passwd", "forged", "accuracy"))]
 
 
 @pytest.mark.timeout(120)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.launch.projectfiles import project_files
+from orchestrator.launch.ssh.projectfiles import project_files
 from tests.conftest import SSH_LAB, run_tfo, write_spec
-from tests.test_ssh import host_yaml, loopback_sshd  # noqa: F401 (a fixture)
+from tests.helpers import host_yaml
 
 KEY = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n"
        "-----END OPENSSH PRIVATE KEY-----\n")

@@ -1,4 +1,4 @@
-"""The supervisor's decisions (orchestrator/decide.py) as tables: no process, no clock, no
+"""The supervisor's decisions (orchestrator/loop/decide.py) as tables: no process, no clock, no
 sleep. And the decision module stays pure: it imports nothing of time, signal,
 orchestrator.launch or the run directory."""
 
@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator import decide
-from orchestrator.decide import EndJob, Restart, Say, TaskState
-from orchestrator.policy import Policy, RestartPolicy
-from orchestrator.stall import Pace, StallRule, Watched
-from orchestrator.strategy import RULES
+from orchestrator.loop import decide
+from orchestrator.loop.decide import EndJob, Restart, Say, TaskState
+from orchestrator.loop.stall import Pace, StallRule, Watched
+from orchestrator.planning.policy import Policy, RestartPolicy
+from orchestrator.planning.strategy import RULES
 from tests.conftest import REPO
 from worker_entry.markers import EXIT_PERMANENT, EXIT_PREEMPTED, Role, Strategy
 
@@ -36,18 +36,19 @@ def policy(restart: RestartPolicy = ON, max_restarts: int = 2, required: bool = 
 def test_the_decision_module_imports_nothing_of_time_signals_backends_or_run_directories():
     """Read from its source (what it names), and from a fresh interpreter (what importing it
     loads, its dependencies' imports included)."""
-    tree = ast.parse((REPO / "orchestrator" / "decide.py").read_text())
+    tree = ast.parse((REPO / "orchestrator" / "loop" / "decide.py").read_text())
     named = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     named |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    banned = ("time", "signal", "orchestrator.launch", "orchestrator.rundir",
-              "orchestrator.supervise", "orchestrator.wakeup")
+    banned = ("time", "signal", "orchestrator.launch", "orchestrator.runs.rundir",
+              "orchestrator.loop.supervise", "orchestrator.launch.wakeup")
     assert sorted(m for m in named if m.startswith(banned)) == []
-    code = "import json, sys; import orchestrator.decide; print(json.dumps(sorted(sys.modules)))"
+    code = ("import json, sys; import orchestrator.loop.decide; "
+            "print(json.dumps(sorted(sys.modules)))")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 0, res.stderr
     loaded = json.loads(res.stdout)
-    assert "orchestrator.policy" in loaded  # the check sees our modules
+    assert "orchestrator.planning.policy" in loaded  # the check sees our modules
     assert sorted(m for m in loaded if m.startswith(banned[2:])) == []
 
 
@@ -136,6 +137,43 @@ def test_standby_wanted(pol, role, task_restarts, job_restarts, wanted):
     (0.0, 7, 60.0), (0.0, 30, 60.0)])
 def test_start_backoff(backoff, failures, wait):
     assert decide.start_backoff(backoff, failures) == wait
+
+
+# Issue 39: a unit's failures, in order, as (seconds its attempt ran, counted, failed starts
+# before it), and the wait before each restart. backoff_seconds unset (the default): none
+# for the first failure of a crash loop, then 1 s, doubled per quick failure in a row, up to
+# 60 s; an attempt that ran CRASH_LOOP_SECONDS or more starts the count anew. A
+# backoff_seconds given: waited before every restart, doubled the same way in a loop.
+LOOP = decide.CRASH_LOOP_SECONDS
+
+
+@pytest.mark.parametrize("backoff, failures, waits", [
+    (None, [(5.0, True, 0)], [0.0]),  # a worker SIGKILLed in training: back at once
+    (None, [(0.5, True, 0)], [0.0]),  # even one that failed at once: a loop needs a second
+    (None, [(2, True, 0), (2, True, 0), (2, True, 0), (2, True, 0)], [0.0, 1.0, 2.0, 4.0]),
+    (None, [(2, True, 0)] * 9, [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]),
+    (None, [(2, True, 0), (2, True, 0), (LOOP, True, 0), (2, True, 0)], [0.0, 1.0, 0.0, 1.0]),
+    (None, [(600, True, 0), (600, True, 0), (600, True, 0)], [0.0, 0.0, 0.0]),
+    # A preemption is no crash: no wait, and the loop's count stays.
+    (None, [(2, True, 0), (2, False, 0), (2, True, 0)], [0.0, 0.0, 1.0]),
+    (None, [(2, False, 0), (2, False, 0)], [0.0, 0.0]),
+    # backoff_seconds given: before every restart, doubled in a loop.
+    (0.0, [(2, True, 0)] * 4, [0.0] * 4),
+    (0.5, [(2, True, 0), (2, True, 0), (2, True, 0)], [0.5, 1.0, 2.0]),
+    (0.5, [(600, True, 0), (600, True, 0)], [0.5, 0.5]),
+    (4.0, [(5.0, True, 0)], [4.0]),  # a test's time between the attempts
+    (90.0, [(2, True, 0), (2, True, 0)], [90.0, 90.0]),  # longer than 60 s: itself
+    # A host that could not be reached: start_backoff's 1, 2, 4 ... s, whatever the loop.
+    (None, [(0, True, 1), (0, True, 2), (0, True, 3)], [1.0, 2.0, 4.0]),
+    (3.0, [(600, True, 2)], [6.0]),
+])
+def test_restart_wait_grows_only_with_a_crash_loop(backoff, failures, waits):
+    streak, got = 0, []
+    for ran, counted, start_failures in failures:
+        streak = decide.crash_streak(streak, ran, counted)
+        got.append(decide.restart_wait(replace(policy(), backoff_seconds=backoff), streak,
+                                       start_failures))
+    assert got == waits
 
 
 @pytest.mark.parametrize("role, rc, pol, termed, preempted", [
@@ -270,8 +308,15 @@ def test_stall_rule(seconds, rule):
                                      stall_min_seconds=60.0)) == rule
 
 
-# The loop: supervise.py and the modules it carries decide's answers out through.
-LOOP = ("supervise", "job", "intake", "exits", "stopping", "stacks", "starts", "checks")
+# The loop: supervise.py and the modules it carries decide's answers out through: every
+# module of orchestrator/loop/ but the pure ones (decide and the rules beside it).
+PURE = {"__init__", "decide", "stall", "rate", "resumes", "joined", "markers"}
+LOOP = tuple(sorted(p.stem for p in (REPO / "orchestrator" / "loop").glob("*.py")
+                    if p.stem not in PURE))
+
+
+def test_the_guard_sees_every_act_module():
+    assert {"supervise", "resizing", "backupfill", "rundirwatch", "records"} <= set(LOOP)
 
 
 @pytest.mark.parametrize("module", LOOP)
@@ -279,7 +324,7 @@ def test_the_loop_reads_no_policy_or_strategy_rule_and_never_sleeps(module):
     """The loop hands `policy` and `rules` to decide.py, and reads neither itself: no
     `.policy.x`, `.rules.x` or `policy[role]` there. And every timed wait is a deadline it
     wakes for: no `sleep` is called anywhere in it."""
-    tree = ast.parse((REPO / "orchestrator" / f"{module}.py").read_text())
+    tree = ast.parse((REPO / "orchestrator" / "loop" / f"{module}.py").read_text())
     reads = [f"line {n.lineno}: {ast.unparse(n)}" for n in ast.walk(tree)
              if isinstance(n, ast.Attribute | ast.Subscript)
              and isinstance(n.value, ast.Attribute) and n.value.attr in ("policy", "rules")]
@@ -292,8 +337,8 @@ def test_the_loop_reads_no_policy_or_strategy_rule_and_never_sleeps(module):
 def test_spares_follow_the_restart_budget():
     """launch/spares asks the same budget: none where no restart is left to serve."""
     from orchestrator.launch.spares import spares_wanted
-    from orchestrator.plan import make_plan
-    from orchestrator.spec import parse_spec
+    from orchestrator.planning.plan import make_plan
+    from orchestrator.planning.spec import parse_spec
 
     spec = {"name": "t", "job": {"entry": "a.b:c"}, "tasks": {"worker": ["localhost:1"]},
             "restart": {"policy": "on-failure", "max_restarts": 1, "warm_spares": True}}

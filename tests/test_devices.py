@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.devices import allocate_gpus
 from orchestrator.launch.gpus import parse
-from orchestrator.plan import make_plan
-from orchestrator.spec import SpecError, parse_spec
+from orchestrator.planning.devices import allocate_gpus
+from orchestrator.planning.plan import make_plan
+from orchestrator.planning.spec import SpecError, parse_spec
 from tests.conftest import run_tfo, write_spec
 
 LAB = {
@@ -263,7 +263,7 @@ def test_auto_on_a_lab_host_asks_over_ssh(tmp_path):
     on loopback whose sessions find a fake nvidia-smi first on PATH), and refuses a job
     that needs more than it reports."""
     from tests import sshlab
-    from tests.test_ssh import host_yaml
+    from tests.helpers import host_yaml
 
     fake = fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)
     with sshlab.start_sshd(tmp_path / "sshd", extra_config=[

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.docgen import generated
-from orchestrator.guide import guide_page
+from orchestrator.cli.docgen import generated
+from orchestrator.cli.guide import guide_page
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -244,7 +244,7 @@ def test_reference_is_current(path: Path) -> None:
 
 def test_reference_names_every_field() -> None:
     """Every key of the cluster file is in the reference, with its description."""
-    from orchestrator.spec import ClusterSpec
+    from orchestrator.planning.spec import ClusterSpec
 
     text = generated()[Path("docs/reference/cluster-file.md")]
     seen = [m for m in re.findall(r"^\| `(\w+)` \|", text, re.M)]

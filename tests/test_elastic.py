@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import backups, elastic
-from orchestrator.backups import TASK_DIR, told
-from orchestrator.elastic import (
+from orchestrator.elastic import backups
+from orchestrator.elastic import groups as elastic
+from orchestrator.elastic.backups import TASK_DIR, told
+from orchestrator.elastic.groups import (
     NUM_WORKERS_ENV,
     Act,
     Group,
@@ -37,25 +38,13 @@ from orchestrator.elastic import (
     to_probe,
 )
 from orchestrator.launch.ports import free_ports
-from orchestrator.plan import Plan, make_plan
-from orchestrator.spec import ClusterSpec, ElasticSpec, parse_spec
+from orchestrator.planning.plan import Plan, make_plan
+from orchestrator.planning.spec import ClusterSpec, ElasticSpec, parse_spec
 from tests.conftest import REPO
+from tests.fakes import ELASTIC, HOSTS, PLACES, PORTS, elastic_spec, plan0, write_backup
 from worker_entry.markers import Role, num_workers
 
-HOSTS = {f"lab{i}": {"address": f"10.0.0.{i}", "workdir": f"/w{i}"} for i in range(1, 5)}
-
-
-def lab_spec(elastic: dict, places: list[str] | None = None) -> dict:
-    return {"name": "e", "job": {"entry": "a.b:c"}, "hosts": HOSTS, "elastic": elastic,
-            "tasks": {"worker": places or ["lab1:auto", "lab2:auto", "lab3:auto", "lab4:auto"],
-                      "evaluator": ["lab1:auto"]}}
-
-
-SPEC = parse_spec(lab_spec({"min_workers": 2, "max_workers": 3, "max_resizes": 4}))
-E = SPEC.elastic
-PORTS = {"worker:0": 2000, "worker:1": 2001, "worker:2": 2002, "worker:3": 2003,
-         "evaluator:0": 2009}
-PLACES = pool(SPEC, PORTS)  # lab1..lab4, slots 0..3
+E = ELASTIC.elastic
 FULL = Group((0, 1, 2))  # lab4 spare
 
 
@@ -63,7 +52,7 @@ def test_pool_and_first_group_and_probes() -> None:
     assert [(p.slot, p.host, p.port) for p in PLACES] == [
         (0, "lab1", 2000), (1, "lab2", 2001), (2, "lab3", 2002), (3, "lab4", 2003)]
     assert first_group(E, PLACES) == FULL
-    no_max = parse_spec(lab_spec({"min_workers": 1})).elastic
+    no_max = parse_spec(elastic_spec({"min_workers": 1})).elastic
     assert first_group(no_max, PLACES).members == (0, 1, 2, 3)
     assert to_probe(PLACES, FULL) == ["lab4"]
     assert to_probe(PLACES, Group((0, 2), lost=frozenset({"lab2"}))) == ["lab2", "lab4"]
@@ -175,7 +164,7 @@ def test_a_flapping_host_stops_at_max_resizes() -> None:
 
 
 def test_a_host_with_two_places_goes_as_a_whole() -> None:
-    spec = parse_spec(lab_spec({"min_workers": 1}, ["lab1:auto", "lab2:auto", "lab2:auto"]))
+    spec = parse_spec(elastic_spec({"min_workers": 1}, ["lab1:auto", "lab2:auto", "lab2:auto"]))
     places = pool(spec, PORTS)
     d = on_lost(spec.elastic, places, first_group(spec.elastic, places), {"lab2": Why.LIFELINE})
     assert isinstance(d, Resize) and d.group.members == (0,) and d.event["to"] == 1
@@ -308,10 +297,6 @@ def local_spec(n: int, job: dict | None = None) -> ClusterSpec:
                        "elastic": {"min_workers": 2}, "tasks": {"worker": ["localhost:auto"] * n}})
 
 
-def plan0():
-    return make_plan(SPEC, run_id="r1", run_dir="/runs/r1", workdir="/w", ports=PORTS)
-
-
 def test_plan_for_the_new_size() -> None:
     """TF_CONFIG of 2 workers with contiguous indices, each at its place's port; worker 0,
     now lab2's, is the chief; every task is told the size; the evaluator is unchanged."""
@@ -323,7 +308,7 @@ def test_plan_for_the_new_size() -> None:
         assert json.loads(t.env["TF_CONFIG"])["cluster"] == cluster == t.tf_config["cluster"]
         assert t.env[NUM_WORKERS_ENV] == "2"
     assert [t.env["TFO_IS_CHIEF"] for t in plan.tasks] == ["1", "0", "0"]
-    assert plan.spec is SPEC  # the run's pool, for a rerun
+    assert plan.spec is ELASTIC  # the run's pool, for a rerun
     # Each worker's backup directory is its place's, whatever its index: nothing to copy.
     assert backup_dirs(plan) == {"worker:0": ("lab2", "/w2/runs/r1/backup/worker-1"),
                                  "worker:1": ("lab3", "/w3/runs/r1/backup/worker-2")}
@@ -450,18 +435,6 @@ def test_previous_dirs_follow_the_places() -> None:
         "worker:0": ("lab1", "/w1/runs/r1/backup/worker-0"),
         "worker:1": ("lab3", "/w3/runs/r1/backup/worker-2"),  # lab3's worker moved 2 → 1
         "worker:2": None}  # lab4 joins
-
-
-def write_backup(directory: Path, saves: list[int], absolute: bool = False) -> None:
-    """A backup directory as tf-keras writes it (the `checkpoint` file last)."""
-    chief = directory / "chief"
-    chief.mkdir(parents=True)
-    for n in saves:
-        (chief / f"ckpt-{n}.index").write_text(f"index {n}")
-        (chief / f"ckpt-{n}.data-00000-of-00001").write_text(f"weights {n}")
-    name = (lambda n: str(chief / f"ckpt-{n}")) if absolute else (lambda n: f"ckpt-{n}")
-    (chief / "checkpoint").write_text(f'model_checkpoint_path: "{name(saves[-1])}"\n' + "".join(
-        f'all_model_checkpoint_paths: "{name(n)}"\n' for n in saves))
 
 
 def test_held_reads_what_a_backup_directory_holds(tmp_path: Path) -> None:
@@ -594,13 +567,13 @@ def test_a_smaller_group_resumes_from_the_bigger_one_s_backup(tmp_path: Path) ->
 ])
 def test_a_lab_host_s_backup_paths(path: str, shell: str, sftp: str) -> None:
     """A workdir under ~ is the login's home for the shell and for sftp; nothing unquoted."""
-    from orchestrator.launch.backupstore import _sftp, _sh
+    from orchestrator.elastic.backupstore import _sftp, _sh
 
     assert (_sh(path), _sftp(path)) == (shell, sftp)
 
 
 def test_the_store_reads_and_fills_this_machine_s_directories(tmp_path: Path) -> None:
-    from orchestrator.launch.backupstore import BackupStore, for_lab
+    from orchestrator.elastic.backupstore import BackupStore, for_lab
 
     write_backup(tmp_path / "a", [2, 3])
     store = BackupStore()
@@ -612,5 +585,5 @@ def test_the_store_reads_and_fills_this_machine_s_directories(tmp_path: Path) ->
     assert store.reaches("localhost") and not store.reaches("lab1")
     with pytest.raises(OSError, match="lab1: no connection"):
         store.held(("lab1", "/w1/backup/worker-0"))
-    lab = for_lab(SPEC.hosts, lambda: None)
+    lab = for_lab(ELASTIC.hosts, lambda: None)
     assert lab.reaches("lab1") and not lab.reaches("node7")  # a scheduler's node: no

@@ -9,23 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import backups
+from orchestrator.elastic import backups
 from tests import sshlab
 from tests.conftest import SSH_LAB, events, run_processes, wait_until, write_spec
-from tests.test_faults import Tfo
-from tests.test_ssh import host_yaml, stop
+from tests.helpers import Tfo, host_yaml, stop
 
 pytestmark = [pytest.mark.ssh, SSH_LAB]
-
-
-@pytest.fixture(scope="module")
-def lab3(tmp_path_factory):
-    ok, reason = sshlab.netns_supported()
-    if not ok:
-        pytest.skip(f"network namespaces are not permitted here: {reason}")
-    sshlab.ensure_openssh()
-    with sshlab.lab_hosts(tmp_path_factory.mktemp("lab"), count=3) as hosts:
-        yield hosts
 
 
 def training_again(evs: list[dict], since: dict) -> float:

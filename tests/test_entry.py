@@ -3,11 +3,12 @@ importing anything, and a task that meets one anyway exits EXIT_PERMANENT (never
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from orchestrator.entry import EntryError, check_entry
+from orchestrator.planning.entry import EntryError, check_entry
 from tests.conftest import REPO, run_task, run_tfo, write_spec
 from worker_entry.markers import EXIT_PERMANENT
 
@@ -33,14 +34,25 @@ def test_a_missing_module_or_function_is_named(entry, message):
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("entry", [
-    "worker_entry.examples.digits:train", "tests.jobs.faulty:train",
-    "json:loads",  # an installed package
-    "math:anything",  # an extension module: no source, the task decides
-    "os.path:join",  # a submodule only importing makes
+@pytest.mark.parametrize(("entry", "told"), [
+    ("worker_entry.examples.digits:train", True), ("tests.jobs.faulty:train", True),
+    ("json:loads", True),  # an installed package
+    ("math:anything", False),  # an extension module: no source, the task decides
+    ("os.path:join", False),  # a submodule only importing makes
 ])
-def test_entries_that_exist_or_cannot_be_told_pass(entry):
-    check_entry(entry, REPO)
+def test_entries_that_exist_or_cannot_be_told_pass(entry, told):
+    """Checked from the source, nothing imported (digits would import TensorFlow); where the
+    source tells, a function it does not define is refused."""
+    module = entry.partition(":")[0]
+    before = set(sys.modules)
+    assert check_entry(entry, REPO) is None
+    assert not [m for m in set(sys.modules) - before if m == module or m.startswith(module + ".")]
+    misspelled = module + ":no_such_function_tfo"
+    if told:
+        with pytest.raises(EntryError, match="has no function 'no_such_function_tfo'"):
+            check_entry(misspelled, REPO)
+    else:
+        assert check_entry(misspelled, REPO) is None
 
 
 def test_conditional_and_imported_bindings_count(tmp_path: Path):

@@ -24,8 +24,8 @@ import psutil
 import pytest
 
 from orchestrator.launch.local import LocalBackend, LocalHandle
-from orchestrator.markers import read_marker
-from orchestrator.plan import Placement, TaskPlan
+from orchestrator.loop.markers import read_marker
+from orchestrator.planning.plan import Placement, TaskPlan
 from tests.conftest import (
     PYTHON,
     REPO,
@@ -39,8 +39,8 @@ from tests.conftest import (
     wait_until,
     write_spec,
 )
+from tests.helpers import lab_spec
 from tests.procs import alive
-from tests.test_ssh import lab, lab_spec  # noqa: F401 (a fixture)
 from worker_entry import markers
 from worker_entry.markers import USAGE_SECONDS, Role
 
@@ -588,7 +588,7 @@ def test_a_tasks_exiting_marker_says_the_status_its_code_ended_with(code: str, s
                                                                      tmp_path: Path):
     """The last thing a task says (`exiting`, its last atexit handler) carries the status
     Python will exit with: if TensorFlow's teardown then hangs and tfo stops the task, that
-    status stands as its exit (orchestrator/supervise.py)."""
+    status stands as its exit (orchestrator/loop/supervise.py)."""
     script = tmp_path / "ends.py"
     script.write_text(f"import sys\n{code}\n")
     cluster = tmp_path / "c.json"

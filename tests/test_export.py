@@ -12,9 +12,9 @@ import jsonschema
 import pytest
 import yaml
 
-from orchestrator.export import tfjob
-from orchestrator.plan import make_plan
-from orchestrator.spec import SpecError, load_spec, parse_spec
+from orchestrator.planning.export import tfjob
+from orchestrator.planning.plan import make_plan
+from orchestrator.planning.spec import SpecError, load_spec, parse_spec
 from tests.conftest import REPO, run_tfo
 from worker_entry.runner import task_env
 

@@ -9,7 +9,6 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,25 +16,24 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.spec import RestartPolicy
-from orchestrator.supervise import restart_allowed
+from orchestrator.loop.supervise import restart_allowed
+from orchestrator.planning.spec import RestartPolicy
 from tests import golden
 from tests.conftest import (
     FIXED_PORTS,
-    REPO,
     events,
-    kill_tree,
     port_is_free,
     run_processes,
     run_tfo,
     task_pids,
-    tfo_cmd,
     wait_until,
     write_spec,
 )
+from tests.helpers import Tfo, first, kill_task
 from tests.procs import alive
 
-pytestmark = [FIXED_PORTS]  # see tests/conftest.py
+# FIXED_PORTS (tests/conftest.py) on each test whose job uses localhost:20000-20001, alone:
+# the others run beside any test under xdist.
 
 
 @pytest.fixture(autouse=True)
@@ -44,10 +42,7 @@ def golden_events(request, tmp_path):
     job's end; not the epochs a real job prints, which depend on the load) stays as recorded
     in tests/data/golden/faults/ (tests/golden.py). Checked after the test's own assertions."""
     yield
-    runs = [[json.loads(line) for line in p.read_text().splitlines()]
-            for p in sorted(tmp_path.rglob("events.jsonl"))]
-    if runs:
-        golden.check("faults", request.node.nodeid, runs, tmp_path, decisions_only=True)
+    golden.check_runs("faults", request.node.nodeid, tmp_path, decisions_only=True)
 
 MWMS = """\
 name: faults
@@ -65,53 +60,6 @@ env: {{FAULTY_HANG_TASK: "{hang}"}}
 def mwms(policy="on-failure", sleep=2, timeouts="", hang="", w0="localhost:20000",
          w1="localhost:20001") -> str:
     return MWMS.format(policy=policy, sleep=sleep, timeouts=timeouts, hang=hang, w0=w0, w1=w1)
-
-
-def first(evs: list[dict], event: str, task: str | None = None, **match) -> dict | None:
-    for e in evs:
-        if e["event"] == event and (task is None or e["task"] == task) and all(
-                e.get(k) == v for k, v in match.items()):
-            return e
-    return None
-
-
-def attempt_end(evs: list[dict], task: str, attempt: int,
-                ended_by: tuple[str, ...] = ("task_exited",)) -> dict | None:
-    """How `task`'s `attempt` ended: the first of `ended_by` for its pid (a task_stopped
-    names no attempt, so the pid of the attempt's task_started finds it)."""
-    pid = first(evs, "task_started", task, attempt=attempt)["pid"]
-    return next((e for e in evs if e["event"] in ended_by and e["pid"] == pid), None)
-
-
-class Tfo:
-    """`tfo run` in the background, for tests that act on it while it runs."""
-
-    def __init__(self, spec: Path, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self.proc = subprocess.Popen(tfo_cmd("run", str(spec), "--run-dir", str(run_dir)),
-                                     cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True, start_new_session=True)
-
-    def wait_event(self, event: str, task: str | None = None, timeout: float = 120, **match):
-        got = wait_until(lambda: first(events(self.run_dir), event, task, **match), timeout)
-        assert got, f"no {event} {task} {match} within {timeout} s"
-        return got
-
-    def finish(self, timeout: float = 180) -> tuple[int, str]:
-        _, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, err
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            kill_tree(self.proc.pid)
-            self.proc.wait()
-
-
-def kill_task(tfo: Tfo, task: str, attempt: int = 0) -> float:
-    pid = tfo.wait_event("task_started", task, attempt=attempt)["pid"]
-    t = time.time()
-    os.kill(pid, signal.SIGKILL)
-    return t
 
 
 @pytest.mark.parametrize(("policy", "rc", "restart"), [
@@ -134,6 +82,7 @@ def latest_backup(run_dir: Path, worker: int) -> str | None:
     return found.group(1) if found else None
 
 
+@FIXED_PORTS
 @pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_sigkill_worker_restarts_group_and_resumes(run_dir: Path, tmp_path: Path):
@@ -168,6 +117,7 @@ def test_sigkill_worker_restarts_group_and_resumes(run_dir: Path, tmp_path: Path
     assert (run_dir / "model" / "saved_model" / "saved_model.pb").exists()
 
 
+@FIXED_PORTS
 @pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_never_policy_fails_and_names_the_signal(run_dir: Path, tmp_path: Path):
@@ -184,6 +134,7 @@ def test_never_policy_fails_and_names_the_signal(run_dir: Path, tmp_path: Path):
     assert port_is_free(20000) and port_is_free(20001)
 
 
+@FIXED_PORTS
 @pytest.mark.tf
 @pytest.mark.timeout(180)
 def test_startup_timeout_names_the_task(run_dir: Path, tmp_path: Path):
@@ -216,6 +167,7 @@ def test_deadline_stops_the_job_with_auto_ports(run_dir: Path, tmp_path: Path):
     assert first(evs, "task_ready", "worker:0") and first(evs, "task_ready", "worker:1")
 
 
+@FIXED_PORTS
 @pytest.mark.tf
 @pytest.mark.timeout(180)
 def test_sigkill_of_the_coordinator_leaves_no_task(run_dir: Path, tmp_path: Path):
@@ -259,6 +211,7 @@ def restart_changing_backups(run_dir: Path, tmp_path: Path, epochs: int, fail_ep
     return ev
 
 
+@FIXED_PORTS
 @pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_a_lost_backup_makes_the_group_start_over_together(run_dir: Path, tmp_path: Path):
@@ -275,6 +228,7 @@ def test_a_lost_backup_makes_the_group_start_over_together(run_dir: Path, tmp_pa
         assert "no backup every worker has" in (run_dir / "logs" / f"worker-{i}.log").read_text()
 
 
+@FIXED_PORTS
 @pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_a_worker_one_backup_behind_makes_the_group_resume_from_the_one_before(
@@ -301,6 +255,7 @@ def test_a_worker_one_backup_behind_makes_the_group_resume_from_the_one_before(
     assert not any("starts over" in log for log in logs)
 
 
+@FIXED_PORTS
 @pytest.mark.tf
 @pytest.mark.timeout(180)
 def test_a_straggler_that_left_the_group_is_killed(run_dir: Path, tmp_path: Path):
@@ -313,6 +268,7 @@ def test_a_straggler_that_left_the_group_is_killed(run_dir: Path, tmp_path: Path
     assert wait_until(lambda: not alive(pid), 3)
 
 
+@FIXED_PORTS
 @pytest.mark.timeout(60)
 def test_port_in_use_fails_before_anything_starts(run_dir: Path, tmp_path: Path):
     holder = socket.socket()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, unframe
-from tests.test_agent import Agent
+from tests.helpers import Agent
 from worker_entry import forkstart, frames
 
 PY = sys.executable
@@ -140,7 +140,7 @@ def test_a_forked_task_sees_what_an_exec_d_one_sees_and_exits_as_python(tmp_path
     ([{"PYTHONPATH": "/w"}], {"PYTHONPATH": "/w"}),
 ])
 def test_a_host_s_agent_env_is_what_its_tasks_share_and_their_run_dir(envs, env) -> None:
-    from orchestrator.launch.ssh import agent_env
+    from orchestrator.launch.ssh.backend import agent_env
 
     assert agent_env(envs) == env
 

@@ -1,7 +1,7 @@
 """The grace a stopped task gets: short where its group stops because a peer is gone (it
 cannot save without that peer), grace_seconds for a preemption. Real TensorFlow workers
 running TensorFlow's PreemptionCheckpointHandler pattern (tests/scripts/mwms_preemption.py),
-real signals."""
+real signals; one job, a fault of each kind in turn."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.decide import PEER_LOST_GRACE_SECONDS
+from orchestrator.loop.decide import PEER_LOST_GRACE_SECONDS
 from tests.conftest import events, write_spec
-from tests.test_faults import Tfo, first
-from tests.test_hangs import progressed, task_process
+from tests.helpers import Tfo, first, progressed, task_process
 
 GRACE = 10  # the spec's default grace_seconds
 SPEC = """\
@@ -45,63 +44,59 @@ def training_again(run_dir: Path, attempt: int) -> float:
 
 
 @pytest.mark.tf
-@pytest.mark.timeout(300)
-def test_the_survivor_of_a_sigkilled_worker_is_killed_after_the_short_grace(
+@pytest.mark.timeout(420)
+def test_a_lost_peer_s_survivor_gets_the_short_grace_and_a_preemption_its_whole_grace(
         run_dir: Path, tmp_path: Path):
-    """worker:1's task SIGKILLed: worker:0, its SIGTERM handler TensorFlow's
+    """One job, one fault in each of its first two attempts (a job each before: a group's
+    start saved).
+
+    Attempt 0: worker:1's task SIGKILLed. worker:0, its SIGTERM handler TensorFlow's
     PreemptionCheckpointHandler's, cannot save without it and waits on its dead peer; tfo
     SIGKILLs it PEER_LOST_GRACE_SECONDS after the SIGTERM, not grace_seconds (before: 10 s,
     `still running 10 s after SIGTERM`). Nothing was saved, so the restart says it started
-    over."""
+    over.
+
+    Attempt 1: SIGTERM to worker:1's wrapper from outside (a preemption notice): every
+    worker saves at the agreed step within grace_seconds and exits 42, nothing is killed,
+    and the restart says it resumed from that checkpoint having lost next to nothing."""
     tfo = Tfo(spec(tmp_path), run_dir)
     try:
         progressed(tfo, "worker:1", 20)
         task = task_process(tfo, "worker:1")
         killed_at = time.time()
         task.kill()
-        code, err = tfo.finish(timeout=240)
+        wrapper = tfo.wait_event("task_started", "worker:1", attempt=1)["pid"]
+        progressed(tfo, "worker:1", 20, attempt=1)
+        os.kill(wrapper, signal.SIGTERM)
+        code, err = tfo.finish(timeout=300)
     finally:
         tfo.close()
     assert code == 0, err[-3000:]
     ev = events(run_dir)
+
+    # Attempt 0: a lost peer.
     stopping = first(ev, "task_stopping", "worker:0")
     assert stopping and stopping["reason"] == "restart", [e for e in ev if e["task"] == "worker:0"]
     # The restart begins within the short grace (and the exit's collection), never after
     # grace_seconds; a loaded machine may add a little.
     restarted = first(ev, "task_restarted", "worker:0")
     assert restarted["time"] - stopping["time"] < GRACE - 3, (stopping, restarted)
-    killed = first(ev, "task_killed", "worker:0")
+    killed = first(ev, "task_killed", "worker:0", pid=stopping["pid"])
     if killed is not None:  # else its code ended by itself within the grace (1 run in 4)
         assert killed["reason"] == f"still running {PEER_LOST_GRACE_SECONDS:g} s after SIGTERM"
         assert PEER_LOST_GRACE_SECONDS <= killed["time"] - stopping["time"] < GRACE - 4
     restart = training_again(run_dir, 1) - killed_at
     print(f"SIGKILL → both workers training again: {restart:.1f} s")
-    said = [e for e in ev if e["event"] == "task_resumed"]
+    said = [e for e in ev if e["event"] == "task_resumed" and e["attempt"] == 1]
     assert said and all(e["how"] == "started over" and e["lost_steps"] >= 20 for e in said)
 
-
-@pytest.mark.tf
-@pytest.mark.timeout(300)
-def test_a_preemption_keeps_its_grace_saves_and_says_where_it_resumed(
-        run_dir: Path, tmp_path: Path):
-    """SIGTERM to worker:1's wrapper from outside (a preemption notice): every worker saves
-    at the agreed step within grace_seconds and exits 42, nothing is killed, and the
-    restart says it resumed from that checkpoint having lost next to nothing."""
-    tfo = Tfo(spec(tmp_path), run_dir)
-    try:
-        wrapper = tfo.wait_event("task_started", "worker:1")["pid"]
-        progressed(tfo, "worker:1", 20)
-        os.kill(wrapper, signal.SIGTERM)
-        code, err = tfo.finish(timeout=240)
-    finally:
-        tfo.close()
-    assert code == 0, err[-3000:]
-    ev = events(run_dir)
-    assert first(ev, "task_preempted", attempt=0)
-    assert not [e for e in ev if e["event"] == "task_killed"]
+    # Attempt 1: a preemption.
+    assert first(ev, "task_preempted", attempt=1)
+    attempt1 = {e["pid"] for e in ev if e["event"] == "task_started" and e["attempt"] == 1}
+    assert not [e for e in ev if e["event"] == "task_killed" and e["pid"] in attempt1]
     saved = [e for e in ev if e["event"] == "task_checkpoint" and e["op"] == "saved"
-             and e["attempt"] == 0]
-    said = [e for e in ev if e["event"] == "task_resumed"]
+             and e["attempt"] == 1]
+    said = [e for e in ev if e["event"] == "task_resumed" and e["attempt"] == 2]
     assert {e["task"] for e in said} == {"worker:0", "worker:1"}, said
     for e in said:
         assert e["how"] == "resumed" and e["restored"] in {s["path"] for s in saved}

@@ -14,12 +14,10 @@ import signal
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.conftest import SSH_LAB, TfoResult, events, run_tfo, wait_until, write_spec
-from tests.test_faults import Tfo, first
-from tests.test_ssh import host_yaml, lab  # noqa: F401 (a fixture)
+from tests.conftest import SSH_LAB, TfoResult, events, run_tfo, write_spec
+from tests.helpers import Tfo, first, host_yaml, progressed, task_process
 
 SPEC = """\
 name: hangs
@@ -39,23 +37,6 @@ def spec(tmp_path: Path, script: str, args: list[str], policy: str = "on-failure
     return write_spec(tmp_path / "cluster.yaml", SPEC.format(
         script=script, args=json.dumps(args), policy=policy, max_restarts=max_restarts,
         grace=grace, stall="" if stall is None else f", stall_seconds: {stall}"))
-
-
-def task_process(tfo: Tfo, task: str, attempt: int = 0) -> psutil.Process:
-    """The task proper: the child of the wrapper whose pid tfo reports."""
-    pid = tfo.wait_event("task_started", task, attempt=attempt)["pid"]
-    children = wait_until(lambda: psutil.Process(pid).children(), 10)
-    assert children, f"{task}: no task process under its wrapper {pid}"
-    return children[0]
-
-
-def progressed(tfo: Tfo, task: str, step: int, attempt: int = 0) -> dict:
-    """The first progress marker of `task` at `step` or beyond."""
-    got = wait_until(lambda: next(
-        (e for e in events(tfo.run_dir) if e["event"] == "task_progress" and e["task"] == task
-         and e["attempt"] == attempt and e["step"] >= step), None), 120)
-    assert got, f"{task} never reached step {step}"
-    return got
 
 
 @pytest.mark.tf

@@ -1,4 +1,4 @@
-"""Did a task train in the plan's cluster (orchestrator/joined.py): the verdict as tables,
+"""Did a task train in the plan's cluster (orchestrator/loop/joined.py): the verdict as tables,
 the DTensor variables the plan gives, and the `joined` marker as the coordinator reads it.
 TensorFlow runs of the same are in tests/test_alone.py."""
 
@@ -9,16 +9,16 @@ import re
 
 import pytest
 
-from orchestrator import decide
 from orchestrator.api import spec_from_flags
-from orchestrator.joined import Planned, judge
-from orchestrator.markers import BadMarker, Joined, read_marker
-from orchestrator.plan import make_plan
-from orchestrator.spec import parse_spec
-from orchestrator.strategy import RULES
-from orchestrator.supervise import JobState
+from orchestrator.loop import decide
+from orchestrator.loop.joined import Planned, judge
+from orchestrator.loop.markers import BadMarker, Joined, read_marker
+from orchestrator.loop.supervise import JobState
+from orchestrator.planning.plan import make_plan
+from orchestrator.planning.spec import parse_spec
+from orchestrator.planning.strategy import RULES
 from tests.conftest import run_tfo
-from tests.test_supervise import FakeClock, Script, spec, steps, supervise
+from tests.fakes import FakeClock, Script, spec, steps, supervise
 from worker_entry import markers as m
 from worker_entry.markers import Role, Strategy, dtensor_env
 

@@ -328,7 +328,8 @@ def test_a_bad_spec_raises_the_field_named_error_and_starts_nothing(tmp_path: Pa
 
 def test_import_orchestrator_stays_light():
     code = ("import sys, orchestrator; orchestrator.run; "
-            "print(sorted(m for m in ('pydantic', 'tensorflow', 'yaml', 'orchestrator.supervise')"
+            "print(sorted(m for m in ('pydantic', 'tensorflow', 'yaml', "
+            "'orchestrator.loop.supervise')"
             " if m in sys.modules))")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=60)

@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 
 from orchestrator.launch import describe_exit
-from orchestrator.launch.hostagent import agent_command
-from orchestrator.spec import parse_spec
+from orchestrator.launch.ssh.hostagent import agent_command
+from orchestrator.planning.spec import parse_spec
 
 PWNED = Path("/tmp/tfo-pwned")
 NASTY = "it's $(touch /tmp/tfo-pwned) `id` ; rm -rf / \"quoted\" ~"
@@ -98,7 +98,7 @@ CHATTER = [
 
 
 def test_console_hides_tensorflow_chatter_unless_verbose():
-    from orchestrator.console import console_echo
+    from orchestrator.cli.console import console_echo
 
     for verbose in (False, True):
         shown: list[str] = []

@@ -4,14 +4,10 @@ pseudo-terminal serves every TF assertion here; the rest are fast."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
-import select
-import struct
 import subprocess
-import termios
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.console import ConsoleWriter, console_echo, printable
-from orchestrator.liveview import (
+from orchestrator.cli.console import ConsoleWriter, console_echo, printable
+from orchestrator.cli.liveview import (
     FINAL,
     LIVE,
     Row,
@@ -31,10 +27,9 @@ from orchestrator.liveview import (
     table,
 )
 from tests.conftest import ENDED, REPO, kill_tree, run_processes, run_tfo, tfo_cmd
+from tests.helpers import ANSI, COLUMNS, run_in_pty, tfo_env, user_dir
 
 SCRIPT = REPO / "tests" / "scripts" / "live_progress.py"
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-COLUMNS, LINES = 200, 40
 
 
 @dataclass
@@ -48,62 +43,6 @@ class PtyRun:
     def text(self) -> str:
         return ANSI.sub("", self.raw)
 
-
-def user_dir(root: Path) -> Path:
-    """A directory to run tfo in, away from the repository's runs/, whose code is this
-    checkout's (tasks get the workdir as PYTHONPATH)."""
-    root.mkdir(parents=True, exist_ok=True)
-    for package in ("orchestrator", "worker_entry"):
-        (root / package).symlink_to(REPO / package)
-    return root
-
-
-def tfo_env(cwd: Path, **extra: str) -> dict[str, str]:
-    """The test's environment without COLUMNS and LINES: pytest-xdist's workers have
-    COLUMNS=80, which rich takes over the terminal's own size (the summary cut to 80)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    return {**env, "PYTHONPATH": str(cwd), **extra}
-
-
-def run_in_pty(args: list[str], cwd: Path, timeout: float,
-               unsized_stdin: bool = False) -> tuple[str, int]:
-    """`tfo ARGS` on a terminal of COLUMNS x LINES; all it wrote, and its exit code. Killed
-    (its whole tree) and failed past `timeout`. `unsized_stdin`: stdin is another terminal,
-    one that reports 0 x 0 (a pty nobody sized)."""
-    leader, follower = os.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", LINES, COLUMNS, 0, 0))
-    other = os.openpty() if unsized_stdin else None
-    proc = subprocess.Popen(tfo_cmd(*args), cwd=cwd, stdin=other[1] if other else follower,
-                            stdout=follower, stderr=follower, start_new_session=True,
-                            env=tfo_env(cwd, TERM="xterm-256color"))
-    os.close(follower)
-    if other:
-        os.close(other[1])  # its leader stays open: a closed one reads as no terminal
-    chunks: list[bytes] = []
-    until = time.monotonic() + timeout
-    try:
-        while time.monotonic() < until:
-            if select.select([leader], [], [], 0.2)[0]:
-                try:
-                    data = os.read(leader, 65536)
-                except OSError:  # EIO: every writer of the terminal is gone
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-            elif proc.poll() is not None:
-                break
-        else:
-            pytest.fail(f"tfo {' '.join(args)} still ran after {timeout} s:\n"
-                        f"{ANSI.sub('', b''.join(chunks).decode(errors='replace'))[-3000:]}")
-        return b"".join(chunks).decode(errors="replace"), proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            kill_tree(proc.pid)
-            proc.wait()
-        os.close(leader)
-        if other:
-            os.close(other[0])
 
 
 @pytest.fixture(scope="module")
@@ -138,12 +77,13 @@ timeouts: {{startup_seconds: 120, grace_seconds: 5}}
 def test_the_live_table_shows_each_task_training(pty_run: PtyRun):
     assert pty_run.returncode == 0, pty_run.text[-4000:]
     text = pty_run.text
-    header = re.search(r"task\s+host\s+pid\s+state\s+restarts\s+up\s+cpu\s+rss\s+epoch\s+step"
+    # No restarts column: under the default policy (never) there are none to count.
+    header = re.search(r"task\s+host\s+pid\s+state\s+up\s+cpu\s+rss\s+epoch\s+step"
                        r"\s+steps/s\s+loss\s+last line", text)
     assert header, text[-4000:]
     # A row of a running worker: its pid, its epoch of 3, its step of 20, its speed, its loss;
     # no usage reported (yet): "-".
-    rows = re.findall(r"worker:1\s+localhost\s+(\d+)\s+running\s+0\s+\d+s\s+(\S+)\s+(\S+)\s+"
+    rows = re.findall(r"worker:1\s+localhost\s+(\d+)\s+running\s+\d+s\s+(\S+)\s+(\S+)\s+"
                       r"(\d)/3\s+(\d+)/20\s+([\d.]+)\s+([\d.e+-]+)\s", text)
     assert rows, text[-4000:]
     epochs = {int(r[3]) for r in rows}
@@ -174,7 +114,7 @@ def test_the_summary_has_a_row_per_task_and_where_tensorboard_is(pty_run: PtyRun
     text = pty_run.text
     assert re.search(r"job succeeded: all training tasks finished", text)
     for task in ("worker:0", "worker:1"):
-        assert re.search(rf"{task}\s+localhost\s+succeeded\s+{ENDED}\s+0\s+3/3\s+20/20\s+"
+        assert re.search(rf"{task}\s+localhost\s+succeeded\s+{ENDED}\s+3/3\s+20/20\s+"
                          r"[\d.]", text), text[-3000:]
     board = pty_run.run_dir / "tensorboard"
     assert f"tensorboard: {board} (to view: tensorboard --logdir {board})" in text
@@ -222,7 +162,7 @@ def test_runs_status_and_logs_show_the_run(pty_run: PtyRun):
     (cwd / "runs" / "broken").mkdir()  # a directory that is no run: skipped, counted
     runs = run_tfo("runs", cwd=cwd, env=tfo_env(cwd), timeout=30)
     assert runs.returncode == 0, runs.output
-    assert re.search(rf"{run_id}\s+live\s+\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\s+\d+s\s+succeeded"
+    assert re.search(rf"{run_id}\s+live\s+\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\s+[\dhms]+\s+succeeded"
                      r"\s+0", runs.stdout), runs.output
     assert "skipped 1 directory" in runs.stderr
 
@@ -230,7 +170,7 @@ def test_runs_status_and_logs_show_the_run(pty_run: PtyRun):
     assert status.returncode == 0, status.output
     assert f"{run_id}: succeeded: all training tasks finished" in status.stdout
     for task in ("worker:0", "worker:1"):
-        assert re.search(rf"{task}\s+localhost\s+succeeded\s+0\s+3/3\s+20/20\s+[\d.]+\s+"
+        assert re.search(rf"{task}\s+localhost\s+succeeded\s+3/3\s+20/20\s+[\d.]+\s+"
                          rf"[\d.]+\s+task_exited\s+\d+\s+{ENDED}", status.stdout), status.stdout
 
     logs = run_tfo("logs", "last", "worker:1", cwd=cwd, env=tfo_env(cwd), timeout=30)
@@ -275,6 +215,8 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_run(tmp_path: P
                                 "state": "succeeded", "restarts": 0}) + "\n")
         assert proc.wait(timeout=10) == 0
         assert proc.stdout.read() == ""
+        # It says how the run ended, rather than return to the prompt without a word.
+        assert proc.stderr.read() == "tfo: run hand-1 ended: succeeded: \n"
     finally:
         if proc.poll() is None:
             kill_tree(proc.pid)
@@ -351,7 +293,7 @@ def test_plain_output_has_no_escape_sequences(tmp_path: Path):
 
 
 def test_the_failure_summary_shows_the_log_s_end_as_the_console_did(tmp_path: Path):
-    from orchestrator.report import _last_lines
+    from orchestrator.cli.report import _last_lines
     from worker_entry import markers
 
     log = tmp_path / "worker-1.log"

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.launch import loopback
 from tests.conftest import run_tfo, wait_until, write_spec
-from tests.test_faults import Tfo
+from tests.helpers import Tfo
 
 # The network namespace this test makes: its own prefix and subnet, beside the SSH and Slurm
 # labs' (10.200.0.0/24, 10.201.0.0/24).

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -15,7 +14,6 @@ import pytest
 from tests.conftest import (
     ENDED,
     FIXED_PORTS,
-    PYTHON,
     REPO,
     events,
     kill_tree,
@@ -26,9 +24,10 @@ from tests.conftest import (
     wait_until,
     write_spec,
 )
+from tests.helpers import evaluate_saved_model
 from tests.procs import alive
 
-pytestmark = [pytest.mark.tf, FIXED_PORTS]
+pytestmark = [pytest.mark.tf]  # FIXED_PORTS on the tests that use them (conftest.py)
 
 FAULTY = """\
 name: faulty
@@ -42,21 +41,7 @@ timeouts: {{grace_seconds: 5}}
 """
 
 
-def evaluate_saved_model(path: Path) -> float:
-    """Accuracy of a saved model on the held-out digits, in a fresh process."""
-    script = (
-        "import sys, tensorflow as tf\n"
-        "from worker_entry.examples.digits import load_data\n"
-        "_, (x, y) = load_data()\n"
-        "m = tf.keras.models.load_model(sys.argv[1])\n"
-        "print('ACC', (m.predict(x, verbose=0).argmax(axis=1) == y).mean())\n"
-    )
-    out = subprocess.run([PYTHON, "-c", script, str(path)], capture_output=True, text=True,
-                         cwd=REPO, timeout=120, env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    return float(re.search(r"^ACC (\S+)", out.stdout, re.M).group(1))
-
-
+@FIXED_PORTS
 @pytest.mark.timeout(300)
 def test_localhost_cluster_trains_and_chief_saves(run_dir: Path):
     res = run_tfo("run", "clusters/localhost.yaml", "--run-dir", str(run_dir))
@@ -134,6 +119,7 @@ def test_failing_worker_fails_the_job_fast(tf_cluster):
     assert all(port_is_free(t["port"]) for t in plan["tasks"])
 
 
+@FIXED_PORTS
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_tears_everything_down(sig, code, run_dir: Path, tmp_path: Path):

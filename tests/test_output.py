@@ -18,14 +18,14 @@ from typing import Any
 import psutil
 import pytest
 
-from orchestrator import wakeup
-from orchestrator.console import ConsoleWriter, printable
+from orchestrator.cli.console import ConsoleWriter, printable
+from orchestrator.launch import wakeup
 from orchestrator.launch.output import LINE_CAP, TaskOutput
-from orchestrator.markers import BadMarker, Evaluated, Up, Usage, read_marker
+from orchestrator.loop.markers import BadMarker, Evaluated, Up, Usage, read_marker
 from tests import sshlab
 from tests.conftest import REPO, events, kill_tree, run_tfo, tfo_cmd, write_spec
+from tests.helpers import host_yaml
 from tests.jobs.noisy import BAD_MARKERS
-from tests.test_ssh import host_yaml
 from worker_entry import channel, markers
 
 # ---- markers: (line, what the error names) -------------------------------------------------
@@ -439,7 +439,7 @@ def _fake_run(root: Path, name: str, mtime: float) -> Path:
 def test_logs_hide_markers_and_take_a_task_name_alone(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from orchestrator.cli import app
+    from orchestrator.cli.commands import app
 
     old = _fake_run(tmp_path, "old", 1_000_000)
     _fake_run(tmp_path, "new", 2_000_000)

@@ -17,11 +17,13 @@ import psutil
 import pytest
 
 from bench.run import cpu_seconds
-from orchestrator.plan import TaskPlan
-from orchestrator.supervise import JobState, Supervisor
+from orchestrator.launch import wakeup
+from orchestrator.loop.supervise import IDLE_SECONDS, OUTPUT_SECONDS, JobState, Supervisor
+from orchestrator.planning.plan import TaskPlan
+from tests import golden
 from tests.conftest import REPO, events, kill_tree, tfo_cmd, wait_until, write_spec
 from tests.conftest import events as run_events
-from tests.test_supervise import READY, FakeClock, FakeHandle, FakeWaiter, Script, planned, spec
+from tests.fakes import FakeClock, FakeHandle, FakeWaiter, Script, planned, spec
 
 TASKS = 32
 
@@ -64,52 +66,120 @@ def test_idle_tasks_cost_the_coordinator_almost_nothing(run_dir: Path, tmp_path:
     assert sum(e["event"] == "task_stopped" for e in ev) == TASKS - 1
 
 
-class PipeHandle:
-    """A task that runs for `after` seconds; a pipe turns readable when it exits, as a
-    pidfd does. Counts how often the supervisor asks."""
+@pytest.fixture
+def golden_supervise(request, tmp_path):
+    """The events of a scripted run on the real Waiter stay as recorded, as test_supervise's
+    scenarios do (tests/data/golden/supervise/)."""
+    yield
+    golden.check_runs("supervise", request.node.nodeid, tmp_path)
 
-    def __init__(self, task: TaskPlan, attempt: int, after: float) -> None:
-        self.task, self.attempt, self.pid = task, attempt, 1000
+
+class FdHandle(FakeHandle):
+    """A FakeHandle with an exit fd, as a pidfd: a pipe that turns readable when it exits
+    (its scripted exit, terminate or kill). Counts the supervisor's rounds (each takes its
+    lines) and its polls."""
+
+    def __init__(self, task: TaskPlan, attempt: int, script: Script) -> None:
+        super().__init__(task, attempt, script)
         self._r, self._w = os.pipe()
-        self._rc: int | None = None
-        self._lines = [READY]
-        self.polls, self.exited_at = 0, 0.0
-        threading.Timer(after, self._exit).start()
+        self.rounds = self.polls = 0
+        self.exited_at = 0.0
+        if self.code is not None:
+            threading.Timer(self.after, self._exit, [self.code]).start()
 
     @property
     def exit_fd(self) -> int:
         return self._r
 
-    def _exit(self) -> None:
-        self.exited_at, self._rc = time.time(), 0
-        os.write(self._w, b"x")
+    def _exit(self, rc: int) -> None:
+        if self._rc is None:
+            self._rc, self.exited_at = rc, time.time()
+            os.write(self._w, b"x")
 
     def poll(self) -> int | None:
         self.polls += 1
         return self._rc
 
     def terminate(self) -> None:
-        pass
+        self._exit(-15)
 
     def kill(self) -> None:
-        pass
+        self._exit(-9)
 
     def lines(self) -> list[str]:
-        out, self._lines = self._lines, []
-        return out
+        self.rounds += 1
+        return super().lines()
 
     def close(self, timeout: float = 1.0) -> list[str]:
+        rest = super().close(timeout)
         os.close(self._r)
         os.close(self._w)
-        return []
+        return rest
+
+
+def supervise_fds(tmp_path: Path, spec: dict, scripts: dict[str, Script]):
+    handles: list[FdHandle] = []
+
+    def start(task: TaskPlan, attempt: int) -> FdHandle:
+        handles.append(FdHandle(task, attempt, scripts.get(task.name, Script())))
+        return handles[-1]
+
+    result = Supervisor(planned(tmp_path, spec), start=start, echo=lambda task, line: None).run()
+    events = run_events(tmp_path / "run")
+    return result, handles, events
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.usefixtures("golden_supervise")
+def test_output_wakes_the_loop_at_most_every_output_seconds_and_exits_at_once(tmp_path):
+    """64 tasks' usage markers alone came 32 times a second, each a round over every task:
+    output waits for the next round, OUTPUT_SECONDS at most; an exit does not."""
+    scripts = {f"worker:{i}": Script([(0, 1.0, True)]) for i in range(2)}
+    flooding = threading.Event()
+
+    def flood() -> None:  # what output readers do as their lines arrive
+        while not flooding.wait(0.002):
+            wakeup.notify()
+
+    threading.Thread(target=flood, daemon=True).start()
+    try:
+        result, handles, events = supervise_fds(tmp_path, spec(), scripts)
+    finally:
+        flooding.set()
+    assert result.state is JobState.SUCCEEDED
+    for h in handles:
+        # 1 s: about 1 / OUTPUT_SECONDS rounds; a round per notification was ~500.
+        assert h.rounds <= 1.0 / OUTPUT_SECONDS + 5, f"{h.task.name}: {h.rounds} rounds"
+        assert h.polls <= 3, f"{h.task.name} polled {h.polls} times: only its exit fd tells"
+        exited = next(e["time"] for e in events if e["event"] == "task_exited"
+                      and e["task"] == h.task.name)
+        assert exited - h.exited_at < 0.05, "the exit was noticed late"
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.usefixtures("golden_supervise")
+def test_the_exit_fds_watched_follow_the_handles_across_a_restart(tmp_path):
+    """The loop keeps one poll object: a closed exit fd left in it would wake every sleep
+    at once (POLLNVAL), a new one left out would be noticed only by the idle timeout."""
+    scripts = {"worker:0": Script([(None, 0, True), (0, 0.6, True)]),
+               "worker:1": Script([(3, 0.2, True), (0, 0.6, True)])}
+    result, handles, events = supervise_fds(tmp_path, spec(), scripts)
+    assert result.state is JobState.SUCCEEDED and result.restarts == 1
+    again = [h for h in handles if h.attempt == 1]
+    assert len(again) == 2
+    for h in again:
+        assert h.rounds <= 0.6 / IDLE_SECONDS + 6, f"{h.task.name}: {h.rounds} rounds"
+        exited = next(e["time"] for e in events if e["event"] == "task_exited"
+                      and e["task"] == h.task.name and e["attempt"] == 1)
+        assert exited - h.exited_at < 0.05, "the exit was noticed late"
 
 
 @pytest.mark.timeout(20)
 def test_the_loop_sleeps_until_the_kernel_says_a_task_exited(tmp_path: Path):
-    handles: list[PipeHandle] = []
+    handles: list[FdHandle] = []
 
-    def start(task: TaskPlan, attempt: int) -> PipeHandle:
-        handles.append(PipeHandle(task, attempt, after=1.0))
+    def start(task: TaskPlan, attempt: int) -> FdHandle:
+        handles.append(FdHandle(task, attempt, Script([(0, 1.0, True)])))
         return handles[-1]
 
     plan = planned(tmp_path, spec())
@@ -132,9 +202,9 @@ def test_a_wrapper_waiting_for_its_script_s_port_costs_next_to_nothing(tmp_path:
     taken from the task's TensorFlow import; over sock_diag it is next to nothing."""
     from orchestrator.launch.local import LocalHandle
     from orchestrator.launch.ports import free_ports
-    from orchestrator.plan import make_plan
-    from orchestrator.rundir import RunDir
-    from orchestrator.spec import parse_spec
+    from orchestrator.planning.plan import make_plan
+    from orchestrator.planning.spec import parse_spec
+    from orchestrator.runs.rundir import RunDir
 
     (tmp_path / "slow.py").write_text("import time\ntime.sleep(60)\n")  # never listens
     port = free_ports(1)[0]

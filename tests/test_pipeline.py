@@ -11,16 +11,13 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.pipeline import run
-from orchestrator.spec import parse_spec
+from orchestrator.planning.spec import parse_spec
 from tests.conftest import REPO
 from tests.conftest import events as run_events
+from tests.helpers import shown_in_output
 
 JOB = {"name": "py", "job": {"script": "tests/scripts/show_env.py", "args": ["--x"]},
        "tasks": {"worker": ["localhost:auto", "localhost:auto"]}}
-
-
-def shown(out: str) -> list[dict]:
-    return [json.loads(line.split("SHOW ", 1)[1]) for line in out.splitlines() if "SHOW " in line]
 
 
 @pytest.mark.timeout(60)
@@ -38,7 +35,7 @@ def test_a_job_runs_from_python(run_dir: Path, tmp_path: Path, monkeypatch, caps
     assert [t.name for t in result.tasks] == ["worker:0", "worker:1"]
     assert result.run_dir == str(run_dir.resolve())
     # The tasks' lines went to stdout (no display given), each one its own TF_CONFIG.
-    tasks = sorted(s["env"]["TFO_TASK"] for s in shown(capsys.readouterr().out))
+    tasks = sorted(s["env"]["TFO_TASK"] for s in shown_in_output(capsys.readouterr().out))
     assert tasks == ["worker:0", "worker:1"]
     events = run_events(run_dir)
     assert events[-1]["event"] == "job_finished" and events[-1]["exit_code"] == 0

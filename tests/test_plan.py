@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import Placement, Plan, json_text, make_plan
-from orchestrator.policy import RestartPolicy
-from orchestrator.spec import SpecError, parse_spec
-from orchestrator.strategy import RULES
+from orchestrator.planning.plan import Placement, Plan, json_text, make_plan
+from orchestrator.planning.policy import RestartPolicy
+from orchestrator.planning.spec import SpecError, parse_spec
+from orchestrator.planning.strategy import RULES
 from tests.conftest import REPO, run_tfo
 from worker_entry.markers import Role, Strategy
 
@@ -125,7 +125,7 @@ def test_plan_cli_json_and_no_tensorflow(tmp_path: Path):
     assert imp.returncode == 0
     imported = [line.rsplit("|", 1)[-1].strip() for line in imp.stderr.splitlines()
                 if line.startswith("import time:")]
-    assert "orchestrator.plan" in imported  # the check itself can see our modules
+    assert "orchestrator.planning.plan" in imported  # the check itself can see our modules
     assert not [m for m in imported if m.split(".")[0] in ("tensorflow", "tf_keras", "keras")]
 
 

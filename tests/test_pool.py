@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.pool import same_start, starts
+from orchestrator.launch.pool import same_start, starts
 
 
 @pytest.mark.parametrize(("held", "size", "refill", "want"), [

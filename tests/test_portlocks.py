@@ -23,8 +23,7 @@ from tests.conftest import (
     tfo_cmd,
     write_spec,
 )
-from tests.test_faults import Tfo
-from tests.test_ssh import host_yaml, lab  # noqa: F401 (a fixture)
+from tests.helpers import Tfo, host_yaml
 from worker_entry import portlocks
 
 # Outside FIXED_PORTS' 20000-20014: these tests need no lock of their own.

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from orchestrator.markers import BadMarker, Progress, read_marker
+from orchestrator.loop.markers import BadMarker, Progress, read_marker
 from worker_entry import markers
 from worker_entry.progress import FitFacts, Reporter, counts_calls
 

@@ -18,10 +18,9 @@ from tests.conftest import (
     wait_until,
     write_spec,
 )
-from tests.test_faults import Tfo, first, kill_task
-from tests.test_mwms import evaluate_saved_model
+from tests.helpers import Tfo, evaluate_saved_model, first, kill_task
 
-pytestmark = [pytest.mark.tf, FIXED_PORTS]
+pytestmark = [pytest.mark.tf]  # FIXED_PORTS on the tests that use them (conftest.py)
 
 PS_PORTS = (20010, 20011, 20012, 20013, 20014)
 
@@ -30,6 +29,7 @@ def evaluated(run_dir: Path) -> dict[int, dict]:
     return {e["epoch"]: e["metrics"] for e in events(run_dir) if e["event"] == "task_evaluated"}
 
 
+@FIXED_PORTS
 @pytest.mark.timeout(300)
 def test_ps_cluster_runs_and_the_evaluator_sees_every_checkpoint(run_dir: Path):
     res = run_tfo("run", "clusters/localhost-ps.yaml", "--run-dir", str(run_dir))
@@ -70,6 +70,7 @@ def test_ps_cluster_runs_and_the_evaluator_sees_every_checkpoint(run_dir: Path):
     assert all(port_is_free(p) for p in PS_PORTS)
 
 
+@FIXED_PORTS
 @pytest.mark.timeout(300)
 def test_mwms_evaluator_matches_the_saved_model(run_dir: Path, tmp_path: Path):
     spec = write_spec(tmp_path / "c.yaml", """\
@@ -90,6 +91,7 @@ tasks:
     assert "evaluator" not in json.loads((run_dir / "plan.json").read_text())["cluster"]
 
 
+@FIXED_PORTS
 @pytest.mark.timeout(300)
 def test_lost_ps_worker_restarts_alone(run_dir: Path, tmp_path: Path):
     spec = write_spec(tmp_path / "c.yaml", """\

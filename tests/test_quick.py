@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.quick import (
+from orchestrator.planning.quick import (
     FlagError,
     QuickFlags,
     cluster_yaml,
     job_from_command,
     spec_from_command,
 )
-from orchestrator.spec import parse_spec
-from orchestrator.specfile import read_data
+from orchestrator.planning.spec import parse_spec
+from orchestrator.planning.specfile import read_data
 from tests.conftest import peak_rss, run_tfo, tfo_cmd, write_spec
 
 LAB = {"hosts": {

@@ -1,11 +1,11 @@
-"""Steps per second from progress markers (orchestrator/rate.py): the task's own clock, over
+"""Steps per second from progress markers (orchestrator/loop/rate.py): the task's own clock, over
 a window, unknown where it cannot be known. A fake clock throughout."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.rate import Rate, rated, shown
+from orchestrator.loop.rate import Rate, rated, shown
 
 
 def fold(markers: list[tuple[float | None, int, float]]) -> Rate:

@@ -9,15 +9,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import events, run_tfo
-from tests.test_faults import first
-from tests.test_scripts import spec
+from tests.helpers import first, script_spec
 
 ONE_WORKER = "  worker: [localhost:auto]"
 SHORT = "timeouts: {startup_seconds: 3, grace_seconds: 5, stall_min_seconds: 1}\n"
 
 
 def one_process(tmp_path: Path, script: str, args: list[str]) -> Path:
-    cluster = spec(tmp_path, script, args, tasks=ONE_WORKER)
+    cluster = script_spec(tmp_path, script, args, tasks=ONE_WORKER)
     text = cluster.read_text()
     cluster.write_text(text[:text.index("timeouts:")] + SHORT)
     return cluster

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import elastic, resizing
-from orchestrator.elastic import Group
-from orchestrator.plan import TaskPlan
-from orchestrator.spec import parse_spec
-from orchestrator.supervise import JobState, Supervisor
+from orchestrator.elastic import groups as elastic
+from orchestrator.elastic.groups import Group
+from orchestrator.loop import resizing
+from orchestrator.loop.supervise import JobState, Supervisor
+from orchestrator.planning.plan import TaskPlan
+from orchestrator.planning.spec import parse_spec
 from tests.conftest import events as run_events
-from tests.test_supervise import FakeClock, FakeHandle, FakeWaiter, Script, planned
+from tests.fakes import FakeClock, FakeHandle, FakeWaiter, Script, planned
 
 E = parse_spec({"name": "e", "job": {"entry": "a.b:c"},
                 "tasks": {"worker": ["localhost:1", "localhost:2", "localhost:3"]},
@@ -97,7 +98,7 @@ def test_a_place_on_this_machine_is_lost_alone() -> None:
     (None, 3, ""), ({"min_workers": 2}, 2, ", 2 workers (2-3)"),
     ({"min_workers": 1, "max_workers": 2}, 2, ", 2 workers (1-2)")])
 def test_the_live_table_s_title_shows_an_elastic_job_s_size(elastic, workers, note) -> None:
-    from orchestrator.liveview import size_note
+    from orchestrator.cli.liveview import size_note
 
     spec = parse_spec({"name": "e", "job": {"entry": "a.b:c"}, "tasks": {
         "worker": ["localhost:1", "localhost:2", "localhost:3"]},
@@ -332,7 +333,7 @@ def test_a_ps_job_restarts_with_the_ps_left(tmp_path) -> None:
     assert last["chief:0"]["ps"] == ["localhost:5"] and len(last["chief:0"]["worker"]) == 3
     assert "ps:1" not in [t.name for t in result.tasks]
     assert result.restarts == 1
-    from orchestrator.report import resize_lines  # the summary's and tfo status's line
+    from orchestrator.cli.report import resize_lines  # the summary's and tfo status's line
 
     assert resize_lines(result.resizes)[0].startswith("resized: 3 → 3 workers, 2 → 1 ps: ")
 
@@ -477,7 +478,7 @@ def test_tensorflow_s_tutorial_script_unmodified_goes_on_with_2_workers(tmp_path
     after epoch 1; the group restarts as 2 with a TF_CONFIG of 2, resumes from the
     script's own backup, not epoch 0, and the chief saves the model."""
     from tests.conftest import REPO, write_spec
-    from tests.test_faults import Tfo, kill_task
+    from tests.helpers import Tfo, kill_task
 
     out, run_dir = tmp_path / "out", tmp_path / "run"
     spec = write_spec(tmp_path / "c.yaml", f"""\
@@ -517,7 +518,7 @@ def test_a_ps_job_drops_a_lost_worker_then_restarts_with_the_ps_left(tmp_path) -
     rejoins alone, serving again (1 → 2), the chief never stopped. Then ps:1 killed: the
     job restarts with 1 ps, the chief from its backup (its first epoch after the restart
     past 0), and finishes; the chief's model is written once."""
-    from tests.test_faults import Tfo, kill_task
+    from tests.helpers import Tfo, kill_task
 
     spec = tmp_path / "c.yaml"
     spec.write_text("""\

@@ -1,4 +1,4 @@
-"""Where an attempt began and what a restart lost (orchestrator/resumes.py): the rule as a
+"""Where an attempt began and what a restart lost (orchestrator/loop/resumes.py): the rule as a
 table, and the ledger fed markers as a job's tasks send them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.resumes import Ledger, Restored, Save, lines, resumption
+from orchestrator.loop.resumes import Ledger, Restored, Save, lines, resumption
 from tests.conftest import events, run_tfo
 from worker_entry.faults import FAULTS_ENV
 

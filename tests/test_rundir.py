@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.rundir import RunDir, RunDirError
+from orchestrator.runs.rundir import RunDir, RunDirError
 from tests.conftest import (
     REPO,
     events,
@@ -59,7 +59,7 @@ def test_find_last_an_id_a_prefix_or_a_path(tmp_path: Path):
 def test_an_ambiguous_prefix_is_exit_2_naming_the_candidates(tmp_path: Path, monkeypatch):
     from typer.testing import CliRunner
 
-    from orchestrator.cli import app
+    from orchestrator.cli.commands import app
 
     _run(tmp_path, "job-1", 1_000_000)
     _run(tmp_path, "job-2", 2_000_000)
@@ -154,8 +154,8 @@ LOG = (b"one\n\x1f@tfo {\"event\": \"up\", \"pid\": 1}\ntwo\n\nthree\n"
 ])
 def test_last_lines_are_read_from_the_end(tmp_path: Path, monkeypatch, chunk, data, n, whole,
                                           lines, end):
-    from orchestrator import rundir
-    from orchestrator.markers import is_marker
+    from orchestrator.loop.markers import is_marker
+    from orchestrator.runs import rundir
 
     monkeypatch.setattr(rundir, "LOG_CHUNK", chunk)
     path = tmp_path / "w.log"
@@ -166,7 +166,7 @@ def test_last_lines_are_read_from_the_end(tmp_path: Path, monkeypatch, chunk, da
 @pytest.mark.parametrize("chunk", [1, 3, 1 << 20])
 def test_read_lines_streams_pieces_and_leaves_an_unended_line(tmp_path: Path, monkeypatch,
                                                               chunk):
-    from orchestrator import rundir
+    from orchestrator.runs import rundir
 
     monkeypatch.setattr(rundir, "LOG_CHUNK", chunk)
     path = tmp_path / "w.log"

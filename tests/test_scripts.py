@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import re
@@ -15,36 +14,21 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import PYTHON, REPO, events, run_task, run_tfo, wait_until, write_spec
-from tests.test_faults import Tfo, first, kill_task
+from tests.conftest import (
+    PYTHON,
+    REPO,
+    TUTORIALS,
+    TutorialRun,
+    events,
+    run_task,
+    run_tfo,
+    wait_until,
+    write_spec,
+)
+from tests.helpers import SCRIPT_SPEC, Tfo, first, kill_task, script_spec, shown_in_log
 from worker_entry import markers
 
 SCRIPTS = REPO / "tests" / "scripts"
-
-SPEC = """\
-name: scripts
-strategy: {strategy}
-job:
-  script: tests/scripts/{script}
-  args: {args}
-tasks:
-{tasks}
-restart: {{policy: {policy}, max_restarts: 2, backoff_seconds: 0.5}}
-timeouts: {{startup_seconds: 120, grace_seconds: 5}}
-"""
-
-TWO_WORKERS = "  worker: [localhost:auto, localhost:auto]"
-
-
-def spec(tmp_path: Path, script: str, args: list[str], tasks: str = TWO_WORKERS,
-         strategy: str = "multi_worker_mirrored", policy: str = "never", extra: str = "") -> Path:
-    return write_spec(tmp_path / "cluster.yaml", SPEC.format(
-        strategy=strategy, script=script, args=json.dumps(args), tasks=tasks,
-        policy=policy) + extra)
-
-
-def autograph_files() -> set[str]:
-    return set(glob.glob("/tmp/__autograph_generated_file*"))
 
 
 def attempts(log: str) -> list[str]:
@@ -83,14 +67,11 @@ def reload_accuracy(path: Path) -> float:
 
 
 @pytest.mark.tf
-@pytest.mark.timeout(180)
-def test_keras_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
-    before = autograph_files()
+@pytest.mark.timeout(360)
+@TUTORIALS
+def test_keras_tutorial_script_runs_unmodified(keras_tutorial: TutorialRun):
+    res, run_dir = keras_tutorial.res, keras_tutorial.run_dir
     model = run_dir / "model" / "keras-model"
-    cluster = spec(tmp_path, "mwms_keras.py", ["--epochs", "3", "--steps_per_epoch", "60",
-                                               "--model_path", str(model),
-                                               "--backup_dir", str(tmp_path / "backup")])
-    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
     assert res.returncode == 0, res.output[-4000:]
     ev = events(run_dir)
     # Ready without any marker from the script: its gRPC port listened.
@@ -99,7 +80,8 @@ def test_keras_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
     assert saved_models(run_dir / "model") == [model]
     assert reload_accuracy(model) > 0.8
     assert not list((run_dir / "model").glob("workertemp_*"))
-    assert autograph_files() <= before and no_temp_left(run_dir)
+    before, after = keras_tutorial.autograph
+    assert after <= before and no_temp_left(run_dir)
 
 
 def first_epoch(log: str) -> int | None:
@@ -112,7 +94,7 @@ def first_epoch(log: str) -> int | None:
 @pytest.mark.timeout(240)
 def test_killed_worker_resumes_from_the_scripts_own_backup(tmp_path: Path, run_dir: Path):
     model = run_dir / "model" / "keras-model"
-    cluster = spec(tmp_path, "mwms_keras.py", [
+    cluster = script_spec(tmp_path, "mwms_keras.py", [
         "--epochs", "6", "--steps_per_epoch", "150", "--model_path", str(model),
         "--backup_dir", str(tmp_path / "backup")], policy="on-failure")
     tfo = Tfo(cluster, run_dir)
@@ -133,14 +115,12 @@ def test_killed_worker_resumes_from_the_scripts_own_backup(tmp_path: Path, run_d
 
 
 @pytest.mark.tf
-@pytest.mark.timeout(180)
-def test_custom_training_loop_tutorial_script_runs_unmodified(tmp_path: Path, run_dir: Path):
+@pytest.mark.timeout(360)
+@TUTORIALS
+def test_custom_training_loop_tutorial_script_runs_unmodified(ctl_tutorial: TutorialRun):
+    res, run_dir = ctl_tutorial.res, ctl_tutorial.run_dir
     model = run_dir / "model" / "ctl-model"
-    ckpt = tmp_path / "ckpt"
-    cluster = spec(tmp_path, "mwms_ctl.py", ["--epochs", "3", "--steps_per_epoch", "60",
-                                             "--model_path", str(model),
-                                             "--checkpoint_dir", str(ckpt / "ckpt")])
-    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
+    ckpt = ctl_tutorial.root / "ckpt"
     assert res.returncode == 0, res.output[-4000:]
     assert "Epoch: 2, accuracy:" in (run_dir / "logs" / "worker-0.log").read_text()
     assert saved_models(run_dir / "model") == [model] and no_temp_left(run_dir)
@@ -157,9 +137,9 @@ def test_parameter_server_tutorial_coordinator_runs_unmodified(tmp_path: Path, r
     model = run_dir / "model" / "ps-model"
     tasks = "  chief: [localhost:auto]\n  worker: [localhost:auto, localhost:auto]\n" \
             "  ps: [localhost:auto]"
-    cluster = spec(tmp_path, "ps_coordinator.py", ["--epochs", "3", "--steps_per_epoch", "60",
-                                                    "--model_path", str(model)],
-                   tasks=tasks, strategy="parameter_server")
+    cluster = script_spec(tmp_path, "ps_coordinator.py",
+                          ["--epochs", "3", "--steps_per_epoch", "60", "--model_path", str(model)],
+                          tasks=tasks, strategy="parameter_server")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
     assert res.returncode == 0, res.output[-4000:]
     ev = events(run_dir)
@@ -171,16 +151,11 @@ def test_parameter_server_tutorial_coordinator_runs_unmodified(tmp_path: Path, r
     assert reload_accuracy(model) > 0.8
 
 
-def shown(run_dir: Path, task: str) -> dict:
-    log = (run_dir / "logs" / f"{task.replace(':', '-')}.log").read_text()
-    return json.loads(log.split("SHOW ", 1)[1].splitlines()[0])
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["script", "module"])
 def test_a_script_sees_argv_path_and_the_promised_environment(kind, tmp_path, run_dir):
-    cluster = spec(tmp_path, "show_env.py", ["--epochs", "3", "a b"],
-                   tasks="  chief: [localhost:auto]\n  worker: [localhost:auto]")
+    cluster = script_spec(tmp_path, "show_env.py", ["--epochs", "3", "a b"],
+                          tasks="  chief: [localhost:auto]\n  worker: [localhost:auto]")
     if kind == "module":
         cluster.write_text(cluster.read_text().replace("script: tests/scripts/show_env.py",
                                                        "module: tests.scripts.show_env"))
@@ -188,7 +163,7 @@ def test_a_script_sees_argv_path_and_the_promised_environment(kind, tmp_path, ru
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "0"}
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50, env=env)
     assert res.returncode == 0, res.output[-4000:]
-    chief, worker = shown(run_dir, "chief:0"), shown(run_dir, "worker:0")
+    chief, worker = shown_in_log(run_dir, "chief:0"), shown_in_log(run_dir, "worker:0")
     script = SCRIPTS / "show_env.py"
     assert chief["name"] == "__main__"
     assert chief["argv"] == [str(script), "--epochs", "3", "a b"]
@@ -210,18 +185,18 @@ def test_the_task_defaults_and_the_spec_wins(tmp_path, run_dir):
     wins, and its gRPC options (keepalives) are kept, the reconnect added."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("TF_USE_LEGACY_KERAS", "TF_GRPC_DEFAULT_OPTIONS")}
-    cluster = spec(tmp_path, "show_env.py", [], tasks="  worker: [localhost:auto]")
+    cluster = script_spec(tmp_path, "show_env.py", [], tasks="  worker: [localhost:auto]")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50, env=env)
     assert res.returncode == 0, res.output[-4000:]
-    shown_env = shown(run_dir, "worker:0")["env"]
+    shown_env = shown_in_log(run_dir, "worker:0")["env"]
     assert shown_env["TF_USE_LEGACY_KERAS"] == "1"
     assert shown_env["TF_GRPC_DEFAULT_OPTIONS"] == "grpc.initial_reconnect_backoff_ms=100"
-    cluster = spec(tmp_path, "show_env.py", [], tasks="  worker: [localhost:auto]",
-                   extra="env: {TF_USE_LEGACY_KERAS: '0', "
-                         "TF_GRPC_DEFAULT_OPTIONS: grpc.keepalive_time_ms=60000}\n")
+    cluster = script_spec(tmp_path, "show_env.py", [], tasks="  worker: [localhost:auto]",
+                          extra="env: {TF_USE_LEGACY_KERAS: '0', "
+                                "TF_GRPC_DEFAULT_OPTIONS: grpc.keepalive_time_ms=60000}\n")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir / "2"), timeout=50, env=env)
     assert res.returncode == 0, res.output[-4000:]
-    shown_env = shown(run_dir / "2", "worker:0")["env"]
+    shown_env = shown_in_log(run_dir / "2", "worker:0")["env"]
     assert shown_env["TF_USE_LEGACY_KERAS"] == "0"
     assert shown_env["TF_GRPC_DEFAULT_OPTIONS"] == \
         "grpc.keepalive_time_ms=60000,grpc.initial_reconnect_backoff_ms=100"
@@ -241,7 +216,7 @@ def test_grpc_options_keep_the_users_and_add_the_fast_reconnect(given: str, opti
 
 @pytest.mark.timeout(60)
 def test_a_script_that_raises_fails_its_task_with_the_traceback_shown(tmp_path, run_dir):
-    cluster = spec(tmp_path, "show_env.py", ["--fail"], tasks="  worker: [localhost:auto]")
+    cluster = script_spec(tmp_path, "show_env.py", ["--fail"], tasks="  worker: [localhost:auto]")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
     assert res.returncode == 1, res.output[-4000:]
     assert first(events(run_dir), "task_exited", "worker:0", returncode=1)
@@ -299,7 +274,8 @@ def test_a_script_exits_as_under_python_its_unclosed_file_flushed(kind, tmp_path
 
 @pytest.mark.timeout(60)
 def test_a_script_whose_port_never_listens_hits_the_startup_timeout(tmp_path, run_dir):
-    cluster = spec(tmp_path, "show_env.py", ["--sleep", "60"], tasks="  worker: [localhost:auto]")
+    cluster = script_spec(tmp_path, "show_env.py", ["--sleep", "60"],
+                                 tasks="  worker: [localhost:auto]")
     cluster.write_text(cluster.read_text().replace("startup_seconds: 120", "startup_seconds: 3"))
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
     assert res.returncode == 1, res.output[-4000:]
@@ -310,7 +286,7 @@ def test_a_script_whose_port_never_listens_hits_the_startup_timeout(tmp_path, ru
 @pytest.mark.tf
 @pytest.mark.timeout(120)
 def test_a_script_that_opts_in_reports_its_epochs(tmp_path, run_dir):
-    cluster = spec(tmp_path, "with_progress.py", [], tasks="  worker: [localhost:auto]")
+    cluster = script_spec(tmp_path, "with_progress.py", [], tasks="  worker: [localhost:auto]")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=100)
     assert res.returncode == 0, res.output[-4000:]
     ev = events(run_dir)
@@ -327,9 +303,9 @@ def test_a_script_that_opts_in_reports_its_epochs(tmp_path, run_dir):
     ({"module": "tests.jobs.faulty"}, None, None, "tests"),
 ])
 def test_a_lab_host_gets_the_code_directory_and_a_path_in_it(job, local, remote, synced):
-    from orchestrator.launch.ssh import job_packages
-    from orchestrator.plan import make_plan
-    from orchestrator.spec import parse_spec
+    from orchestrator.launch.ssh.backend import job_packages
+    from orchestrator.planning.plan import make_plan
+    from orchestrator.planning.spec import parse_spec
 
     spec = parse_spec({"name": "t", "job": job, "hosts": {"lab": {"address": "10.0.0.2"}},
                        "tasks": {"worker": ["lab:1"], "evaluator": ["localhost:2"]}})
@@ -343,8 +319,8 @@ def test_a_lab_host_gets_the_code_directory_and_a_path_in_it(job, local, remote,
 
 def test_a_script_job_survives_plan_json():
     """`tfo rerun` plans a script job again from plan.json."""
-    from orchestrator.plan import Plan, make_plan
-    from orchestrator.spec import parse_spec
+    from orchestrator.planning.plan import Plan, make_plan
+    from orchestrator.planning.spec import parse_spec
 
     spec = parse_spec({"name": "t", "job": {"script": "train.py", "args": ["--epochs", "3"]},
                        "tasks": {"worker": ["localhost:5"]}})
@@ -357,7 +333,8 @@ def test_a_script_job_survives_plan_json():
 @pytest.mark.timeout(60)
 def test_a_script_that_closes_its_stdout_and_stderr_still_succeeds(how, tmp_path, run_dir):
     """What a task does with its own descriptors cannot fail it: the markers have their own."""
-    cluster = spec(tmp_path, "close_output.py", ["--how", how], tasks="  worker: [localhost:auto]")
+    cluster = script_spec(tmp_path, "close_output.py", ["--how", how],
+                                 tasks="  worker: [localhost:auto]")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
     assert res.returncode == 0, res.output[-3000:]
     assert first(events(run_dir), "task_exited", "worker:0", returncode=0)
@@ -366,7 +343,7 @@ def test_a_script_that_closes_its_stdout_and_stderr_still_succeeds(how, tmp_path
 
 @pytest.mark.timeout(60)
 def test_an_exit_42_by_itself_reads_as_such_not_as_the_stop_after_it(tmp_path, run_dir):
-    cluster = spec(tmp_path, "exit_42.py", [])
+    cluster = script_spec(tmp_path, "exit_42.py", [])
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
     assert res.returncode == 1, res.output[-3000:]
     stopped = first(events(run_dir), "task_stopped", "worker:1")
@@ -379,7 +356,7 @@ def test_an_exit_42_by_itself_reads_as_such_not_as_the_stop_after_it(tmp_path, r
 
 @pytest.mark.timeout(60)
 def test_an_exit_42_that_fails_the_job_says_why_it_is_no_preemption(tmp_path, run_dir):
-    cluster = spec(tmp_path, "exit_42.py", ["--now"], tasks="  worker: [localhost:auto]")
+    cluster = script_spec(tmp_path, "exit_42.py", ["--now"], tasks="  worker: [localhost:auto]")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
     assert res.returncode == 1, res.output[-3000:]
     assert "worker:0 exited with exit code 42 (by itself: 42 is a preemption only after a " \
@@ -388,7 +365,7 @@ def test_an_exit_42_that_fails_the_job_says_why_it_is_no_preemption(tmp_path, ru
 
 @pytest.mark.timeout(60)
 def test_a_scripts_traceback_starts_at_the_users_file(tmp_path, run_dir):
-    cluster = spec(tmp_path, "show_env.py", ["--fail"], tasks="  worker: [localhost:auto]")
+    cluster = script_spec(tmp_path, "show_env.py", ["--fail"], tasks="  worker: [localhost:auto]")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
     assert res.returncode == 1, res.output[-3000:]
     log = (run_dir / "logs" / "worker-0.log").read_text()
@@ -415,7 +392,7 @@ def test_a_scripts_syntax_error_is_shown_as_python_shows_it(tmp_path, run_dir):
     script.write_text(BROKEN)
     plain = subprocess.run([PYTHON, str(script)], capture_output=True, text=True, timeout=30)
     assert plain.returncode == 1 and "SyntaxError" in plain.stderr, plain.stderr
-    cluster = write_spec(tmp_path / "cluster.yaml", SPEC.replace(
+    cluster = write_spec(tmp_path / "cluster.yaml", SCRIPT_SPEC.replace(
         "tests/scripts/{script}", str(script)).format(
         strategy="multi_worker_mirrored", args="[]", tasks="  worker: [localhost:auto]",
         policy="never"))
@@ -479,8 +456,8 @@ def test_a_lab_task_forked_without_setproctitle_is_titled_as_a_local_one(tmp_pat
     """A lab host's agent forks each wrapper (forkstart), and a python there may lack
     setproctitle: the wrapper and its task showed the agent's command line in ps
     (`python -m worker_entry.agent 15`). Both are titled by hand instead."""
-    from orchestrator.plan import make_plan
-    from orchestrator.spec import parse_spec
+    from orchestrator.planning.plan import make_plan
+    from orchestrator.planning.spec import parse_spec
 
     script = tmp_path / "train.py"
     script.write_text("import os, time\nprint('task', os.getpid(), flush=True)\ntime.sleep(60)\n")
@@ -512,7 +489,8 @@ def test_a_lab_task_forked_without_setproctitle_is_titled_as_a_local_one(tmp_pat
 
 @pytest.mark.timeout(60)
 def test_ps_shows_the_task_and_its_script(tmp_path, run_dir):
-    cluster = spec(tmp_path, "show_env.py", ["--sleep", "60"], tasks="  worker: [localhost:auto]")
+    cluster = script_spec(tmp_path, "show_env.py", ["--sleep", "60"],
+                                 tasks="  worker: [localhost:auto]")
     tfo = Tfo(cluster, run_dir)
     try:
         wrapper = psutil.Process(tfo.wait_event("task_started", "worker:0", timeout=30)["pid"])
@@ -551,8 +529,8 @@ def test_a_sidecar_evaluator_that_never_exits_ends_with_the_run(tmp_path: Path, 
     was done after 16 s. Now tfo says what it waits for, and stops the evaluator once it has
     been idle evaluator_idle_seconds (5 s) after the last checkpoint."""
     ckpt = tmp_path / "ckpt"
-    cluster = spec(tmp_path, "sidecar_evaluator.py", ["--checkpoint_dir", str(ckpt)],
-                   tasks="  worker: [localhost:auto]\n  evaluator: [localhost:auto]")
+    cluster = script_spec(tmp_path, "sidecar_evaluator.py", ["--checkpoint_dir", str(ckpt)],
+                          tasks="  worker: [localhost:auto]\n  evaluator: [localhost:auto]")
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
     assert res.returncode == 0, res.output[-4000:]
     assert "[tfo] training finished; waiting up to 60 s (timeouts.evaluator_seconds) for " \

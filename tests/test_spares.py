@@ -16,27 +16,27 @@ import psutil
 import pytest
 
 from orchestrator.launch.spares import SPARE_RSS, Spares, spares_pay_off, spares_wanted
-from orchestrator.plan import make_plan
-from orchestrator.spec import cluster_schema, parse_spec
+from orchestrator.planning.plan import make_plan
+from orchestrator.planning.spec import cluster_schema, parse_spec
 from tests.conftest import events, wait_until, write_spec
+from tests.helpers import Tfo, assert_restart_served_by_spares, kill_task, standbys
 from tests.procs import gone
-from tests.test_faults import Tfo, attempt_end, first, kill_task
 
 GIB = 2**30
 
 
 # ---- the `auto` rule ---------------------------------------------------------------------
 
-@pytest.mark.parametrize(("cpus", "available", "tasks", "on"), [
-    (2, 20 * GIB, 2, False),  # this lab's 2 cores: the spares' imports would slow the job
-    (4, 20 * GIB, 2, False),  # one core short: 2 × 2 + 1
-    (5, 20 * GIB, 2, True),
-    (5, 4 * SPARE_RSS - 1, 2, False),  # memory for the spares twice over: one byte short
-    (5, 4 * SPARE_RSS, 2, True),
-    (64, 200 * GIB, 0, False),  # no local training task: nothing to keep warm
+@pytest.mark.parametrize(("available", "tasks", "on"), [
+    (20 * GIB, 2, True),  # this 2-core machine: cores no longer count (issue 39)
+    (4 * SPARE_RSS - 1, 2, False),  # memory for the spares twice over: one byte short
+    (4 * SPARE_RSS, 2, True),
+    (2 * SPARE_RSS, 1, True),
+    (2 * SPARE_RSS, 2, False),
+    (200 * GIB, 0, False),  # no local training task: nothing to keep warm
 ])
-def test_auto_turns_spares_on_only_where_the_machine_has_room(cpus, available, tasks, on):
-    assert spares_pay_off(cpus, available, tasks) is on
+def test_auto_turns_spares_on_where_the_host_has_the_memory(available, tasks, on):
+    assert spares_pay_off(available, tasks) is on
 
 
 def plan(tmp_path: Path, workers: tuple[str, ...] = ("localhost:1", "localhost:2"),
@@ -52,9 +52,13 @@ def plan(tmp_path: Path, workers: tuple[str, ...] = ("localhost:1", "localhost:2
 def test_warm_spares_setting(tmp_path):
     from orchestrator.launch.preflight import HostCheck
 
-    def checks(local_cpus: int, lab_cpus: int | None, free: int = 20 * GIB) -> list[HostCheck]:
-        return [HostCheck("localhost", "127.0.0.1", cpus=local_cpus, mem_available=free),
-                HostCheck("lab1", "10.0.0.2", cpus=lab_cpus, mem_available=free)]
+    def checks(local: int | None, lab: int | None) -> list[HostCheck]:
+        """Each host's available memory, in standbys (SPARE_RSS); 2 cores each."""
+        def free(n: int | None) -> int | None:
+            return None if n is None else n * SPARE_RSS
+
+        return [HostCheck("localhost", "127.0.0.1", cpus=2, mem_available=free(local)),
+                HostCheck("lab1", "10.0.0.2", cpus=2, mem_available=free(lab))]
 
     both = frozenset({"worker:0", "worker:1"})
     mixed = ("me:1", "lab1:2")  # this machine under an address the lab can reach, and lab1
@@ -62,24 +66,23 @@ def test_warm_spares_setting(tmp_path):
     assert spares_wanted(plan(tmp_path, mixed, warm_spares=True), []) == both
     assert not spares_wanted(plan(tmp_path, warm_spares=False), checks(64, 64))
     assert not spares_wanted(plan(tmp_path, warm_spares=True, max_restarts=0), checks(64, 64))
-    # auto, the default: each host by its own cores and memory (2 × its tasks + 1 cores)
-    assert not spares_wanted(plan(tmp_path), checks(2, 64))  # 2 cores are not enough for 2
-    assert spares_wanted(plan(tmp_path), checks(5, None)) == both
-    assert not spares_wanted(plan(tmp_path), checks(5, None, free=4 * SPARE_RSS - 1))
-    assert spares_wanted(plan(tmp_path, mixed), checks(3, 2)) == {"worker:0"}
-    assert spares_wanted(plan(tmp_path, mixed), checks(2, 3)) == {"worker:1"}
+    # auto, the default: each host by its own memory (twice its tasks' standbys), 2 cores
+    assert spares_wanted(plan(tmp_path), checks(4, None)) == both
+    assert not spares_wanted(plan(tmp_path), checks(3, 64))
+    assert spares_wanted(plan(tmp_path, mixed), checks(2, 1)) == {"worker:0"}
+    assert spares_wanted(plan(tmp_path, mixed), checks(1, 2)) == {"worker:1"}
     assert spares_wanted(plan(tmp_path, mixed), checks(64, None)) == {"worker:0"}  # lab1: ?
-    assert not spares_wanted(plan(tmp_path, ("lab1:1", "lab1:2")), checks(64, 4))
-    assert spares_wanted(plan(tmp_path, ("lab1:1", "lab1:2")), checks(2, 5)) == both
+    assert not spares_wanted(plan(tmp_path, ("lab1:1", "lab1:2")), checks(64, 3))
+    assert spares_wanted(plan(tmp_path, ("lab1:1", "lab1:2")), checks(0, 4)) == both
     # Slurm: each node by the job's share of it (SlurmBackend's row per node)
     spec = parse_spec({"name": "t", "job": {"entry": "a.b:c"}, "tasks": {"worker": 3},
                        "backend": {"slurm": {"tasks_per_node": 2}}})
     on_nodes = make_plan(spec, run_id="t", run_dir=tmp_path / "run", workdir=tmp_path,
                          nodes={"worker:0": "n1", "worker:1": "n2", "worker:2": "n1"},
                          ports={"worker:0": 1, "worker:1": 1, "worker:2": 2})
-    assert spares_wanted(on_nodes, [HostCheck("n1", "", cpus=4, mem_available=20 * GIB),
-                                     HostCheck("n2", "", cpus=4, mem_available=20 * GIB)]) \
-        == {"worker:1"}  # n1: 2 tasks want 5 CPUs
+    assert spares_wanted(on_nodes, [HostCheck("n1", "", cpus=1, mem_available=3 * SPARE_RSS),
+                                     HostCheck("n2", "", cpus=1, mem_available=3 * SPARE_RSS)]) \
+        == {"worker:1"}  # n1: 2 tasks want 4 standbys' memory
     assert not spares_wanted(on_nodes, [HostCheck("slurm:lab", "", cpus=64)])  # no node rows
     restart = cluster_schema()["$defs"]["RestartSpec"]["properties"]
     assert "warm_spares" in restart  # `tfo schema`, for editors
@@ -145,11 +148,6 @@ timeouts: {{grace_seconds: 5}}
 """
 
 
-def standbys(run_dir: Path) -> dict[tuple[str, int], int]:
-    return {(e["task"], e["attempt"]): e["pid"] for e in events(run_dir)
-            if e["event"] == "task_standby_started"}
-
-
 def run_with_spares(run_dir: Path, tmp_path: Path, epochs: int, sleep: float,
                     act: Callable[[Tfo], Any]) -> Any:
     """`tfo run` of the 2-worker job with warm spares (one restart): once worker:1's standby
@@ -176,26 +174,6 @@ def test_sigkill_restart_is_served_by_the_warm_spare(run_dir: Path, tmp_path: Pa
     killed_at = run_with_spares(run_dir, tmp_path, 5, 2, kill)
     assert_restart_served_by_spares(run_dir, killed_at, -signal.SIGKILL)
     assert (run_dir / "model" / "saved_model" / "saved_model.pb").exists()
-
-
-def assert_restart_served_by_spares(run_dir: Path, killed_at: float, killed_rc: int,
-                                    ended_by: tuple[str, ...] = ("task_exited",),
-                                    within: float = 5.0) -> None:
-    """worker:1 was killed at `killed_at` (its attempt 0 ended by one of `ended_by`, with
-    `killed_rc`); both workers' attempt 1 were their standbys, started within `within` s of
-    the kill, resumed from the checkpoint, and the job succeeded."""
-    ev = events(run_dir)
-    ended = attempt_end(ev, "worker:1", 0, ended_by)
-    assert ended is not None and ended["returncode"] == killed_rc, ended
-    spares = standbys(run_dir)
-    assert set(spares) == {("worker:0", 1), ("worker:1", 1)}  # none for attempt 2: no restart
-    for task in ("worker:0", "worker:1"):
-        started = first(ev, "task_started", task, attempt=1)
-        assert started["warm"] is True and started["pid"] == spares[(task, 1)]
-        assert started["time"] - killed_at < within
-    resumed = [e["epoch"] for e in ev if e["event"] == "task_epoch" and e["attempt"] == 1]
-    assert resumed and min(resumed) >= 1, resumed  # from its checkpoint, not the start
-    assert ev[-1]["event"] == "job_finished" and ev[-1]["exit_code"] == 0
 
 
 def zombie_or_alive(pid: int) -> bool:

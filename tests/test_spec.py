@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.plan import make_policy
-from orchestrator.spec import RestartPolicy, Role, SpecError, Strategy, load_spec, parse_spec
+from orchestrator.planning.plan import make_policy
+from orchestrator.planning.spec import (
+    RestartPolicy,
+    Role,
+    SpecError,
+    Strategy,
+    load_spec,
+    parse_spec,
+)
 from tests.conftest import REPO, run_tfo, small_tmpfs, write_spec
 
 GOOD = """\

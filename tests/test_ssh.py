@@ -9,7 +9,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,42 +28,9 @@ from tests.conftest import (
     wait_until,
     write_spec,
 )
-from tests.test_faults import Tfo
+from tests.helpers import Tfo, host_yaml, lab_spec, stop
 
 pytestmark = [pytest.mark.ssh, SSH_LAB]
-
-
-def host_yaml(name: str, h: sshlab.SshHost, workdir: Path, **over: object) -> str:
-    fields = {"address": h.address, "port": h.port, "user": h.user, "key": h.key,
-              "known_hosts": h.known_hosts, "python": sys.executable, "workdir": str(workdir),
-              "connect_timeout_seconds": 3, **over}
-    return f"  {name}: {json.dumps(fields)}\n"
-
-
-@pytest.fixture(scope="module")
-def loopback_sshd(tmp_path_factory):
-    sshlab.ensure_openssh()
-    with sshlab.start_sshd(tmp_path_factory.mktemp("sshd")) as host:
-        yield host
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    ok, reason = sshlab.netns_supported()
-    if not ok:
-        pytest.skip(f"network namespaces are not permitted here: {reason}")
-    sshlab.ensure_openssh()
-    with sshlab.lab_hosts(tmp_path_factory.mktemp("lab")) as hosts:
-        yield hosts
-
-
-def stop(tfo: Tfo) -> None:
-    """Kill tfo and, on every host, anything of its run."""
-    tfo.close()
-    plan = tfo.run_dir / "plan.json"
-    if plan.exists():
-        for p in run_processes(json.loads(plan.read_text())["run_id"]):
-            kill_tree(p.pid)
 
 
 def netns_pids(ns: str) -> set[int]:
@@ -76,20 +42,6 @@ def listening(ns: str, port: int) -> bool:
     out = subprocess.run(["ip", "netns", "exec", ns, "ss", "-ltnH", f"sport = :{port}"],
                          capture_output=True, text=True, timeout=10)
     return f":{port}" in out.stdout
-
-
-def lab_spec(lab, tmp_path: Path, entry: str = "worker_entry.examples.digits:train",
-             args: str = "{epochs: 3}", **over: object) -> Path:
-    lab1, lab2 = lab
-    return write_spec(tmp_path / "lab.yaml", f"""\
-name: lab-mwms
-job: {{entry: "{entry}", args: {args}}}
-hosts:
-{host_yaml("lab1", lab1, tmp_path / "lab1", **over)}\
-{host_yaml("lab2", lab2, tmp_path / "lab2", **over)}
-tasks:
-  worker: [lab1:20000, lab2:20000]
-""")
 
 
 @pytest.mark.tf
@@ -275,9 +227,9 @@ env: {json.dumps({bad_key: "v", "NOTE": bad_value})}
     # the task's command is `env`, which prints the environment it was given.
     from dataclasses import replace
 
-    from orchestrator.launch.ssh import SshBackend
-    from orchestrator.plan import make_plan
-    from orchestrator.spec import load_spec
+    from orchestrator.launch.ssh.backend import SshBackend
+    from orchestrator.planning.plan import make_plan
+    from orchestrator.planning.spec import load_spec
 
     spec = load_spec(write_spec(tmp_path / "ok.yaml", text.replace(bad_key, "SAFE")))
     task = make_plan(spec, run_id="inject", run_dir=tmp_path / "run", workdir=tmp_path).tasks[0]
@@ -347,8 +299,8 @@ def test_sigkill_coordinator_leaves_no_standby_on_the_hosts(lab, run_dir: Path,
     tfo = Tfo(spares_spec(lab, tmp_path, 5, 30), run_dir)
     try:
         tfo.wait_event("task_standby_started", "worker:1", attempt=1, timeout=180)
+        from tests.helpers import standbys
         from tests.procs import gone
-        from tests.test_spares import standbys
 
         run_id = json.loads((run_dir / "plan.json").read_text())["run_id"]
         standby = standbys(run_dir)[("worker:1", 1)]
@@ -367,8 +319,8 @@ def test_a_restart_on_a_lab_host_is_served_by_its_warm_spare(lab, run_dir: Path,
                                                              tmp_path: Path):
     """warm_spares: true over SSH: each worker's standby waits on its own host, TensorFlow
     imported; a SIGKILLed worker's restart (both workers: one restart unit) gets them."""
-    from tests.test_faults import kill_task
-    from tests.test_spares import assert_restart_served_by_spares, gone, standbys
+    from tests.helpers import assert_restart_served_by_spares, kill_task, standbys
+    from tests.procs import gone
 
     lab2 = lab[1]
     spec = spares_spec(lab, tmp_path, 5, 2)
@@ -678,8 +630,7 @@ def test_a_failing_task_tears_down_ten_tasks_over_at_most_two_sessions(run_dir: 
 def test_eight_tasks_with_warm_spares_on_one_host(lab, run_dir: Path, tmp_path: Path):
     """8 tasks and their 8 standbys on one host (16 sessions, one per process, before):
     one task killed, the restart (all 8: one restart unit) served by the standbys."""
-    from tests.test_faults import kill_task
-    from tests.test_spares import standbys
+    from tests.helpers import kill_task, standbys
 
     lab1 = lab[0]
     spec = many_spec(tmp_path, lab1, 8, 600, "restart: {policy: on-failure, max_restarts: 1, "

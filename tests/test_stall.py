@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from orchestrator.stall import (
+from orchestrator.loop.stall import (
     IDLE_CPU,
     Pace,
     Stall,

@@ -1,5 +1,5 @@
 """`tfo --help` and `tfo plan` answer fast: the CLI imports its heavy modules only in the
-commands that use them (orchestrator/cli.py's docstring has the rule)."""
+commands that use them (orchestrator/cli/commands.py's docstring has the rule)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from orchestrator.startup import NO_PLUGINS
 from tests.conftest import REPO
 
-# What `import orchestrator.cli` must not pull in, and what each costs (CPU, this machine):
+# What `import orchestrator.cli.commands` must not pull in, and what each costs (CPU, this machine):
 # fabric+paramiko+invoke 0.16 s, tensorflow seconds, rich 0.05 s (0.2 s with typer's rich
 # help), pydantic 0.05 s plus its models, psutil 0.02 s, yaml 0.02 s.
 HEAVY = ("fabric", "paramiko", "invoke", "tensorflow", "tf_keras", "keras", "rich", "pydantic",
@@ -39,7 +39,8 @@ def imported_by(*args: str) -> tuple[set[str], subprocess.CompletedProcess]:
 
 @pytest.mark.timeout(60)
 def test_importing_the_cli_imports_nothing_heavy():
-    code = "import json, sys; import orchestrator.cli; print(json.dumps(sorted(sys.modules)))"
+    code = ("import json, sys; import orchestrator.cli.commands; "
+            "print(json.dumps(sorted(sys.modules)))")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 0, res.stderr
@@ -72,7 +73,7 @@ def test_plan_imports_no_ssh(cluster):
 # whether garbage is collected, and the task's PYDANTIC_DISABLE_PLUGINS.
 _AT_FIRST_START = """
 import gc, json, os, subprocess, sys
-from orchestrator import cli
+from orchestrator.cli import commands as cli
 seen = {}
 real = subprocess.Popen.__init__
 def popen(self, args, *a, **kw):

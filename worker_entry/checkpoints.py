@@ -10,7 +10,7 @@ read back (`restore` and `read` end in `Checkpoint.read`) is told in a `checkpoi
 `epoch`: on a restore, the checkpoint's own epoch variable where it has one (an integer
 scalar whose name says epoch: the custom-loop tutorial's `epoch`, tf-keras's
 `ckpt_saved_epoch`), as the script counts it. The coordinator matches a restore's path with
-the save it saw (orchestrator/resumes.py): where an attempt began, and what a restart lost.
+the save it saw (orchestrator/loop/resumes.py): where an attempt began, and what a restart lost.
 
     checkpoints.install(steps_done)   # autoprogress.install: hooks on TensorFlow's import
 """

@@ -6,7 +6,7 @@
 `install()` (python -m worker_entry, before any job code) watches the task's own `epoch` and
 `progress` markers (markers.emit: Keras's fit, a counted tf.function, `progress.report`), so
 every kind of job can be struck. TFO_FAULTS is read at the first such marker, not at the
-start: a pool standby (orchestrator/pool.py) gets its task's environment only at GO. Only the
+start: a pool standby (orchestrator/launch/pool.py) gets its task's environment only at GO. Only the
 first attempt is struck: a restart runs clean, and a test sees the recovery. `kill`: SIGKILL
 to the task itself (exit -9). `preempt`: SIGTERM to its wrapper, as a preemption notice comes
 (the task gets it with the job's grace, a sigterm marker says so). `stall`: the thread that

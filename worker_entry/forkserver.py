@@ -2,7 +2,7 @@
 
     python -m worker_entry.forkserver     # stdin: a SOCK_SEQPACKET socket to the coordinator
 
-A file of cluster tests (the pytest plugin's warm pool, orchestrator/pool.py) paid a
+A file of cluster tests (the pytest plugin's warm pool, orchestrator/launch/pool.py) paid a
 TensorFlow import per task: 1.3-1.4 s of a core each, 80 % of the kit's CPU, on 2 cores
 most of its wall time. This process imports TensorFlow and tf-keras once, as a pool standby
 would (`standby.warm_up`), with the pool standbys' environment, and then forks each standby's

@@ -1,4 +1,4 @@
-"""The host agent's wire format (worker_entry.agent ↔ orchestrator/launch/hostagent.py).
+"""The host agent's wire format (worker_entry.agent ↔ orchestrator/launch/ssh/hostagent.py).
 
 One SSH channel carries every task of a host, both ways, as frames:
 

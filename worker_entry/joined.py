@@ -6,7 +6,7 @@ task builds a distribution strategy or initializes DTensor.
 A launcher's whole point is that its tasks train together; a script that ignores TF_CONFIG
 (builds `MirroredStrategy`, no strategy, its own in-process cluster, DTensor without its
 variables) trains alone in every process and exits 0 all the same. The coordinator compares
-what each task says it joined with the plan's cluster (orchestrator/joined.py); this side
+what each task says it joined with the plan's cluster (orchestrator/loop/joined.py); this side
 only tells the facts, read from the strategy once built:
 
 - a `tf.distribute` strategy (every class TensorFlow defines: MultiWorkerMirrored and its

@@ -45,7 +45,7 @@ whose main thread only ever waits in select:
   wrapper watches the task's port (its TF_CONFIG address) and reports READY once it
   listens, i.e. once the script's strategy started its gRPC server. Entries and servers
   report their own. A one-process script opens no port: the coordinator takes its first
-  step as ready (orchestrator/supervise.py).
+  step as ready (orchestrator/loop/supervise.py).
 - TMPDIR, TEMP and TMP point into the task's temp dir (plan.py), which the wrapper makes
   before the task starts: TensorFlow's autograph files and anything else written through
   `tempfile` go with the task, even a SIGKILLed one.

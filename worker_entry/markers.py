@@ -3,7 +3,7 @@
 A marker is a line `@tfo {"event": "ready", ...}` that the task writes on a descriptor of
 its own (`use_channel`), not on its stdout: its wrapper reads it and passes it on in a frame
 of its own (worker_entry.channel), apart from the task's output, where the same text is
-only text. The coordinator checks each against its model in orchestrator.markers and
+only text. The coordinator checks each against its model in orchestrator.loop.markers and
 records it as an event. This side stays free of pydantic (it is all a lab host gets of tfo,
 with the job's own code).
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 class Role(str, Enum):
     """A task's type in TF_CONFIG. What each role does under a strategy is data:
-    orchestrator.strategy.RULES."""
+    orchestrator.planning.strategy.RULES."""
 
     CHIEF = "chief"
     WORKER = "worker"
@@ -175,7 +175,7 @@ SIGTERM = "sigterm"  # the task wrapper got SIGTERM and passed it on (`grace`: s
 EVALUATED = "evaluated"  # the evaluator evaluated a checkpoint (`epoch`, `metrics`)
 SAVED = "saved"  # the model was written (`path`, `chief`)
 # A script's own BackupAndRestore: the directory it keeps its backups in (`dir`, absolute on
-# the task's host), which an elastic resize reads and fills (orchestrator/resizing.py).
+# the task's host), which an elastic resize reads and fills (orchestrator/loop/resizing.py).
 BACKUP = "backup"
 # A tf.train.Checkpoint written or read back (`op`, `path`, `step`: steps this attempt had
 # done; a restore's `epoch`: the checkpoint's own), told by worker_entry/checkpoints.py.

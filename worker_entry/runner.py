@@ -21,7 +21,7 @@ from collections.abc import Callable
 from importlib.machinery import ModuleSpec
 from typing import Any, NoReturn
 
-from worker_entry import markers
+from worker_entry import markers, profiler
 from worker_entry.markers import Role, Strategy
 
 
@@ -172,6 +172,7 @@ def main() -> int:
                        **markers.dtensor_env(job["strategy"], cluster, role, index)}.items():
         os.environ.setdefault(key, value)
     markers.emit(markers.UP, pid=os.getpid(), host=socket.gethostname())
+    profiler.serve()  # TensorFlow's profiler service, once the task imports TensorFlow
     ps_job = job["strategy"] == Strategy.PARAMETER_SERVER
 
     if ps_job:  # TF's PS guide: RPC errors surface to the caller, so lost workers are retried

@@ -4,10 +4,10 @@
 
 Importing TensorFlow (and tf-keras, and an entry's module, which imports them; for a script
 or module job, the installed libraries it imports) is most of a task's start: seconds of a
-core. A standby does it while the attempt before its own still
-trains, then blocks on `go_fd` until its wrapper relays GO from the coordinator (the
-lifeline, worker_entry.lifeline). Nothing it does before GO may touch the task's port, its
-peers or its files: the attempt it will replace still owns them.
+core. A standby does it while the attempt before its own still trains, at the lowest CPU
+priority (`yield_cpu`, undone at GO), then blocks on `go_fd` until its wrapper relays GO
+from the coordinator (the lifeline, worker_entry.lifeline). Nothing it does before GO may
+touch the task's port, its peers or its files: the attempt it will replace still owns them.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import os
 import sys
 import sysconfig
 import tempfile
+import threading
 
 from worker_entry import defaults, markers, title
 
-# A pool standby (orchestrator/pool.py, the pytest plugin's warm pool) is started before its
+# A pool standby (orchestrator/launch/pool.py, the pytest plugin's warm pool) is started before its
 # job exists: its environment and directory come at GO, from the JSON file this names
 # (`{"env": {...}, "cwd": "..."}`), written by the coordinator just before it sends GO.
 POOL_ENV = "TFO_POOL_ENV"
@@ -111,15 +112,63 @@ def _installed(name: str, places: set[str]) -> bool:
     return os.path.realpath(spec.origin).startswith(tuple(places))
 
 
+def yield_cpu() -> int | None:
+    """The lowest CPU priority (nice 19) for the warm-up, so that a standby's import takes
+    no core from the tasks training beside it (issue 39: spares without spare cores), where
+    it can be undone at GO: tried first on a thread of its own (Linux's nice is a thread's),
+    which ends anyway. The priority to go back to; None where it stays as it is."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    undone: list[bool] = []
+
+    def trial() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 19)
+            os.setpriority(os.PRIO_PROCESS, 0, before)  # needs CAP_SYS_NICE or RLIMIT_NICE
+            undone.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=trial, name="tfo-nice-trial")
+    thread.start()
+    thread.join()
+    if not undone or before >= 19:
+        return None
+    os.setpriority(os.PRIO_PROCESS, 0, 19)
+    return before
+
+
+def restore_cpu(priority: int | None) -> None:
+    """Every thread back to `priority` (what the import started inherited its 19)."""
+    if priority is None:
+        return
+    with contextlib.suppress(OSError):
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, int(tid), priority)
+
+
 def serve(go_fd: int) -> None:
-    """Warm up, then wait for GO on `go_fd`; without it (the wrapper is gone), exit."""
+    """Warm up, then wait for GO on `go_fd`; without it (the wrapper is gone), exit. GO is
+    awaited from the start, on a thread: one that comes while the import still runs (a
+    restart soon after the standby's start, a loaded machine) gives the import its normal
+    priority back at once, not after it finished at nice 19."""
+    priority = yield_cpu()
+    came = threading.Event()
+
+    def await_go() -> None:
+        try:
+            go = os.read(go_fd, 1)
+        except OSError:
+            go = b""
+        if go != markers.GO:
+            os._exit(0)
+        restore_cpu(priority)
+        came.set()
+
+    threading.Thread(target=await_go, name="tfo-standby-go", daemon=True).start()
     warm_up()
-    try:
-        go = os.read(go_fd, 1)
-    except OSError:
-        go = b""
-    if go != markers.GO:
-        os._exit(0)
+    came.wait()
+    restore_cpu(priority)  # a thread the import started while the other restored
     os.close(go_fd)
     if adopt_pool_env():
         title.set_title(title.describe(os.environ, room=title.room()))

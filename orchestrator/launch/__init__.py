@@ -14,21 +14,52 @@ in BACKENDS (orchestrator/launch/backends.py): a host backend (local, ssh) start
 the hosts the cluster file names; a scheduler (slurm) has `options`, the model of its
 `backend: {KIND: {…}}` request, and places the tasks itself. The supervisor never asks
 where a task runs.
+
+This module is the contract (TaskHandle, Backend, what a backend reports of a host);
+`ssh/` holds the lab hosts' side, `pool` and `forkserver` the warm processes, `output` a
+task's lines. May import: planning, runs, errors, worker_entry. Never the loop, elastic or
+the CLI.
 """
 
 from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from orchestrator.launch.gpus import GpuReport
-    from orchestrator.launch.preflight import HostCheck
-    from orchestrator.plan import Plan, TaskPlan
-    from orchestrator.spec import ClusterSpec, HostSpec, SchedulerOptions
+    from orchestrator.planning.plan import Plan, TaskPlan
+    from orchestrator.planning.spec import ClusterSpec, HostSpec, SchedulerOptions
 
 Say = Callable[[str], None]
+
+
+# What a backend reports of a host (Backend.gpus, Backend.check): nvidia-smi's GPUs, and
+# the preflight's row (launch.preflight fills it).
+@dataclass(frozen=True)
+class GpuReport:
+    ids: list[int]
+    note: str = ""  # why there are none, when nvidia-smi could not tell
+
+    def __str__(self) -> str:
+        listed = f"{len(self.ids)} ({','.join(map(str, self.ids))})" if self.ids else "none"
+        return f"{listed} ({self.note})" if self.note else listed
+
+
+@dataclass
+class HostCheck:
+    host: str
+    address: str
+    reachable: bool = False
+    python: str | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+    ports: list[int] = field(default_factory=list)
+    gpus: GpuReport | None = None  # what nvidia-smi -L reports there
+    cpus: int | None = None
+    mem_available: int | None = None  # bytes
+    sessions: int | None = None  # SSH sessions tfo holds there at most at once (its agent's)
+    problems: list[str] = field(default_factory=list)
 
 
 class TaskHandle(Protocol):

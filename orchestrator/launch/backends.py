@@ -8,6 +8,41 @@
 the default). A kind whose class has `options` is a scheduler: `backend: {KIND: {…}}` names
 it, and its `place` puts the tasks on its nodes before ports are allocated (`slurm`: steps of
 one allocation). A new backend is its module and one line here (tests/fake_backend.py).
+
+Design: Schedulers: backends that place the tasks
+====================
+
+Every step before the plan is a method of the `Backend` protocol (launch/__init__.py), asked
+by `Backends` of the kinds the job uses: `place` (the node of each task a scheduler places;
+a host backend places nothing), `allocate` (ports), `gpus` (hosts whose gpus are `auto`),
+`check` (the preflight), `sync`, `start`, `close`. A host backend (`local`, `ssh`;
+`HostBackend`) starts tasks on the hosts the cluster file names. A scheduler is a backend
+whose class has `options`, the pydantic model (a `spec.SchedulerOptions`) of its request:
+the spec's `backend: {KIND: {…}}` names it by its kind and the spec validates the request by
+that model, found in the registry (`launch.backends.schedulers()`, imported only for a file
+that has `backend:`), so its errors name `backend.KIND.field`; a kind that is none is
+`backend: unknown kind 'pbs'; the schedulers' kinds are slurm`. Its job gives counts per
+role (`worker: 2`); each becomes a task whose host is the kind until `place` names its node
+(`plan.placement`: `Placement(KIND, node, node)`); its tasks run in tfo's workdir with tfo's
+python (its nodes share the file system). `--on KIND` (`quick.on_scheduler`) hands a cluster
+file's job to one; `tfo export` asks the request for each role's GPUs (`gpus_for`).
+`tests/fake_backend.py`'s `FakeScheduler` (about 50 lines with its request) is one: a test
+registers it in one line and runs a real job through `pipeline.run` with it.
+
+Slurm (`launch/slurm.py`, `SlurmSpec` its request): `SlurmBackend.place` runs `salloc` as
+tfo's child (its own session; its command prints the node list and then reads a pipe tfo
+holds, so tfo's death, even SIGKILL, ends the allocation; PDEATHSIG sends salloc SIGHUP,
+which withdraws a request still in the queue — not SIGTERM, after which a granted salloc
+22.05 spins forever), reports squeue's reason while the job is pending (before the
+supervisor starts: queue time never counts against the startup timeout), and maps task i in
+start order to node i mod N (`assign_nodes`). `allocate` then asks every node for free ports
+in one step, and `make_plan(nodes=…)` gives each task `Placement("slurm", node, node)`; the
+tasks run in tfo's workdir with tfo's python (the nodes share the file system). Each start
+is a job step, `srun --jobid J -N1 -n1 -w NODE --overlap` named `tfo.<task>.<attempt>`;
+`SlurmHandle` is srun's output and exit (128+N → -N), `terminate`/`kill` are `scancel
+--signal=TERM|KILL` of the step, and srun forwards its stdin, our pipe, to the wrapper as
+its lifeline. `SlurmBackend.close` (Ctrl-C, failure, success) is `scancel` of the job.
+`tests/slurmlab.py` brings up a real two-node Slurm in network namespaces for the tests.
 """
 
 from __future__ import annotations
@@ -19,10 +54,18 @@ from orchestrator.launch import Backend, Say, TaskHandle, one_by_one
 from orchestrator.launch.gpus import GpuReport, auto_hosts, gpu_problem
 from orchestrator.launch.local import LocalBackend
 from orchestrator.launch.preflight import HostCheck, same_versions
-from orchestrator.launch.slurm import SLURM, SlurmBackend
-from orchestrator.launch.ssh import SshBackend
-from orchestrator.plan import Plan, TaskPlan, placement, task_name
-from orchestrator.spec import ClusterSpec, HostSpec, SpecError
+from orchestrator.launch.slurm import SlurmBackend
+from orchestrator.launch.ssh.backend import SshBackend
+from orchestrator.planning.plan import (
+    Plan,
+    TaskPlan,
+    placement,
+    profiled,
+    profiler_key,
+    task_name,
+)
+from orchestrator.planning.slurmspec import SLURM
+from orchestrator.planning.spec import ClusterSpec, HostSpec, SpecError
 
 BACKENDS: dict[str, type[Backend]] = {
     "local": LocalBackend,
@@ -84,13 +127,17 @@ class Backends:
         return nodes
 
     def allocate(self, spec: ClusterSpec) -> dict[str, int]:
-        """Ports for the `auto` tasks, each from its own backend, all distinct."""
+        """Ports for the `auto` tasks and the profilers (`profiler_key`), each from its own
+        backend, all distinct."""
         taken = {a.port for _, _, a in spec.tasks.all() if a.port is not None}
         wanted: dict[str, list[str]] = {}
         for role, index, addr in spec.tasks.all():
             if addr.port is None:
                 kind = placement(spec, addr.host).kind
                 wanted.setdefault(kind, []).append(task_name(role, index))
+        kinds = {task_name(r, i): placement(spec, a.host).kind for r, i, a in spec.tasks.all()}
+        for name in profiled(spec):  # after the tasks': theirs are as they were
+            wanted.setdefault(kinds[name], []).append(profiler_key(name))
         ports: dict[str, int] = {}
         for kind, names in wanted.items():
             got = self.get(kind).allocate(names, taken | set(ports.values()))

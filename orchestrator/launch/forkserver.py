@@ -5,7 +5,7 @@ forked from one process that imported TensorFlow, instead of each exec'd to impo
     proc = forks.spawn(env, cwd)                 # a Popen-like wrapper process, or None
     forks.close()
 
-Only the warm pool uses it (orchestrator/pool.py): its standbys all share one environment
+Only the warm pool uses it (orchestrator/launch/pool.py): its standbys all share one environment
 at their start, fixed before any job exists. `spawn` answers None (the caller execs as
 before) where a fork would not give what an exec gives (another interpreter or startup
 variables: worker_entry.forkstart.can_fork) or where the server failed; a failed server is

@@ -1,8 +1,8 @@
 """What GPUs a host has, as `nvidia-smi -L` tells: for `gpus: auto` and `tfo check`.
 
     local_gpus()                         # GpuReport(ids=[0, 1], note='') on this machine
-    remote_gpus(conn)                    # the same over an open SSH connection
-    auto_gpus(spec, hosts)               # {"lab1": [0, 1, 2, 3]}: every `auto` host asked
+    auto_gpus(spec, remote)              # {"lab1": [0, 1, 2, 3]}: every `auto` host asked
+                                         # (lab hosts by `remote`: ssh.backend.remote_gpus)
 
 Not pure (it runs a program), so it stays out of the plan: its answer is make_plan's `gpus`.
 A host without nvidia-smi, or where it fails, has no GPUs, with a note saying why.
@@ -13,32 +13,19 @@ from __future__ import annotations
 import functools
 import re
 import subprocess
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from orchestrator.devices import gpus_field
-from orchestrator.launch import BackendError
-from orchestrator.spec import LOCALHOST, ClusterSpec
+from orchestrator.launch import BackendError, GpuReport
+from orchestrator.planning.devices import gpus_field
+from orchestrator.planning.spec import LOCALHOST, ClusterSpec
 
-if TYPE_CHECKING:  # ssh.py imports preflight, which imports this module
-    import fabric
-
-    from orchestrator.launch.ssh import SshBackend
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 NVIDIA_SMI = "nvidia-smi -L"
 TIMEOUT_SECONDS = 20.0
 # "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-…)"; MIG lines below a GPU are not GPUs of their own.
 _GPU_LINE = re.compile(r"^GPU (\d{1,4}):", re.M)
-
-
-@dataclass(frozen=True)
-class GpuReport:
-    ids: list[int]
-    note: str = ""  # why there are none, when nvidia-smi could not tell
-
-    def __str__(self) -> str:
-        listed = f"{len(self.ids)} ({','.join(map(str, self.ids))})" if self.ids else "none"
-        return f"{listed} ({self.note})" if self.note else listed
 
 
 def parse(returncode: int, stdout: str, stderr: str) -> GpuReport:
@@ -65,20 +52,6 @@ def local_gpus() -> GpuReport:
     return parse(res.returncode, res.stdout, res.stderr)
 
 
-def remote_gpus(conn: fabric.Connection) -> GpuReport:
-    """Over an open connection (SshBackend keeps it), for `gpus: auto` before the plan (the
-    preflight's probe asks its own)."""
-    from orchestrator.launch.remote import run_remote
-
-    try:
-        status, out, err = run_remote(conn, NVIDIA_SMI, TIMEOUT_SECONDS)
-    except Exception as e:  # noqa: BLE001 - a refused session or a dropped connection
-        return GpuReport([], f"nvidia-smi -L: {e or type(e).__name__}")
-    if status is None:
-        return GpuReport([], f"nvidia-smi -L gave no answer in {TIMEOUT_SECONDS:.0f} s")
-    return parse(status, out, err)
-
-
 def auto_hosts(spec: ClusterSpec) -> list[str]:
     """The hosts with tasks whose gpus are `auto`."""
     listed = {LOCALHOST: spec.localhost.gpus, **{n: h.gpus for n, h in spec.hosts.items()}}
@@ -86,16 +59,17 @@ def auto_hosts(spec: ClusterSpec) -> list[str]:
     return [h for h in used if listed.get(h) == "auto"]
 
 
-def auto_gpus(spec: ClusterSpec, hosts: SshBackend | None) -> dict[str, GpuReport]:
-    """Ask every `auto` host; lab hosts only with `hosts` (a dry run leaves them unknown).
+def auto_gpus(spec: ClusterSpec, remote: Callable[[str], GpuReport] | None = None,
+              ) -> dict[str, GpuReport]:
+    """Ask every `auto` host; lab hosts only with `remote` (a dry run leaves them unknown).
     A lab host that cannot be reached stays unknown too: the preflight reports it."""
     reports = {}
     for name in auto_hosts(spec):
         if name == LOCALHOST:
             reports[name] = local_gpus()
-        elif hosts is not None:
+        elif remote is not None:
             try:
-                reports[name] = remote_gpus(hosts.connection(name))
+                reports[name] = remote(name)
             except BackendError:
                 continue
     return reports

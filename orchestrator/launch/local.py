@@ -34,14 +34,14 @@ from orchestrator.launch.output import TaskOutput, close_pipes, pipe_output, sen
 from orchestrator.launch.ports import free_ports
 from orchestrator.launch.preflight import HostCheck, check_local, run_owner
 from orchestrator.launch.spares import DISCARD_SECONDS, Spares
-from orchestrator.plan import Plan, TaskPlan
-from orchestrator.spec import HostSpec
+from orchestrator.planning.plan import Plan, TaskPlan
+from orchestrator.planning.spec import HostSpec
 from worker_entry import markers
 from worker_entry.portlocks import Reservations, owner_line
 
 if TYPE_CHECKING:
     from orchestrator.launch.forkserver import Forked, ForkServer
-    from orchestrator.pool import WarmPool
+    from orchestrator.launch.pool import WarmPool
 
 
 def task_env(task: TaskPlan, attempt: int, shim: Path | None) -> dict[str, str]:
@@ -63,6 +63,7 @@ class LocalHandle:
                  shim: Path | None = None, forks: ForkServer | None = None) -> None:
         self.task, self.attempt = task, attempt
         self.warm = False  # a standby that was told to go
+        self.path = "cold"  # how it started (task_started's `path`): cold, forked or warm
         env = task_env(task, attempt, shim)
         if standby:
             env[markers.STANDBY_ENV] = "1"
@@ -74,6 +75,8 @@ class LocalHandle:
             task.command, cwd=task.cwd, env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, bufsize=0,
         )
+        if not isinstance(self._proc, subprocess.Popen):
+            self.path = "forked"
         self._pgid = self._proc.pid  # start_new_session: the leader's pid is the group id
         orphans.started(self._proc.pid)
         self._reaped_at: float | None = None
@@ -90,6 +93,8 @@ class LocalHandle:
         """A standby's turn: it runs as a task started now would (worker_entry.standby)."""
         send_lifeline(self._proc, markers.GO)
         self.warm = True
+        if self.path == "cold":  # a pool standby forked from its server stays `forked`
+            self.path = "warm"
         self._output = self._read_output()
 
     @property
@@ -167,9 +172,10 @@ class LocalBackend(HostBackend):
 
     def __init__(self, hosts: Mapping[str, HostSpec]) -> None:
         self._spares = Spares(lambda task, attempt: LocalHandle(
-            task, attempt, standby=True, shim=self._shim(task)))
+            task, attempt, standby=True, shim=self._shim(task)),
+            startup=lambda task, attempt: task_env(task, attempt, self._shim(task)))
         self._built: tuple[Path | None, str | None] | None = None  # loopback.try_build's
-        self.pool: WarmPool | None = None  # processes warm before their job (orchestrator/pool.py)
+        self.pool: WarmPool | None = None  # processes warm before their job (launch/pool.py)
         # This job's ports, held until `close` (the job's end): another job asking for one
         # of them, together or between two attempts of its task, is told whose it is.
         self._ports = Reservations(owner_line(None, None))
@@ -196,7 +202,11 @@ class LocalBackend(HostBackend):
         """The ports reserved first (every task's: they are held until `close`), then
         checked free."""
         self._ports.rename(run_owner(tasks))
-        return [check_local(tasks, self._ports.reserve_all([t.port for t in tasks]))]
+        row = check_local(tasks, self._ports.reserve_all([t.port for t in tasks]))
+        for t in tasks:  # a profiler's port held elsewhere costs its profile, not the run
+            if t.profiler_port is not None:
+                self._ports.reserve(t.profiler_port)
+        return [row]
 
     def sync(self, plan: Plan, tasks: list[TaskPlan]) -> list[str]:
         """Local tasks run in the workdir, where the code is. Here, once before the first

@@ -23,6 +23,31 @@ The library is built at first use with the system's C compiler (`cc`, 0.1-0.3 s)
 `$XDG_CACHE_HOME/tfo/` (~/.cache/tfo), named by its source's hash, and reused from then on.
 Where it cannot be built (no compiler), the tasks listen on every interface and tfo says
 so once, at the start, with what the user can do (`unconfined_warning`).
+
+Design: Who can reach a task's servers
+====================
+
+TensorFlow's gRPC servers have no authentication and run the operations any client sends,
+and TF 2.21 gives no way to say where they listen: `GrpcServer::Init` listens on
+`0.0.0.0:`/`[::]:` plus the port, and neither ServerDef, ConfigProto nor an environment
+variable (it reads TF_GRPC_REUSE_PORT and TF_GRPC_DEFAULT_OPTIONS) names an address; gRPC
+binds `[::]` dual-stack, every interface. So when a task's whole cluster is on this machine
+(`loopback.loopback_only`: every TF_CONFIG address `localhost`, 127.0.0.1 or ::1), the local
+backend starts it with `LD_PRELOAD` of a 60-line C library (`launch/loopback.py`) whose
+`bind()` turns a TCP bind to every interface into one to the loopback (0.0.0.0 → 127.0.0.1;
+`[::]` → `::ffff:127.0.0.1` on a dual-stack socket, `::1` on an IPv6-only one). TensorFlow
+calls libc's `bind` through the PLT (libtensorflow_cc.so.2 imports it), and the environment
+reaches everything the task starts; `connect()` and UDP are untouched, so the task reaches
+out as before. Chosen over an unprivileged user and network namespace (no route out without
+slirp4netns or pasta, which a user may not have) and a firewall rule or cgroup BPF bind hook
+(root). The library is built at first use with the system's `cc` (0.05-0.08 s) into
+`~/.cache/tfo/loopback-<hash of its source>.so` (atomically: a concurrent tfo never loads
+half a file) and found there from then on; a task starts in the same time with it (26.3 ms
+for `python -m worker_entry.markers`, median of 20, both ways). Where it cannot be built,
+`LocalBackend.sync` returns one warning, printed at the start: the ports, that they listen
+on every interface, and what to do (install a C compiler, or a trusted network or firewall).
+Lab jobs listen on every interface of their hosts: `tfo check` says so with the hosts and
+ports, and that the network must be trusted (`listen_note`).
 """
 
 from __future__ import annotations
@@ -37,7 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from orchestrator.plan import TaskPlan
+    from orchestrator.planning.plan import TaskPlan
 
 SHIM_SOURCE = r"""
 #define _GNU_SOURCE

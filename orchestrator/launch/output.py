@@ -32,9 +32,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, BinaryIO
 
-from orchestrator import wakeup
-from orchestrator.console import overstrike
-from orchestrator.rundir import write_back
+from orchestrator.launch import wakeup
+from orchestrator.launch.printable import overstrike
+from orchestrator.runs.rundir import write_back
 from worker_entry import channel, markers
 
 if TYPE_CHECKING:

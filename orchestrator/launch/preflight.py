@@ -17,20 +17,19 @@ import os
 import shlex
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.console import printable
-from orchestrator.launch import BackendError
+from orchestrator.launch import BackendError, HostCheck
 from orchestrator.launch.gpus import TIMEOUT_SECONDS as GPU_SECONDS
-from orchestrator.launch.gpus import GpuReport, local_gpus
+from orchestrator.launch.gpus import local_gpus
 from orchestrator.launch.gpus import parse as parse_gpus
-from orchestrator.launch.hostagent import SshError, exports
 from orchestrator.launch.ports import port_problem
-from orchestrator.launch.remote import PROBE_SECONDS, close_channel, open_command
-from orchestrator.plan import TaskPlan
-from orchestrator.spec import LOCALHOST, HostSpec
+from orchestrator.launch.printable import printable
+from orchestrator.launch.ssh.hostagent import SshError, exports
+from orchestrator.launch.ssh.remote import PROBE_SECONDS, close_channel, open_command
+from orchestrator.planning.plan import TaskPlan
+from orchestrator.planning.spec import LOCALHOST, HostSpec
 from worker_entry import portlocks
 
 TF_PACKAGES = ("tensorflow", "tf_keras")
@@ -125,21 +124,6 @@ if select.select([0], [], [], asked.get("agent_wait", 0))[0]:
 reservations.close()
 """
 AGENT_WAIT_SECONDS = 600.0  # a probe waits this long to become its host's agent
-
-
-@dataclass
-class HostCheck:
-    host: str
-    address: str
-    reachable: bool = False
-    python: str | None = None
-    versions: dict[str, str | None] = field(default_factory=dict)
-    ports: list[int] = field(default_factory=list)
-    gpus: GpuReport | None = None  # what nvidia-smi -L reports there
-    cpus: int | None = None
-    mem_available: int | None = None  # bytes
-    sessions: int | None = None  # SSH sessions tfo holds there at most at once (its agent's)
-    problems: list[str] = field(default_factory=list)
 
 
 def run_owner(tasks: list[TaskPlan]) -> str:
