@@ -12,6 +12,11 @@ clusters at once, where the hang was seen: 1 run in 3 of a 3-test file). A test'
 fails at its stall check or at `DEADLINE` s, so a hang costs one test, not the soak, and is
 told apart from other failures by its result (a stall or the deadline).
 
+While it runs, `HangCatcher` watches the soak's tasks: one that has lived `OLD` s and used
+under 2 % of a core for the last `IDLE` s has its native and Python stacks
+taken (gdb, py-spy where installed) with the sockets of every kit process (`ss`), into the
+soak's directory: the evidence a hang leaves, before the stall check kills it.
+
 The project imports tfo from this checkout (its packages linked in), whatever the
 environment installed.
 """
@@ -21,8 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -104,12 +111,106 @@ def session(root: Path, xdist: bool, out: Path) -> dict:
     return got
 
 
+class HangCatcher(threading.Thread):
+    """Takes the stacks of a soak task that sits idle in its entry (see the module's doc)."""
+
+    POLL, OLD, IDLE, IDLE_CPU = 5.0, 40.0, 25.0, 0.02
+
+    def __init__(self, root: Path, out: Path) -> None:
+        super().__init__(daemon=True)
+        self.root, self.out = str(root), out
+        self.caught: list[str] = []  # a file per hung task
+        self._seen: dict[int, list[tuple[float, float]]] = {}  # pid: (when, CPU s) samples
+        self._taken: set[int] = set()
+        self._done = threading.Event()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+    def run(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self._done.wait(self.POLL):
+            now = time.monotonic()
+            for pid, cpu, age in self._tasks(tick):
+                samples = self._seen.setdefault(pid, [])
+                samples.append((now, cpu))
+                old = [c for t, c in samples if now - t >= self.IDLE]
+                if (age > self.OLD and old and cpu - old[-1] < self.IDLE_CPU * self.IDLE
+                        and pid not in self._taken):
+                    self._taken.add(pid)
+                    self._take(pid)
+            self._seen = {p: v for p, v in self._seen.items() if os.path.exists(f"/proc/{p}")}
+
+    def _tasks(self, tick: int) -> list[tuple[int, float, float]]:
+        """(pid, CPU s, age s) of each soak task in its directory: a process named
+        `tfo-<task>` (a standby waiting for GO is `tfo-task`) whose parent is too (its
+        wrapper, idle by design, is not one). By the name, not the command line: a forked
+        task's shows the fork server's."""
+        stats, found = {}, []
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    stat = f.read()
+                comm = stat[stat.find(b"(") + 1:stat.rfind(b")")]
+                if comm.startswith(b"tfo-") and comm != b"tfo-task" \
+                        and os.readlink(f"/proc/{name}/cwd").startswith(self.root):
+                    stats[int(name)] = stat[stat.rfind(b")") + 2:].split()
+            except OSError:
+                continue
+        for pid, fields in stats.items():
+            if int(fields[1]) in stats:  # its parent is a tfo- process: its wrapper
+                cpu = (int(fields[11]) + int(fields[12])) / tick
+                found.append((pid, cpu, uptime - int(fields[19]) / tick))
+        return found
+
+    def _take(self, pid: int) -> None:
+        path = self.out / f"hang-{pid}.txt"
+        parts = [f"pid {pid}, caught {time.strftime('%H:%M:%S')}"]
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                parts.append(f.read().strip())
+        except OSError:
+            return  # gone meanwhile: it was not hung
+        commands = [["ss", "-tanp"], ["gdb", "-p", str(pid), "-batch", "-ex",
+                                      "thread apply all bt"]]
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if os.path.exists(spy):
+            commands.append([spy, "dump", "--native", "--pid", str(pid)])
+        for command in commands:
+            try:
+                res = subprocess.run(command, capture_output=True, text=True, timeout=90)
+                parts.append(f"$ {' '.join(command)}\n{res.stdout}{res.stderr}")
+            except (OSError, subprocess.TimeoutExpired) as e:
+                parts.append(f"$ {' '.join(command)}: {e}")
+        path.write_text("\n\n".join(parts))
+        self.caught.append(str(path))
+
+
 def soak(tmp: Path, runs: int, tests: int = 10, say=print) -> dict:  # noqa: ANN001
     """`runs` kit runs in sessions of `tests`, plain and under -n 2 alternately (a plain
     session first); stops early at a hang (kept for its stacks, in the run's events)."""
     root = project(tmp / "kit-soak", tests)
     total = {"runs": 0, "passed": 0, "hangs": [], "failed": [], "slowest": 0.0,
              "seconds": 0.0, "sessions": []}
+    catcher = HangCatcher(root, tmp)
+    catcher.start()
+    try:
+        _sessions(root, tmp, runs, tests, total, say)
+    finally:
+        catcher.stop()
+    total["stacks"] = catcher.caught
+    for path in catcher.caught:
+        say(f"  stacks of a hung task: {path}")
+    return total
+
+
+def _sessions(root: Path, tmp: Path, runs: int, tests: int, total: dict,
+              say) -> None:  # noqa: ANN001
     i = 0
     while total["runs"] < runs:
         n = min(tests, runs - total["runs"])
@@ -133,7 +234,6 @@ def soak(tmp: Path, runs: int, tests: int = 10, say=print) -> dict:  # noqa: ANN
             say("  " + line.replace("\n", "\n  "))
         if got["hangs"]:
             break
-    return total
 
 
 def main() -> int:
@@ -147,8 +247,8 @@ def main() -> int:
     sys.path.insert(0, str(REPO))  # `python bench/kitsoak.py`: bench.kit
     tmp = args.dir or Path(tempfile.mkdtemp(prefix="tfo-kitsoak-"))
     total = soak(tmp, args.runs, args.tests)
-    print(json.dumps({k: (len(v) if isinstance(v, list) and k != "sessions" else v)
-                      for k, v in total.items() if k != "sessions"}))
+    print(json.dumps({k: (len(v) if isinstance(v, list) and k not in ("sessions", "stacks")
+                          else v) for k, v in total.items() if k != "sessions"}))
     return 0 if not total["hangs"] and not total["failed"] else 1
 
 

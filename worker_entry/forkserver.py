@@ -23,17 +23,24 @@ What a fork shares that an exec would not, and is undone here: numpy's global ra
 itself after a fork). What is shared and left: the hash seed (every task of the pool orders
 a set of strings alike) and the memory, copy-on-write.
 
-Safe to fork only from one thread: a fork copies the memory of every thread but runs
-only the caller, so a lock another thread held (malloc's, a thread pool's, gRPC's or absl's)
-stays held for good in the child, and a runtime that believes its threads exist waits for
-them forever. After its import TensorFlow has made no op, context, thread pool nor gRPC
-channel (measured: `threading.enumerate()` and /proc/self/task after the import); the only
-threads are OpenBLAS's (numpy's and scipy's), parked on a condition variable, which
-OpenBLAS's own pthread_atfork handler joins before any fork. So the server forks once and
-discards the child (`quiesce`: every library's atfork handler runs), then checks before each
-fork that it is alone (`threads`); where it is not (a library that started a thread at its
-import), it refuses, and the pool execs its standbys as before. The coordinator's end:
-orchestrator/launch/forkserver.py.
+Why a forked task is as sound as an exec'd one (issue 37 item 9; the measurements are
+bench/forkstate.py's, in docs/evidence/kit-hang/): a fork copies a process's memory but
+runs only the forking thread, so what breaks in the child is state that lives outside
+that memory or that other threads were keeping: their locks and work, an event loop's
+kernel objects (one epoll set or eventfd is shared by every child), writable shared
+memory, and a random state seeded once for all. The server forks before any of that
+exists. After TensorFlow's and tf-keras's import it has no eager context (so no thread
+pool, no gRPC: they start with the task's strategy, in the task), no descriptor but its
+channel and log, no writable shared mapping, and TensorFlow's random state is seeded at
+its first use (each child draws its own numbers). Its only other threads are OpenBLAS's
+(numpy's and scipy's builds), and OpenBLAS's pthread_atfork prepare handler
+(`blas_thread_shutdown_`, seen in gdb under `__libc_fork`) joins them before every fork:
+each fork, the first too, is from one thread. The server checks all of it before each
+fork (`unsafe`: one thread, no eager context, no event-loop descriptor or socket but its
+channel, no writable shared mapping) and refuses where anything is there (a library that
+starts a thread or a loop at its import): the pool then execs its standbys as before. It
+forks once after its import (`quiesce`) so that OpenBLAS's pools are joined before the
+first check. The coordinator's end: orchestrator/launch/forkserver.py.
 """
 
 from __future__ import annotations
@@ -69,9 +76,8 @@ def main() -> None:
         if not data:
             return  # the coordinator closed its end (or is gone)
         try:
-            if (count := threads()) != 1:
-                raise RuntimeError(f"{count} threads in the fork server: a fork would copy "
-                                   "their locks without them")
+            if (why := unsafe()) is not None:
+                raise RuntimeError(why)
             answer: dict[str, Any] = {"pid": _fork_wrapper(json.loads(data), fds)}
         except Exception as e:  # noqa: BLE001 - told to the coordinator, which starts cold
             answer = {"error": repr(e)}
@@ -84,12 +90,66 @@ def main() -> None:
             server.send(json.dumps(answer).encode())
 
 
+def unsafe() -> str | None:
+    """Why forking this process now could give a child a runtime it cannot use, or None.
+    Each is state a fork copies without what keeps it working: another thread (its locks
+    and the work it was doing), TensorFlow's started runtime (its eager context owns thread
+    pools and, distributed, gRPC's completion queues), a runtime's descriptor (an epoll set
+    or eventfd is one kernel object shared by every child: one child's wait takes another's
+    wake-up; a socket), memory shared writable (one child's lock or counter is all of
+    theirs)."""
+    why = []
+    if (count := threads()) != 1:
+        why.append(f"{count} threads in the fork server: a fork would copy their locks "
+                   "without them")
+    context = sys.modules.get("tensorflow.python.eager.context")
+    started = getattr(context, "_context", None)
+    if started is not None and getattr(started, "_context_handle", None) is not None:
+        why.append("TensorFlow's runtime started in the fork server (its eager context): a "
+                   "fork would copy its thread pools' state without their threads")
+    if found := runtime_fds():
+        why.append(f"the fork server holds {', '.join(found)}: every child would share "
+                   "one kernel object with it and each other")
+    if found := shared_memory():
+        why.append(f"the fork server maps {', '.join(found)} shared and writable: every "
+                   "child would share it")
+    return "; ".join(why) or None
+
+
 def threads() -> int:
     """This process's threads, as the kernel counts them (Python's count misses C++'s)."""
     try:
         return len(os.listdir("/proc/self/task"))
     except OSError:
         return 1  # no /proc: nothing to tell by (not Linux)
+
+
+_RUNTIME_FDS = ("socket:", "anon_inode:[eventpoll]", "anon_inode:[eventfd]",
+                "anon_inode:[timerfd]", "anon_inode:[signalfd]", "anon_inode:[io_uring]")
+
+
+def runtime_fds() -> list[str]:
+    """This process's descriptors of an event loop or a connection (`fd 5 (anon_inode:
+    [eventpoll])`), other than its channel to the coordinator (stdin)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/self/fd/{name}")
+                if name != "0" and target.startswith(_RUNTIME_FDS):
+                    found.append(f"fd {name} ({target})")
+    return found
+
+
+def shared_memory() -> list[str]:
+    """The writable shared mappings of this process (a MAP_SHARED region, /dev/shm, memfd)."""
+    found = []
+    with contextlib.suppress(OSError), open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) >= 2 and fields[1][1] == "w" and fields[1][3] == "s":
+                found.append(fields[5].strip() if len(fields) > 5 else f"[{fields[0]}]")
+    return found
 
 
 def quiesce() -> None:
