@@ -110,7 +110,7 @@ def _cycles() -> list[set[str]]:
         index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
-        for w in GRAPH[v]:
+        for w in sorted(GRAPH[v]):  # in order: the same cycles, the same ids, everywhere
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -130,7 +130,7 @@ def _cycles() -> list[set[str]]:
     for v in sorted(GRAPH):
         if v not in index:
             visit(v)
-    return out
+    return sorted(out, key=sorted)
 
 
 def _package(name: str) -> str:

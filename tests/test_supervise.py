@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from orchestrator.cli.commands import print_summary
 from orchestrator.cli.liveview import rows_from_events
+from orchestrator.cli.report import print_summary
 from orchestrator.launch import wakeup
 from orchestrator.loop.decide import PEER_LOST_GRACE_SECONDS
 from orchestrator.loop.supervise import (
