@@ -430,8 +430,8 @@ def logs(run_dir: Annotated[str | None, typer.Argument(
              "(Ctrl-C stops sooner)")] = False,
          raw: Annotated[bool, typer.Option(
              "--raw", help="also the @tfo marker lines tfo itself reads")] = False) -> None:
-    """Print a task's log (every task's, [role:index] first, when none is named): `tfo logs`,
-    `tfo logs worker:1`, `tfo logs last worker:1 -f`, `tfo logs RUN_DIR worker:1`.
+    """Print a task's log, or every task's interleaved by time, each line [role:index] first:
+    `tfo logs`, `tfo logs worker:1`, `tfo logs last worker:1 -f`, `tfo logs RUN_DIR worker:1`.
 
     \b
     Examples:

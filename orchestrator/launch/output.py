@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from orchestrator.launch import wakeup
 from orchestrator.launch.printable import overstrike
+from orchestrator.runs.logtimes import TimeIndex
 from orchestrator.runs.rundir import write_back
 from worker_entry import channel, markers
 
@@ -214,6 +215,7 @@ class TaskOutput:
         has them, and a line says how many)."""
         self._read = read
         self._log: BinaryIO | None = open(log_path, "ab")  # noqa: SIM115
+        self._times = TimeIndex(log_path)  # when each part was written: `tfo logs` interleaves
         self._queue = _LineQueue(QUEUE_CHARS, block=read is not None)
         self._lines = _Lines(self._queue.put)
         self._ended_line = True  # the log ends with a newline
@@ -273,6 +275,7 @@ class TaskOutput:
                 return False
             self._log.flush()
             old, self._log = self._log, os.fdopen(write_back(self._log.fileno(), log_path), "ab")
+            self._times.moved(log_path)
         old.close()
         return True
 
@@ -300,6 +303,7 @@ class TaskOutput:
             self._write(b"".join(self._held))
         with self._log_lock:
             log, self._log = self._log, None
+            self._times.close()
         if log is not None:
             log.close()
         self._ended.set()
@@ -311,6 +315,7 @@ class TaskOutput:
             if self._log is None:
                 return
             try:
+                self._times.mark(self._log.tell())
                 self._log.write(raw)
                 self._log.flush()  # `tfo logs` and the summary's tail see it at once
                 self._ended_line = raw.endswith(b"\n")
