@@ -179,7 +179,8 @@ def test_a_scheduler_is_one_class_and_one_registry_line(tmp_path: Path, monkeypa
     assert {t.name: t.host for t in result.tasks} == placed
     # Ports: the scheduler's allocation, in every task's TF_CONFIG.
     ports = fake_backend.FakeScheduler.PORTS
-    assert sorted(ports) == sorted(placed)
+    # each task's port and, for its profiler service (issue 41), one more: "task/profiler"
+    assert sorted(ports) == sorted([*placed, *(f"{name}/profiler" for name in placed)])
     assert {t["name"]: t["port"] for t in plan["tasks"]} == ports
     cluster = [f"{placed[f'worker:{i}']}:{ports[f'worker:{i}']}" for i in range(3)]
     # Results: each task ran once, as a real process, and saw its own TF_CONFIG.

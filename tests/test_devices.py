@@ -163,7 +163,8 @@ def test_tfo_plan_shows_each_tasks_gpus(tmp_path):
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
             for line in res.stdout.splitlines() if line.startswith("│")}
     header = next(line for line in res.stdout.splitlines() if "TF_CONFIG task" in line)
-    assert [c.strip() for c in header.split("┃")[1:-1]][:4] == ["task", "host", "port", "gpus"]
+    assert [c.strip() for c in header.split("┃")[1:-1]][:5] == [
+        "task", "host", "port", "profiler", "gpus"]
     assert {name: cols[2] for name, cols in rows.items()} == {
         "worker:0": "0", "worker:1": "1", "chief:0": "-"}
     res = run_tfo("plan", str(spec), "--json", timeout=30)
@@ -184,7 +185,7 @@ def test_auto_on_localhost_asks_nvidia_smi(tmp_path, monkeypatch):
     res = run_tfo("plan", str(spec), timeout=30)
     assert res.returncode == 0, res.output
     assert "localhost: gpus auto: nvidia-smi -L reports 2 (0,1)" in res.stdout
-    assert re.search(r"│ worker:1 +│ localhost +│ \d+ +│ 1 ", res.stdout), res.stdout
+    assert re.search(r"│ worker:1 +│ localhost +│ \d+ +│ \d+ +│ 1 ", res.stdout), res.stdout
 
     # No nvidia-smi, or one that fails: no GPUs, and the reason.
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))

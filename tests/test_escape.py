@@ -393,7 +393,7 @@ def test_a_failed_task_leaves_no_process(marker: str, run_dir: Path, tmp_path: P
     res = run_tfo("run", str(escape_spec(tmp_path, marker, exit_code=3)), "--run-dir",
                   str(run_dir), timeout=150)
     assert res.returncode == 1, res.output[-3000:]
-    assert "worker:0 failed: exit code 3" in res.stderr
+    assert "job failed: worker:0 exited with exit code 3" in res.stderr
     assert escapees(marker) == []
 
 

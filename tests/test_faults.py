@@ -129,7 +129,7 @@ def test_never_policy_fails_and_names_the_signal(run_dir: Path, tmp_path: Path):
     finally:
         tfo.close()
     assert code == 1
-    assert "worker:1 failed: signal SIGKILL" in err
+    assert "job failed: worker:1 exited with signal SIGKILL" in err
     assert first(events(run_dir), "task_restarted") is None
     assert port_is_free(20000) and port_is_free(20001)
 

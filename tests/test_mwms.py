@@ -52,7 +52,7 @@ def test_localhost_cluster_trains_and_chief_saves(run_dir: Path):
     assert "\x1b" not in res.output
     assert "job succeeded: all training tasks finished" in res.stderr
     for task in ("worker:0", "worker:1"):
-        assert re.search(rf"{task}\s+localhost\s+succeeded\s+{ENDED}\s+0\s+5/5\s+22/22\s+"
+        assert re.search(rf"{task}\s+localhost\s+succeeded\s+{ENDED}\s+5/5\s+22/22\s+"
                          r"\d+\.\d+", res.stderr), res.stderr
     assert f"run directory: {run_dir} (restarts: 0)" in res.stderr
 

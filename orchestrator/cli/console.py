@@ -250,7 +250,7 @@ class Records:
 # script's frames and TensorFlow's): the log keeps it; the console leaves it out, so the
 # traceback points at the user's code and TensorFlow's, not at tfo.
 _FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line \d+, in ')
-_OURS = re.compile(r"(^|[/\\])(worker_entry|orchestrator)[/\\]\w+\.py$|^<frozen runpy>$")
+_OURS = re.compile(r"(^|[/\\])(worker_entry|orchestrator)([/\\]\w+)+\.py$|^<frozen runpy>$")
 
 
 class OwnFrames:

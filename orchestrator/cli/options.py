@@ -42,7 +42,7 @@ EvaluatorOpt = Annotated[bool, typer.Option(
 DataWorkersOpt = Annotated[int | None, typer.Option(
     "--data-workers", help="a tf.data service: a dispatcher and N data workers that run the "
     "trainers' input pipelines (TFO_DATA_SERVICE)", rich_help_panel=_QUICK,
-    show_default=False)]
+    show_default=False, metavar="N")]
 StrategyOpt = Annotated[str | None, typer.Option(
     "--strategy", metavar="NAME", help="multi_worker_mirrored (mwms) or parameter_server (ps) "
     "[default: multi_worker_mirrored]", rich_help_panel=_QUICK,
@@ -108,10 +108,10 @@ LogsOpt = Annotated[bool, typer.Option(
 MetricsPortOpt = Annotated[int | None, typer.Option(
     "--metrics-port", help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics while the "
     "job runs (0: any free port) [default: the cluster file's metrics.port, else none]",
-    min=0, max=65535, show_default=False)]
+    min=0, max=65535, show_default=False, metavar="PORT")]
 MetricsAddressOpt = Annotated[str | None, typer.Option(
     "--metrics-address", help="the address /metrics listens on, e.g. 0.0.0.0 for every network "
-    "[default: 127.0.0.1, this machine only]", show_default=False)]
+    "[default: 127.0.0.1, this machine only]", show_default=False, metavar="ADDRESS")]
 JsonOpt = Annotated[bool, typer.Option(
     "--json", help="print it as JSON (docs/reference/state-json.md: versioned, for scripts)")]
 ShowOpt = Annotated[str | None, typer.Option(
@@ -152,7 +152,8 @@ class CommandAfterDashes(TyperCommand):
 
 
 SecondsOpt = Annotated[float, typer.Option(
-    "--seconds", help="how long to trace every task [default: 2]", show_default=False)]
+    "--seconds", help="how long to trace every task [default: 2]", show_default=False,
+    metavar="SECONDS")]
 TasksOpt = Annotated[str | None, typer.Option(
     "--tasks", help="only these tasks, comma-separated: worker:0,worker:1 [default: every "
-    "training task]", show_default=False)]
+    "training task]", show_default=False, metavar="TASK,...")]
