@@ -181,7 +181,10 @@ def test_a_scheduler_is_one_class_and_one_registry_line(tmp_path: Path, monkeypa
     ports = fake_backend.FakeScheduler.PORTS
     # each task's port and, for its profiler service (issue 41), one more: "task/profiler"
     assert sorted(ports) == sorted([*placed, *(f"{name}/profiler" for name in placed)])
-    assert {t["name"]: t["port"] for t in plan["tasks"]} == ports
+    assert {t["name"]: t["port"] for t in plan["tasks"]} == {
+        name: port for name, port in ports.items() if "/" not in name}
+    assert {t["name"]: t["profiler_port"] for t in plan["tasks"]} == {
+        name: ports[f"{name}/profiler"] for name in placed}
     cluster = [f"{placed[f'worker:{i}']}:{ports[f'worker:{i}']}" for i in range(3)]
     # Results: each task ran once, as a real process, and saw its own TF_CONFIG.
     assert sorted(name for name, _, _ in fake_backend.STARTED) == sorted(placed)

@@ -165,7 +165,7 @@ def test_tfo_plan_shows_each_tasks_gpus(tmp_path):
     header = next(line for line in res.stdout.splitlines() if "TF_CONFIG task" in line)
     assert [c.strip() for c in header.split("┃")[1:-1]][:5] == [
         "task", "host", "port", "profiler", "gpus"]
-    assert {name: cols[2] for name, cols in rows.items()} == {
+    assert {name: cols[3] for name, cols in rows.items()} == {
         "worker:0": "0", "worker:1": "1", "chief:0": "-"}
     res = run_tfo("plan", str(spec), "--json", timeout=30)
     tasks = {t["name"]: t for t in json.loads(res.stdout)["tasks"]}

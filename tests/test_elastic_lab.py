@@ -71,7 +71,10 @@ def test_a_lab_host_whose_link_goes_down_leaves_the_group(lab3, run_dir: Path, t
     finally:
         stop(tfo)
     assert (resized["from"], resized["to"], resized["hosts"]) == (3, 2, [name]), resized
-    assert f"{name} lost: its lifeline went silent" in resized["reason"]
+    # Either is what tfo saw first: the host's lifeline going silent, or (restarts no longer
+    # wait, issue 39) the group's restart failing to reach the cut host before that.
+    assert f"{name} lost: its lifeline went silent" in resized["reason"] or \
+        f"{name} lost: did not answer or refused a start" in resized["reason"], resized
     if lost == 1:
         assert "worker 0 (the chief) is now on lab2" in resized["reason"]
     evs = events(run_dir)

@@ -224,7 +224,8 @@ def test_ps_job_has_its_ps_on_one_node_and_workers_on_both(lab: slurmlab.SlurmLa
     assert hosts == {"ps:0": "node1", "worker:0": "node2", "worker:1": "node1",
                      "chief:0": "node2"}
     # The chief runs the entry: it, too, ran where the plan put it.
-    assert "[chief:0] [faulty] chief:0 on node2" in res.stdout, res.stdout[-3000:]
+    # a job over several hosts: each line's prefix carries its host
+    assert "[chief:0@node2] [faulty] chief:0 on node2" in res.stdout, res.stdout[-3000:]
     assert first(events(run_dir), "job_finished")["state"] == "succeeded"
     _no_job_within(lab, _job_id(res.stderr), 10)
 
