@@ -127,3 +127,33 @@ def test_a_host_s_wrappers_measure_usage_together(now, due):
     from worker_entry.markers import next_usage
 
     assert next_usage(now, 2.0) == due
+
+
+@pytest.mark.parametrize(("refusals", "slept", "opened"), [
+    (0, [], True),
+    (2, [0.05, 0.2], True),  # a slot freed a moment after the last session's close
+    (4, [0.05, 0.2, 0.5, 1.0], True),
+    (5, [0.05, 0.2, 0.5, 1.0], False),  # still full: MaxSessions itself, said so
+])
+def test_a_refused_session_is_tried_again_briefly_then_named(refusals, slept, opened):
+    import paramiko
+
+    from orchestrator.launch.ssh.hostagent import SshError, open_session
+
+    class Transport:
+        tries = 0
+
+        def open_session(self, timeout: float) -> str:
+            self.tries += 1
+            if self.tries <= refusals:
+                raise paramiko.ChannelException(2, "Connect failed")
+            return "channel"
+
+    waits: list[float] = []
+    if opened:
+        assert open_session(Transport(), "lab1", "10.0.0.1", 5.0, waits.append) == "channel"
+    else:
+        with pytest.raises(SshError, match=r"host lab1 \(10.0.0.1\): sshd refused a new "
+                                           r"session .*MaxSessions"):
+            open_session(Transport(), "lab1", "10.0.0.1", 5.0, waits.append)
+    assert waits == slept

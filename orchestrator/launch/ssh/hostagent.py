@@ -59,14 +59,26 @@ def refused(name: str, address: str, error: BaseException) -> SshError:
                     "more in the host's sshd_config (its default is 10)")
 
 
-def open_session(transport: paramiko.Transport, name: str, host: HostSpec,
-                 timeout: float) -> paramiko.Channel:
+# sshd frees a session's slot only once its command has exited and both ends' CLOSE are
+# through: a session opened right after another was closed (the probe's or the copy's, then
+# the agent's) can meet MaxSessions for a moment. Refusals are tried again this long.
+REFUSED_RETRY_SECONDS = (0.05, 0.2, 0.5, 1.0)
+
+
+def open_session(transport: paramiko.Transport, name: str, address: str,
+                 timeout: float, sleep: Callable[[float], None] = time.sleep
+                 ) -> paramiko.Channel:
+    """A new session; one sshd still refuses after REFUSED_RETRY_SECONDS raises `refused`."""
     import paramiko
 
-    try:
-        return transport.open_session(timeout=timeout)
-    except paramiko.ChannelException as e:
-        raise refused(name, host.address, e) from None
+    for wait in (*REFUSED_RETRY_SECONDS, None):
+        try:
+            return transport.open_session(timeout=timeout)
+        except paramiko.ChannelException as e:
+            if wait is None:
+                raise refused(name, address, e) from None
+            sleep(wait)
+    raise AssertionError("unreachable")
 
 
 def agent_command(host: HostSpec, env: Mapping[str, str] | None = None) -> str:
@@ -121,7 +133,7 @@ class HostAgent:
                 self._chan = probe
                 probe.sendall(f"agent {host.lifeline_seconds:g}\n".encode())
             else:
-                self._chan = open_session(transport, name, host, self._timeout)
+                self._chan = open_session(transport, name, host.address, self._timeout)
                 self._chan.set_combine_stderr(True)
                 self._chan.exec_command(agent_command(host, env))
         except (paramiko.SSHException, EOFError, OSError) as e:

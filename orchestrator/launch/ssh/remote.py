@@ -6,13 +6,20 @@ next use connects again, which says whether the host can be reached."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TypeVar
 
-from orchestrator.launch.ssh.hostagent import SshError, refused
+from orchestrator.launch.ssh.hostagent import SshError, open_session
 from orchestrator.planning.spec import HostSpec
+
+# paramiko logs a refused or failed channel at ERROR, which Python's last-resort handler
+# prints on the user's terminal as "Secsh channel 2 open FAILED"; tfo says what went wrong
+# in its own words (the host, what to change). A NullHandler keeps the records for an
+# application that configures logging (they still propagate to its handlers).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:  # fabric and paramiko cost 0.16 s to import: only when a host is reached
     import fabric
@@ -163,12 +170,7 @@ def _session(transport: paramiko.Transport, conn: fabric.Connection, timeout: fl
              name: str) -> paramiko.Channel:
     """A session of its own, each wait on it bounded by `timeout`; one sshd refuses raises
     `refused`'s SshError."""
-    import paramiko
-
-    try:
-        chan = transport.open_session(timeout=timeout)
-    except paramiko.ChannelException as e:
-        raise refused(name or conn.host, conn.host, e) from None
+    chan = open_session(transport, name or conn.host, conn.host, timeout)
     chan.settimeout(timeout)
     return chan
 
