@@ -599,7 +599,8 @@ def test_tfo_submit_runs_a_localhost_file_as_a_batch_job_followed_from_here(
         script = Path(f"{rd}.sbatch").read_text()
         assert "#SBATCH --nodes=2" in script and f"#SBATCH --partition={slurmlab.PARTITION}" \
             in script and f"--run-dir {rd}" in script, script
-        assert wait_until(lambda: (rd / "events.jsonl").exists() or not lab.jobs(), 120, 0.5)
+        assert Path(f"{rd}.slurm-job").read_text().strip() == job_id
+        # At once, as a script that submits would: the run may not have started yet.
         waited = run_tfo("status", "--wait", "--json", str(rd), timeout=240)
         out = Path(f"{rd}.out").read_text() if Path(f"{rd}.out").exists() else ""
         assert waited.returncode == 0, waited.output[-2000:] + out[-3000:]
@@ -613,7 +614,8 @@ def test_tfo_submit_runs_a_localhost_file_as_a_batch_job_followed_from_here(
         assert lab.job_state(job_id) == "COMPLETED", out[-3000:]
         assert f"slurm job {job_id}: tfo runs inside it" in out, out[-3000:]
     finally:
-        for p in (rd, *(Path(f"{rd}{s}") for s in (".sbatch", ".out", ".cluster.yaml"))):
+        for p in (rd, *(Path(f"{rd}{s}") for s in (".sbatch", ".out", ".cluster.yaml",
+                                                      ".slurm-job"))):
             if p.is_dir():
                 shutil.rmtree(p)
             elif p.exists():

@@ -9,8 +9,11 @@ does not.
 
 The run directory is chosen here (runs/<name>-sbatch-<time>-<hex>), so the submitting side
 can follow it on the shared file system: `tfo status RUN_DIR`, `tfo logs RUN_DIR -f`,
-`tfo status --wait RUN_DIR`. The batch script and Slurm's own output go beside it
-(RUN_DIR.sbatch, RUN_DIR.out): the run directory itself is made new by `tfo run`.
+`tfo status --wait RUN_DIR`. The batch script, the job's id and Slurm's own output go
+beside it (RUN_DIR.sbatch, RUN_DIR.slurm-job, RUN_DIR.out): the run directory itself is made
+new by `tfo run`, once the job starts. Until then the run is `pending` (`pending(rd)`, from the
+id and squeue): `tfo status` says so, and `tfo status --wait` waits for the start
+(`wait_started`), or fails naming RUN_DIR.out where the job ended without starting tfo.
 """
 
 from __future__ import annotations
@@ -97,4 +100,44 @@ def submit(file: Path, flags: SlurmFlags, made_by: str, python: str,
         cluster.write_text(f"# made by: {made_by}\n" + yaml.safe_dump(source, sort_keys=False))
     script = Path(f"{run_dir}.sbatch")
     script.write_text(batch_script(spec, cluster, run_dir, python, Path.cwd(), made_by))
-    return sbatch(script), run_dir, script
+    job_id = sbatch(script)
+    Path(f"{run_dir}{JOB_SUFFIX}").write_text(job_id + "\n")
+    return job_id, run_dir, script
+
+
+JOB_SUFFIX = ".slurm-job"  # beside the run directory: the batch job's id, for `pending`
+START_POLL_SECONDS = 2.0  # how often `wait_started` asks squeue
+
+
+def pending(run_dir: Path) -> tuple[str, str | None] | None:
+    """A submitted run that has not started: (its job id, squeue's state and reason, None
+    where the job left the queue); None for any other directory (started, or not
+    submitted)."""
+    from orchestrator.launch.slurm import SlurmError, run_slurm
+
+    job_file = Path(f"{run_dir}{JOB_SUFFIX}")
+    if (run_dir / "events.jsonl").exists() or not job_file.is_file():
+        return None
+    job_id = job_file.read_text().strip()
+    try:
+        cp = run_slurm("squeue", "-h", "-j", job_id, "-o", "%T %r")
+    except SlurmError as e:
+        raise SpecError(str(e)) from None
+    state, _, reason = cp.stdout.strip().partition(" ")
+    if cp.returncode != 0 or not state:
+        return job_id, None
+    return job_id, f"{state} ({reason})" if reason and reason != "None" else state
+
+
+def wait_started(run_dir: Path, sleep=time.sleep) -> None:
+    """Until a submitted run's tfo has written its first event; SpecError naming Slurm's
+    output where the job left the queue without that (cancelled, failed before tfo ran).
+    Returns at once for a directory that was not submitted."""
+    while (waiting := pending(run_dir)) is not None:
+        job_id, state = waiting
+        if state is None:
+            if (run_dir / "events.jsonl").exists():  # started between the two looks
+                return
+            raise SpecError(f"{run_dir}: slurm job {job_id} ended without starting the run; "
+                            f"Slurm's output: {run_dir}.out (sacct -j {job_id})")
+        sleep(START_POLL_SECONDS)
