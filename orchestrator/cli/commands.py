@@ -347,19 +347,12 @@ def status(run_ref: RunArg = None, as_json: JsonOpt = False, wait: Annotated[boo
       tfo status --wait --json RUN_DIR     # for scripts: docs/reference/state-json.md"""
     from orchestrator.cli import statejson
     from orchestrator.cli.liveview import STATUS, rows_from_events, table, without_restarts
-    from orchestrator.cli.submit import pending, wait_started
+    from orchestrator.cli.submit import not_started
     from orchestrator.loop import resumes
 
     rd = _find_run(run_ref)
     try:
-        if wait:
-            wait_started(Path(rd.path))
-        elif (waiting := pending(Path(rd.path))) is not None:
-            job_id, state = waiting
-            if state is None:  # wait_started's error: the job is gone
-                wait_started(Path(rd.path))
-            raise fail(f"{rd}: submitted as slurm job {job_id}, not started yet ({state}); "
-                       f"`tfo status --wait {rd}` waits for it")
+        not_started(Path(rd.path), wait)
     except SpecError as e:
         raise fail(str(e)) from None
     if wait:

@@ -141,3 +141,16 @@ def wait_started(run_dir: Path, sleep=time.sleep) -> None:
             raise SpecError(f"{run_dir}: slurm job {job_id} ended without starting the run; "
                             f"Slurm's output: {run_dir}.out (sacct -j {job_id})")
         sleep(START_POLL_SECONDS)
+
+
+def not_started(run_dir: Path, wait: bool) -> None:
+    """`tfo status [--wait]` on a submitted run: with `wait`, until it started; without, a
+    SpecError saying it is pending (squeue's word) or gone without starting."""
+    if wait:
+        wait_started(run_dir)
+    elif (waiting := pending(run_dir)) is not None:
+        job_id, state = waiting
+        if state is None:  # wait_started's error: the job is gone
+            wait_started(run_dir)
+        raise SpecError(f"{run_dir}: submitted as slurm job {job_id}, not started yet "
+                        f"({state}); `tfo status --wait {run_dir}` waits for it")
