@@ -219,3 +219,35 @@ tasks:
         assert rc == 0, err[-3000:]
     finally:
         a.close()
+
+
+def test_an_auto_port_is_never_one_an_ipv6_listener_holds(monkeypatch):
+    """The kernel's IPv4 pick does not see a listener on `[::1]:P` (v6 only); a task's gRPC
+    server binds both families and would fail there. Each v4 pick is offered a port that
+    such a listener holds first: it is passed over."""
+    import socket
+
+    from orchestrator.launch import ports
+
+    v6 = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    v6.bind(("::1", 0))
+    v6.listen()
+    held = v6.getsockname()[1]
+    try:
+        v4 = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        v4.bind(("0.0.0.0", held))  # IPv4 alone says it is free
+        v4.close()
+        assert not ports._free_on_ipv6(held)
+        seen: list[int] = []
+        real = ports._free_on_ipv6
+
+        def first_the_held_one(port: int) -> bool:
+            seen.append(port)
+            return real(held if len(seen) == 1 else port)
+
+        monkeypatch.setattr(ports, "_free_on_ipv6", first_the_held_one)
+        picked = ports.free_ports(2)
+        assert len(picked) == 2 and seen[0] not in picked and len(seen) == 3
+    finally:
+        v6.close()

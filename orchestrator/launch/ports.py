@@ -4,6 +4,7 @@ live tfo job holds: worker_entry/portlocks.py)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 from collections.abc import Callable
 
@@ -59,9 +60,28 @@ def free_ports(count: int, avoid: set[int] = frozenset(),
             socks.append(s)  # held open until all are picked, so they are distinct
             s.bind(("0.0.0.0", 0))
             port = s.getsockname()[1]
-            if port not in avoid and (reserve is None or reserve(port)):
+            if port not in avoid and _free_on_ipv6(port) \
+                    and (reserve is None or reserve(port)):
                 ports.append(port)
     finally:
         for s in socks:
             s.close()
     return ports
+
+
+def _free_on_ipv6(port: int) -> bool:
+    """Whether no IPv6 listener holds the port (`[::1]:P` or `[::]:P`, v6 only): the kernel's
+    IPv4 pick does not see one, and a task's gRPC server, which binds both families, would
+    fail on it. True where this machine has no IPv6."""
+    try:
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    except OSError:
+        return True
+    try:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        s.bind(("::", port))
+    except OSError as e:
+        return e.errno != errno.EADDRINUSE
+    finally:
+        s.close()
+    return True
