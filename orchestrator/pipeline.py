@@ -269,12 +269,15 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
     limits (decide.Timing: the test kit's shorter teardown grace); `metrics`, a Prometheus
     endpoint (loop/metrics.py) in place of the cluster file's."""
     from orchestrator.elastic.backupstore import for_lab
+    from orchestrator.elastic.groups import first as elastic_first
     from orchestrator.launch.spares import spares_wanted
     from orchestrator.loop import backupfill
     from orchestrator.loop.supervise import Supervisor
 
     stage("planning")
     p, backends = prepare(source, Path(run_dir) if run_dir else None, say=say, warn=warn)
+    # An elastic job runs its first group: planned here, once (plan.json keeps the pool's).
+    first = elastic_first(p) if p.spec.elastic is not None else None
     if pool is not None:
         backends.local().pool = pool
     settled()  # before anything is started: the tasks get the user's environment
@@ -305,7 +308,7 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
                                     standby=standby, start_batch=backends.start_batch,
                                     backup_store=for_lab(p.spec.hosts,
                                                          lambda: backends.get("ssh")),
-                                    timing=timing)
+                                    timing=timing, elastic=first)
             if exporter is not None and supervisor.resizing is not None:
                 resizing = supervisor.resizing
                 exporter.resizes = lambda: len(resizing.resized)
