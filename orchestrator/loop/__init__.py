@@ -3,7 +3,8 @@
     Supervisor(plan, launcher, run_dir, clock=…).run() -> records.RunResult
 
 `supervise` is the loop; `job` and `records` its state; `decide` (and the pure modules
-beside it: stall, rate, resumes, joined) the decisions, table-tested on a fake clock;
+beside it: stall, rate, resumes, joined) the decisions, table-tested on a fake clock
+(`exitwords`: an exit's status and words, for the events and the tables);
 `intake`, `exits`, `starts`, `stopping`, `checks`, `stacks`, `backupfill`, `resizing` and
 `rundirwatch` act on them; `markers` reads what a task's side reports.
 
@@ -45,7 +46,8 @@ rule itself and calls no `sleep` (it hands `policy` and `rules` to `decide`;
   become events, other lines go to the console; an exit's last lines (`collect`); at an
   attempt's first step (or its good end) whether it joined the plan's cluster
   (`joined.judge`: `task_alone`, the console, `Job.alone`)
-- `exits.py`: `Exits`: an exit's state and words (`task_exited`), a preemption, a loss
+- `exits.py`: `Exits`: an exit's state and its `task_exited` (told by `exitwords`, as
+  `task_stopped` is), a preemption, a loss
   (`decide.on_loss`), a restart: the unit stopped, the chief's backup copied where a
   script's BackupAndRestore needs it (`exits.refill`), then `task_restarted` and its backoff
 - `backupfill.py`: `Refill`: before an MWMS group starts again (a restart, a resize, a
