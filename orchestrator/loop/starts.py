@@ -122,6 +122,7 @@ class Starts:
     def _started(self, rec: TaskRecord, handle: TaskHandle) -> None:
         rec.handle = handle
         rec.start_failures = 0
+        rec.started += 1
         self.job.set(rec, TaskState.STARTING)
         rec.current = Attempt(self.job.clock())  # fresh: nothing of the last one carries over
         warm = getattr(handle, "warm", False)

@@ -233,7 +233,7 @@ class Supervisor:
             resumes=job.resumes.said,
             tasks=[TaskOutcome(r.name, r.state, r.current.returncode, r.restarts, r.task.log_path,
                                r.task.host, r.current.work.progress, r.torn_down_ok,
-                               r.current.exit_reason)
+                               r.current.exit_reason, r.started, r.done)
                    for r in job.records.values()])
 
     def _stop_all(self) -> None:
