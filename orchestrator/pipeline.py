@@ -271,7 +271,6 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
     endpoint (loop/metrics.py) in place of the cluster file's."""
     from orchestrator.elastic.backupstore import for_lab
     from orchestrator.elastic.groups import first as elastic_first
-    from orchestrator.launch.spares import spares_wanted
     from orchestrator.loop import backupfill
     from orchestrator.loop.supervise import Supervisor
 
@@ -303,8 +302,7 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
         with display(p) as (echo, watch):  # supervise
             if exporter is not None:
                 watch = exporter.chain(watch)
-            wanted = spares_wanted(p, checks)
-            standby = functools.partial(backends.standby, wanted=wanted) if wanted else None
+            standby = backends.standby if backends.spares else None  # the check's
             stage("supervising")
             supervisor = Supervisor(p, start=backends.start, echo=echo, watch=watch,
                                     standby=standby, start_batch=backends.start_batch,
