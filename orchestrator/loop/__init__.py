@@ -37,8 +37,9 @@ rule itself and calls no `sleep` (it hands `policy` and `rules` to `decide`;
   signals, the one `poll` and its timeout: the next start, or the hold's deadline), the
   result
 - `job.py`: `Job`: the state the others share (plan, records, job state, counters, events,
-  console, clock) and its one write path, `set` (supervisord's `change_state`), `end`; the
-  restart unit; `hold`, what holds the loop
+  console, clock) and its one write path, `set` (supervisord's `change_state`), `end`,
+  `restart` (the one writer of `task_restarted`: a policy's restart, a preemption's, a
+  resize's, a rejoin's); the restart unit; `hold`, what holds the loop
 - `records.py`: `TaskRecord` (a task across attempts), `Attempt` and its `Work` (one
   attempt, made fresh at each start), `TaskOutcome`, `RunResult`, `tail`
 - `intake.py`: `Intake`: the tasks' lines: markers change the attempt (ready, progress,

@@ -124,11 +124,6 @@ class Exits:
             if self.refill is not None:
                 self.refill(again)
             for r in again:
-                r.restarts += counted
-                job.set(r, TaskState.PENDING)
-                r.start_after = due
-                job.events.write("task_restarted", r.name, attempt=r.attempt + 1,
-                                 restarts=r.restarts, reason=why, backoff=backoff,
-                                 counted=counted)
+                job.restart(r, why, due, backoff, counted)
 
         stop(job, self.intake, unit, "restart", then=stopped, peer_lost=peer_lost)

@@ -234,13 +234,8 @@ class Resizing:
         self._follow(new, d.group)
         now = job.clock()
         for rec in job.records.values():
-            if not decide.training(rec.role, job.rules) or rec.finished:
-                continue
-            if rec.state is not TaskState.PENDING:
-                job.set(rec, TaskState.PENDING)
-            rec.start_after = now
-            job.events.write("task_restarted", rec.name, attempt=rec.attempt + 1,
-                             restarts=rec.restarts, reason=why, backoff=0, counted=False)
+            if decide.training(rec.role, job.rules) and not rec.finished:
+                job.restart(rec, why, now)
 
     def _plan_for(self, group: Group) -> Plan:
         return elastic.plan_for(self.job.plan, self.places, group)
@@ -352,10 +347,7 @@ class PsResizing(Resizing):
         for name in back:
             rec = self.gone.pop(name)
             job.records[name] = rec
-            job.set(rec, TaskState.PENDING)
-            rec.start_after = now
-            job.events.write("task_restarted", name, attempt=rec.attempt + 1,
-                             restarts=rec.restarts, reason=d.words, backoff=0, counted=False)
+            job.restart(rec, d.words, now)
         ordered = {t.name: job.records[t.name] for t in job.plan.tasks if t.name in job.records}
         job.records.clear()  # in the plan's order again (the tables list them so)
         job.records.update(ordered)
