@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from orchestrator.loop.job import Job
     from orchestrator.loop.supervise import RunResult
     from orchestrator.planning.plan import Plan
+    from orchestrator.planning.spec import ClusterSpec
 
 FAULT_KINDS = ("kill", "preempt", "stall")
 FAULT_AT = ("epoch", "step")
@@ -219,9 +220,22 @@ def run(source: str | Path | Mapping[str, Any] | None = None, *,
         from orchestrator.loop.decide import Timing
 
         timing = Timing(teardown_grace=teardown_grace)
-    raw = pipeline.run(spec, run_dir, say=say, warn=say, display=display,
+    raw = pipeline.run(_source(source, spec), run_dir, say=say, warn=say, display=display,
                        made_by="orchestrator.run", pool=pool, timing=timing)
     return result_of(raw)
+
+
+def _source(given: str | Path | Mapping[str, Any] | None, spec: dict[str, Any]
+            ) -> dict[str, Any] | ClusterSpec:
+    """What the pipeline runs: a cluster file's data, checked here once under the file's name
+    (its errors name it) and run as it is (the user has the file: nothing is written back);
+    data made from keywords or given as a dict goes as data, which the run directory keeps
+    as cluster.yaml."""
+    if not isinstance(given, str | Path):
+        return spec
+    from orchestrator.planning.spec import parse_spec
+
+    return parse_spec(spec, str(given))
 
 
 def _as_dict(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
@@ -274,9 +288,10 @@ def _drop(task: str, line: str) -> None:
 
 
 def result_of(raw: RunResult) -> Result:
-    """The Result of a RunResult: each task's value, attempts and events from events.jsonl
-    (the `done` marker's fields, untrusted, checked by orchestrator.loop.markers), stacks from
-    the last faulthandler dump in its log."""
+    """The Result of a RunResult: each task's value and attempts as the supervisor kept them
+    (the `done` marker's fields, untrusted, checked by orchestrator.loop.markers), its lines of
+    events.jsonl, its stacks from the last faulthandler dump in its log (a timeout's, which
+    `_display` asked for: no record holds them)."""
     from orchestrator.loop.resumes import lines
     from orchestrator.loop.stall import stuck_thread, threads, where
     from orchestrator.runs.rundir import RunDir
@@ -284,16 +299,12 @@ def result_of(raw: RunResult) -> Result:
     records, _ = RunDir(raw.run_dir).read_events()
     tasks: dict[str, TaskResult] = {}
     for t in raw.tasks:
-        mine = [e for e in records if e.get("task") == t.name]
-        done = [e for e in mine if e.get("event") == "task_done"]
-        last = done[-1] if done else {}
-        value_error = last.get("value_error")
-        attempts = sum(1 for e in mine if e.get("event") == "task_started")
+        done = t.done
         result = TaskResult(
-            name=t.name, state=t.state.value, exit_code=t.returncode, attempts=attempts,
-            log_path=t.log_path, value=last.get("value"),
-            value_error=value_error if isinstance(value_error, str) else None,
-            events=mine, exit_reason=t.exit_reason)
+            name=t.name, state=t.state.value, exit_code=t.returncode, attempts=t.attempts,
+            log_path=t.log_path, value=done.value if done is not None else None,
+            value_error=done.value_error if done is not None else None,
+            events=[e for e in records if e.get("task") == t.name], exit_reason=t.exit_reason)
         result.stack = where(stuck_thread(threads(result.log.splitlines())), n=STACK_FRAMES)
         tasks[t.name] = result
     return Result(ok=raw.exit_code == 0, outcome=raw.state.value, reason=raw.reason,

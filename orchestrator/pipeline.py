@@ -24,7 +24,7 @@ import shlex
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, TypeAlias
+from typing import IO, TYPE_CHECKING, NamedTuple, TypeAlias
 
 from orchestrator.errors import SpecError
 from orchestrator.runs.rundir import RunDir, RunDirError, write_private
@@ -137,25 +137,37 @@ def make_run_dir(p: Plan) -> IO[bytes]:
                         f"{e.strerror or e}") from None
 
 
-def load_source(source: Source) -> tuple[ClusterSpec, dict[str, int] | None]:
+class Loaded(NamedTuple):
+    """A source, read once: the spec, and for a run's plan.json the plan it reruns."""
+
+    spec: ClusterSpec
+    old: Plan | None = None  # a rerun's: its tasks' ports (the same TF_CONFIGs) and backups
+
+    @property
+    def ports(self) -> dict[str, int] | None:
+        return self.old.ports() if self.old is not None else None
+
+
+def load_source(source: Source) -> Loaded:
     """A cluster file; or a run's plan.json, to run the same tasks again: the spec it was
-    made from, and the ports it had (the same TF_CONFIGs, `auto` ports included); or a
-    cluster file's data (a dict: made from flags, or a Python caller's); or a ClusterSpec."""
+    made from, and its plan (the ports it had: the same TF_CONFIGs, `auto` ports included);
+    or a cluster file's data (a dict: made from flags, or a Python caller's); or a
+    ClusterSpec."""
     from orchestrator.planning.spec import ClusterSpec, parse_spec
     from orchestrator.planning.specfile import SpecFileError, read_data
 
     if isinstance(source, ClusterSpec):
-        return source, None
+        return Loaded(source)
     if isinstance(source, dict):
-        return parse_spec(source, FROM_FLAGS), None
+        return Loaded(parse_spec(source, FROM_FLAGS))
     try:
         data = read_data(Path(source))
     except SpecFileError as err:
         raise SpecError(str(err)) from None
     old = _as_plan(data, str(source))
     if old is None:
-        return parse_spec(data, str(source)), None
-    return old.spec, old.ports()
+        return Loaded(parse_spec(data, str(source)))
+    return Loaded(old.spec, old)
 
 
 def _as_plan(data: object, source: str) -> Plan | None:
@@ -168,29 +180,18 @@ def _as_plan(data: object, source: str) -> Plan | None:
     return Plan.from_json(data, source)
 
 
-def previous_plan(source: Source) -> Plan | None:
-    """The plan of the run `source` reruns (its plan.json), None for a cluster file."""
-    from orchestrator.planning.specfile import SpecFileError, read_data
-
-    if not isinstance(source, str | Path):
-        return None
-    try:
-        return _as_plan(read_data(Path(source)), str(source))
-    except SpecFileError:
-        return None
-
-
-def prepare(source: Source, run_dir: Path | None, dry_run: bool = False,
+def prepare(source: Source | Loaded, run_dir: Path | None, dry_run: bool = False,
             ask_hosts: bool = True, say: Say = _quiet, warn: Say = _quiet
             ) -> tuple[Plan, Backends]:
-    """Load, validate, allocate (ports, and GPUs of `auto` hosts) and plan; raises SpecError
-    with a message for the user. A dry run names no run id: each real run gets a new one, so
-    a made-up id would be a false promise. Without `ask_hosts` lab hosts are not contacted
-    (`tfo plan`). The caller closes the backends."""
+    """Load (unless `source` was: `Loaded`), validate, allocate (ports, and GPUs of `auto`
+    hosts) and plan; raises SpecError with a message for the user. A dry run names no run
+    id: each real run gets a new one, so a made-up id would be a false promise. Without
+    `ask_hosts` lab hosts are not contacted (`tfo plan`). The caller closes the backends."""
     from orchestrator.launch.backends import Backends
     from orchestrator.planning.plan import make_plan
 
-    spec, ports = load_source(source)
+    loaded = source if isinstance(source, Loaded) else load_source(source)
+    spec, ports = loaded.spec, loaded.ports
     check_entry_importable(spec, Path.cwd())
     check_local_tasks(spec, warn)
     stamp = RUN_ID_PATTERN if dry_run else \
@@ -269,12 +270,15 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
     limits (decide.Timing: the test kit's shorter teardown grace); `metrics`, a Prometheus
     endpoint (loop/metrics.py) in place of the cluster file's."""
     from orchestrator.elastic.backupstore import for_lab
-    from orchestrator.launch.spares import spares_wanted
+    from orchestrator.elastic.groups import first as elastic_first
     from orchestrator.loop import backupfill
     from orchestrator.loop.supervise import Supervisor
 
     stage("planning")
-    p, backends = prepare(source, Path(run_dir) if run_dir else None, say=say, warn=warn)
+    loaded = load_source(source)  # read once: a rerun's old plan is kept, not read again
+    p, backends = prepare(loaded, Path(run_dir) if run_dir else None, say=say, warn=warn)
+    # An elastic job runs its first group: planned here, once (plan.json keeps the pool's).
+    first = elastic_first(p) if p.spec.elastic is not None else None
     if pool is not None:
         backends.local().pool = pool
     settled()  # before anything is started: the tasks get the user's environment
@@ -298,19 +302,18 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
         with display(p) as (echo, watch):  # supervise
             if exporter is not None:
                 watch = exporter.chain(watch)
-            wanted = spares_wanted(p, checks)
-            standby = functools.partial(backends.standby, wanted=wanted) if wanted else None
+            standby = backends.standby if backends.spares else None  # the check's
             stage("supervising")
             supervisor = Supervisor(p, start=backends.start, echo=echo, watch=watch,
                                     standby=standby, start_batch=backends.start_batch,
                                     backup_store=for_lab(p.spec.hosts,
                                                          lambda: backends.get("ssh")),
-                                    timing=timing)
+                                    timing=timing, elastic=first)
             if exporter is not None and supervisor.resizing is not None:
                 resizing = supervisor.resizing
                 exporter.resizes = lambda: len(resizing.resized)
-            if (old := previous_plan(source)) is not None:  # a rerun resumes
-                backupfill.rerun(old, supervisor.refill, say)
+            if loaded.old is not None:  # a rerun resumes
+                backupfill.rerun(loaded.old, supervisor.refill, say)
             return supervisor.run(started=functools.partial(started, p) if started else None)
     finally:
         if exporter is not None:

@@ -101,6 +101,41 @@ def test_how_a_stopped_task_is_told(code, lost, code_said, note, how):
     assert decide.stopped_how(code, lost, code_said, note) == how
 
 
+@pytest.mark.parametrize("rc, said, ours, status", [
+    (-9, 42, True, 42),  # our signal ended it in its teardown: the status its code said
+    (-9, 0, True, 0),
+    (-15, 3, True, 3),
+    (-9, None, True, None),  # it said none: the kernel's
+    (-9, 42, False, None),  # not ours (it ended on its own meanwhile)
+    (1, 42, True, None),  # it exited by itself after all: the kernel's status
+    (None, 42, True, None)])
+def test_a_torn_down_task_s_exit_is_its_exiting_code(rc, said, ours, status):
+    assert decide.teardown_status(rc, said, ours) == status
+
+
+@pytest.mark.parametrize("rc, said, torn_down, told", [
+    (0, None, False, (0, "exit code 0")),
+    (-9, 0, True, (-9, "stopped in teardown")),  # a success: the kill's status, teardown
+    (-9, None, True, (-9, "stopped in teardown")),
+    (-9, 42, True, (42, "exit code 42 (stopped in teardown)")),
+    (3, 42, False, (3, "exit code 3"))])
+def test_task_exited_tells_the_teardown_rule(rc, said, torn_down, told):
+    from orchestrator.loop import exitwords
+
+    assert tuple(vars(exitwords.exited(rc, "", torn_down, said)).values()) == told
+
+
+@pytest.mark.parametrize("rc, said, told", [
+    (-15, None, (-15, "signal SIGTERM")),
+    (-15, 0, (0, "exit code 0, then stopped in its teardown (signal SIGTERM)")),
+    (-9, 42, (42, "exit code 42, then stopped in its teardown (signal SIGKILL)")),
+    (0, 3, (0, "exit code 0"))])  # it exited by itself meanwhile: the kernel's
+def test_task_stopped_tells_the_teardown_rule(rc, said, told):
+    from orchestrator.loop import exitwords
+
+    assert tuple(vars(exitwords.stopped(rc, "", said)).values()) == told
+
+
 @pytest.mark.parametrize("code, lost, note, why", [
     ("signal SIGKILL", "", "", "worker:1 exited with signal SIGKILL"),
     ("exit code 42", "", " (by itself)", "worker:1 exited with exit code 42 (by itself)"),

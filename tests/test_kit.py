@@ -326,6 +326,19 @@ def test_a_bad_spec_raises_the_field_named_error_and_starts_nothing(tmp_path: Pa
     assert not (tmp_path / "r").exists()
 
 
+def test_a_bad_cluster_file_s_error_names_the_file(tmp_path: Path):
+    """A cluster file is checked once, under its own name (it was read into data that the
+    pipeline then checked as "the cluster made from the command line")."""
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\njob: {entry: 'tests.jobs.kit:allreduce_ones'}\n"
+                    "tasks: {worker: ['localhost:0']}\n")
+    with pytest.raises(SpecError) as raised:
+        orchestrator.run(path, run_dir=tmp_path / "r")
+    assert str(raised.value).startswith(f"{path}: "), raised.value
+    assert "port 0 is outside 1-65535" in str(raised.value)
+    assert not (tmp_path / "r").exists()
+
+
 def test_import_orchestrator_stays_light():
     code = ("import sys, orchestrator; orchestrator.run; "
             "print(sorted(m for m in ('pydantic', 'tensorflow', 'yaml', "

@@ -6,8 +6,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from orchestrator.launch import describe_exit
 from orchestrator.launch.ssh.hostagent import agent_command
+from orchestrator.loop.exitwords import describe_exit
 from orchestrator.planning.spec import parse_spec
 
 PWNED = Path("/tmp/tfo-pwned")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.elastic import groups as elastic
-from orchestrator.elastic.groups import Group
+from orchestrator.elastic.groups import Group, first
 from orchestrator.loop import resizing
 from orchestrator.loop.supervise import JobState, Supervisor
 from orchestrator.planning.plan import TaskPlan
@@ -130,11 +130,27 @@ def run_scripted(tmp_path: Path, data: dict, scripts: dict[str, Script]):
         return FakeHandle(task, attempt, scripts[task.name], clock)
 
     lines: list[str] = []
-    result = Supervisor(planned(tmp_path, data), start=start,
+    plan = planned(tmp_path, data)
+    result = Supervisor(plan, start=start,
                         echo=lambda task, line: lines.append(f"[{task}] {line}"),
-                        clock=clock, waiter=FakeWaiter(clock), probe=lambda where: True).run()
+                        clock=clock, waiter=FakeWaiter(clock), probe=lambda where: True,
+                        elastic=first(plan)).run()
     events = run_events(tmp_path / "run")
     return result, started, events, lines
+
+
+def test_an_elastic_job_runs_the_first_group_it_is_handed(tmp_path) -> None:
+    """Planned once (pipeline.run): the Supervisor runs the first group it is given, and
+    refuses an elastic plan without it (it would run the whole pool as a fixed job)."""
+    plan = planned(tmp_path, elastic_spec(max_workers=2))
+    with pytest.raises(ValueError, match="elastic"):
+        Supervisor(plan, start=lambda task, attempt: None)  # type: ignore[arg-type,return-value]
+    handed = first(plan)
+    sup = Supervisor(plan, start=lambda task, attempt: None,  # type: ignore[arg-type,return-value]
+                     elastic=handed)
+    assert sup.job.plan is handed.plan
+    assert [t.name for t in sup.job.plan.tasks] == ["worker:0", "worker:1"]
+    sup.job.events.close()
 
 
 @pytest.mark.timeout(20)

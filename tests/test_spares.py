@@ -88,6 +88,31 @@ def test_warm_spares_setting(tmp_path):
     assert "warm_spares" in restart  # `tfo schema`, for editors
 
 
+def test_the_check_says_which_tasks_keep_a_spare_and_standby_makes_none_for_another(tmp_path):
+    """The preflight's rows stay in the backends (Backends.spares, the check's), not handed
+    out and back by the caller."""
+    from orchestrator.launch.backends import Backends
+
+    workers = ["localhost:auto", "localhost:auto"]
+    spec = parse_spec({"name": "t", "job": {"entry": "a.b:c"}, "tasks": {"worker": workers},
+                       "restart": {"policy": "on-failure", "warm_spares": False}})
+    backends = Backends(spec.hosts)
+    try:
+        off = make_plan(spec, run_id="t", run_dir=tmp_path / "run", workdir=tmp_path,
+                        ports=backends.allocate(spec))
+        assert backends.spares == frozenset()  # none before a check
+        backends.check(off)
+        assert backends.spares == frozenset()
+        assert backends.standby(off.tasks[0], 1) is None  # not one of them: none made
+        on = make_plan(spec.model_copy(update={"restart": spec.restart.model_copy(
+            update={"warm_spares": True})}), run_id="t", run_dir=tmp_path / "run",
+            workdir=tmp_path, ports=off.ports())
+        backends.check(on)
+        assert backends.spares == {"worker:0", "worker:1"}
+    finally:
+        backends.close()
+
+
 # ---- the bookkeeping ---------------------------------------------------------------------
 
 class FakeStandby:

@@ -211,6 +211,34 @@ def test_the_tasks_due_in_a_round_reach_the_backend_as_one_batch(tmp_path):
 
 
 @pytest.mark.timeout(20)
+def test_a_task_whose_batch_stopped_at_a_failed_start_keeps_its_attempt(tmp_path):
+    """A backend that takes the whole batch first (as SSH's and Slurm's do): worker:0's
+    start fails, so worker:1's answer is never taken, and it is not started: its next
+    start is still its attempt 0, as the events say (before: attempt 1, 0 skipped)."""
+    batches: list[list[tuple[str, int]]] = []
+    clock = FakeClock()
+    scripts = {"worker:0": Script([(0, 0.2, True)]), "worker:1": Script([(0, 0.2, True)])}
+
+    def start_batch(items):
+        items = list(items)
+        batches.append([(t.name, a) for t, a in items])
+        for t, a in items:
+            if (t.name, a) == ("worker:0", 0):
+                yield OSError("host lab2: unreachable")
+            else:
+                yield FakeHandle(t, a, scripts[t.name], clock)
+
+    result = Supervisor(planned(tmp_path, spec()), start=None, start_batch=start_batch,
+                        echo=lambda task, line: None, clock=clock,
+                        waiter=FakeWaiter(clock)).run()
+    assert result.state is JobState.SUCCEEDED, result.reason
+    assert batches == [[("worker:0", 0), ("worker:1", 0)], [("worker:0", 1), ("worker:1", 0)]]
+    events = run_events(tmp_path / "run")
+    assert [(e["task"], e["attempt"]) for e in events if e["event"] == "task_started"] == \
+        [("worker:0", 1), ("worker:1", 0)]
+
+
+@pytest.mark.timeout(20)
 def test_ps_worker_restarts_alone_and_chief_decides(tmp_path):
     scripts = {"chief:0": Script([(0, 0.6, True)]),
                "worker:1": Script([(-9, 0.1, True), (None, 0, True)]),

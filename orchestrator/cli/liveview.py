@@ -25,8 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.cli.console import ConsoleWriter, printable
-from orchestrator.launch import describe_exit
-from orchestrator.loop.decide import exited_how
+from orchestrator.loop.exitwords import cell as exit_cell
 from orchestrator.loop.rate import STALE_INTERVALS, STALE_SECONDS, shown
 
 if TYPE_CHECKING:
@@ -243,7 +242,7 @@ CELLS: dict[str, Any] = {
     "steps/s": lambda r: "-" if r.steps_per_second is None else f"{r.steps_per_second:.1f}",
     "loss": lambda r: _loss(r.trained.loss),
     "exit": lambda r: "-" if r.exit is None
-    else exited_how(describe_exit(r.exit), r.exit_reason, r.torn_down),
+    else exit_cell(r.exit, r.exit_reason, r.torn_down),
     "last line": lambda r: r.last or "-",
     "last event": lambda r: r.last or "-",
 }

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.cli.console import ChatterFilter, point_at_devnull, printable
-from orchestrator.launch import describe_exit
 from orchestrator.loop.resumes import lines
 from orchestrator.runs.rundir import RUNS, Outcome, RunDir, RunInfo, outcome
 
@@ -145,7 +144,8 @@ def print_summary(result: RunResult, elapsed: float | None = None,
     showed the tasks' lines (the failing task's last lines are not repeated then; the line
     above the verdict says how to see its log)."""
     from orchestrator.cli.liveview import FINAL, duration, row_from_outcome, table, without_restarts
-    from orchestrator.loop.decide import TaskState, exited_how
+    from orchestrator.loop.decide import TaskState
+    from orchestrator.loop.exitwords import cell
 
     rows = [row_from_outcome(t) for t in result.tasks]
     took = "" if elapsed is None else f" after {duration(elapsed)}"
@@ -159,7 +159,7 @@ def print_summary(result: RunResult, elapsed: float | None = None,
         error = raised(last)
         if not shown:
             # No exit code: it never started (its start failed), so it is not "still running".
-            how = exited_how(describe_exit(failed.returncode), failed.exit_reason) \
+            how = cell(failed.returncode, failed.exit_reason) \
                 if failed.returncode is not None else "could not start"
             # A task the job's end stopped (it trained alone) is not said to have failed.
             said = "failed" if failed.state is TaskState.FAILED else failed.state.value

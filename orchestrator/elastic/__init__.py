@@ -82,9 +82,10 @@ restart's). With the chief's host the one lost and no other copy, the group star
 **In the loop** (`orchestrator/loop/resizing.py`, `Resizing`; the Supervisor makes one where
 `spec.elastic` is set):
 
-1. Start: `resizing.first(plan)`: the places (`pool`, each keeping the port and node the
-   first plan gave it), `first_group`, and the Supervisor runs `plan_for` of that group
-   (plan.json keeps the first plan, of the whole pool).
+1. Start: `groups.first(plan)`, once, in pipeline.run: the places (`pool`, each keeping
+   the port and node the first plan gave it), `first_group`, and `plan_for` of that group,
+   which the Supervisor is handed (`elastic=`) and runs (plan.json keeps the first plan, of
+   the whole pool).
 2. Shrink: `Exits.lost` asks `Resizing.lost` first (`exits.resize`). A worker's place is
    lost by a failed start (its handle None), a cut lifeline (its handle lost
    contact), or `lost_after_failures` failures of its own in a row

@@ -38,7 +38,7 @@ import posixpath
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from orchestrator.elastic import backups
 from orchestrator.planning.plan import Plan, make_plan, task_name
@@ -406,6 +406,31 @@ def plan_for(plan: Plan, places: Sequence[Place], group: Group,
              if t.role is Role.WORKER else
              dataclasses.replace(t, env={**t.env, NUM_WORKERS_ENV: size}) for t in new.tasks]
     return dataclasses.replace(new, spec=spec, tasks=tasks)
+
+
+class First(NamedTuple):
+    """An elastic run's start, planned once (pipeline.run) and handed to the Supervisor:
+    the plan of its first group, the places it keeps (their ports and nodes the run's plan
+    gave them) and the group."""
+
+    plan: Plan  # the first group's
+    places: tuple[Place, ...]
+    group: Group
+    ps_places: tuple[Place, ...] = ()  # a parameter_server job's
+
+
+def first(plan: Plan) -> First:
+    """The run's plan (of the whole pool: plan.json's) → the plan of the first group, the
+    places and the group."""
+    spec = plan.spec
+    assert spec.elastic is not None
+    nodes = {t.name: t.placement.host for t in plan.tasks
+             if spec.scheduler and t.placement.kind == spec.scheduler}
+    places = pool(spec, plan.ports(), nodes)
+    ps_places = pool(spec, plan.ports(), nodes, Role.PS) \
+        if plan.strategy is Strategy.PARAMETER_SERVER else ()
+    group = first_group(spec.elastic, places, ps_places)
+    return First(plan_for(plan, places, group, ps_places=ps_places), places, group, ps_places)
 
 
 def _place_backup(env: dict[str, str], slot: int) -> dict[str, str]:

@@ -23,7 +23,6 @@ the CLI.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
@@ -202,15 +201,3 @@ class HostBackend:
 
 class BackendError(Exception):
     """A host could not be reached, authenticated or used; the message names the host."""
-
-
-def describe_exit(returncode: int | None) -> str:
-    """'exit code 3', 'signal SIGKILL', or 'still running'."""
-    if returncode is None:
-        return "still running"
-    if returncode < 0:
-        try:
-            return f"signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"

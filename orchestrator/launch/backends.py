@@ -2,7 +2,8 @@
 
     backends = Backends(spec.hosts)
     backends.start(task, attempt)      # BACKENDS[task.placement.kind], made on first use
-    backends.standby(task, attempt)    # a warm spare for that attempt, where the kind has them
+    backends.check(plan)               # the preflight; its rows also say which tasks keep
+    backends.standby(task, attempt)    # a warm spare (`spares`), where the kind has them
 
 `local` runs tasks on this machine; a host under `hosts:` names its own (`backend: ssh`,
 the default). A kind whose class has `options` is a scheduler: `backend: {KIND: {…}}` names
@@ -55,6 +56,7 @@ from orchestrator.launch.gpus import GpuReport, auto_hosts, gpu_problem
 from orchestrator.launch.local import LocalBackend
 from orchestrator.launch.preflight import HostCheck, same_versions
 from orchestrator.launch.slurm import SlurmBackend
+from orchestrator.launch.spares import spares_wanted
 from orchestrator.launch.ssh.backend import SshBackend
 from orchestrator.planning.plan import (
     Plan,
@@ -85,6 +87,9 @@ class Backends:
     def __init__(self, hosts: Mapping[str, HostSpec]) -> None:
         self._hosts = hosts
         self._made: dict[str, Backend] = {}
+        # The tasks that keep a warm spare in this run, by name: the last check's
+        # (spares_wanted of its rows); none before one.
+        self.spares: frozenset[str] = frozenset()
         hosts_kinds = ", ".join(sorted(set(BACKENDS) - set(schedulers())))
         for name, host in hosts.items():
             if host.backend in schedulers():
@@ -167,7 +172,9 @@ class Backends:
         for r in rows:
             if r.gpus and (problem := gpu_problem(plan.spec, r.host, r.gpus)):
                 r.problems.append(problem)
-        return same_versions(rows, shown=versions)
+        rows = same_versions(rows, shown=versions)
+        self.spares = spares_wanted(plan, rows)
+        return rows
 
     def gpus(self, spec: ClusterSpec, ask_hosts: bool) -> dict[str, GpuReport]:
         """What nvidia-smi -L reports on each host whose gpus are `auto`, asked by its
@@ -197,12 +204,11 @@ class Backends:
             make = getattr(backend, "start_batch", None)
             yield from make(run) if make is not None else one_by_one(backend.start, run)
 
-    def standby(self, task: TaskPlan, attempt: int,
-                wanted: frozenset[str] | None = None) -> int | None:
+    def standby(self, task: TaskPlan, attempt: int) -> int | None:
         """A warm spare for the task's `attempt` where its backend keeps them (local, SSH:
-        launch/spares.py) and the task is `wanted` (spares_wanted: names; None: any); its
-        pid, or None (none made)."""
-        if wanted is not None and task.name not in wanted:
+        launch/spares.py) and the task keeps one (`spares`, the check's); its pid, or None
+        (none made)."""
+        if task.name not in self.spares:
             return None
         make = getattr(self.get(task.placement.kind), "standby", None)
         return make(task, attempt) if make is not None else None

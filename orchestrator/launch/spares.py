@@ -54,7 +54,7 @@ default) turns them on where the host's memory holds them, host by host: its ava
 memory ≥ 2 × its training tasks × 650 MiB (a warm standby's RSS), as preflight found it
 (`HostCheck.mem_available`: this machine's from psutil, a lab host's from the probe); the
 import runs at nice 19, so cores are not asked. `spares_wanted(plan, checks)` gives the
-tasks that keep spares, by name, and
+tasks that keep spares, by name (`Backends.check` keeps them, `Backends.spares`), and
 `Backends.standby` makes none for another; `true` means every task but the servers, wherever
 the backend has them (local, SSH, Slurm). An SSH standby is one more task of its host's
 agent, with `TFO_STANDBY=1`: what it prints before GO (nothing, normally) is held until GO,

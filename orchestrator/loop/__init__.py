@@ -3,7 +3,8 @@
     Supervisor(plan, launcher, run_dir, clock=…).run() -> records.RunResult
 
 `supervise` is the loop; `job` and `records` its state; `decide` (and the pure modules
-beside it: stall, rate, resumes, joined) the decisions, table-tested on a fake clock;
+beside it: stall, rate, resumes, joined) the decisions, table-tested on a fake clock
+(`exitwords`: an exit's status and words, for the events and the tables);
 `intake`, `exits`, `starts`, `stopping`, `checks`, `stacks`, `backupfill`, `resizing` and
 `rundirwatch` act on them; `markers` reads what a task's side reports.
 
@@ -36,8 +37,9 @@ rule itself and calls no `sleep` (it hands `policy` and `rules` to `decide`;
   signals, the one `poll` and its timeout: the next start, or the hold's deadline), the
   result
 - `job.py`: `Job`: the state the others share (plan, records, job state, counters, events,
-  console, clock) and its one write path, `set` (supervisord's `change_state`), `end`; the
-  restart unit; `hold`, what holds the loop
+  console, clock) and its one write path, `set` (supervisord's `change_state`), `end`,
+  `restart` (the one writer of `task_restarted`: a policy's restart, a preemption's, a
+  resize's, a rejoin's); the restart unit; `hold`, what holds the loop
 - `records.py`: `TaskRecord` (a task across attempts), `Attempt` and its `Work` (one
   attempt, made fresh at each start), `TaskOutcome`, `RunResult`, `tail`
 - `intake.py`: `Intake`: the tasks' lines: markers change the attempt (ready, progress,
@@ -45,7 +47,8 @@ rule itself and calls no `sleep` (it hands `policy` and `rules` to `decide`;
   become events, other lines go to the console; an exit's last lines (`collect`); at an
   attempt's first step (or its good end) whether it joined the plan's cluster
   (`joined.judge`: `task_alone`, the console, `Job.alone`)
-- `exits.py`: `Exits`: an exit's state and words (`task_exited`), a preemption, a loss
+- `exits.py`: `Exits`: an exit's state and its `task_exited` (told by `exitwords`, as
+  `task_stopped` is), a preemption, a loss
   (`decide.on_loss`), a restart: the unit stopped, the chief's backup copied where a
   script's BackupAndRestore needs it (`exits.refill`), then `task_restarted` and its backoff
 - `backupfill.py`: `Refill`: before an MWMS group starts again (a restart, a resize, a

@@ -50,7 +50,7 @@ worker shares (one machine) is held everywhere and nothing is copied. A worker's
 the store cannot reach (a scheduler's node) is said in a `[tfo]` line as the fit starts
 (`backupfill.unfillable`): a restart would fail unless the path is shared.
 
-A rerun (`tfo rerun`, `tfo run runs/<id>/plan.json`; `pipeline.previous_plan`) resumes:
+A rerun (`tfo rerun`, `tfo run runs/<id>/plan.json`; `pipeline.Loaded.old`) resumes:
 before its first start, `backupfill.rerun` copies each task's old TFO_BACKUP_DIR into its
 new one on the same host (`BackupStore.carry`: `cp -pR` on a lab host), learns a script's
 directory from the old run's `task_backup` events (`told_before`), fills as for a restart,

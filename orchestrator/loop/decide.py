@@ -7,8 +7,10 @@ One rule, one place:
 - "is this a training task" (`training`: not a sidecar) and "a server" (`serving`);
 - an exit's state (`exit_state`: a server's any exit, else an exit not 0 and not a good
   teardown, is a loss);
-- an exit's words (`exited_how`, `stopped_how`, `lost_why`): the backends report a code and
-  a lost contact, and what a user reads of them is decided here;
+- an exit's status and words (`teardown_status`: a torn-down task's exit is its `exiting`
+  code; `exited_how`, `stopped_how`, `lost_why`): the backends report a code and a lost
+  contact, and what a user reads of them is decided here (loop/exitwords.py puts a code's
+  own words to them);
 - a sign of work (`busy_cpu`: the CPU a usage must say, a sidecar's bar higher);
 - the restart budget (`restarts_left`: a sidecar's own restarts, a training task's the job's,
   against max_restarts), which the loss (`on_loss`), the warm spares (`standby_wanted`,
@@ -190,6 +192,14 @@ def stopped_in_teardown(rc: int) -> bool:
     return rc == _KILLED
 
 
+def teardown_status(rc: int | None, said: int | None, ours: bool) -> int | None:
+    """A torn-down task's exit is its `exiting` code: a task whose code had ended with a
+    status (`said`, its `exiting` marker) and that our signal then ended (`ours`, and the
+    kernel reports a signal) exited with that status. None: the kernel's status stands (it
+    said none, or it ended otherwise). How each event records it: loop/exitwords.py."""
+    return said if ours and said is not None and rc is not None and rc < 0 else None
+
+
 def busy_cpu(role: Role, rules: StrategyRules) -> float:
     """The CPU (percent of one core) a task's usage must say to count as a sign of work: a
     training task's IDLE_CPU (one blocked in a collective reads 0.0), a sidecar's
@@ -198,7 +208,7 @@ def busy_cpu(role: Role, rules: StrategyRules) -> float:
 
 
 # ---- how an exit is told ----------------------------------------------------------------
-# The backends report facts: an exit code (-N: signal N; its words are launch.describe_exit)
+# The backends report facts: an exit code (-N: signal N; its words are exitwords.describe_exit)
 # and, where the code says less, a lost contact (`lost contact with lab2: ...`). Which words
 # a user reads is decided here, once: task_exited, task_stopped, a loss's reason, the tables.
 TORN_DOWN = "stopped in teardown"

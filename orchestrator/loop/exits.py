@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from orchestrator.launch import describe_exit
-from orchestrator.loop import decide
+from orchestrator.loop import decide, exitwords
 from orchestrator.loop.decide import EndJob, JobState, Restart, TaskState
 from orchestrator.loop.intake import Intake
 from orchestrator.loop.job import Job
@@ -34,12 +33,11 @@ class Exits:
         job = self.job
         if rec.current.torn_down and not decide.stopped_in_teardown(rc):
             rec.current.torn_down = False  # it ended on its own meanwhile: the kernel's status
-        if rec.current.torn_down and rec.current.exiting_code:
-            # Stopped in its teardown, but its code had ended with an exit status of its own
-            # (42: preempted, saved; 1: an error): that is how it exited, not a success.
-            rc = rec.current.exiting_code
-        how = decide.exited_how(describe_exit(rc), lost_contact(rec), rec.current.torn_down,
-                                describe_exit(rc) if rec.current.exiting_code else None)
+        # Stopped in its teardown after its code had ended with a status of its own (42:
+        # preempted, saved; 1: an error): that is how it exited (exitwords).
+        told = exitwords.exited(rc, lost_contact(rec), rec.current.torn_down,
+                                rec.current.exiting_code)
+        rc, how = told.returncode, told.how
         # The state decided, recorded: readers (tfo status) never work it out again. A
         # preemption (exit 42) is FAILED too, and restarts.
         state = decide.exit_state(rc, rec.torn_down_ok, rec.role, job.rules)
@@ -60,8 +58,8 @@ class Exits:
             if decide.training(rec.role, job.rules):
                 job.echo("tfo", f"{rec.name} finished")
             return
-        self.lost(rec, rc, decide.lost_why(rec.name, describe_exit(rc), lost_contact(rec),
-                                           job.not_preempted(rec, rc)))
+        self.lost(rec, rc, exitwords.lost_why(rec.name, rc, lost_contact(rec),
+                                              job.not_preempted(rec, rc)))
 
     def _preempted(self, rec: TaskRecord) -> bool:
         """`rec` exited EXIT_PREEMPTED: if a SIGTERM reached it or its restart unit this
@@ -126,11 +124,6 @@ class Exits:
             if self.refill is not None:
                 self.refill(again)
             for r in again:
-                r.restarts += counted
-                job.set(r, TaskState.PENDING)
-                r.start_after = due
-                job.events.write("task_restarted", r.name, attempt=r.attempt + 1,
-                                 restarts=r.restarts, reason=why, backoff=backoff,
-                                 counted=counted)
+                job.restart(r, why, due, backoff, counted)
 
         stop(job, self.intake, unit, "restart", then=stopped, peer_lost=peer_lost)

@@ -15,6 +15,7 @@ from orchestrator.loop.markers import (
     Backup,
     BadMarker,
     Checkpointed,
+    Done,
     Epoch,
     Evaluated,
     Exiting,
@@ -93,6 +94,8 @@ class Intake:
                                          rec.task.env.get(BACKUP_DIR_ENV, "/nonexistent"))
             elif isinstance(marker, Joined):
                 rec.current.joins.append(marker)
+            elif isinstance(marker, Done):
+                rec.done = marker  # what its entry returned (orchestrator.run's value)
             ours = own
             if isinstance(marker, Progress) and \
                     (rate := shown(rec.current.work.rate, job.clock())) is not None:

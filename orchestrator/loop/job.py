@@ -90,6 +90,17 @@ class Job:
         else:
             rec.state = advance(rec.state, new)
 
+    def restart(self, rec: TaskRecord, why: str, at: float, backoff: float = 0,
+                counted: bool = False) -> None:
+        """The one way a task is made to start again (`task_restarted`): PENDING, due `at`;
+        a `counted` restart counts against its restarts (a resize's, a rejoin's and a
+        preemption's do not)."""
+        rec.restarts += counted
+        self.set(rec, TaskState.PENDING)
+        rec.start_after = at
+        self.events.write("task_restarted", rec.name, attempt=rec.attempt + 1,
+                          restarts=rec.restarts, reason=why, backoff=backoff, counted=counted)
+
     def end(self, state: JobState, reason: str, failed_task: str | None = None) -> None:
         """The job reached a final state; the first ending stands."""
         if self.ending is None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 from orchestrator.loop.decide import JobState, TaskState
-from orchestrator.loop.markers import Joined, Progress, Usage, is_marker
+from orchestrator.loop.markers import Done, Joined, Progress, Usage, is_marker
 from orchestrator.loop.rate import Rate
 from orchestrator.loop.stall import Pace, Stall
 from orchestrator.planning.plan import TaskPlan
@@ -84,6 +84,8 @@ class TaskRecord:
     stack_lines: list[str] | None = None  # its output while its stacks are asked for
     start_failures: int = 0  # its starts that failed in a row (an unreachable host)
     crash_streak: int = 0  # its unit's quick failures in a row (decide.crash_streak)
+    started: int = 0  # its attempts that started (task_started)
+    done: Done | None = None  # its last `done` marker, of any attempt: what its entry returned
     current: Attempt = field(default_factory=lambda: Attempt(0.0))  # the last started
 
     @property
@@ -122,6 +124,8 @@ class TaskOutcome:
     progress: Progress | None = None  # the last attempt's last progress marker
     torn_down: bool = False  # stopped in its teardown (TEARDOWN_GRACE_SECONDS): a success
     exit_reason: str = ""  # `lost contact with lab2: ...`, where the exit code says less
+    attempts: int = 0  # that started
+    done: Done | None = None  # its last `done` marker (orchestrator.run's `value`)
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """An elastic job's resizes, carried out (issue 27): orchestrator/elastic/groups.py decides who
 trains, this acts on the loop's Job, as exits.py acts on decide's answers.
 
-    plan, places, group = first(plan)               # the plan of the first group
-    resizing = Resizing(job, intake, places, group, probe)
+    first = elastic.first(plan)                     # the first group's plan (pipeline.run)
+    resizing = make(job, intake, first, probe)      # the job's plan is first.plan
     exits.resize = resizing.lost                    # a loss: shrink, or the policy decides
     resizing.tick(now)                              # each round: probes, and a grow at an
                                                     # epoch boundary
@@ -31,11 +31,10 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable, Collection
-from typing import NamedTuple
 
 from orchestrator.elastic import groups as elastic
 from orchestrator.elastic.backupstore import BackupStore
-from orchestrator.elastic.groups import Act, Group, NoResize, Place, Resize
+from orchestrator.elastic.groups import Act, First, Group, NoResize, Place, Resize
 from orchestrator.loop import decide
 from orchestrator.loop.backupfill import Refill
 from orchestrator.loop.decide import JobState, TaskState
@@ -45,31 +44,9 @@ from orchestrator.loop.records import TaskRecord
 from orchestrator.loop.stopping import lost_contact, stop
 from orchestrator.planning.plan import Plan, task_name
 from orchestrator.planning.spec import LOCALHOST, ClusterSpec
-from worker_entry.markers import Role, Strategy
+from worker_entry.markers import Role
 
 Probe = Callable[[str], bool]  # a place's `where` → does it answer
-
-
-class First(NamedTuple):
-    plan: Plan  # the first group's
-    places: tuple[Place, ...]
-    group: Group
-    ps_places: tuple[Place, ...] = ()  # a parameter_server job's
-
-
-def first(plan: Plan) -> First:
-    """The run's plan (of the whole pool: plan.json's) → the plan of the first group, the
-    places and the group."""
-    spec = plan.spec
-    nodes = {t.name: t.placement.host for t in plan.tasks
-             if spec.scheduler and t.placement.kind == spec.scheduler}
-    places = elastic.pool(spec, plan.ports(), nodes)
-    ps_places = elastic.pool(spec, plan.ports(), nodes, Role.PS) \
-        if plan.strategy is Strategy.PARAMETER_SERVER else ()
-    assert spec.elastic is not None
-    group = elastic.first_group(spec.elastic, places, ps_places)
-    return First(elastic.plan_for(plan, places, group, ps_places=ps_places), places, group,
-                 ps_places)
 
 
 def make(job: Job, intake: Intake, first: First, probe: Probe | None = None,
@@ -257,13 +234,8 @@ class Resizing:
         self._follow(new, d.group)
         now = job.clock()
         for rec in job.records.values():
-            if not decide.training(rec.role, job.rules) or rec.finished:
-                continue
-            if rec.state is not TaskState.PENDING:
-                job.set(rec, TaskState.PENDING)
-            rec.start_after = now
-            job.events.write("task_restarted", rec.name, attempt=rec.attempt + 1,
-                             restarts=rec.restarts, reason=why, backoff=0, counted=False)
+            if decide.training(rec.role, job.rules) and not rec.finished:
+                job.restart(rec, why, now)
 
     def _plan_for(self, group: Group) -> Plan:
         return elastic.plan_for(self.job.plan, self.places, group)
@@ -375,10 +347,7 @@ class PsResizing(Resizing):
         for name in back:
             rec = self.gone.pop(name)
             job.records[name] = rec
-            job.set(rec, TaskState.PENDING)
-            rec.start_after = now
-            job.events.write("task_restarted", name, attempt=rec.attempt + 1,
-                             restarts=rec.restarts, reason=d.words, backoff=0, counted=False)
+            job.restart(rec, d.words, now)
         ordered = {t.name: job.records[t.name] for t in job.plan.tasks if t.name in job.records}
         job.records.clear()  # in the plan's order again (the tables list them so)
         job.records.update(ordered)

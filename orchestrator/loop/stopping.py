@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from orchestrator.launch import TaskHandle, describe_exit
-from orchestrator.loop import decide
+from orchestrator.launch import TaskHandle
+from orchestrator.loop import decide, exitwords
 from orchestrator.loop.decide import TaskState
 from orchestrator.loop.intake import Intake
 from orchestrator.loop.job import Job
@@ -100,18 +100,13 @@ class Stopping:
                              reason=f"still running {self.grace:g} s after SIGTERM")
         self.intake.collect(r, handle.poll())
         job.set(r, TaskState.STOPPED)
-        rc, said = r.current.returncode, r.current.exiting_code
         # Its code had ended with a status of its own (the `exiting` marker) and it waited in
-        # its teardown until our signal ended it: that status is how it ended, as in
-        # Exits.exited. One that exited on its own meanwhile is told by the kernel's status.
-        told = said is not None and rc is not None and rc < 0
-        how = decide.stopped_how(describe_exit(rc), lost_contact(r),
-                                 describe_exit(said) if told else None,
+        # its teardown until our signal ended it: that status is how it ended (exitwords).
+        told = exitwords.stopped(r.current.returncode, lost_contact(r), r.current.exiting_code,
                                  self.notes.get(r.name, ""))
-        if told:
-            r.current.returncode = said
-        job.events.write("task_stopped", r.name, pid=r.pid, returncode=r.current.returncode,
-                         how=how)
+        r.current.returncode = told.returncode
+        job.events.write("task_stopped", r.name, pid=r.pid, returncode=told.returncode,
+                         how=told.how)
 
 
 def teardown_waits(job: Job, now: float) -> None:

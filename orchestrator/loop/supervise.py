@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.elastic.backupstore import BackupStore
+from orchestrator.elastic.groups import First
 from orchestrator.launch import BatchLauncher, Launcher, TaskHandle, one_by_one, wakeup
 from orchestrator.loop import decide, resizing
 from orchestrator.loop.backupfill import Refill
@@ -126,16 +127,17 @@ class Supervisor:
                  start_batch: BatchLauncher | None = None, timing: Timing | None = None,
                  clock: Clock | None = None, waiter: wakeup.Waiter | None = None,
                  probe: resizing.Probe | None = None,
-                 backup_store: BackupStore | None = None) -> None:
+                 backup_store: BackupStore | None = None, elastic: First | None = None
+                 ) -> None:
         """`clock` and `waiter` are the loop's time and its one sleep (a test's fake clock
         and a waiter that moves it); `timing` the loop's own limits (decide.Timing). An
-        elastic job (`spec.elastic`) starts as its first group (resizing.first); `probe` asks
-        whether a lost or spare place answers (default resizing.reachable); `backup_store`
-        reads and fills the backups on restarts and resizes (default: this machine's
-        only)."""
-        first = resizing.first(plan) if plan.spec.elastic is not None else None
-        if first is not None:
-            plan = first.plan
+        elastic job runs `elastic`, its first group (elastic.groups.first(plan), planned
+        once by pipeline.run); `probe` asks whether a lost or spare place answers (default
+        resizing.reachable); `backup_store` reads and fills the backups on restarts and
+        resizes (default: this machine's only)."""
+        if (plan.spec.elastic is None) != (elastic is None):
+            raise ValueError("an elastic job, and only one, runs its first group: `elastic`")
+        plan = plan if elastic is None else elastic.plan
         self.plan = plan
         # Made, with plan.json, before anything starts (pipeline.make_run_dir): a bad place or
         # a full disk is the user's error there, and plan.json is not serialized twice.
@@ -154,8 +156,8 @@ class Supervisor:
         # worker's directory before the group starts again (backupfill).
         self.refill = Refill(job, backup_store)
         self.exits.refill = self.refill.restarting
-        self.resizing = None if first is None else resizing.make(
-            job, self.intake, first, probe=probe, store=backup_store, refill=self.refill)
+        self.resizing = None if elastic is None else resizing.make(
+            job, self.intake, elastic, probe=probe, store=backup_store, refill=self.refill)
         if self.resizing is not None:
             self.exits.resize = self.resizing.lost
             self.exits.replan = self.resizing.replan
@@ -231,7 +233,7 @@ class Supervisor:
             resumes=job.resumes.said,
             tasks=[TaskOutcome(r.name, r.state, r.current.returncode, r.restarts, r.task.log_path,
                                r.task.host, r.current.work.progress, r.torn_down_ok,
-                               r.current.exit_reason)
+                               r.current.exit_reason, r.started, r.done)
                    for r in job.records.values()])
 
     def _stop_all(self) -> None:
