@@ -316,6 +316,24 @@ def test_plan_for_the_new_size() -> None:
     assert job["backup_dir"] == "/w2/runs/r1/backup/worker-1"  # what the task reads
 
 
+def test_a_group_s_tasks_keep_their_places_profiler_ports() -> None:
+    """`tfo profile` reaches a group's tasks at the ports plan.json gave their places (the
+    group's plans had none: make_plan was given no profiler port, so no task served one)."""
+    from orchestrator.elastic.groups import first
+    from orchestrator.planning.plan import profiler_key
+
+    ports = PORTS | {profiler_key(n): p + 100 for n, p in PORTS.items() if n != "evaluator:0"}
+    pool_plan = make_plan(ELASTIC, run_id="r1", run_dir="/runs/r1", workdir="/w", ports=ports)
+    start = first(pool_plan)
+    assert [(t.name, t.profiler_port) for t in start.plan.tasks] == [
+        ("worker:0", 2100), ("worker:1", 2101), ("worker:2", 2102), ("evaluator:0", None)]
+    later = plan_for(start.plan, start.places, Group((1, 3)))
+    assert [(t.name, t.port, t.profiler_port, t.env.get("TFO_PROFILER_PORT"))
+            for t in later.tasks] == [("worker:0", 2001, 2101, "2101"),
+                                      ("worker:1", 2003, 2103, "2103"),
+                                      ("evaluator:0", 2009, None, None)]
+
+
 @pytest.mark.parametrize(("env", "size"), [
     ({NUM_WORKERS_ENV: "2", "TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"] * 3}})}, 2),
     ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"] * 3, "chief": ["c:1"]}})}, 4),

@@ -41,7 +41,7 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from orchestrator.elastic import backups
-from orchestrator.planning.plan import Plan, make_plan, task_name
+from orchestrator.planning.plan import Plan, make_plan, profiler_key, task_name
 from orchestrator.planning.spec import LOCALHOST, Address, ClusterSpec, ElasticSpec
 from orchestrator.runs.rundir import task_file
 from worker_entry.markers import NUM_WORKERS_ENV, Role, Strategy
@@ -129,6 +129,7 @@ class Place:
     host: str
     port: int
     node: str | None = None  # a Slurm place's node (`host` is then the node too)
+    profiler_port: int | None = None  # its task's profiler's, whatever index it has later
 
     @property
     def where(self) -> str:
@@ -147,7 +148,8 @@ def pool(spec: ClusterSpec, ports: Mapping[str, int],
         name = task_name(role, slot)
         port = address.port if address.port is not None else ports[name]
         node = (nodes or {}).get(name) if address.host == spec.scheduler else None
-        places.append(Place(slot, node or address.host, port, node))
+        places.append(Place(slot, node or address.host, port, node,
+                            ports.get(profiler_key(name))))
     return tuple(places)
 
 
@@ -397,9 +399,14 @@ def plan_for(plan: Plan, places: Sequence[Place], group: Group,
              if spec.scheduler and t.placement.kind == spec.scheduler}
     nodes |= {task_name(role, i): p.node for role, at in sized.items()
               for i, p in enumerate(at) if p.node}
+    ports = {t.name: t.port for t in others}
+    ports |= {profiler_key(t.name): t.profiler_port for t in others
+              if t.profiler_port is not None}
+    ports |= {profiler_key(task_name(role, i)): p.profiler_port for role, at in sized.items()
+              for i, p in enumerate(at) if p.profiler_port is not None}
     new = make_plan(spec.model_copy(update={"tasks": tasks_spec}), run_id=plan.run_id,
-                    run_dir=plan.run_dir, workdir=plan.workdir,
-                    ports={t.name: t.port for t in others}, nodes=nodes, **kwargs)
+                    run_dir=plan.run_dir, workdir=plan.workdir, ports=ports, nodes=nodes,
+                    **kwargs)
     size = str(len(group.members))
     tasks = [dataclasses.replace(t, env=_place_backup({**t.env, NUM_WORKERS_ENV: size},
                                                       group.members[t.index]))
