@@ -162,7 +162,7 @@ def test_the_table_names_the_slow_task_and_the_silent_one():
     assert "slow: worker:1, cause input: 93% of its 100.0 ms step is waiting for input" in text
     assert "tensorboard --logdir /r/tensorboard" in text
     paced = lines(Profile([tp("worker:0", 0.0, 0.8), tp("worker:1", 0.0, 0.85)]))
-    assert paced[-1] == ("slow: none; every task waits 80% or more of its step in "
+    assert paced[-2] == ("slow: none; every task waits 80% or more of its step in "
                          "communication: the collectives (or a ps) set the pace, not one task")
 
 
@@ -173,6 +173,7 @@ job:
   args: ["--slow_task", "worker:1", "--sleep_ms", "5", "--steps", "80"]
 tasks:
   worker: [localhost:auto, localhost:auto, localhost:auto]
+restart: {policy: on-failure, max_restarts: 2}
 """
 
 
@@ -216,6 +217,14 @@ def test_tfo_profile_names_the_input_starved_worker(tmp_path: Path, run_dir: Pat
         traces = sorted(p.name for p in (run_dir / "tensorboard/plugins/profile")
                         .glob("*/*.xplane.pb"))
         assert traces == ["worker_0.xplane.pb", "worker_1.xplane.pb"]
+        # TensorFlow's profiler can crash a traced worker (profiling.py's doc): said, as tfo
+        # saw it, and the job restarts it by its policy.
+        assert got.stdout.splitlines()[-1].startswith("note: TensorFlow's profiler can crash")
+        assert "restart policy worker: on-failure" in got.stdout
+        crashed = {e["task"] for e in events(run_dir) if e["event"] == "task_exited"
+                   and str(e.get("how", "")).startswith("signal")}
+        for name in crashed:
+            assert f"{name}: exited while traced (signal" in got.stdout, got.output
         assert "profiler: port" in (run_dir / "logs/worker-2.log").read_text()
         print(got.stdout)  # the closing note's table
         out, _ = job.communicate(timeout=300)
@@ -236,3 +245,50 @@ def test_tfo_profile_names_the_input_starved_worker(tmp_path: Path, run_dir: Pat
     over = run_tfo("profile", str(run_dir), timeout=60)
     assert over.returncode == 2 and "the run is over" in over.stderr, over.output
     assert time.monotonic() - started < 30
+
+
+def test_one_capture_at_a_time_per_run(tmp_path: Path):
+    from orchestrator.cli.profiling import ProfileError, capture_lock
+
+    held = pytest.raises(ProfileError, match=r"another tfo profile \(pid \d+\) is capturing")
+    with capture_lock(str(tmp_path)), held, capture_lock(str(tmp_path)):
+        pass
+    with capture_lock(str(tmp_path)):  # free again once the first ended
+        pass
+
+
+# (what, events, expected); the capture ran from t=100 to t=110, of worker:0 and worker:1
+LOST = [
+    ("a traced task that crashed while traced",
+     [{"event": "task_exited", "task": "worker:1", "time": 108.0, "how": "signal SIGSEGV"}],
+     {"worker:1": "signal SIGSEGV"}),
+    ("reaped by the loop a little after the trace ended",
+     [{"event": "task_exited", "task": "worker:1", "time": 113.0, "how": "signal SIGABRT"}],
+     {"worker:1": "signal SIGABRT"}),
+    ("an exit before the capture, one long after, an untraced task's: none",
+     [{"event": "task_exited", "task": "worker:1", "time": 99.0, "how": "signal SIGSEGV"},
+      {"event": "task_exited", "task": "worker:0", "time": 130.0, "how": "exit 0"},
+      {"event": "task_exited", "task": "worker:2", "time": 105.0, "how": "signal SIGSEGV"}],
+     {}),
+    ("progress is no exit", [{"event": "task_progress", "task": "worker:0", "time": 105.0}], {}),
+    ("an exit code without its words", [{"event": "task_exited", "task": "worker:0",
+                                         "time": 101.0, "returncode": 1}],
+     {"worker:0": "exit 1"}),
+]
+
+
+@pytest.mark.parametrize(("events", "expected"), [(e, x) for _, e, x in LOST],
+                         ids=[w for w, _, _ in LOST])
+def test_a_task_lost_while_traced_is_named(events, expected):
+    from orchestrator.cli.profiling import lost_while_traced
+
+    assert lost_while_traced(events, ["worker:0", "worker:1"], 100.0, 110.0) == expected
+
+
+def test_the_table_says_the_profiler_can_crash_a_task():
+    found = Profile([tp("worker:0", 0.0, 0.3), tp("worker:1", 0.0, 0.3)],
+                    lost={"worker:1": "signal SIGSEGV"}, restart="worker: never")
+    text = "\n".join(lines(found))
+    assert "worker:1: exited while traced (signal SIGSEGV)" in text
+    assert lines(found)[-1].startswith("note: TensorFlow's profiler can crash a traced task")
+    assert lines(found)[-1].endswith("; restart policy worker: never")
