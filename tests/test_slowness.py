@@ -58,3 +58,31 @@ CASES = [
                          ids=[c[0] for c in CASES])
 def test_slow_worker(table, count, expected):
     assert rounds(table, count=count) == expected
+
+
+def test_the_watch_writes_one_event_and_one_line(monkeypatch):
+    """SlowWatch in the loop: each task's rate now in; `task_slow` in the events and a line
+    in the console, once."""
+    from types import SimpleNamespace
+
+    from orchestrator.loop import slowness
+
+    rates = {"worker:0": 4.0, "worker:1": 1.0, "ps:0": None}
+    monkeypatch.setattr(slowness, "shown", lambda rate, now: rate)
+    records = {name: SimpleNamespace(
+        name=name, role=Role.PS if name.startswith("ps") else Role.WORKER, attempt=0,
+        state=SimpleNamespace(live=True), current=SimpleNamespace(
+            work=SimpleNamespace(rate=rate))) for name, rate in rates.items()}
+    written, echoed = [], []
+    job = SimpleNamespace(records=records, echo=lambda who, text: echoed.append((who, text)),
+                          events=SimpleNamespace(
+                              write=lambda event, task, **f: written.append((event, task, f))))
+    watch = slowness.SlowWatch(job)
+    for t in range(0, 60):
+        watch.tick(float(t))
+    assert [(e, task) for e, task, _ in written] == [("task_slow", "worker:1")]
+    fields = written[0][2]
+    assert (fields["steps_per_second"], fields["peers_steps_per_second"], fields["cause"]) == \
+        (1.0, 4.0, "steps")
+    assert echoed == [("tfo", "worker:1 is slow: 1.00 steps/s while its peers run 4.00 (25%) "
+                              "for 30 s and more")]
