@@ -292,3 +292,46 @@ def test_the_table_says_the_profiler_can_crash_a_task():
     assert "worker:1: exited while traced (signal SIGSEGV)" in text
     assert lines(found)[-1].startswith("note: TensorFlow's profiler can crash a traced task")
     assert lines(found)[-1].endswith("; restart policy worker: never")
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(400)
+def test_tfo_profile_captures_a_parameter_server_job(tmp_path: Path, run_dir: Path):
+    """A ParameterServer job (TensorFlow's tutorial, Model.fit): its chief, workers and ps
+    each serve a profiler; one `tfo profile` writes a trace per task, prints a row for each,
+    and the chief trains on after it."""
+    job = subprocess.Popen(
+        tfo_cmd("run", "--run-dir", str(run_dir), "--strategy", "ps", "--workers", "2",
+                "--ps", "1", "--no-logs", "--", "python", "tests/scripts/ps_tutorial.py",
+                "--cluster", "tf_config", "--epochs", "1000", "--steps_per_epoch", "10"),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        def steps() -> int:  # a ParameterServer fit tells its epochs (progress.fit)
+            return max([e.get("epoch") or 0 for e in events(run_dir)
+                        if e["event"] == "task_epoch" and e["task"] == "chief:0"] + [0])
+        assert wait_until(lambda: steps() >= 2, 240, interval=0.5), "no training"
+        got = run_tfo("profile", str(run_dir), "--seconds", "3", timeout=200)
+        assert got.returncode == 0, got.output
+        rows = {line.split()[0] for line in got.stdout.splitlines()
+                if line.split() and line.split()[0] in ("chief:0", "worker:0", "worker:1",
+                                                        "ps:0")}
+        assert rows == {"chief:0", "worker:0", "worker:1", "ps:0"}, got.output
+        traces = sorted(p.name for p in (run_dir / "tensorboard/plugins/profile")
+                        .glob("*/*.xplane.pb"))
+        assert traces == ["chief_0.xplane.pb", "ps_0.xplane.pb", "worker_0.xplane.pb",
+                          "worker_1.xplane.pb"], got.output
+        print(got.stdout)
+        assert "chief:0: " not in got.stdout, got.output  # the chief's steps are analysed
+        for server in ("worker:0", "worker:1", "ps:0"):
+            assert f"{server}: no step of its own (it serves the chief's closures)" in \
+                got.stdout, got.output
+        crashed = {e["task"] for e in events(run_dir) if e["event"] == "task_exited"}
+        for name in crashed:
+            assert f"{name}: exited while traced" in got.stdout, got.output
+        after = steps()
+        assert wait_until(lambda: steps() > after, 120, interval=0.5), "no epoch after"
+    finally:
+        if job.poll() is None:
+            kill_tree(job.pid)
+            job.wait()

@@ -68,6 +68,12 @@ HELPER_SLACK_SECONDS = 90  # the helper's time beyond the trace: its start, the 
 # start delay for many hosts, the analyses
 LOST_SLACK_SECONDS = 5.0  # a task's exit this long after the capture still counts as its
 # (tfo's loop reaps an exit within a second or two at load 40)
+REAP_WAIT_SECONDS = 2.0  # waited after the capture for the loop's record of such an exit: a
+# crash comes as the trace stops, seconds before the helper's analyses end
+# A ParameterServer job's ps and workers are servers: they run the chief's closures and
+# variable reads, no step of their own that xprof's step analysis finds.
+SERVER_NO_STEP = ("no step of its own (it serves the chief's closures): its trace is for "
+                  "TensorBoard's trace viewer")
 CRASH_NOTE = ("note: TensorFlow's profiler can crash a traced task (a use-after-free when a "
               "trace stops: 17 of 93 captures of 2-worker MultiWorkerMirrored jobs, "
               "docs/guide/slow.md)")
@@ -236,8 +242,8 @@ def profile(rd: RunDir, seconds: float = 2.0, tasks: list[str] | None = None,
                                " s") from None
         ended = time.time()
     found = _read_answer(done, services, without, logdir)
-    if ended + LOST_SLACK_SECONDS > time.time():  # the loop's record of an exit at the end
-        time.sleep(ended + LOST_SLACK_SECONDS - time.time())
+    if ended + REAP_WAIT_SECONDS > time.time():  # the loop's record of an exit at the end
+        time.sleep(ended + REAP_WAIT_SECONDS - time.time())
     found.lost = lost_while_traced(rd.read_events()[0], list(services), started, ended)
     found.restart = ", ".join(sorted({
         f"{t.role.value}: {plan.spec.restart.for_role(t.role, plan.spec.strategy).value}"
@@ -245,6 +251,8 @@ def profile(rd: RunDir, seconds: float = 2.0, tasks: list[str] | None = None,
     for i, t in enumerate(found.tasks):  # why a task did not answer, where its log says
         if t.error and (why := said_in_log(plan.task(t.name).log_path)):
             found.tasks[i] = TaskProfile(t.name, error=f"{t.error} ({why})")
+        elif t.error.startswith("no step") and plan.task(t.name).role in plan.rules.servers:
+            found.tasks[i] = TaskProfile(t.name, file=t.file, error=SERVER_NO_STEP)
     return found
 
 
