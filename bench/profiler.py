@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -26,16 +25,14 @@ from bench.run import (
     REPO,
     Setting,
     add,
+    alternated,
     detail,
     events,
     job_args,
     kill_group,
     spec,
-    steady_throughput,
-    task_logs,
+    steady_run,
     tfo,
-    timeline,
-    wait,
 )
 
 
@@ -54,21 +51,14 @@ def bench_profiler(s: Setting, tmp: Path) -> None:
     print(f"profiler: {pairs} × (profiler services on, off), {epochs} epochs each", flush=True)
 
     def arm(i: int, on: bool) -> float:
-        rd = tmp / f"profiler-{'on' if on else 'off'}-{i}"
         path = _spec(tmp / f"profiler-{i}-{on}.json", "bench-profiler",
                      job_args(s, epochs=epochs), 2, on)
-        if wait(tfo("run", str(path), "--run-dir", str(rd)), 600, "tfo run") != 0:
-            raise RuntimeError(f"tfo run failed; see {rd}")
-        speed = statistics.mean(steady_throughput(timeline(text), s.steps_per_epoch)
-                                for text in task_logs(rd).values())
+        speed = steady_run(s, path, tmp / f"profiler-{'on' if on else 'off'}-{i}")
         if i >= 0:
             detail(f"profiler {'on' if on else 'off'} steps_per_s", speed)
         return speed
 
-    arm(-1, True), arm(-1, False)
-    for i in range(pairs):
-        got = {on: arm(i, on) for on in ((True, False) if i % 2 == 0 else (False, True))}
-        add("profiler_ratio", got[True] / got[False])
+    alternated("profiler_ratio", pairs, arm)
     for workers in (2, 8):
         for i in range(max(1, s.pairs // 3)):
             add(f"profile_{workers}_s", _capture_time(s, tmp, workers, i))

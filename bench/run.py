@@ -522,6 +522,24 @@ def bench_paired(s: Setting, tmp: Path) -> None:
         add("cpu_ratio", tc / hc)
 
 
+def steady_run(s: Setting, path: Path, rd: Path) -> float:
+    """One tfo run of the cluster file `path` into `rd`: its tasks' mean steady steps/s."""
+    if wait(tfo("run", str(path), "--run-dir", str(rd)), 600, "tfo run") != 0:
+        raise RuntimeError(f"tfo run failed; see {rd}")
+    return statistics.mean(steady_throughput(timeline(text), s.steps_per_epoch)
+                           for text in task_logs(rd).values())
+
+
+def alternated(key: str, pairs: int, arm: Callable[[int, bool], float]) -> None:
+    """A paired figure: `arm(i, on)` gives steps/s with the thing measured on or off; a
+    warm-up of each first (i = -1, not counted), then `pairs` pairs A B, B A, … (drift over a
+    pair would tilt every ratio the same way with A always first), on ÷ off added to `key`."""
+    arm(-1, True), arm(-1, False)
+    for i in range(pairs):
+        got = {on: arm(i, on) for on in ((True, False) if i % 2 == 0 else (False, True))}
+        add(key, got[True] / got[False])
+
+
 # ---- the automatic progress: with it against without --------------------------------------
 
 def bench_progress(s: Setting, tmp: Path) -> None:
@@ -536,22 +554,15 @@ def bench_progress(s: Setting, tmp: Path) -> None:
           flush=True)
 
     def arm(i: int, auto: bool) -> float:
-        rd = tmp / f"progress-{'on' if auto else 'off'}-{i}"
         path = spec(tmp / f"progress-{i}-{auto}.json", "bench-progress",
                     job_args(s, epochs=epochs), 2,
                     env=None if auto else {"TFO_AUTO_PROGRESS": "0"})
-        if wait(tfo("run", str(path), "--run-dir", str(rd)), 600, "tfo run") != 0:
-            raise RuntimeError(f"tfo run failed; see {rd}")
-        speed = statistics.mean(steady_throughput(timeline(text), s.steps_per_epoch)
-                                for text in task_logs(rd).values())
+        speed = steady_run(s, path, tmp / f"progress-{'on' if auto else 'off'}-{i}")
         if i >= 0:
             detail(f"progress {'on' if auto else 'off'} steps_per_s", speed)
         return speed
 
-    arm(-1, True), arm(-1, False)
-    for i in range(pairs):
-        got = {auto: arm(i, auto) for auto in ((True, False) if i % 2 == 0 else (False, True))}
-        add("progress_ratio", got[True] / got[False])
+    alternated("progress_ratio", pairs, arm)
     if s.fake:
         return
     done = subprocess.run([PY, "bench/progress_cost.py", "--pairs", str(s.pairs)], cwd=REPO,

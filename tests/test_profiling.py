@@ -162,7 +162,7 @@ def test_the_table_names_the_slow_task_and_the_silent_one():
     assert "slow: worker:1, cause input: 93% of its 100.0 ms step is waiting for input" in text
     assert "tensorboard --logdir /r/tensorboard" in text
     paced = lines(Profile([tp("worker:0", 0.0, 0.8), tp("worker:1", 0.0, 0.85)]))
-    assert paced[-1] == ("slow: none; every task waits 80% or more of its step in "
+    assert paced[-2] == ("slow: none; every task waits 80% or more of its step in "
                          "communication: the collectives (or a ps) set the pace, not one task")
 
 
@@ -173,6 +173,7 @@ job:
   args: ["--slow_task", "worker:1", "--sleep_ms", "5", "--steps", "80"]
 tasks:
   worker: [localhost:auto, localhost:auto, localhost:auto]
+restart: {policy: on-failure, max_restarts: 2}
 """
 
 
@@ -216,6 +217,14 @@ def test_tfo_profile_names_the_input_starved_worker(tmp_path: Path, run_dir: Pat
         traces = sorted(p.name for p in (run_dir / "tensorboard/plugins/profile")
                         .glob("*/*.xplane.pb"))
         assert traces == ["worker_0.xplane.pb", "worker_1.xplane.pb"]
+        # TensorFlow's profiler can crash a traced worker (profiling.py's doc): said, as tfo
+        # saw it, and the job restarts it by its policy.
+        assert got.stdout.splitlines()[-1].startswith("note: TensorFlow's profiler can crash")
+        assert "restart policy worker: on-failure" in got.stdout
+        crashed = {e["task"] for e in events(run_dir) if e["event"] == "task_exited"
+                   and str(e.get("how", "")).startswith("signal")}
+        for name in crashed:
+            assert f"{name}: exited while traced (signal" in got.stdout, got.output
         assert "profiler: port" in (run_dir / "logs/worker-2.log").read_text()
         print(got.stdout)  # the closing note's table
         out, _ = job.communicate(timeout=300)
@@ -236,3 +245,93 @@ def test_tfo_profile_names_the_input_starved_worker(tmp_path: Path, run_dir: Pat
     over = run_tfo("profile", str(run_dir), timeout=60)
     assert over.returncode == 2 and "the run is over" in over.stderr, over.output
     assert time.monotonic() - started < 30
+
+
+def test_one_capture_at_a_time_per_run(tmp_path: Path):
+    from orchestrator.cli.profiling import ProfileError, capture_lock
+
+    held = pytest.raises(ProfileError, match=r"another tfo profile \(pid \d+\) is capturing")
+    with capture_lock(str(tmp_path)), held, capture_lock(str(tmp_path)):
+        pass
+    with capture_lock(str(tmp_path)):  # free again once the first ended
+        pass
+
+
+# (what, events, expected); the capture ran from t=100 to t=110, of worker:0 and worker:1
+LOST = [
+    ("a traced task that crashed while traced",
+     [{"event": "task_exited", "task": "worker:1", "time": 108.0, "how": "signal SIGSEGV"}],
+     {"worker:1": "signal SIGSEGV"}),
+    ("reaped by the loop a little after the trace ended",
+     [{"event": "task_exited", "task": "worker:1", "time": 113.0, "how": "signal SIGABRT"}],
+     {"worker:1": "signal SIGABRT"}),
+    ("an exit before the capture, one long after, an untraced task's: none",
+     [{"event": "task_exited", "task": "worker:1", "time": 99.0, "how": "signal SIGSEGV"},
+      {"event": "task_exited", "task": "worker:0", "time": 130.0, "how": "exit 0"},
+      {"event": "task_exited", "task": "worker:2", "time": 105.0, "how": "signal SIGSEGV"}],
+     {}),
+    ("progress is no exit", [{"event": "task_progress", "task": "worker:0", "time": 105.0}], {}),
+    ("an exit code without its words", [{"event": "task_exited", "task": "worker:0",
+                                         "time": 101.0, "returncode": 1}],
+     {"worker:0": "exit 1"}),
+]
+
+
+@pytest.mark.parametrize(("events", "expected"), [(e, x) for _, e, x in LOST],
+                         ids=[w for w, _, _ in LOST])
+def test_a_task_lost_while_traced_is_named(events, expected):
+    from orchestrator.cli.profiling import lost_while_traced
+
+    assert lost_while_traced(events, ["worker:0", "worker:1"], 100.0, 110.0) == expected
+
+
+def test_the_table_says_the_profiler_can_crash_a_task():
+    found = Profile([tp("worker:0", 0.0, 0.3), tp("worker:1", 0.0, 0.3)],
+                    lost={"worker:1": "signal SIGSEGV"}, restart="worker: never")
+    text = "\n".join(lines(found))
+    assert "worker:1: exited while traced (signal SIGSEGV)" in text
+    assert lines(found)[-1].startswith("note: TensorFlow's profiler can crash a traced task")
+    assert lines(found)[-1].endswith("; restart policy worker: never")
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(400)
+def test_tfo_profile_captures_a_parameter_server_job(tmp_path: Path, run_dir: Path):
+    """A ParameterServer job (TensorFlow's tutorial, Model.fit): its chief, workers and ps
+    each serve a profiler; one `tfo profile` writes a trace per task, prints a row for each,
+    and the chief trains on after it."""
+    job = subprocess.Popen(
+        tfo_cmd("run", "--run-dir", str(run_dir), "--strategy", "ps", "--workers", "2",
+                "--ps", "1", "--no-logs", "--", "python", "tests/scripts/ps_tutorial.py",
+                "--cluster", "tf_config", "--epochs", "1000", "--steps_per_epoch", "10"),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        def steps() -> int:  # a ParameterServer fit tells its epochs (progress.fit)
+            return max([e.get("epoch") or 0 for e in events(run_dir)
+                        if e["event"] == "task_epoch" and e["task"] == "chief:0"] + [0])
+        assert wait_until(lambda: steps() >= 2, 240, interval=0.5), "no training"
+        got = run_tfo("profile", str(run_dir), "--seconds", "3", timeout=200)
+        assert got.returncode == 0, got.output
+        rows = {line.split()[0] for line in got.stdout.splitlines()
+                if line.split() and line.split()[0] in ("chief:0", "worker:0", "worker:1",
+                                                        "ps:0")}
+        assert rows == {"chief:0", "worker:0", "worker:1", "ps:0"}, got.output
+        traces = sorted(p.name for p in (run_dir / "tensorboard/plugins/profile")
+                        .glob("*/*.xplane.pb"))
+        assert traces == ["chief_0.xplane.pb", "ps_0.xplane.pb", "worker_0.xplane.pb",
+                          "worker_1.xplane.pb"], got.output
+        print(got.stdout)
+        assert "chief:0: " not in got.stdout, got.output  # the chief's steps are analysed
+        for server in ("worker:0", "worker:1", "ps:0"):
+            assert f"{server}: no step of its own (it serves the chief's closures)" in \
+                got.stdout, got.output
+        crashed = {e["task"] for e in events(run_dir) if e["event"] == "task_exited"}
+        for name in crashed:
+            assert f"{name}: exited while traced" in got.stdout, got.output
+        after = steps()
+        assert wait_until(lambda: steps() > after, 120, interval=0.5), "no epoch after"
+    finally:
+        if job.poll() is None:
+            kill_tree(job.pid)
+            job.wait()

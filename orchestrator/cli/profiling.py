@@ -24,14 +24,31 @@ waits in communication most of its step and none stands out, that is said, as no
 small model's all-reduce on one machine reads so). A balanced job gets no verdict: on a
 loaded machine one 2 s trace can catch the scheduler running one worker more than another,
 so the spread asked for is nearly half a step.
+
+A capture can crash a traced task, inside TensorFlow (2.21, CPU): when a trace stops, its host
+tracer (`TraceMeRecorder::Consume`, xla/tsl) keeps pointers to the events whose start was
+recorded on another thread, then grows the vector of each thread's events, which copies them
+(libstdc++'s deque has no noexcept move) and frees the originals; merging the starts in
+writes through the stale pointers. MWMS's `CollectiveExecutor::CompleteParamsAsync` starts on
+one thread and ends on a gRPC thread of every worker but the group's leader, so each trace of
+worker:1 writes freed memory: a SIGSEGV in `FindStartAndMerge` or glibc's `double free or
+corruption` in 17 of 93 captures of 2-worker jobs at load 25-45, whatever the trace level or
+whether the tasks are traced together or one after the other (docs/guide/slow.md). Nothing
+tfo can set avoids it, so `tfo profile` says so: a note with the job's restart policy under
+the table, and a task that exited while it was traced is named.
+One capture at a time per run (`capture_lock`): the profiler serves one session at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +66,17 @@ BOUND = 0.5  # every task waits in communication more than this of its step: sai
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELPER_SLACK_SECONDS = 90  # the helper's time beyond the trace: its start, the client's 3 s
 # start delay for many hosts, the analyses
+LOST_SLACK_SECONDS = 5.0  # a task's exit this long after the capture still counts as its
+# (tfo's loop reaps an exit within a second or two at load 40)
+REAP_WAIT_SECONDS = 2.0  # waited after the capture for the loop's record of such an exit: a
+# crash comes as the trace stops, seconds before the helper's analyses end
+# A ParameterServer job's ps and workers are servers: they run the chief's closures and
+# variable reads, no step of their own that xprof's step analysis finds.
+SERVER_NO_STEP = ("no step of its own (it serves the chief's closures): its trace is for "
+                  "TensorBoard's trace viewer")
+CRASH_NOTE = ("note: TensorFlow's profiler can crash a traced task (a use-after-free when a "
+              "trace stops: 17 of 93 captures of 2-worker MultiWorkerMirrored jobs, "
+              "docs/guide/slow.md)")
 
 
 class ProfileError(SpecError):
@@ -94,6 +122,8 @@ class Profile:
     capture_seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
     without: dict[str, str] = field(default_factory=dict)  # tasks not captured, and why
+    lost: dict[str, str] = field(default_factory=dict)  # tasks that exited while traced: how
+    restart: str = ""  # what the job does about a lost task (its restart policy), for the note
 
     @property
     def verdict(self) -> Verdict | None:
@@ -200,19 +230,68 @@ def profile(rd: RunDir, seconds: float = 2.0, tasks: list[str] | None = None,
         raise ProfileError(f"--seconds: {seconds:g}; give 0 < seconds <= 600")
     logdir = os.path.abspath(rd.tensorboard)
     asked = {"services": services, "logdir": logdir, "ms": int(seconds * 1000)}
-    try:
-        done = subprocess.run(  # from tfo's own directory: its worker_entry, installed or not
-            [python, "-m", "worker_entry.profiletool", json.dumps(asked)],
-            capture_output=True, text=True, timeout=seconds + HELPER_SLACK_SECONDS,
-            cwd=REPO)
-    except subprocess.TimeoutExpired:
-        raise ProfileError(f"the capture did not end in {seconds + HELPER_SLACK_SECONDS:g} s"
-                           ) from None
+    with capture_lock(rd.path):
+        started = time.time()
+        try:
+            done = subprocess.run(  # from tfo's own directory: its worker_entry, installed or not
+                [python, "-m", "worker_entry.profiletool", json.dumps(asked)],
+                capture_output=True, text=True, timeout=seconds + HELPER_SLACK_SECONDS,
+                cwd=REPO)
+        except subprocess.TimeoutExpired:
+            raise ProfileError(f"the capture did not end in {seconds + HELPER_SLACK_SECONDS:g}"
+                               " s") from None
+        ended = time.time()
     found = _read_answer(done, services, without, logdir)
+    if ended + REAP_WAIT_SECONDS > time.time():  # the loop's record of an exit at the end
+        time.sleep(ended + REAP_WAIT_SECONDS - time.time())
+    found.lost = lost_while_traced(rd.read_events()[0], list(services), started, ended)
+    found.restart = ", ".join(sorted({
+        f"{t.role.value}: {plan.spec.restart.for_role(t.role, plan.spec.strategy).value}"
+        for t in chosen if t.name in services}))
     for i, t in enumerate(found.tasks):  # why a task did not answer, where its log says
         if t.error and (why := said_in_log(plan.task(t.name).log_path)):
             found.tasks[i] = TaskProfile(t.name, error=f"{t.error} ({why})")
+        elif t.error.startswith("no step") and plan.task(t.name).role in plan.rules.servers:
+            found.tasks[i] = TaskProfile(t.name, file=t.file, error=SERVER_NO_STEP)
     return found
+
+
+@contextlib.contextmanager
+def capture_lock(run_dir: str) -> Iterator[None]:
+    """One `tfo profile` at a time per run: TensorFlow's profiler serves one session at a
+    time (a second is refused by every task), and two captures would be two chances of the
+    crash (module doc). A ProfileError names the holder."""
+    path = os.path.join(run_dir, "profile.lock")
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip()[:20] or "another process"
+            raise ProfileError(f"{run_dir}: another tfo profile (pid {holder}) is capturing "
+                               "this run; wait for its table") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            f.truncate(0)
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def lost_while_traced(events: list[dict[str, Any]], names: list[str], since: float,
+                      until: float, slack: float = LOST_SLACK_SECONDS) -> dict[str, str]:
+    """The traced tasks that exited while the capture ran (or `slack` after: the loop reaps
+    an exit late), and how, from the run's own events (`task_exited`)."""
+    lost = {}
+    for e in events:
+        t = e.get("time")
+        if e.get("event") == "task_exited" and e.get("task") in names and \
+                isinstance(t, (int, float)) and since <= t <= until + slack:
+            lost[e["task"]] = str(e.get("how") or f"exit {e.get('returncode')}")[:80]
+    return lost
 
 
 def said_in_log(path: str, tail: int = 1 << 16) -> str | None:
@@ -260,6 +339,8 @@ def lines(found: Profile) -> list[str]:
     out += [f"{t.name}: {t.error}" for t in found.tasks if t.error]
     out += [f"{name}: not captured: {why}" for name, why in found.without.items()]
     out += found.errors
+    out += [f"{name}: exited while traced ({how}): the profiler's crash (below); the job goes "
+            "on as its restart policy says" for name, how in found.lost.items()]
     v = found.verdict
     if v is not None:
         out.append(f"slow: {v.task}, cause {v.cause}: {v.why}")
@@ -269,4 +350,5 @@ def lines(found: Profile) -> list[str]:
     if found.session:
         out.append(f"traces: {found.session} (tensorboard --logdir {found.logdir}: its "
                    "Profile tab)")
+    out.append(CRASH_NOTE + (f"; restart policy {found.restart}" if found.restart else ""))
     return out

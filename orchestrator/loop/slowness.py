@@ -1,0 +1,108 @@
+"""The slow worker named without being asked (issue 41, item 3): a training task whose steps
+lag its peers' for a while gets one `task_slow` event and a console line.
+
+    watch = SlowWatch(job)        # in the loop
+    watch.tick(now)               # each round: reads each task's steps per second
+
+The signal is the one tfo has anyway: each task's steps per second from its own progress
+markers (loop/rate.py, the live table's figure). `judge` decides, pure, on a table of
+(task, role, rate) and what it remembered (tests/test_slowness.py, on a fake clock):
+
+- Only the tasks that step: workers, and a chief, of a job that reports steps. A ps, a
+  data_worker or dispatcher, an evaluator never are (they serve, or evaluate at their own
+  pace), and a task whose rate tfo does not know now (starting, between fits, stopped) is
+  left out, as are its peers' when fewer than two rates are known.
+- A task lags when its rate is under RATIO of its peers' median (the others' rates). In a
+  synchronous job (MultiWorkerMirrored) every worker runs at the slowest's pace, so its
+  rates never part: no verdict there from this signal (`tfo profile` tells who holds the
+  others back). Workers that step on their own (a ParameterServer job's, or independent
+  loops) do part.
+- It lags for HOLD_SECONDS on end (a checkpoint, an epoch's end, a restart of a peer
+  swing one rate for a few seconds: no false alarm for those), judged at most every
+  CHECK_SECONDS.
+- The chief is never named: it does the job's extra work (checkpoints, summaries, the
+  evaluation a script runs on it) and is slower by design; it still counts among its
+  peers.
+- Once per task per run: the verdict is news, not a state.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from orchestrator.loop.job import Job
+from orchestrator.loop.rate import shown
+from worker_entry.markers import Role
+
+RATIO = 0.6  # steps per second under this share of the peers' median: lagging
+HOLD_SECONDS = 30.0  # lagging this long on end: said
+CHECK_SECONDS = 1.0  # judged at most this often
+STEPPING = (Role.WORKER, Role.CHIEF)
+
+
+@dataclass(frozen=True)
+class Slow:
+    """A verdict: the task, its rate, its peers' median rate, since when it lags."""
+
+    task: str
+    rate: float
+    peers: float
+    since: float
+
+    def words(self) -> str:
+        return (f"{self.task} is slow: {self.rate:.2f} steps/s while its peers run "
+                f"{self.peers:.2f} ({self.rate / self.peers:.0%}) for "
+                f"{HOLD_SECONDS:.0f} s and more")
+
+
+@dataclass
+class Memory:
+    """What `judge` remembers between rounds."""
+
+    lagging_since: dict[str, float] = field(default_factory=dict)
+    said: set[str] = field(default_factory=set)
+
+
+def judge(tasks: list[tuple[str, Role, float | None]], memory: Memory, now: float
+          ) -> list[Slow]:
+    """The tasks to name now (module doc); `memory` is updated in place."""
+    rates = {name: rate for name, role, rate in tasks
+             if role in STEPPING and rate is not None and rate >= 0}
+    roles = {name: role for name, role, _ in tasks}
+    named = []
+    for name, rate in rates.items():
+        peers = [r for n, r in rates.items() if n != name]
+        ref = statistics.median(peers) if peers else 0.0
+        if roles[name] is Role.CHIEF or ref <= 0 or rate >= RATIO * ref:
+            memory.lagging_since.pop(name, None)
+            continue
+        since = memory.lagging_since.setdefault(name, now)
+        if now - since >= HOLD_SECONDS and name not in memory.said:
+            memory.said.add(name)
+            named.append(Slow(name, rate, ref, since))
+    for name in set(memory.lagging_since) - set(rates):  # unknown now: starts over
+        del memory.lagging_since[name]
+    return named
+
+
+class SlowWatch:
+    """`judge` in the loop: each task's rate now in, `task_slow` and a console line out."""
+
+    def __init__(self, job: Job) -> None:
+        self.job, self.memory, self.at = job, Memory(), float("-inf")
+
+    def tick(self, now: float) -> None:
+        if now < self.at + CHECK_SECONDS:
+            return
+        self.at = now
+        job = self.job
+        tasks = [(r.name, r.role, shown(r.current.work.rate, now) if r.state.live else None)
+                 for r in job.records.values()]
+        for slow in judge(tasks, self.memory, now):
+            r = job.records[slow.task]
+            job.events.write("task_slow", slow.task, attempt=r.attempt, cause="steps",
+                             steps_per_second=round(slow.rate, 3),
+                             peers_steps_per_second=round(slow.peers, 3),
+                             lagging_seconds=round(now - slow.since, 1), why=slow.words())
+            job.echo("tfo", slow.words())
