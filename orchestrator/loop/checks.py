@@ -9,6 +9,7 @@ from orchestrator.loop.decide import JobState, TaskState
 from orchestrator.loop.exits import Exits
 from orchestrator.loop.intake import Intake
 from orchestrator.loop.job import Job
+from orchestrator.loop.slowness import SlowWatch
 from orchestrator.loop.stacks import Stacks, ask_stacks
 from orchestrator.loop.stall import Stall, blame_order, find_stalls, stuck_thread, where
 from orchestrator.loop.stopping import stop
@@ -23,6 +24,7 @@ class Checks:
         self.job, self.intake, self.exits = job, intake, exits
         self.stalls_at = 0.0  # time of the last stall check (STALL_CHECK_SECONDS)
         self.finishing_at = 0.0  # time training finished (FINISHING began)
+        self.slow = SlowWatch(job)  # the slow worker named (loop/slowness.py)
 
     def startup(self, now: float) -> None:
         """A task not up by the startup limit fails the attempt, unless it is working

@@ -91,7 +91,6 @@ from orchestrator.loop.intake import Intake
 from orchestrator.loop.job import Clock, Interrupted, Job
 from orchestrator.loop.records import RunResult, TaskOutcome, TaskRecord, tail
 from orchestrator.loop.rundirwatch import RunDirWatch
-from orchestrator.loop.slowness import SlowWatch
 from orchestrator.loop.starts import Standby, Starts
 from orchestrator.loop.stopping import stop, teardown_waits
 from orchestrator.planning.plan import Plan
@@ -153,7 +152,6 @@ class Supervisor:
         self.starts = Starts(job, self.exits, start_batch or functools.partial(one_by_one, start),
                              standby)
         self.checks = Checks(job, self.intake, self.exits)
-        self.slow = SlowWatch(job)  # the slow worker named (loop/slowness.py)
         # A script's BackupAndRestore keeps the chief's backup alone: copied to every
         # worker's directory before the group starts again (backupfill).
         self.refill = Refill(job, backup_store)
@@ -281,7 +279,7 @@ class Supervisor:
         for check in (self._poll_exits, lambda: teardown_waits(job, job.clock()),
                       lambda: checks.startup(job.clock()), lambda: checks.stalls(job.clock()),
                       lambda: self.starts.standbys(job.clock()), checks.alone, checks.success,
-                      self._resizes, lambda: self.slow.tick(job.clock())):
+                      self._resizes, lambda: checks.slow.tick(job.clock())):
             if job.busy:
                 return None
             check()
