@@ -1,7 +1,8 @@
 # make run: set up .venv and run the 2-worker job on localhost:20000/20001.
 # make test: set up .venv (sshd for the SSH tests, Slurm for the Slurm tests, Prometheus for
-# the metrics test) and run the whole suite, in two pytest-xdist workers (tests sharing fixed
-# ports, the netns SSH lab or the Slurm lab run in one worker each: tests/conftest.py).
+# the metrics test) and run the whole suite, in three pytest-xdist workers on 2 cores (a
+# test mostly waits on its TensorFlow processes: stall windows, epochs, restarts); tests
+# sharing fixed ports, an SSH lab or the Slurm lab run in one worker each: tests/conftest.py.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -44,7 +45,7 @@ prometheus:
 
 test: $(STAMP) pyc sshd slurm prometheus
 	$(BIN)/ruff check orchestrator worker_entry tests bench
-	$(BIN)/pytest -q -rfEs -n 2 --dist loadgroup --durations=25
+	$(BIN)/pytest -q -rfEs -n 3 --dist loadgroup --durations=25
 
 # make bench: every figure against its target (about 25 minutes on 2 cores);
 # writes bench/results.json and bench/results.png. Installs the `bench` extra (matplotlib).

@@ -23,11 +23,15 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
-# `make test` runs the suite in two pytest-xdist workers (--dist loadgroup). Tests that share
-# a fixed resource are put in one group, so one worker runs them one after another.
+# `make test` runs the suite in three pytest-xdist workers (--dist loadgroup). Tests that
+# share a fixed resource are put in one group, so one worker runs them one after another
+# (xdist hands out the groups first, the largest first: --loadscope-reorder, its default).
 FIXED_PORTS = pytest.mark.xdist_group("fixed-ports")  # jobs on localhost:20000-20014
 PORTS_20100 = pytest.mark.xdist_group("ports-20100")  # two-job port-lock tests: 20100-20101
 SSH_LAB = pytest.mark.xdist_group("sshlab")  # the netns lab: lab1/lab2 on 10.200.0.0/24
+# The three-host lab (the lab3 fixture: elastic and backup tests) is a network of its own, so
+# its tests run beside SSH_LAB's in another worker.
+SSH_LAB3 = pytest.mark.xdist_group("sshlab3")  # lab1-lab3 on 10.220.0.0/24
 SLURM_LAB = pytest.mark.xdist_group("slurmlab")  # the Slurm lab on 10.201.0.0/24
 # Tests that read one shared run of a tutorial script (keras_tutorial, ctl_tutorial below):
 # one worker, so the run is made once.
@@ -252,14 +256,14 @@ def loopback_sshd(tmp_path_factory):
         yield host
 
 
-def _lab_hosts(tmp_path_factory, count: int):
+def _lab_hosts(tmp_path_factory, count: int, **network):
     from tests import sshlab
 
     ok, reason = sshlab.netns_supported()
     if not ok:
         pytest.skip(f"network namespaces are not permitted here: {reason}")
     sshlab.ensure_openssh()
-    with sshlab.lab_hosts(tmp_path_factory.mktemp("lab"), count=count) as hosts:
+    with sshlab.lab_hosts(tmp_path_factory.mktemp("lab"), count=count, **network) as hosts:
         yield hosts
 
 
@@ -271,8 +275,12 @@ def lab(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lab3(tmp_path_factory):
-    """Three lab hosts."""
-    yield from _lab_hosts(tmp_path_factory, 3)
+    """Three lab hosts, on a network of their own (SSH_LAB3: not `lab`'s, so the two can be
+    up at once)."""
+    import ipaddress
+
+    yield from _lab_hosts(tmp_path_factory, 3, prefix="tfl3",
+                          subnet=ipaddress.ip_network("10.220.0.0/24"))
 
 
 # ---- one run of a TensorFlow tutorial script, read by several tests -----------------------

@@ -3,7 +3,8 @@
 workdir, and tf-keras writes the chief's backup on the chief's host alone. A host's link
 down mid-training under the restart policy (no elastic): once it answers again, every
 worker restores the chief's backup (copied to the other hosts before the start), not
-epoch 1 beside the chief's epoch N. Run under `flock /tmp/sshlab.lock`."""
+epoch 1 beside the chief's epoch N. On the lab3 fixture's network (10.220.0.0/24): run
+under `flock /tmp/sshlab3.lock`."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from tests import sshlab
-from tests.conftest import SSH_LAB, events, run_processes, run_tfo, wait_until, write_spec
+from tests.conftest import SSH_LAB3, events, run_processes, run_tfo, wait_until, write_spec
 from tests.helpers import Tfo, host_yaml, last_attempt_epochs, stop
 
-pytestmark = [pytest.mark.ssh, SSH_LAB]
+pytestmark = [pytest.mark.ssh, SSH_LAB3]
 
 
 def two_lab_hosts(lab3, tmp_path: Path, args: list[str]) -> Path:  # noqa: F811

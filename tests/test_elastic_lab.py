@@ -1,6 +1,7 @@
 """Elastic jobs on the SSH lab (issue 27): three lab hosts in network namespaces, each with
 its own sshd; one host's link goes down mid-training and the job goes on with the other
-two. Run under `flock /tmp/tfo-sshlab.lock` (the lab's subnet is fixed)."""
+two. The lab3 fixture's network, 10.220.0.0/24, is fixed: one run at a time
+(`flock /tmp/sshlab3.lock`), beside the two-host lab's tests."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import pytest
 
 from orchestrator.elastic import backups
 from tests import sshlab
-from tests.conftest import SSH_LAB, events, run_processes, wait_until, write_spec
+from tests.conftest import SSH_LAB3, events, run_processes, wait_until, write_spec
 from tests.helpers import Tfo, host_yaml, stop
 
-pytestmark = [pytest.mark.ssh, SSH_LAB]
+pytestmark = [pytest.mark.ssh, SSH_LAB3]
 
 
 def training_again(evs: list[dict], since: dict) -> float:

@@ -43,8 +43,6 @@ from tests.helpers import lab_spec
 from tests.procs import alive
 from worker_entry.markers import USAGE_SECONDS, Role
 
-pytestmark = [SSH_LAB]  # see tests/conftest.py
-
 
 def escapees(marker: str) -> list[psutil.Process]:
     """Live processes started by tests/jobs/escape.py under this marker."""
@@ -542,6 +540,7 @@ def test_status_skips_lines_that_are_not_events(tmp_path: Path):
     assert "skipped 5 unreadable line(s)" in res.stderr
 
 
+@SSH_LAB  # the lab alone: the tests above run anywhere (their own markers, runs and ports)
 @pytest.mark.ssh
 @pytest.mark.tf
 @pytest.mark.timeout(300)

@@ -18,7 +18,7 @@ from tests.conftest import run_tfo, wait_until, write_spec
 from tests.helpers import Tfo
 
 # The network namespace this test makes: its own prefix and subnet, beside the SSH and Slurm
-# labs' (10.200.0.0/24, 10.201.0.0/24).
+# labs' (10.200.0.0/24, the three-host 10.220.0.0/24, 10.201.0.0/24).
 PREFIX = "tfod"
 SUBNET = ipaddress.ip_network("10.210.0.0/24")
 BRIDGE = "10.210.0.1"  # this machine, as the namespace reaches it

@@ -137,13 +137,13 @@ def _many(n: int, host: str = "lab") -> dict:
                                                             for i in range(n)]}}
 
 
-def test_make_plan_and_plan_json_are_fast():
+def test_a_plan_of_1000_tasks_gives_each_task_its_json_as_json_dumps_writes_it():
+    """How fast make_plan and plan.json are for 1,000 tasks is bench/run.py's figure
+    (plan_json_time: `tfo plan --json`, 1.9 s before, target 1.0 s), not a timed test here."""
     spec = parse_spec(_many(1000))
-    t0 = time.perf_counter()
     plan = make_plan(spec, run_id="r1", run_dir="/runs/r1", workdir="/w")
-    plan.to_json()  # what run writes to plan.json
-    # 1.9 s before (0.07 s now): every task re-serialized, and to_json deep-copied, the cluster.
-    assert time.perf_counter() - t0 < 0.5
+    names = [t["name"] for t in plan.to_json()["tasks"]]  # what run writes to plan.json
+    assert len(names) == 1001 and {"chief:0", "worker:999"} <= set(names)
     for t in plan.tasks[::250]:  # what a task reads is exactly what json.dumps gives
         assert t.env["TF_CONFIG"] == json.dumps(t.tf_config, sort_keys=True)
         job = json.loads(t.env["TFO_JOB"])
