@@ -6,9 +6,9 @@
 Each run is the testing guide's `fit` (docs/guide/testing.md: a MultiWorkerMirrored Dense
 model, its variables' initial values broadcast, 3 epochs of all-reduces) as a user's test,
 `tf_cluster.run("soakpkg.steps:fit", workers=2)`, its tasks taken from the session's warm
-pool (forked from its fork server). The runs come in pytest sessions of `--tests` tests,
-alternately plain (one pool) and `pytest -n 2` (two sessions' pools, fork servers and
-clusters at once, where the hang was seen: 1 run in 3 of a 3-test file). A test's cluster
+pool (exec'd standbys, tfo's warm spares). The runs come in pytest sessions of `--tests`
+tests, alternately plain (one pool) and `pytest -n 2` (two sessions' pools and clusters at
+once, where the hang was seen: 1 run in 3 of a 3-test file). A test's cluster
 fails at its stall check or at `DEADLINE` s, so a hang costs one test, not the soak, and is
 told apart from other failures by its result (a stall or the deadline).
 

@@ -195,6 +195,8 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     Figure("kit_ratio", "10 cluster tests, tf_cluster ÷ TF's multi_process_runner", "×", 0.5),
     Figure("kit_tfo", "… tf_cluster, one pytest run", "s", None),
     Figure("kit_mpr", "… multi_process_runner, one pytest run", "s", None),
+    Figure("kit_pool_mib", "… memory a pytest worker's pool holds between tests (PSS)",
+           "MiB", None),
     # Issue 37 item 9: the kit's forked tasks must never hang (bench/kitsoak.py).
     Figure("kit_soak_hangs", "kit soak: 2-worker tf_cluster runs that hung", "runs", 0),
     Figure("kit_soak_failed", "… that failed otherwise", "runs", 0),
@@ -958,6 +960,7 @@ def bench_kit(s: Setting, tmp: Path) -> None:
         add("kit_tfo", tfo_s)
         add("kit_mpr", mpr_s)
         add("kit_ratio", tfo_s / mpr_s)
+    add("kit_pool_mib", kit.pool_memory(tmp)["pss_mib"])
 
 
 def bench_kitsoak(s: Setting, tmp: Path) -> None:
