@@ -145,8 +145,7 @@ class HangCatcher(threading.Thread):
     def _tasks(self, tick: int) -> list[tuple[int, float, float]]:
         """(pid, CPU s, age s) of each soak task in its directory: a process named
         `tfo-<task>` (a standby waiting for GO is `tfo-task`) whose parent is too (its
-        wrapper, idle by design, is not one). By the name, not the command line: a forked
-        task's shows the fork server's."""
+        wrapper, idle by design, is not one). By the name, not the command line."""
         stats, found = {}, []
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
