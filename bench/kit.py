@@ -94,11 +94,14 @@ import psutil
 
 
 def _quiet(procs):
-    """CPU seconds of `procs`, once they stopped changing for 2 s (their imports done)."""
+    """Once `procs` all sleep and their CPU time stood still for 2 s: their imports done (a
+    standby importing at nice 19 on a busy machine is runnable, not asleep, while it waits
+    for a core)."""
     last, since = None, time.monotonic()
     while time.monotonic() - since < 2.0:
         cpu = sum(sum(p.cpu_times()[:2]) for p in procs)
-        if cpu != last:
+        asleep = all(p.status() == psutil.STATUS_SLEEPING for p in procs)
+        if cpu != last or not asleep:
             last, since = cpu, time.monotonic()
         time.sleep(0.2)
 
