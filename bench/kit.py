@@ -2,7 +2,8 @@
 MultiWorkerMirrored cluster running 5 steps of an all-reduce, written (a) with tfo's
 `tf_cluster` fixture and (b) with TensorFlow's `tf.__internal__.distribute.
 multi_process_runner`, one pytest run each, alternated (a b, then b a); wall time of each
-pytest run, and tfo ÷ TF's runner per pair. Target: ≤ 0.5.
+pytest run, and tfo ÷ TF's runner per pair. Target: ≤ 0.5. And the memory a pytest
+worker's warm pool holds between two tests (`pool_memory`).
 
 TF's runner needs `dill` (else it skips every test) and `test_main()` under `__main__`
 (else NotInitializedError): the file sets the flag test_main sets, since pytest calls no
@@ -82,6 +83,49 @@ def test_allreduce(n):
 '''
 
 
+# What a pytest worker holds between two cluster tests: every process the session's pool
+# keeps (its standbys, and whatever serves them), once their imports are done. Three tests:
+# the second measures after its run (the third's standbys are held by then).
+MEM_TESTS = '''\
+import json
+import time
+
+import psutil
+
+
+def _quiet(procs):
+    """Once `procs` all sleep and their CPU time stood still for 2 s: their imports done (a
+    standby importing at nice 19 on a busy machine is runnable, not asleep, while it waits
+    for a core)."""
+    last, since = None, time.monotonic()
+    while time.monotonic() - since < 2.0:
+        cpu = sum(sum(p.cpu_times()[:2]) for p in procs)
+        asleep = all(p.status() == psutil.STATUS_SLEEPING for p in procs)
+        if cpu != last or not asleep:
+            last, since = cpu, time.monotonic()
+        time.sleep(0.2)
+
+
+def test_a(tf_cluster):
+    assert tf_cluster.run("benchpkg.steps:allreduce_ones", workers=2).ok
+
+
+def test_b(tf_cluster):
+    assert tf_cluster.run("benchpkg.steps:allreduce_ones", workers=2).ok
+    procs = psutil.Process().children(recursive=True)
+    _quiet(procs)
+    info = [p.memory_full_info() for p in procs]
+    print("POOLMEM", json.dumps({"processes": len(procs),
+                                 "rss_mib": sum(i.rss for i in info) / 2**20,
+                                 "pss_mib": sum(i.pss for i in info) / 2**20,
+                                 "uss_mib": sum(i.uss for i in info) / 2**20}))
+
+
+def test_c(tf_cluster):
+    assert tf_cluster.run("benchpkg.steps:allreduce_ones", workers=2).ok
+'''
+
+
 def project(tmp: Path) -> Path:
     root = tmp / "kit-bench"
     (root / "benchpkg").mkdir(parents=True, exist_ok=True)
@@ -89,6 +133,7 @@ def project(tmp: Path) -> Path:
     (root / "benchpkg" / "steps.py").write_text(STEPS)
     (root / "test_tfo.py").write_text(TFO_TESTS)
     (root / "test_mpr.py").write_text(MPR_TESTS)
+    (root / "test_mem.py").write_text(MEM_TESTS)
     link_checkout(root)
     return root
 
@@ -112,18 +157,27 @@ def warm_starts(basetemp: Path) -> tuple[int, int]:
     return sum(1 for e in starts if e.get("warm")), len(starts)
 
 
-def one_run(root: Path, arm: str, basetemp: Path) -> float:
-    """Wall seconds of one pytest run of the arm's file; raises unless all tests passed."""
+def one_run(root: Path, arm: str, basetemp: Path, tests: int = TESTS,
+            flags: tuple[str, ...] = ()) -> tuple[float, str]:
+    """Wall seconds and output of one pytest run of the arm's file; raises unless all tests
+    passed."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env.update(PYTEST_ADDOPTS=f"-q -p no:cacheprovider --basetemp={basetemp}",
                TF_USE_LEGACY_KERAS="1", PYTHONPATH=str(root))
     t = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "pytest", f"test_{arm}.py"], cwd=root,
+    res = subprocess.run([sys.executable, "-m", "pytest", *flags, f"test_{arm}.py"], cwd=root,
                          capture_output=True, text=True, timeout=1200, env=env)
     took = time.monotonic() - t
-    if res.returncode != 0 or f"{TESTS} passed" not in res.stdout:
+    if res.returncode != 0 or f"{tests} passed" not in res.stdout:
         raise RuntimeError(f"{arm}: {res.stdout[-3000:]}{res.stderr[-2000:]}")
-    return took
+    return took, res.stdout
+
+
+def pool_memory(tmp: Path) -> dict:
+    """What one pytest worker's pool holds between tests, its imports done: processes, and
+    their RSS, PSS (shared pages split among their sharers) and USS (their own), MiB."""
+    _, out = one_run(project(tmp), "mem", tmp / "kit-mem", tests=3, flags=("-s",))
+    return json.loads(out.split("POOLMEM ", 1)[1].splitlines()[0])
 
 
 def pairs(tmp: Path, n: int, say=print) -> list[tuple[float, float]]:  # noqa: ANN001
@@ -132,7 +186,7 @@ def pairs(tmp: Path, n: int, say=print) -> list[tuple[float, float]]:  # noqa: A
     got = []
     for i in range(n):
         order = ("tfo", "mpr") if i % 2 == 0 else ("mpr", "tfo")
-        walls = {arm: one_run(root, arm, tmp / f"kit-{arm}-{i}") for arm in order}
+        walls = {arm: one_run(root, arm, tmp / f"kit-{arm}-{i}")[0] for arm in order}
         warm, started = warm_starts(tmp / f"kit-tfo-{i}")
         say(f"kit pair {i}: tfo {walls['tfo']:.1f} s ({warm} of {started} tasks warm), "
             f"multi_process_runner {walls['mpr']:.1f} s, ratio {walls['tfo'] / walls['mpr']:.2f}")

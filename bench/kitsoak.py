@@ -6,16 +6,21 @@
 Each run is the testing guide's `fit` (docs/guide/testing.md: a MultiWorkerMirrored Dense
 model, its variables' initial values broadcast, 3 epochs of all-reduces) as a user's test,
 `tf_cluster.run("soakpkg.steps:fit", workers=2)`, its tasks taken from the session's warm
-pool (forked from its fork server). The runs come in pytest sessions of `--tests` tests,
-alternately plain (one pool) and `pytest -n 2` (two sessions' pools, fork servers and
-clusters at once, where the hang was seen: 1 run in 3 of a 3-test file). A test's cluster
+pool (exec'd standbys, tfo's warm spares). The runs come in pytest sessions of `--tests`
+tests, alternately plain (one pool) and `pytest -n 2` (two sessions' pools and clusters at
+once, where the hang was seen: 1 run in 3 of a 3-test file). A test's cluster
 fails at its stall check or at `DEADLINE` s, so a hang costs one test, not the soak, and is
 told apart from other failures by its result (a stall or the deadline).
 
 While it runs, `HangCatcher` watches the soak's tasks: one that has lived `OLD` s and used
 under 2 % of a core for the last `IDLE` s has its native and Python stacks
-taken (gdb, py-spy where installed) with the sockets of every kit process (`ss`), into the
-soak's directory: the evidence a hang leaves, before the stall check kills it.
+taken (py-spy where installed, then gdb) with the sockets of every kit process (`ss`), into
+the soak's directory: the evidence a hang leaves, before the stall check kills it. Taking a
+stack stops the task (ptrace) while it lasts, so the bar is high and each tool's time is
+short: at load 30-45 on 2 cores, a task that had trained two epochs in the last 25 s used
+under 0.5 s of CPU in them, a chief's last checkpoint to its `done` took up to 12 s in runs
+that passed, and gdb loading TensorFlow's symbols held a task stopped past its test's
+deadline (2026-11-27, the first soak of exec'd standbys: docs/evidence/kit-hang/).
 
 The project imports tfo from this checkout (its packages linked in), whatever the
 environment installed.
@@ -114,7 +119,8 @@ def session(root: Path, xdist: bool, out: Path) -> dict:
 class HangCatcher(threading.Thread):
     """Takes the stacks of a soak task that sits idle in its entry (see the module's doc)."""
 
-    POLL, OLD, IDLE, IDLE_CPU = 5.0, 40.0, 25.0, 0.02
+    POLL, OLD, IDLE, IDLE_CPU = 5.0, 40.0, 45.0, 0.02
+    TOOL_SECONDS = 20  # each tool's bound: the task is stopped while one is attached
 
     def __init__(self, root: Path, out: Path) -> None:
         super().__init__(daemon=True)
@@ -145,8 +151,7 @@ class HangCatcher(threading.Thread):
     def _tasks(self, tick: int) -> list[tuple[int, float, float]]:
         """(pid, CPU s, age s) of each soak task in its directory: a process named
         `tfo-<task>` (a standby waiting for GO is `tfo-task`) whose parent is too (its
-        wrapper, idle by design, is not one). By the name, not the command line: a forked
-        task's shows the fork server's."""
+        wrapper, idle by design, is not one). By the name, not the command line."""
         stats, found = {}, []
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
@@ -176,14 +181,15 @@ class HangCatcher(threading.Thread):
                 parts.append(f.read().strip())
         except OSError:
             return  # gone meanwhile: it was not hung
-        commands = [["ss", "-tanp"], ["gdb", "-p", str(pid), "-batch", "-ex",
-                                      "thread apply all bt"]]
+        commands = [["ss", "-tanp"]]
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         if os.path.exists(spy):
             commands.append([spy, "dump", "--native", "--pid", str(pid)])
+        commands.append(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"])
         for command in commands:
             try:
-                res = subprocess.run(command, capture_output=True, text=True, timeout=90)
+                res = subprocess.run(command, capture_output=True, text=True,
+                                     timeout=self.TOOL_SECONDS)
                 parts.append(f"$ {' '.join(command)}\n{res.stdout}{res.stderr}")
             except (OSError, subprocess.TimeoutExpired) as e:
                 parts.append(f"$ {' '.join(command)}: {e}")

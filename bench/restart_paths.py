@@ -1,20 +1,15 @@
-"""Issue 39's choice, measured: a restarted task that skips TensorFlow's import, either
-(a) forked at the restart from a per-host process that imported TensorFlow (the test kit's
-fork server, orchestrator/launch/forkserver.py, through its pool) or (b) a standby that
-imported it ahead and waits (a warm spare, orchestrator/launch/spares.py).
+"""A restart's path that skips TensorFlow's import, measured: a standby that imported it
+ahead and waits (a warm spare, orchestrator/launch/spares.py; the kit's pool standbys too).
 
     python bench/restart_paths.py [--n 5]      # prints, writes bench/results/restart_paths.json
 
-What each adds to a restart and what each holds:
-- (a): request → a forked standby waiting for GO (`fork_to_waiting`): on the restart's path;
-  the fork server's memory (`server_rss_mib`, once per host) and each forked task's own
-  (`forked_uss_mib`, its unshared pages).
-- (b): GO reaches a standby that already waits: no time on the restart's path beyond a
-  pipe write; what it takes off the path is an exec'd standby's start → waiting
-  (`exec_to_waiting`, TensorFlow's import: the time (a) and (b) both skip); it holds its
-  whole RSS (`standby_rss_mib`), per task.
-Waiting is seen as the standby's process tree asleep with its CPU time still for 0.1 s
-(subtracted).
+GO reaches a standby that already waits: no time on the restart's path beyond a pipe
+write; what it takes off the path is an exec'd standby's start → waiting
+(`exec_to_waiting`, TensorFlow's import); it holds its whole RSS (`standby_rss_mib`), per
+task. Waiting is seen as the standby's process tree asleep with its CPU time still for
+0.1 s (subtracted). Issue 39 also measured (a), a task forked at the restart from a
+per-host process that imported TensorFlow (the kit's fork server, removed by issue 37
+item 9: docs/evidence/kit-hang/); its figures are in bench/results/ of that time.
 """
 
 from __future__ import annotations
@@ -61,34 +56,22 @@ def waiting_after(pid: int, since: float, limit: float = 300.0) -> float:
     raise RuntimeError(f"standby {pid} never waited within {limit:g} s")
 
 
-def measure(forked: bool, n: int) -> dict:
+def measure(n: int) -> dict:
     from orchestrator.launch.pool import WarmPool
 
     out: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="tfo-paths-") as d:
         pool = WarmPool(Path(d), size=0)
-        pool.forked = forked
         try:
-            for i in range(n + (1 if forked else 0)):  # forked: the first starts the server
+            for _ in range(n):
                 pool.size += 1
                 t = time.monotonic()
                 pool.fill()
                 handle = pool._held[-1]  # noqa: SLF001 - the bench looks inside
-                took = waiting_after(handle.pid, t)
-                if forked and i == 0:
-                    continue
-                out.setdefault("fork_to_waiting" if forked else "exec_to_waiting",
-                               []).append(round(took, 4))
-                procs = tree(handle.pid)
-                if forked:
-                    uss = sum(p.memory_full_info().uss for p in procs)
-                    out.setdefault("forked_uss_mib", []).append(round(uss / 2**20, 1))
-                else:
-                    rss = sum(p.memory_info().rss for p in procs)
-                    out.setdefault("standby_rss_mib", []).append(round(rss / 2**20, 1))
-            if forked and pool._forks is not None and pool._forks.pid:  # noqa: SLF001
-                rss = psutil.Process(pool._forks.pid).memory_info().rss  # noqa: SLF001
-                out["server_rss_mib"] = [round(rss / 2**20, 1)]
+                out.setdefault("exec_to_waiting", []).append(
+                    round(waiting_after(handle.pid, t), 4))
+                rss = sum(p.memory_info().rss for p in tree(handle.pid))
+                out.setdefault("standby_rss_mib", []).append(round(rss / 2**20, 1))
         finally:
             pool.close()
     return out
@@ -100,10 +83,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()
     figures: dict[str, list[float]] = {}
-    for round_ in range(2):  # alternated, so the machine's load falls on both alike
-        for forked in ((True, False) if round_ == 0 else (False, True)):
-            for k, v in measure(forked, max(1, args.n // 2)).items():
-                figures.setdefault(k, []).extend(v)
+    for k, v in measure(args.n).items():
+        figures.setdefault(k, []).extend(v)
     summary = {k: {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v),
                    "samples": v} for k, v in figures.items()}
     args.out.mkdir(parents=True, exist_ok=True)

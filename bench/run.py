@@ -155,13 +155,10 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
            1.0, before="3.04"),
     Figure("recovery_first_step", "… tfo run → both workers' first step, same runs", "s",
            None),
-    # Its two ways to skip TensorFlow's import (bench/restart_paths.py), informational.
-    Figure("path_fork", "… (a) fork server: request → forked task waiting", "s", None),
-    Figure("path_fork_server_mib", "… (a) fork server's RSS, once per host", "MiB", None),
-    Figure("path_fork_task_mib", "… (a) a forked task's own memory (USS)", "MiB", None),
-    Figure("path_exec", "… (b) standby: exec → waiting (its import, off the restart)", "s",
+    # Its way to skip TensorFlow's import (bench/restart_paths.py), informational.
+    Figure("path_exec", "… standby: exec → waiting (its import, off the restart)", "s",
            None),
-    Figure("path_standby_mib", "… (b) a standby's RSS, per task", "MiB", None),
+    Figure("path_standby_mib", "… a standby's RSS, per task", "MiB", None),
     Figure("help", "tfo --help", "s", 0.25, before="0.47"),
     Figure("plan", "tfo plan", "s", 0.3, before="0.39"),
     Figure("plan_floor", "… its dependencies' imports alone", "s", None),
@@ -195,6 +192,8 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     Figure("kit_ratio", "10 cluster tests, tf_cluster ÷ TF's multi_process_runner", "×", 0.5),
     Figure("kit_tfo", "… tf_cluster, one pytest run", "s", None),
     Figure("kit_mpr", "… multi_process_runner, one pytest run", "s", None),
+    Figure("kit_pool_mib", "… memory a pytest worker's pool holds between tests (PSS)",
+           "MiB", None),
     # Issue 37 item 9: the kit's forked tasks must never hang (bench/kitsoak.py).
     Figure("kit_soak_hangs", "kit soak: 2-worker tf_cluster runs that hung", "runs", 0),
     Figure("kit_soak_failed", "… that failed otherwise", "runs", 0),
@@ -942,19 +941,16 @@ def bench_lab(s: Setting, tmp: Path) -> None:
 
 
 def bench_paths(s: Setting, tmp: Path) -> None:
-    """bench/restart_paths.py: issue 39's two ways to skip a restart's import, measured
-    alternately (the full setting only)."""
+    """bench/restart_paths.py: the standby's way to skip a restart's import (the full
+    setting only)."""
     if s.fake:
         return
     from bench import restart_paths
 
-    keys = {"fork_to_waiting": "path_fork", "server_rss_mib": "path_fork_server_mib",
-            "forked_uss_mib": "path_fork_task_mib", "exec_to_waiting": "path_exec",
-            "standby_rss_mib": "path_standby_mib"}
-    for forked in (True, False, False, True):
-        for k, values in restart_paths.measure(forked, 2).items():
-            for v in values:
-                add(keys[k], v)
+    keys = {"exec_to_waiting": "path_exec", "standby_rss_mib": "path_standby_mib"}
+    for k, values in restart_paths.measure(4).items():
+        for v in values:
+            add(keys[k], v)
 
 
 def bench_kit(s: Setting, tmp: Path) -> None:
@@ -969,6 +965,7 @@ def bench_kit(s: Setting, tmp: Path) -> None:
         add("kit_tfo", tfo_s)
         add("kit_mpr", mpr_s)
         add("kit_ratio", tfo_s / mpr_s)
+    add("kit_pool_mib", kit.pool_memory(tmp)["pss_mib"])
 
 
 def bench_kitsoak(s: Setting, tmp: Path) -> None:

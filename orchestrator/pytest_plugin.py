@@ -9,10 +9,14 @@
 Result; a failed `assert result.ok` shows the outcome, each task's exit, the failed task's
 last lines and every task's stack where it hung (Result's repr). Ports are `auto` (the
 kernel's free ports: no range to share between pytest-xdist workers). A session's warm
-pool (orchestrator/launch/pool.py) serves consecutive tests with processes forked from one that
-imported TensorFlow once, each taken replaced at once for the next test (none after a test that no
-tf_cluster test follows in this process, pytest's `nextitem`: xdist's too); it and everything
-it started end with the session.
+pool (orchestrator/launch/pool.py) serves consecutive tests with standbys: processes exec'd
+as any task is, that imported TensorFlow ahead of need and wait for their task (tfo's warm
+spares, launch/spares.py). Each one taken is replaced at once, so the next test's standbys
+import while this test runs (none after a test that no tf_cluster test follows in this
+process, pytest's `nextitem`: xdist's too); it and everything it started end with the
+session. No task is forked from a process that imported TensorFlow: until issue 37 item 9
+the pool forked them from one import, and a user's tests under `pytest -n 2` hung in their
+first collective 1 run in 3, for a cause never found (docs/evidence/kit-hang/README.md).
 `@pytest.mark.tf_cluster(gpus=2)` skips a test where fewer GPUs exist (nvidia-smi -L).
 
 This module is imported by every pytest run where tfo is installed: nothing heavy at its

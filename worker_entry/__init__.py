@@ -14,5 +14,5 @@ Where things are:
 - the task's work: `runner`, `context` (the entry API, `TaskContext`), `backup`, `standby`;
 - what the task tells without the job's help: `progress/`, `joined`, `checkpoints`, with
   `tfimport` (hooks on TensorFlow's import) and `defaults`; `faults` for tests;
-- a lab host's agent and its forks: `agent`, `frames`, `forkstart`, `forkserver`, `portlocks`.
+- a lab host's agent and its forks: `agent`, `frames`, `forkstart`, `portlocks`.
 """

@@ -6,7 +6,7 @@ them all at once without a line of the job's code.
 The plan gives each training task a port of its own (TFO_PROFILER_PORT, on the task's host;
 `profiler: false` in the cluster file gives none). The service is started once TensorFlow is
 imported in the task, whoever imports it (the job's code, an entry's runner, a warm spare
-before its GO, the forkserver before its fork: then at once, here), never by importing it
+before its GO: then at once, here), never by importing it
 ourselves: a task that never imports TensorFlow costs nothing. It is
 `tf.profiler.experimental.server.start`, a gRPC server that answers TensorFlow's profiler
 client (`tf.profiler.experimental.client.trace`, TensorBoard's Capture Profile, xprof's

@@ -16,7 +16,7 @@ the hosts the cluster file names; a scheduler (slurm) has `options`, the model o
 where a task runs.
 
 This module is the contract (TaskHandle, Backend, what a backend reports of a host);
-`ssh/` holds the lab hosts' side, `pool` and `forkserver` the warm processes, `output` a
+`ssh/` holds the lab hosts' side, `pool` the kit's warm processes, `output` a
 task's lines. May import: planning, runs, errors, worker_entry. Never the loop, elastic or
 the CLI.
 """

@@ -40,7 +40,6 @@ from worker_entry import markers
 from worker_entry.portlocks import Reservations, owner_line
 
 if TYPE_CHECKING:
-    from orchestrator.launch.forkserver import Forked, ForkServer
     from orchestrator.launch.pool import WarmPool
 
 
@@ -60,23 +59,19 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 class LocalHandle:
     def __init__(self, task: TaskPlan, attempt: int, standby: bool = False,
-                 shim: Path | None = None, forks: ForkServer | None = None) -> None:
+                 shim: Path | None = None) -> None:
         self.task, self.attempt = task, attempt
         self.warm = False  # a standby that was told to go
-        self.path = "cold"  # how it started (task_started's `path`): cold, forked or warm
+        self.path = "cold"  # how it started (task_started's `path`): cold or warm
         env = task_env(task, attempt, shim)
         if standby:
             env[markers.STANDBY_ENV] = "1"
         os.makedirs(task.cwd, exist_ok=True)
         orphans.adopt()
-        # Forked from the pool's fork server where it can be (TensorFlow imported already).
-        self._proc: subprocess.Popen | Forked = (
-            forks is not None and forks.spawn(task.command, env, task.cwd)) or subprocess.Popen(
+        self._proc = subprocess.Popen(
             task.command, cwd=task.cwd, env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, bufsize=0,
         )
-        if not isinstance(self._proc, subprocess.Popen):
-            self.path = "forked"
         self._pgid = self._proc.pid  # start_new_session: the leader's pid is the group id
         orphans.started(self._proc.pid)
         self._reaped_at: float | None = None
@@ -93,8 +88,7 @@ class LocalHandle:
         """A standby's turn: it runs as a task started now would (worker_entry.standby)."""
         send_lifeline(self._proc, markers.GO)
         self.warm = True
-        if self.path == "cold":  # a pool standby forked from its server stays `forked`
-            self.path = "warm"
+        self.path = "warm"
         self._output = self._read_output()
 
     @property

@@ -30,16 +30,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from orchestrator.launch import wakeup
 from orchestrator.launch.printable import overstrike
 from orchestrator.runs.logtimes import TimeIndex
 from orchestrator.runs.rundir import write_back
 from worker_entry import channel, markers
-
-if TYPE_CHECKING:
-    from orchestrator.launch.forkserver import Forked
 
 _START = markers.START.encode()
 # How a usage marker's frame begins (the wrapper's own, from markers.line).
@@ -370,14 +367,14 @@ class TaskOutput:
 
 # Local and Slurm tasks are child processes of ours (the task's wrapper, or srun before it):
 # their lifeline is the child's stdin and their output its stdout.
-def pipe_output(proc: subprocess.Popen | Forked, log_path: str, name: str) -> TaskOutput:
+def pipe_output(proc: subprocess.Popen, log_path: str, name: str) -> TaskOutput:
     """The reader of a child task's stdout (a standby's from its GO on)."""
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     return TaskOutput(log_path, lambda: os.read(fd, 65536), name)
 
 
-def send_lifeline(proc: subprocess.Popen | Forked, data: bytes) -> None:
+def send_lifeline(proc: subprocess.Popen, data: bytes) -> None:
     """Bytes down a child task's lifeline (e.g. markers.STACKS; srun passes them on to the
     wrapper); nothing when the task is gone or the pipe is closed."""
     with contextlib.suppress(OSError, ValueError):
@@ -385,7 +382,7 @@ def send_lifeline(proc: subprocess.Popen | Forked, data: bytes) -> None:
             proc.stdin.write(data)
 
 
-def close_pipes(proc: subprocess.Popen | Forked, output: TaskOutput | None) -> None:
+def close_pipes(proc: subprocess.Popen, output: TaskOutput | None) -> None:
     """After the task exited and `output.close`: its lifeline, and its output pipe once the
     reader is done. A reader still in read() (something still has the pipe open) keeps the
     pipe: closing it under the reader could hand its number to a file opened meanwhile.

@@ -17,10 +17,16 @@ oldest, is replaced at once while `refill` is on. The plugin turns it off for a 
 later test of the session follows onto the pool: a standby started then would only be killed
 at the session's end (`starts`).
 
-The standbys are forked from the pool's fork server (orchestrator/launch/forkserver.py), which
-imported TensorFlow once: a standby costs a fork, not an import (1.3-1.4 s of a core). Where
-it cannot fork one (`forked` off, another startup environment, a server that failed), the
-standby is exec'd and imports for itself.
+Every standby is exec'd and imports TensorFlow itself, at the lowest CPU priority until its
+GO (worker_entry.standby), while the test before its own runs: the kit's tasks are never
+forked from a process that imported TensorFlow. Until issue 37 item 9 they were, from a fork
+server that imported it once (a standby cost a fork, not 1.3-1.4 s of a core); a user's
+2-worker tests under `pytest -n 2` hung in their first collective 1 run in 3, with a cause
+that 520+ soak runs did not find (docs/evidence/kit-hang/). A standby is the warm spare
+tfo's own restarts use (launch/spares.py), a plain process, so the kit now starts its tasks
+as tfo starts any task: an exec, with its import ahead of need. The import is taken off the
+test's path by starting each replacement as a task takes a standby, not when the next test
+asks.
 """
 
 from __future__ import annotations
@@ -41,7 +47,6 @@ from worker_entry import forkstart, markers
 from worker_entry.standby import POOL_ENV
 
 if TYPE_CHECKING:
-    from orchestrator.launch.forkserver import ForkServer
     from orchestrator.launch.local import LocalHandle
     from orchestrator.planning.plan import TaskPlan
 
@@ -108,8 +113,6 @@ class WarmPool:
         self.refill = True  # replace what is taken (off: no later job takes from this pool)
         self.taken = self.cold = 0  # how many tasks it served, and how many it could not
         self.pids: list[int] = []  # every standby it started (the tests check they are gone)
-        self.forked = True  # standbys forked from one TensorFlow import (off: each execs)
-        self._forks: ForkServer | None = None
 
     def _start(self) -> LocalHandle:
         from orchestrator.launch.local import LocalHandle
@@ -121,25 +124,9 @@ class WarmPool:
         stand_in = _Slot(name=f"pool:{self._made}", command=[sys.executable, "-m",
                                                              "worker_entry"],
                          env=env, cwd=self.workdir, log_path=f"{slot}.log", tmp_dir=slot)
-        handle = LocalHandle(stand_in, 0, standby=True, shim=self._shim(),  # type: ignore[arg-type]
-                             forks=self._fork_server())
+        handle = LocalHandle(stand_in, 0, standby=True, shim=self._shim())  # type: ignore[arg-type]
         self.pids.append(handle.pid)
         return handle
-
-    def _fork_server(self) -> ForkServer | None:
-        """The pool's fork server (worker_entry/forkserver.py), started with the first
-        standby: every later standby is forked from its one TensorFlow import."""
-        from orchestrator.launch import loopback
-        from orchestrator.launch.forkserver import ForkServer
-
-        if self._forks is None and self.forked:
-            # The standbys' environment at their start, less what marks a task's process
-            # (TFO_ATTEMPT: the orphan sweep would take the server for a task's leftover).
-            env = {k: v for k, v in {**os.environ, **self._env}.items() if k != "TFO_ATTEMPT"}
-            shim = self._shim()
-            env = loopback.with_preload(env, shim) if shim is not None else env
-            self._forks = ForkServer(env, self.workdir, os.path.join(self._dir, "forks.log"))
-        return self._forks
 
     def _shim(self) -> Path | None:
         """The loopback shim every standby is started with (all of them local, their whole
@@ -206,7 +193,5 @@ class WarmPool:
             for handle in self._held:
                 handle.discard()
             self._held = []
-            if self._forks is not None:
-                self._forks.close()
         with contextlib.suppress(OSError):
             shutil.rmtree(self._dir)

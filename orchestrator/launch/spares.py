@@ -16,15 +16,14 @@ in `start`. Every backend has them (`launch/local.py`, `ssh.py`, `slurm.py`): th
 runs on the task's host, under Slurm as a step of its own (not for a task with GPUs).
 
 Issue 39 chose this over forking tasks from a per-host process that imported TensorFlow
-(the test kit's fork server): both skip the import (a restart's ~2.2 s), but a fork path
-ships only with a 1,000-start soak free of hangs (the kit's forked tasks hung once in 3
-`pytest -n 2` runs, still being found), and a standby is a plain process, fork-safe. What
-it costs: its import's CPU, taken at the lowest priority (worker_entry.standby: it takes
-no core from training), and its memory for the rest of the run: `auto` weighs memory
-alone (spares_pay_off). A standby whose startup would differ from a cold start now (the
-task's environment, its command or Python: a resize, a changed environment) is discarded
-and the task starts cold; one that died waiting is replaced (orchestrator/loop/starts.py).
-The path a start took is `task_started`'s `path`: warm, forked (the kit's pool) or cold.
+(the test kit's fork server, since removed): both skip the import (a restart's ~2.2 s),
+but a standby is a plain exec'd process, with nothing a fork could have broken. What it
+costs: its import's CPU, taken at the lowest priority (worker_entry.standby: it takes no
+core from training), and its memory for the rest of the run: `auto` weighs memory alone
+(spares_pay_off). A standby whose startup would differ from a cold start now (the task's
+environment, its command or Python: a resize, a changed environment) is discarded and the
+task starts cold; one that died waiting is replaced (orchestrator/loop/starts.py). The path
+a start took is `task_started`'s `path`: warm (a standby's, the kit's pool's too) or cold.
 
 Design: Warm spares
 ====================
@@ -80,39 +79,16 @@ task starts cold. Each take starts a replacement for the next test, except where
 knows none follows (`refill` off): one started after the session's last cluster test was
 only killed at its end.
 
-Pool standbys are not exec'd: they are forked from the pool's **fork server**
-(`worker_entry/forkserver.py`, `orchestrator/launch/forkserver.py`), one `python -m
-worker_entry.forkserver` started with the standbys' environment that imports TensorFlow and
-tf-keras once (issue 28: each standby's own import was 1.3-1.4 s of a core, 80 % of a file
-of small cluster tests' CPU). Asked over a SOCK_SEQPACKET socket (a JSON request: directory,
-environment, the coordinator's pid; the wrapper's stdin and output pipes passed as
-descriptors), it forks twice: the middle child exits, so the wrapper is re-parented to the
-coordinator, a child subreaper, which waits for it and reads its exit as for one it exec'd
-(`Forked`, the part of Popen LocalHandle uses). The wrapper runs only once it is the
-coordinator's child (its PR_SET_PDEATHSIG must follow the coordinator, not the middle
-child), reseeds numpy's global random state (every task would draw the same numbers), and
-becomes `python -m worker_entry` as forkstart's children do. A fork is safe only from a
-process that is one thread: it copies every thread's memory but runs only the caller, so a
-lock another thread held (malloc's, a thread pool's, gRPC's, absl's) stays held in the child
-for good, and a runtime that counts on its threads waits for them forever: the suspect when
-a kit's forked workers sat 60 s in their first collective under `pytest -n 2` (issue 37).
-What the server holds once TensorFlow and tf-keras are imported, measured: its own thread
-and two OpenBLAS pools (numpy's, scipy's) parked on a condition variable; no TensorFlow
-context, op or thread pool, gRPC not initialized (its `g_initializations` is 0), no Python
-thread. So it forks once and discards the child (`quiesce`: OpenBLAS's pthread_atfork
-handler joins its pools), then checks /proc/self/task before every fork and refuses where it
-is not alone (a library that starts a thread at its import): the pool then execs
-(tests/test_forkserver.py). The hang itself did not come back, so its cause is not proven: 0
-of about 300 2-worker kit runs under `-n 2` before this check (the issue's 3-test file, the
-testing guide's example with its restart, files of 10 fits). Two kits at once share no fork
-server (each xdist worker has its own pool), and no collective: TensorFlow's group and
-instance keys start at 1 in every process but live in the cluster's own servers, whose
-`auto` ports are the kernel's free ones; a port handed to two kits by a race between the
-plan and the bind fails the second one's gRPC server (an error, not a hang). None of 200
-hung in the soak after it (`python bench/kitsoak.py --runs 200`, half under `-n 2`:
-2026-11-27, 29 minutes at load 2-28). A standby whose startup variables differ from the
-server's is exec'd; a server that fails or dies is not asked again and the pool execs its
-standbys as before. The server ends when the coordinator closes its socket (or dies: EOF).
+Pool standbys are exec'd like every other standby, and import TensorFlow themselves at
+nice 19 while the test before theirs runs (each taken one is replaced at once). Until issue
+37 item 9 they were forked from a fork server that had imported TensorFlow once (issue 28:
+a standby's own import was 1.3-1.4 s of a core, 80 % of a file of small cluster tests'
+CPU). A user's 2-worker tests under `pytest -n 2` hung in their first collective (MWMS's
+initial-value broadcast) 1 run in 3 with forked tasks; the search that followed
+(docs/evidence/kit-hang/) showed every fork was from one thread with no TensorFlow runtime
+started, found no path between two xdist workers' clusters, and never reproduced the hang
+in 520+ soak runs: its cause is unknown. So the kit stopped forking from a process that
+imported TensorFlow, and its tasks start as tfo's own restarts do.
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ class Starts:
         self.job.set(rec, TaskState.STARTING)
         rec.current = Attempt(self.job.clock())  # fresh: nothing of the last one carries over
         warm = getattr(handle, "warm", False)
-        # How it started: warm (a standby's), forked (the kit's pool), cold (a new process).
+        # How it started: warm (a standby's, the kit's pool's too), cold (a new process).
         path = getattr(handle, "path", None) or ("warm" if warm else "cold")
         self.job.events.write("task_started", rec.name, pid=handle.pid, attempt=rec.attempt,
                               host=rec.task.host, port=rec.task.port, warm=warm, path=path)
