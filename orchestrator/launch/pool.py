@@ -17,8 +17,10 @@ oldest, is replaced at once while `refill` is on. The plugin turns it off for a 
 later test of the session follows onto the pool: a standby started then would only be killed
 at the session's end (`starts`).
 
-Every standby is exec'd and imports TensorFlow itself, at the lowest CPU priority until its
-GO (worker_entry.standby), while the test before its own runs: the kit's tasks are never
+Every standby is exec'd and imports TensorFlow itself, at its normal priority (tfo's spares
+import at nice 19, beside training; a pool standby's import is the next test's start, and at
+nice 19 on a busy machine it waited for the test to take it), while the test before its own
+runs: the kit's tasks are never
 forked from a process that imported TensorFlow. Until issue 37 item 9 they were, from a fork
 server that imported it once (a standby cost a fork, not 1.3-1.4 s of a core); a user's
 2-worker tests under `pytest -n 2` hung in their first collective 1 run in 3, with a cause
@@ -44,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from worker_entry import forkstart, markers
-from worker_entry.standby import POOL_ENV
+from worker_entry.standby import KEEP_PRIORITY_ENV, POOL_ENV
 
 if TYPE_CHECKING:
     from orchestrator.launch.local import LocalHandle
@@ -120,7 +122,7 @@ class WarmPool:
         self._made += 1
         slot = os.path.join(self._dir, f"slot-{self._made}")
         env = {**self._env, markers.STANDBY_ENV: "1", POOL_ENV: f"{slot}.json",
-               "TFO_JOB": "{}"}
+               KEEP_PRIORITY_ENV: "1", "TFO_JOB": "{}"}
         stand_in = _Slot(name=f"pool:{self._made}", command=[sys.executable, "-m",
                                                              "worker_entry"],
                          env=env, cwd=self.workdir, log_path=f"{slot}.log", tmp_dir=slot)
