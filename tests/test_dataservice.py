@@ -5,15 +5,13 @@ whose input pipeline runs on data workers tfo starts and supervises
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, events, run_tfo, write_spec
-from tests.helpers import Tfo, first
+from tests.conftest import REPO, events, run_processes, run_tfo, write_spec
+from tests.helpers import Tfo, first, kill_task, stop
 
 SCRIPT = REPO / "tests/scripts/data_service.py"
 
@@ -64,33 +62,47 @@ def _progress(evs: list[dict], task: str) -> list[tuple[float, int]]:
             if e["event"] == "task_progress" and e["task"] == task]
 
 
-@pytest.mark.timeout(900)
-def test_a_killed_data_worker_restarts_alone_while_training_goes_on(tmp_path, run_dir):
-    """SIGKILL data_worker:0 mid-epoch: it alone is restarted (the trainers keep their first
-    attempt) and the job finishes; what the trainers saw (their longest wait between two
-    progress reports around the kill) is printed."""
-    spec = _spec(tmp_path, ["--elements", "400", "--epochs", "4", "--delay_ms", "20",
+def _longest_wait(evs: list[dict], task: str, since: float, until: float) -> float:
+    """The task's longest time without a progress report between `since` and `until`."""
+    times = [since] + [t for t, _ in _progress(evs, task) if since < t < until] + [
+        next((t for t, _ in _progress(evs, task) if t >= until), until)]
+    return max(b - a for a, b in zip(times, times[1:], strict=False))
+
+
+@pytest.mark.timeout(1200)
+def test_killed_service_tasks_restart_alone_while_training_goes_on(tmp_path, run_dir):
+    """One job, two SIGKILLs: data_worker:0 mid-epoch, then (once it serves again) the
+    dispatcher. Each is restarted alone (the trainers keep their first attempt), the
+    dispatcher from its journal at the same address, the trainers train after each, the job
+    succeeds and nothing of it is left running. What the trainers saw (worker:0's longest
+    time without a progress report after each kill) is printed."""
+    spec = _spec(tmp_path, ["--elements", "400", "--epochs", "8", "--delay_ms", "20",
                             "--mode", "parallel_epochs"])
     tfo = Tfo(spec, run_dir)
     try:
         tfo.wait_event("task_progress", "worker:0", timeout=300)
-        pid = tfo.wait_event("task_started", "data_worker:0", attempt=0)["pid"]
-        killed_at = time.time()
-        os.kill(pid, signal.SIGKILL)
-        back = tfo.wait_event("task_ready", "data_worker:0", timeout=240, attempt=1)
-        rc, err = tfo.finish(timeout=400)
+        worker_killed = kill_task(tfo, "data_worker:0")
+        worker_back = tfo.wait_event("task_ready", "data_worker:0", timeout=300, attempt=1)
+        dispatcher_killed = kill_task(tfo, "dispatcher:0")
+        dispatcher_back = tfo.wait_event("task_ready", "dispatcher:0", timeout=300, attempt=1)
+        rc, err = tfo.finish(timeout=600)
     finally:
-        tfo.close()
+        stop(tfo)
     evs = events(run_dir)
     assert rc == 0, err[-4000:]
-    restarted = [e["task"] for e in evs if e["event"] == "task_restarted"]
-    assert restarted == ["data_worker:0"]
+    restarted = sorted(e["task"] for e in evs if e["event"] == "task_restarted")
+    assert restarted == ["data_worker:0", "dispatcher:0"]
     assert {e["attempt"] for e in evs if e["event"] == "task_started"
             and e["task"].startswith("worker:")} == {0}
-    steps_after = [s for t, s in _progress(evs, "worker:0") if t > back["time"]]
-    assert steps_after, "no training after the data worker came back"
-    times = [t for t, _ in _progress(evs, "worker:0")]
-    gap = max((b - a for a, b in zip(times, times[1:], strict=False) if b > killed_at),
-              default=0.0)
-    print(f"data_worker:0 back {back['time'] - killed_at:.1f} s after its SIGKILL; "
-          f"worker:0's longest wait between progress reports since: {gap:.1f} s")
+    assert [s for t, s in _progress(evs, "worker:0") if t > dispatcher_back["time"]], \
+        "no training after the dispatcher came back"
+    journal = run_dir / "dataservice"
+    assert journal.is_dir() and any(journal.iterdir()), "the dispatcher kept no journal"
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert not run_processes(plan["run_id"]), "something of the run is left running"
+    end = first(evs, "job_finished")["time"] if first(evs, "job_finished") else time.time()
+    for what, killed, back, until in (
+            ("data_worker:0", worker_killed, worker_back, dispatcher_killed),
+            ("dispatcher:0", dispatcher_killed, dispatcher_back, end)):
+        print(f"{what} back {back['time'] - killed:.1f} s after its SIGKILL; worker:0's "
+              f"longest wait since: {_longest_wait(evs, 'worker:0', killed, until):.1f} s")
