@@ -22,11 +22,6 @@ from worker_entry import markers
 from worker_entry.markers import Role
 
 DATA_SERVICE_ENV = "TFO_DATA_SERVICE"  # as orchestrator/planning/plan.py sets it
-# How often a data worker tells the dispatcher it is there (TensorFlow's default: 30 s). A
-# restarted dispatcher knows its workers again, and hands out an epoch's new tasks, only at
-# their next heartbeat: with the default the trainers waited up to 111 s after a dispatcher
-# SIGKILL (tests/test_dataservice.py). A handful of workers beating each second is no load.
-HEARTBEAT_MS = 1000
 
 
 def _port(listen: str) -> int:
@@ -46,8 +41,7 @@ def serve(tf: Any, role: str, job: dict[str, Any]) -> int:
     else:
         dispatcher = os.environ[DATA_SERVICE_ENV].split("://", 1)[-1]
         server = service.WorkerServer(service.WorkerConfig(
-            dispatcher_address=dispatcher, worker_address=listen, port=_port(listen),
-            heartbeat_interval_ms=HEARTBEAT_MS))
+            dispatcher_address=dispatcher, worker_address=listen, port=_port(listen)))
         markers.emit(markers.READY, what="serving", target=f"grpc://{listen}")
     server.join()
     return 0
