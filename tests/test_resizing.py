@@ -179,6 +179,31 @@ def test_a_place_failing_twice_in_a_row_is_lost_and_the_job_goes_on_with_2(tmp_p
     assert [e["counted"] for e in restarted] == [True, True, True, False, False]
 
 
+@pytest.mark.timeout(20)
+def test_a_resize_keeps_the_data_service_and_its_address(tmp_path) -> None:
+    """Issue 43: an elastic job with a tf.data service (a dispatcher and a data worker, each
+    serving until stopped) shrinks 3 → 2 as above: the service's tasks keep their first
+    attempt (a resize restarts the training group only), and every start of every trainer,
+    before and after the resize, is given the same TFO_DATA_SERVICE, the dispatcher's."""
+    scripts = {"worker:0": Script([(None, 0, True), (None, 0, True), (0, 0.5, True)]),
+               "worker:1": Script([(None, 0, True), (None, 0, True), (0, 0.5, True)]),
+               "worker:2": Script([(3, 0.1, False)]),
+               "dispatcher:0": Script([(None, 0, True)]),
+               "data_worker:0": Script([(None, 0, True)])}
+    data = elastic_spec(probe_seconds=3600)
+    data["tasks"] |= {"dispatcher": "localhost:4", "data_worker": ["localhost:5"]}
+    result, started, events, _ = run_scripted(tmp_path, data, scripts)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    assert [(e["from"], e["to"]) for e in events if e["event"] == "job_resized"] == [(3, 2)]
+    service = [(n, a) for n, a, _ in started if n in ("dispatcher:0", "data_worker:0")]
+    assert service == [("dispatcher:0", 0), ("data_worker:0", 0)]
+    assert not [e for e in events if e["event"] == "task_restarted"
+                and e["task"] in ("dispatcher:0", "data_worker:0")]
+    addresses = {env["TFO_DATA_SERVICE"] for n, _, env in started if n.startswith("worker:")}
+    assert addresses == {"grpc://localhost:4"}
+    assert [a for n, a, _ in started if n == "worker:0"] == [0, 1, 2]  # after the resize too
+
+
 STOPPED = '@tfo {"event": "usage", "cpu": 0, "rss": 1, "stopped": true}'
 
 

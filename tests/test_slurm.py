@@ -620,3 +620,36 @@ def test_tfo_submit_runs_a_localhost_file_as_a_batch_job_followed_from_here(
                 shutil.rmtree(p)
             elif p.exists():
                 p.unlink()
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(600)
+def test_a_data_service_on_slurm_serves_trainers_on_both_nodes(lab: slurmlab.SlurmLab,
+                                                                run_dir: Path, tmp_path: Path):
+    """Issue 43 on Slurm: a dispatcher and a data worker are steps of the allocation like the
+    trainers, placed by the plan (dispatcher on node1, data worker on node2); every task is
+    given the dispatcher's node address, the two trainers share one pass over the data
+    (tests/scripts/data_service.py, distributed_epoch), and the job leaves nothing behind."""
+    seen = tmp_path / "seen"  # the nodes share this machine's files
+    spec = write_spec(tmp_path / "ds.yaml", f"""\
+name: slurm-ds
+job: {{script: tests/scripts/data_service.py, args: {json.dumps(
+        ["--elements", "64", "--epochs", "1", "--seen_dir", str(seen)])}}}
+backend:
+  slurm: {{partition: {slurmlab.PARTITION}, time: "10", nodes: 2, tasks_per_node: 2}}
+tasks: {{worker: 2, dispatcher: 1, data_worker: 1}}
+timeouts: {{startup_seconds: 300}}
+""")
+    res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=500)
+    assert res.returncode == 0, res.output[-4000:]
+    evs = events(run_dir)
+    hosts = {e["task"]: e["host"] for e in evs if e["event"] == "task_started"}
+    assert hosts == {"dispatcher:0": "node1", "data_worker:0": "node2", "worker:0": "node1",
+                     "worker:1": "node2"}, hosts
+    plan = json.loads((run_dir / "plan.json").read_text())
+    dispatcher = next(t for t in plan["tasks"] if t["name"] == "dispatcher:0")
+    assert {t["env"]["TFO_DATA_SERVICE"] for t in plan["tasks"]} == {
+        f"grpc://node1:{dispatcher['port']}"}
+    ids = [json.loads((seen / f"worker:{i}.json").read_text())[0] for i in (0, 1)]
+    assert sorted(ids[0] + ids[1]) == list(range(64)), ids  # one pass (one may get it all)
+    _no_job_within(lab, _job_id(res.stderr), 10)

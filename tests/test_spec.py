@@ -283,6 +283,12 @@ DATA_SERVICE = [
      + "  dispatcher: [lab:20002]\n  data_worker: [localhost:20003]\n"
      "hosts: {lab: {address: 10.0.0.2}}\n",
      ["tasks.data_worker[0]", "localhost cannot be reached from the lab hosts"]),
+    ("dispatcher on a loopback host the lab trainers cannot reach",
+     GOOD.replace("localhost:20000, localhost:20001", "lab:20000, lab:20001")
+     + "  dispatcher: [me:20002]\n  data_worker: [lab:20003]\n"
+     "hosts: {lab: {address: 10.0.0.2}, me: {address: 127.0.0.1}}\n",
+     ["tasks.dispatcher[0]", "host 'me' has the loopback address 127.0.0.1",
+      "tasks.worker[0] on lab could not reach", "give me an address the other hosts reach"]),
     ("data service roles misspelt", GOOD + "  data_workers: [localhost:20002]\n",
      ["tasks", "unknown role 'data_workers'", "data_worker"]),
 ]
@@ -295,6 +301,14 @@ def test_bad_spec_is_rejected_with_the_field_named(case, text, needles, tmp_path
         load_spec(write_spec(tmp_path / "c.yaml", text))
     for needle in needles:
         assert needle in str(err.value), f"{case}: {needle!r} not in:\n{err.value}"
+
+
+def test_a_data_service_on_loopback_hosts_with_its_trainers_is_accepted(tmp_path):
+    """Loopback reaches loopback: all of a job on hosts at 127.0.0.1 (one machine) is fine."""
+    spec = load_spec(write_spec(tmp_path / "c.yaml", GOOD.replace("localhost", "box")
+                                + "  dispatcher: [me:20002]\n  data_worker: [box:20003]\n"
+                                "hosts: {box: {address: 127.0.0.1}, me: {address: 127.0.0.2}}\n"))
+    assert [str(a) for a in spec.tasks.dispatcher] == ["me:20002"]
 
 
 @pytest.mark.timeout(60)

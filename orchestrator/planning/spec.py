@@ -14,6 +14,7 @@ loading, the JSON Schema). Every name is importable from here.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,7 @@ class ClusterSpec(_Model):
                         f"localhost cannot be reached from the lab hosts ({remote[0][0]} runs "
                         f"on {remote[0][1]}); list this machine under hosts: with an address "
                         "the others can reach"))
+            _service_reachable(self)
         seen: dict[tuple[str, int], str] = {}
         for role, index, address in t.all():
             field = f"tasks.{role}[{index}]"
@@ -327,6 +329,30 @@ def load_spec(path: str | Path) -> ClusterSpec:
     except SpecFileError as err:
         raise SpecError(str(err)) from None
     return parse_spec(data, str(path))
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return address == LOCALHOST or ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a name: what it resolves to is the network's business
+        return False
+
+
+def _service_reachable(spec: ClusterSpec) -> None:
+    """Every task reads the data service at its tasks' addresses: one on a lab host whose
+    address is a loopback one (127.0.0.1) is out of reach of a task on another address."""
+    for role, index, address in spec.tasks.all():
+        machine = spec._machine(address.host)
+        if role not in DATA_SERVICE or not _loopback(machine):
+            continue
+        other = next(((r, i, a.host) for r, i, a in sorted(  # a trainer first
+            spec.tasks.all(), key=lambda ria: ria[0] in DATA_SERVICE)
+            if not _loopback(spec._machine(a.host))), None)
+        if other:
+            raise _field_error(f"tasks.{role}[{index}]", (
+                f"host {address.host!r} has the loopback address {machine}: "
+                f"tasks.{other[0]}[{other[1]}] on {other[2]} could not reach the tf.data "
+                f"service there; give {address.host} an address the other hosts reach"))
 
 
 def _data_service_rules(t: TasksSpec) -> None:
