@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import (
     REPO,
-    SSH_LAB,
+    SSH_LAB3,
     events,
     kill_tree,
     run_processes,
@@ -119,7 +119,7 @@ def test_killed_service_tasks_restart_alone_while_training_goes_on(tmp_path, run
 
 
 @pytest.mark.ssh
-@SSH_LAB
+@SSH_LAB3
 @pytest.mark.timeout(900)
 def test_the_service_on_a_third_lab_host_feeds_the_trainers_on_two_others(lab3, run_dir,
                                                                           tmp_path):
