@@ -4,7 +4,8 @@ max), against its target. Writes bench/results.json and bench/results.png, print
     python bench/run.py            # the full setting: about 10 minutes on 2 quiet cores
     python bench/run.py --quick    # a tiny setting (seconds; only the standbys import
                                    # TensorFlow): checks the harness
-    python bench/run.py --extras   # also the parameter-server and SSH-lab figures
+    python bench/run.py --extras   # also the parameter-server and SSH-lab figures (the
+                                   # lab's recovery too), holding /tmp/sshlab.lock
     python bench/run.py --only light --counts 2,64   # one section (cli, light, paired,
                                                      # resume; repeatable), light tasks at 2, 64
 
@@ -154,6 +155,10 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     Figure("recovery", "SIGKILL → both training again, tfo's defaults, no spare core", "s",
            1.0, before="3.04"),
     Figure("recovery_first_step", "… tfo run → both workers' first step, same runs", "s",
+           None),
+    # The same job on a lab host over SSH (bench/extras.py, --extras: the SSH lab).
+    Figure("recovery_lab", "SIGKILL → both training again, a lab host over SSH", "s", None),
+    Figure("recovery_lab_first_step", "… tfo run → both workers' first step, same runs", "s",
            None),
     # Its two ways to skip TensorFlow's import (bench/restart_paths.py), informational.
     Figure("path_fork", "… (a) fork server: request → forked task waiting", "s", None),
@@ -685,19 +690,27 @@ def bench_recovery(s: Setting, tmp: Path) -> None:
 DEFAULTS_KILL_WAIT = 20.0
 
 
-def resume_run(s: Setting, tmp: Path, i: int, warm: bool | None) -> None:
+def resume_args(s: Setting) -> list[str]:
+    """The job's arguments: long enough for the standbys to start (5 s after ready: a
+    script reports no progress) and import TensorFlow on a busy machine; stopped early."""
+    return job_args(s, epochs=100, step_seconds=0.2) if s.fake else job_args(s, epochs=100)
+
+
+def resume_run(s: Setting, tmp: Path, i: int, warm: bool | None, path: Path | None = None,
+               figure: str = "recovery") -> None:
     """One SIGKILL → resumed measure: `warm` with warm spares (the kill waits until both
     standbys are warm), False without, None with tfo's defaults (the restart policy alone:
     its backoff, its warm_spares; the kill waits for the standbys it made, if any). The job
     runs long enough for that; the run is stopped once both workers took their first step
-    again."""
+    again. `path`: another cluster file of the same job (a lab host's), whose figure with
+    tfo's defaults is `figure`."""
     how = {True: "warm", False: "cold", None: "defaults"}[warm]
-    rd = tmp / f"resume-{how}-{i}"
-    # Long enough for the standbys to start (5 s after ready: a script reports no progress)
-    # and import TensorFlow on a busy machine; stopped early anyway.
-    args = job_args(s, epochs=100, step_seconds=0.2) if s.fake else job_args(s, epochs=100)
-    path = spec(tmp / "resume.json", "bench-resume", args, 2, restart="on-failure",
-                max_restarts=1, warm_spares=warm, backoff=None if warm is None else 0)
+    if path is not None:
+        how = f"{figure} {how}"
+    rd = tmp / f"resume-{how.replace(' ', '-')}-{i}"
+    path = path or spec(tmp / "resume.json", "bench-resume", resume_args(s), 2,
+                        restart="on-failure", max_restarts=1, warm_spares=warm,
+                        backoff=None if warm is None else 0)
     t0 = time.time()
     proc = tfo("run", str(path), "--run-dir", str(rd))
     peak_coord, peak_task = 0, 0
@@ -757,9 +770,9 @@ def resume_run(s: Setting, tmp: Path, i: int, warm: bool | None) -> None:
     if warm and served != [True, True]:
         raise RuntimeError(f"the restart was not served by the warm spares ({served}); see {rd}")
     if warm is None:
-        add("recovery", resumed - killed)
-        add("recovery_first_step", max(timeline(text, attempt=0)["first_step"][0]
-                                       for text in task_logs(rd).values()) - t0)
+        add(figure, resumed - killed)
+        add(f"{figure}_first_step", max(timeline(text, attempt=0)["first_step"][0]
+                                        for text in task_logs(rd).values()) - t0)
         paths = sorted({e.get("path", "warm" if e.get("warm") else "cold") for e in ev
                         if e["event"] == "task_started" and e["attempt"] == 1})
         print(f"  restart path: {', '.join(paths)}; backoff "
@@ -1014,6 +1027,8 @@ SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
     "progress": bench_progress, "lab": bench_lab, "kit": bench_kit,
     "kitsoak": bench_kitsoak, "elastic": bench_elastic, "chaos": bench_chaos,
     "profiler": bench_profiler, "dataservice": bench_dataservice}
+# bench/extras.py's sections (--extras runs them all; --only NAME one of them).
+EXTRAS = ["ps", "ssh", "lab_recovery"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1023,8 +1038,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="where results.json and results.png go (default: bench/; with "
                              "--only, a new temporary directory: the full results stay)")
-    parser.add_argument("--only", choices=sorted(SECTIONS), action="append",
-                        help="only this section (repeatable)")
+    parser.add_argument("--only", choices=sorted(SECTIONS) + EXTRAS, action="append",
+                        help="only this section (repeatable; an extras' section by name)")
     parser.add_argument("--counts", type=lambda v: tuple(int(n) for n in v.split(",")),
                         help="light-task counts, e.g. 2,64")
     args = parser.parse_args(argv)
@@ -1037,10 +1052,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         args.out = Path(tempfile.mkdtemp(prefix="tfo-bench-")) if args.only else REPO / "bench"
     OUT[0] = args.out  # where a section writes a plot of its own (lab.png)
-    if args.extras:
+    if args.extras or set(args.only or ()) & set(EXTRAS):
         from bench import extras
 
-        sections += [extras.bench_ps, extras.bench_ssh]
+        sections += [getattr(extras, f"bench_{name}") for name in EXTRAS
+                     if args.extras or name in args.only]
     took: dict[str, float] = {}
     failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="tfo-bench-") as d:

@@ -156,7 +156,7 @@ class LocalHandle:
         if code is None:
             return
         if orphans.left_by(self._pgid):
-            orphans.sweep(since=self._reaped_at)
+            orphans.sweep_soon(since=self._reaped_at)  # the next start settles it
         elif code == -signal.SIGKILL:  # perhaps a double fault: see orphans.py
             orphans.suspect(since=self._reaped_at)
 
