@@ -24,7 +24,9 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
   task_exited and the last task_stopped, from events.jsonl, against the kill's time.
 - recovery (issue 39): the same kill with tfo's defaults (the restart policy alone set) on
   this machine's 2 cores: kill → both training again, and tfo run → first step; paths
-  (bench/restart_paths.py): fork-served against standby restarts, time and memory.
+  (bench/restart_paths.py): fork-served against standby restarts, time and memory;
+  recovery_lab (extras: `--only lab_recovery`): the same job with both workers on an SSH lab
+  host (tests/sshlab.py's, under /tmp/sshlab.lock).
 - SIGKILL → training resumed: 2-worker MWMS under tfo, a worker SIGKILLed after epoch 0,
   restart on-failure; kill → both workers' first step of attempt 1, with its breakdown.
   `resume` with warm spares (restart.warm_spares: true; the kill waits until both standbys

@@ -21,8 +21,9 @@ hundred, between a SIGKILLed wrapper and its peers' SIGTERM).
 
 The sweep of a wrapper's leftovers runs on a thread of its own (`sweep_soon`): its task got
 SIGKILL with the wrapper (PDEATHSIG) and is dying already, but a TensorFlow process takes
-its time to go (its memory freed, each of its threads ended: 40-60 ms on a quiet 2-core
-machine, 0.2-0.6 s at load 20, against 15-40 ms for a numpy process of the same size).
+its time to go (its memory freed, each of its threads ended: SIGKILL → its pidfd readable
+took 0.14-0.40 s for a 580 MiB TensorFlow process at load 15-20 on 2 cores, against 15-41
+ms for a numpy process of 625 MiB).
 Waited out on the loop, that death came before the peers' SIGTERM, and theirs after it: a
 restart waited for two deaths in a row, where now they overlap (bench/run.py's recovery
 section). Every start on this machine first waits for the sweep under way (`settle`, in
