@@ -1054,6 +1054,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         args.out = Path(tempfile.mkdtemp(prefix="tfo-bench-")) if args.only else REPO / "bench"
     OUT[0] = args.out  # where a section writes a plot of its own (lab.png)
+    args.out.mkdir(parents=True, exist_ok=True)  # before that section, not only at the end
     if args.extras or set(args.only or ()) & set(EXTRAS):
         from bench import extras
 
