@@ -69,6 +69,9 @@ class LocalHandle:
             env[markers.STANDBY_ENV] = "1"
         os.makedirs(task.cwd, exist_ok=True)
         orphans.adopt()
+        # No sweep runs while a wrapper is made: until `started` below, it would be taken for
+        # a leftover (an exec'd one carries TFO_ATTEMPT; a forked one is adopted at once).
+        orphans.settle()
         # Forked from the pool's fork server where it can be (TensorFlow imported already).
         self._proc: subprocess.Popen | Forked = (
             forks is not None and forks.spawn(task.command, env, task.cwd)) or subprocess.Popen(

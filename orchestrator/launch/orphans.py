@@ -27,7 +27,9 @@ ms for a numpy process of 625 MiB).
 Waited out on the loop, that death came before the peers' SIGTERM, and theirs after it: a
 restart waited for two deaths in a row, where now they overlap (bench/run.py's recovery
 section). Every start on this machine first waits for the sweep under way (`settle`, in
-`sweep_suspected`): the task it kills may hold the port the new attempt binds. A death is
+`sweep_suspected`): the task it kills may hold the port the new attempt binds; and no
+wrapper is made while one runs (LocalHandle settles first: a new wrapper, not yet
+`started`, would look like a leftover). A death is
 waited for on its pidfd, not by polling (psutil's wait polls at up to 40 ms).
 
 A wrapper SIGKILLed after it reaped its task, while it killed the rest (a double fault),
