@@ -159,7 +159,7 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     Figure("recovery_first_step", "… tfo run → both workers' first step, same runs", "s",
            None),
     # The same job on a lab host over SSH (bench/extras.py, --extras: the SSH lab).
-    Figure("recovery_lab", "SIGKILL → both training again, a lab host over SSH", "s", None),
+    Figure("recovery_lab", "SIGKILL → both training again, a lab host over SSH", "s", 1.0),
     Figure("recovery_lab_first_step", "… tfo run → both workers' first step, same runs", "s",
            None),
     # Its two ways to skip TensorFlow's import (bench/restart_paths.py), informational.
