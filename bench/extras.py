@@ -1,10 +1,15 @@
 """`python bench/run.py --extras`: the parameter-server job's wall time and peak RSS per
-role, and the SSH lab's `tfo check` and bring-up on 1 and 2 hosts (they need real sshd and
-network namespaces; skipped where the lab cannot run)."""
+role, the SSH lab's `tfo check` and bring-up on 1 and 2 hosts, and issue 39's recovery on a
+lab host (they need real sshd and network namespaces; skipped where the lab cannot run).
+
+The lab is tests/sshlab.py's (10.200.0.0/24), which the tests share: a section that uses it
+holds /tmp/sshlab.lock (as `flock /tmp/sshlab.lock pytest ...` does), so a bench and a test
+run never bring it up at once."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -14,7 +19,20 @@ from pathlib import Path
 
 import psutil
 
-from bench.run import PY, REPO, Setting, detail, events
+from bench.run import PY, REPO, Setting, detail, events, resume_args, resume_run
+
+SSHLAB_LOCK = "/tmp/sshlab.lock"
+
+
+@contextlib.contextmanager
+def sshlab_held():  # noqa: ANN201
+    """The SSH lab, ours alone while we use it (tests take the same lock)."""
+    with open(SSHLAB_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def run_sampled(args: list[str], run_dir: Path, timeout: float = 600,
@@ -66,7 +84,7 @@ def bench_ssh(s: Setting, tmp: Path) -> None:
         print(f"ssh: skipped, {reason}")
         return
     sshlab.ensure_openssh()
-    with sshlab.lab_hosts(tmp / "lab") as hosts:
+    with sshlab_held(), sshlab.lab_hosts(tmp / "lab") as hosts:
         for count in (1, 2):
             lines = []
             for h in hosts[:count]:
@@ -90,3 +108,37 @@ def bench_ssh(s: Setting, tmp: Path) -> None:
             start = next(e["time"] for e in ev if e["event"] == "run_started")
             ready = max(e["time"] for e in ev if e["event"] == "task_ready")
             detail(f"ssh bring-up, {count} host(s) (start -> all ready) s", ready - start)
+
+
+def bench_lab_recovery(s: Setting, tmp: Path) -> None:
+    """Issue 39 on a lab host: the recovery section's job (bench/job.py, 2 MWMS workers,
+    tfo's defaults but the restart policy) with both workers on one SSH lab host; a worker
+    SIGKILLed there (the lab is a network namespace of this machine: its pids are ours to
+    signal) → both training again, from the tasks' own clocks (the same machine's). Its
+    warm spares, if the host's free memory holds them (`auto`), wait on the host, each a
+    task of its agent. The full setting only: its standbys import TensorFlow."""
+    if s.fake:
+        return
+    from tests import sshlab
+
+    ok, reason = sshlab.netns_supported()
+    if not ok:
+        print(f"lab recovery: skipped, {reason}")
+        return
+    sshlab.ensure_openssh()
+    runs = max(3, s.resumes)
+    print(f"lab recovery: {runs} run(s) on an SSH lab host with tfo's defaults", flush=True)
+    with sshlab_held(), sshlab.lab_hosts(tmp / "lab-recovery", count=1) as (host,):
+        fields = {"address": host.address, "port": host.port, "user": host.user,
+                  "key": host.key, "known_hosts": host.known_hosts, "python": PY,
+                  "workdir": str(tmp / "lab-recovery-work")}
+        path = tmp / "lab-recovery.json"
+        path.write_text(json.dumps({
+            "name": "bench-lab-recovery", "strategy": "multi_worker_mirrored",
+            "job": {"script": "bench/job.py", "args": resume_args(s)},
+            "hosts": {"lab1": fields},
+            "tasks": {"worker": ["lab1:20000", "lab1:20001"]},
+            "restart": {"policy": "on-failure", "max_restarts": 1},
+            "timeouts": {"startup_seconds": 300, "grace_seconds": 5}}))
+        for i in range(runs):
+            resume_run(s, tmp, i, None, path=path, figure="recovery_lab")

@@ -4,7 +4,8 @@ max), against its target. Writes bench/results.json and bench/results.png, print
     python bench/run.py            # the full setting: about 10 minutes on 2 quiet cores
     python bench/run.py --quick    # a tiny setting (seconds; only the standbys import
                                    # TensorFlow): checks the harness
-    python bench/run.py --extras   # also the parameter-server and SSH-lab figures
+    python bench/run.py --extras   # also the parameter-server and SSH-lab figures (the
+                                   # lab's recovery too), holding /tmp/sshlab.lock
     python bench/run.py --only light --counts 2,64   # one section (cli, light, paired,
                                                      # resume; repeatable), light tasks at 2, 64
 
@@ -23,7 +24,9 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
   task_exited and the last task_stopped, from events.jsonl, against the kill's time.
 - recovery (issue 39): the same kill with tfo's defaults (the restart policy alone set) on
   this machine's 2 cores: kill → both training again, and tfo run → first step; paths
-  (bench/restart_paths.py): fork-served against standby restarts, time and memory.
+  (bench/restart_paths.py): fork-served against standby restarts, time and memory;
+  recovery_lab (extras: `--only lab_recovery`): the same job with both workers on an SSH lab
+  host (tests/sshlab.py's, under /tmp/sshlab.lock).
 - SIGKILL → training resumed: 2-worker MWMS under tfo, a worker SIGKILLed after epoch 0,
   restart on-failure; kill → both workers' first step of attempt 1, with its breakdown.
   `resume` with warm spares (restart.warm_spares: true; the kill waits until both standbys
@@ -155,6 +158,10 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
            1.0, before="3.04"),
     Figure("recovery_first_step", "… tfo run → both workers' first step, same runs", "s",
            None),
+    # The same job on a lab host over SSH (bench/extras.py, --extras: the SSH lab).
+    Figure("recovery_lab", "SIGKILL → both training again, a lab host over SSH", "s", 1.0),
+    Figure("recovery_lab_first_step", "… tfo run → both workers' first step, same runs", "s",
+           None),
     # Its way to skip TensorFlow's import (bench/restart_paths.py), informational.
     Figure("path_exec", "… standby: exec → waiting (its import, off the restart)", "s",
            None),
@@ -194,7 +201,7 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     Figure("kit_mpr", "… multi_process_runner, one pytest run", "s", None),
     Figure("kit_pool_mib", "… memory a pytest worker's pool holds between tests (PSS)",
            "MiB", None),
-    # Issue 37 item 9: the kit's forked tasks must never hang (bench/kitsoak.py).
+    # Issue 37 item 9: the kit's tasks never hang (bench/kitsoak.py; exec'd, no longer forked).
     Figure("kit_soak_hangs", "kit soak: 2-worker tf_cluster runs that hung", "runs", 0),
     Figure("kit_soak_failed", "… that failed otherwise", "runs", 0),
     Figure("kit_soak_runs", "… runs (half of them under pytest -n 2)", "runs", None),
@@ -695,19 +702,27 @@ def bench_recovery(s: Setting, tmp: Path) -> None:
 DEFAULTS_KILL_WAIT = 20.0
 
 
-def resume_run(s: Setting, tmp: Path, i: int, warm: bool | None) -> None:
+def resume_args(s: Setting) -> list[str]:
+    """The job's arguments: long enough for the standbys to start (5 s after ready: a
+    script reports no progress) and import TensorFlow on a busy machine; stopped early."""
+    return job_args(s, epochs=100, step_seconds=0.2) if s.fake else job_args(s, epochs=100)
+
+
+def resume_run(s: Setting, tmp: Path, i: int, warm: bool | None, path: Path | None = None,
+               figure: str = "recovery") -> None:
     """One SIGKILL → resumed measure: `warm` with warm spares (the kill waits until both
     standbys are warm), False without, None with tfo's defaults (the restart policy alone:
     its backoff, its warm_spares; the kill waits for the standbys it made, if any). The job
     runs long enough for that; the run is stopped once both workers took their first step
-    again."""
+    again. `path`: another cluster file of the same job (a lab host's), whose figure with
+    tfo's defaults is `figure`."""
     how = {True: "warm", False: "cold", None: "defaults"}[warm]
-    rd = tmp / f"resume-{how}-{i}"
-    # Long enough for the standbys to start (5 s after ready: a script reports no progress)
-    # and import TensorFlow on a busy machine; stopped early anyway.
-    args = job_args(s, epochs=100, step_seconds=0.2) if s.fake else job_args(s, epochs=100)
-    path = spec(tmp / "resume.json", "bench-resume", args, 2, restart="on-failure",
-                max_restarts=1, warm_spares=warm, backoff=None if warm is None else 0)
+    if path is not None:
+        how = f"{figure} {how}"
+    rd = tmp / f"resume-{how.replace(' ', '-')}-{i}"
+    path = path or spec(tmp / "resume.json", "bench-resume", resume_args(s), 2,
+                        restart="on-failure", max_restarts=1, warm_spares=warm,
+                        backoff=None if warm is None else 0)
     t0 = time.time()
     proc = tfo("run", str(path), "--run-dir", str(rd))
     peak_coord, peak_task = 0, 0
@@ -767,9 +782,9 @@ def resume_run(s: Setting, tmp: Path, i: int, warm: bool | None) -> None:
     if warm and served != [True, True]:
         raise RuntimeError(f"the restart was not served by the warm spares ({served}); see {rd}")
     if warm is None:
-        add("recovery", resumed - killed)
-        add("recovery_first_step", max(timeline(text, attempt=0)["first_step"][0]
-                                       for text in task_logs(rd).values()) - t0)
+        add(figure, resumed - killed)
+        add(f"{figure}_first_step", max(timeline(text, attempt=0)["first_step"][0]
+                                        for text in task_logs(rd).values()) - t0)
         paths = sorted({e.get("path", "warm" if e.get("warm") else "cold") for e in ev
                         if e["event"] == "task_started" and e["attempt"] == 1})
         print(f"  restart path: {', '.join(paths)}; backoff "
@@ -1022,6 +1037,8 @@ SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
     "progress": bench_progress, "lab": bench_lab, "kit": bench_kit,
     "kitsoak": bench_kitsoak, "elastic": bench_elastic, "chaos": bench_chaos,
     "profiler": bench_profiler, "dataservice": bench_dataservice}
+# bench/extras.py's sections (--extras runs them all; --only NAME one of them).
+EXTRAS = ["ps", "ssh", "lab_recovery"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1031,8 +1048,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="where results.json and results.png go (default: bench/; with "
                              "--only, a new temporary directory: the full results stay)")
-    parser.add_argument("--only", choices=sorted(SECTIONS), action="append",
-                        help="only this section (repeatable)")
+    parser.add_argument("--only", choices=sorted(SECTIONS) + EXTRAS, action="append",
+                        help="only this section (repeatable; an extras' section by name)")
     parser.add_argument("--counts", type=lambda v: tuple(int(n) for n in v.split(",")),
                         help="light-task counts, e.g. 2,64")
     args = parser.parse_args(argv)
@@ -1045,10 +1062,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         args.out = Path(tempfile.mkdtemp(prefix="tfo-bench-")) if args.only else REPO / "bench"
     OUT[0] = args.out  # where a section writes a plot of its own (lab.png)
-    if args.extras:
+    args.out.mkdir(parents=True, exist_ok=True)  # before that section, not only at the end
+    if args.extras or set(args.only or ()) & set(EXTRAS):
         from bench import extras
 
-        sections += [extras.bench_ps, extras.bench_ssh]
+        sections += [getattr(extras, f"bench_{name}") for name in EXTRAS
+                     if args.extras or name in args.only]
     took: dict[str, float] = {}
     failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="tfo-bench-") as d:

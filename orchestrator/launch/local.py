@@ -68,6 +68,9 @@ class LocalHandle:
             env[markers.STANDBY_ENV] = "1"
         os.makedirs(task.cwd, exist_ok=True)
         orphans.adopt()
+        # No sweep runs while a wrapper is made: until `started` below, it would be taken for
+        # a leftover (it carries TFO_ATTEMPT).
+        orphans.settle()
         self._proc = subprocess.Popen(
             task.command, cwd=task.cwd, env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, bufsize=0,
@@ -150,7 +153,7 @@ class LocalHandle:
         if code is None:
             return
         if orphans.left_by(self._pgid):
-            orphans.sweep(since=self._reaped_at)
+            orphans.sweep_soon(since=self._reaped_at)  # the next start settles it
         elif code == -signal.SIGKILL:  # perhaps a double fault: see orphans.py
             orphans.suspect(since=self._reaped_at)
 

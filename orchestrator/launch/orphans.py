@@ -4,7 +4,8 @@
     orphans.started(pid)             # a wrapper we started (its pid is its process group)
     orphans.reaped(pid)              # ... and we collected its exit
     if orphans.left_by(pid):         # when its handle closes: did it die uncleanly?
-        orphans.sweep(since=reaped_at)   # kill and reap what it left
+        orphans.sweep_soon(since=reaped_at)   # kill and reap what it left, on a thread
+    orphans.settle()                 # before a start: that sweep is over (ports are free)
 
 The wrapper (worker_entry.lifeline) kills everything its task started, whenever the task
 ends; it cannot once it is SIGKILLed itself. The task then dies with it (PDEATHSIG), and
@@ -17,6 +18,19 @@ is then our child (or zombie), where a wrapper that cleaned up had reaped it. On
 sweep, which covers every wrapper reaped before it started: our children, from our threads'
 children lists in /proc (not a scan of every process on the machine: 9-12 ms with a few
 hundred, between a SIGKILLed wrapper and its peers' SIGTERM).
+
+The sweep of a wrapper's leftovers runs on a thread of its own (`sweep_soon`): its task got
+SIGKILL with the wrapper (PDEATHSIG) and is dying already, but a TensorFlow process takes
+its time to go (its memory freed, each of its threads ended: SIGKILL → its pidfd readable
+took 0.14-0.40 s for a 580 MiB TensorFlow process at load 15-20 on 2 cores, against 15-41
+ms for a numpy process of 625 MiB).
+Waited out on the loop, that death came before the peers' SIGTERM, and theirs after it: a
+restart waited for two deaths in a row, where now they overlap (bench/run.py's recovery
+section). Every start on this machine first waits for the sweep under way (`settle`, in
+`sweep_suspected`): the task it kills may hold the port the new attempt binds; and no
+wrapper is made while one runs (LocalHandle settles first: a new wrapper, not yet
+`started`, would look like a leftover). A death is
+waited for on its pidfd, not by polling (psutil's wait polls at up to 40 ms).
 
 A wrapper SIGKILLed after it reaped its task, while it killed the rest (a double fault),
 leaves no task in its group: that is told only by its exit by SIGKILL, which is also how
@@ -38,7 +52,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -53,6 +69,8 @@ _wrappers: set[int] = set()  # started, exit not collected yet
 _groups: set[int] = set()  # process groups of the wrappers we started
 _swept_at = float("-inf")  # monotonic start of the last sweep
 _suspected: float | None = None  # the earliest reap a sweep is still owed for
+_pending: threading.Thread | None = None  # a sweep under way (sweep_soon)
+_lock = threading.Lock()  # one sweep at a time
 
 
 def adopt() -> None:
@@ -135,27 +153,64 @@ def sweep(since: float | None = None) -> int:
     """Kill and reap our orphans; how many. Skipped when a sweep started after `since` (the
     monotonic time the wrapper's exit was collected: its orphans were ours by then)."""
     global _swept_at
-    if since is not None and _swept_at > since:
-        return 0
     import psutil  # only when a wrapper left something: `tfo plan` goes without
 
-    start, killed = time.monotonic(), 0
-    while time.monotonic() - start < _SWEEP_SECONDS:
-        try:
-            found = [p for p in _children() if _ours(p)]
-        except psutil.Error:
-            break
-        if not found:
-            break
-        for p in found:
-            with contextlib.suppress(psutil.Error):
-                p.kill()  # psutil checks the create time: never a reused pid
-        for p in found:  # reap: their children come to us next, for the next round
-            with contextlib.suppress(psutil.Error, ChildProcessError):
-                p.wait(0.5)
-        killed += len(found)
-    _swept_at = start
-    return killed
+    with _lock:
+        if since is not None and _swept_at > since:
+            return 0
+        start, killed = time.monotonic(), 0
+        while time.monotonic() - start < _SWEEP_SECONDS:
+            try:
+                found = [p for p in _children() if _ours(p)]
+            except psutil.Error:
+                break
+            if not found:
+                break
+            for p in found:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()  # psutil checks the create time: never a reused pid
+            _reap([p.pid for p in found], 0.5)  # their children come to us, for the next round
+            killed += len(found)
+        _swept_at = start
+        return killed
+
+
+def _reap(pids: list[int], timeout: float) -> None:
+    """Wait for our children `pids` to end (on their pidfds: at once, no polling), at most
+    `timeout`, and reap those that did. Unreaped, a child's pid is not reused meanwhile."""
+    fds: dict[int, int] = {}
+    for pid in pids:
+        with contextlib.suppress(OSError, AttributeError):  # gone already; no pidfd here
+            fds[os.pidfd_open(pid)] = pid
+    try:
+        until = time.monotonic() + timeout
+        waiting = set(fds)
+        while waiting and (left := until - time.monotonic()) > 0:
+            ready, _, _ = select.select(list(waiting), [], [], left)
+            waiting -= set(ready)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def sweep_soon(since: float | None = None) -> None:
+    """`sweep(since)` on a thread of its own: the loop goes on (to the peers' stop) while
+    what the wrapper left dies; `settle` waits for it."""
+    global _pending
+    settle()
+    _pending = threading.Thread(target=sweep, args=(since,), name="tfo-orphans", daemon=True)
+    _pending.start()
+
+
+def settle() -> None:
+    """Wait for the sweep under way, if any (at most as long as a sweep may take)."""
+    global _pending
+    if _pending is not None:
+        _pending.join(_SWEEP_SECONDS + 1.0)
+        _pending = None
 
 
 def suspect(since: float | None) -> None:
@@ -166,8 +221,10 @@ def suspect(since: float | None) -> None:
 
 
 def sweep_suspected() -> int:
-    """The sweep `suspect` owes, if any; how many were killed."""
+    """The sweep under way, waited for (`settle`); then the one `suspect` owes, if any; how
+    many that one killed."""
     global _suspected
+    settle()
     if _suspected is None:
         return 0
     since, _suspected = _suspected, None
