@@ -173,8 +173,15 @@ job:
   args: ["--slow_task", "worker:1", "--sleep_ms", "5", "--steps", "80"]
 tasks:
   worker: [localhost:auto, localhost:auto, localhost:auto]
-restart: {policy: on-failure, max_restarts: 2}
+restart: {policy: on-failure, max_restarts: 3}
 """
+
+
+def _training(run_dir: Path, task: str) -> bool:
+    """The task reported progress since its latest start."""
+    latest = [e["event"] for e in events(run_dir) if e.get("task") == task
+              and e["event"] in ("task_started", "task_progress")]
+    return "task_started" in latest and latest[-1] == "task_progress"
 
 
 def _read_plan(run_dir: Path) -> dict | None:
@@ -204,18 +211,28 @@ def test_tfo_profile_names_the_input_starved_worker(tmp_path: Path, run_dir: Pat
         port = plan["tasks"][2]["profiler_port"]
         squatter.bind(("127.0.0.1", port))  # before worker:2 imports TensorFlow
         squatter.listen()
-        assert wait_until(lambda: sum(e["event"] == "task_progress" for e in events(run_dir))
-                          >= 3, 240, interval=0.5), "no training"
-        # 5 s: at load 40 a step took 1.6 s, and a 2 s trace caught one step of one task
-        got = run_tfo("profile", str(run_dir), "--seconds", "5", timeout=150)
-        assert got.returncode == 0, got.output
-        assert "slow: worker:1, cause input" in got.stdout, got.output
+        # TensorFlow 2.21's profiler crashes a traced non-leader worker in about 1 capture in
+        # 5 (a use-after-free inside it: docs/guide/slow.md); tfo says so, the job restarts it,
+        # and the user captures again: so does this test, up to 3 times, each capture once
+        # worker:1 trains again. Only that crash, said, excuses a capture that names nobody.
+        said = []
+        for _ in range(3):
+            assert wait_until(lambda: _training(run_dir, "worker:1"), 240, interval=0.5), \
+                "no training"
+            # 5 s: at load 40 a step took 1.6 s, and a 2 s trace caught one step of one task
+            got = run_tfo("profile", str(run_dir), "--seconds", "5", timeout=150)
+            assert got.returncode == 0, got.output
+            said.append(got.stdout)
+            if "slow: worker:1, cause input" in got.stdout:
+                break
+            assert "worker:1: exited while traced (signal" in got.stdout, got.output
+        assert "slow: worker:1, cause input" in got.stdout, "\n".join(said)
         assert (f"worker:2: no trace: its profiler did not answer (profiler: port {port} in "
                 "use by another process)") in got.stdout, got.output
         row = next(line for line in got.stdout.splitlines() if line.startswith("worker:1 "))
         assert int(row.split()[-3].rstrip("%")) >= 50, row  # its input share
-        traces = sorted(p.name for p in (run_dir / "tensorboard/plugins/profile")
-                        .glob("*/*.xplane.pb"))
+        where = next(line for line in got.stdout.splitlines() if line.startswith("traces: "))
+        traces = sorted(p.name for p in Path(where.split()[1]).glob("*.xplane.pb"))
         assert traces == ["worker_0.xplane.pb", "worker_1.xplane.pb"]
         # TensorFlow's profiler can crash a traced worker (profiling.py's doc): said, as tfo
         # saw it, and the job restarts it by its policy.
@@ -317,8 +334,8 @@ def test_tfo_profile_captures_a_parameter_server_job(tmp_path: Path, run_dir: Pa
                 if line.split() and line.split()[0] in ("chief:0", "worker:0", "worker:1",
                                                         "ps:0")}
         assert rows == {"chief:0", "worker:0", "worker:1", "ps:0"}, got.output
-        traces = sorted(p.name for p in (run_dir / "tensorboard/plugins/profile")
-                        .glob("*/*.xplane.pb"))
+        where = next(line for line in got.stdout.splitlines() if line.startswith("traces: "))
+        traces = sorted(p.name for p in Path(where.split()[1]).glob("*.xplane.pb"))
         assert traces == ["chief_0.xplane.pb", "ps_0.xplane.pb", "worker_0.xplane.pb",
                           "worker_1.xplane.pb"], got.output
         print(got.stdout)
