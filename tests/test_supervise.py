@@ -236,6 +236,10 @@ def test_a_task_whose_batch_stopped_at_a_failed_start_keeps_its_attempt(tmp_path
     events = run_events(tmp_path / "run")
     assert [(e["task"], e["attempt"]) for e in events if e["event"] == "task_started"] == \
         [("worker:0", 1), ("worker:1", 0)]
+    # Its log says attempt 0 once: the header of the start not taken is not written again.
+    log = next((tmp_path / "run").rglob("worker-1*.log"))
+    headers = [line for line in log.read_text().splitlines() if line.startswith("===== tfo:")]
+    assert headers == ["===== tfo: worker:1 attempt 0 ====="]
 
 
 @pytest.mark.timeout(20)

@@ -77,6 +77,7 @@ class TaskRecord:
     state: TaskState = TaskState.PENDING
     handle: TaskHandle | None = None
     attempt: int = -1
+    headed: int = -1  # the attempt whose header its log holds (a start not taken keeps it)
     restarts: int = 0
     start_after: float = 0.0  # monotonic time; the restart backoff
     log: IO[str] | None = None

@@ -108,6 +108,9 @@ class Starts:
         rec.attempt += 1
         if rec.log is None:
             rec.log = open(rec.task.log_path, "a", buffering=1)  # noqa: SIM115 (kept)
+        if rec.headed == rec.attempt:  # this attempt's start was not taken: headed already
+            return
+        rec.headed = rec.attempt
         with contextlib.suppress(OSError):  # a full disk: RunDirWatch stops the job
             rec.log.write(f"===== tfo: {rec.name} attempt {rec.attempt} =====\n")
 
