@@ -334,6 +334,30 @@ def test_a_group_s_tasks_keep_their_places_profiler_ports() -> None:
                                       ("evaluator:0", 2009, None, None)]
 
 
+def test_a_group_plan_gives_gpus_from_what_an_auto_host_reported() -> None:
+    """An `auto` host's GPUs are asked once, for the first plan; a group's plan allocates
+    from the same list (before: from nvidia-smi's numbering 0, 1, …, as if never asked),
+    and plan.json keeps the list for a rerun."""
+    from orchestrator.elastic.groups import first
+    from orchestrator.planning.plan import Plan
+
+    hosts = {**HOSTS, "lab1": {**HOSTS["lab1"], "gpus": "auto"}}
+    spec = parse_spec({**elastic_spec({"min_workers": 1, "max_workers": 2}, ["lab1:auto",
+                                                                           "lab1:auto"]),
+                       "hosts": hosts, "job": {"entry": "a.b:c", "gpus_per_task": 1}})
+    ports = {"worker:0": 2000, "worker:1": 2001, "evaluator:0": 2009}
+    pool_plan = make_plan(spec, run_id="r1", run_dir="/runs/r1", workdir="/w", ports=ports,
+                          gpus={"lab1": [3, 6, 7]})
+    start = first(pool_plan)
+    assert {t.name: t.gpus for t in start.plan.tasks} == {
+        "worker:0": [3], "worker:1": [6], "evaluator:0": []}
+    alone = plan_for(start.plan, start.places, Group((1,)))
+    assert {t.name: t.gpus for t in alone.tasks} == {"worker:0": [3], "evaluator:0": []}
+    again = Plan.from_json(json.loads(json.dumps(start.plan.to_json())))
+    assert again.host_gpus == {"lab1": [3, 6, 7]}
+    assert "host_gpus" not in plan0().to_json()  # no `auto` host: plan.json as before
+
+
 @pytest.mark.parametrize(("env", "size"), [
     ({NUM_WORKERS_ENV: "2", "TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"] * 3}})}, 2),
     ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"] * 3, "chief": ["c:1"]}})}, 4),

@@ -382,8 +382,8 @@ def plan_for(plan: Plan, places: Sequence[Place], group: Group,
     other task as it was. TF_CONFIG lists n workers, TFO_IS_CHIEF is worker 0's, and every
     task's env has TFO_NUM_WORKERS. A parameter_server group's ps are its ps places
     (`ps_places`, `group.ps`), as its workers are. `kwargs` go to make_plan (`python`,
-    `gpus`: what the first plan was made with). The plan's spec stays the run's (the whole
-    pool)."""
+    `gpus` defaults to the GPUs the first plan's `auto` hosts reported, `plan.host_gpus`).
+    The plan's spec stays the run's (the whole pool)."""
     spec = plan.spec
     sized = {Role.WORKER: [places[s] for s in group.members]}
     if group.ps:
@@ -404,6 +404,7 @@ def plan_for(plan: Plan, places: Sequence[Place], group: Group,
               if t.profiler_port is not None}
     ports |= {profiler_key(task_name(role, i)): p.profiler_port for role, at in sized.items()
               for i, p in enumerate(at) if p.profiler_port is not None}
+    kwargs.setdefault("gpus", plan.host_gpus)
     new = make_plan(spec.model_copy(update={"tasks": tasks_spec}), run_id=plan.run_id,
                     run_dir=plan.run_dir, workdir=plan.workdir, ports=ports, nodes=nodes,
                     **kwargs)

@@ -174,6 +174,9 @@ class Plan:
     workdir: str  # where tfo ran: the job's code, and local tasks' cwd
     spec: ClusterSpec  # what the plan was made from; a rerun plans it again, same ports
     tasks: list[TaskPlan] = field(default_factory=list)
+    # The GPUs of the hosts whose gpus are `auto`, as they were asked (make_plan's `gpus`):
+    # an elastic group's plan (elastic.plan_for) allocates from the same lists.
+    host_gpus: dict[str, list[int]] = field(default_factory=dict)
 
     def task(self, name: str) -> TaskPlan:
         return next(t for t in self.tasks if t.name == name)
@@ -197,7 +200,8 @@ class Plan:
                 "run_dir": self.run_dir, "job": self.job, "policy": self.policy.to_json(),
                 "rules": self.rules.to_json(), "workdir": self.workdir,
                 "spec": self.spec.model_dump(mode="json"), "cluster": self.cluster,
-                "tasks": [t.to_json() for t in self.tasks]}
+                "tasks": [t.to_json() for t in self.tasks]} | (
+                    {"host_gpus": self.host_gpus} if self.host_gpus else {})
 
     @classmethod
     def from_json(cls, data: Any, source: str = "plan.json") -> Plan:
@@ -210,7 +214,8 @@ class Plan:
         return cls(name=checked.name, strategy=checked.strategy, run_id=checked.run_id,
                    run_dir=checked.run_dir, job=checked.job, policy=checked.policy,
                    rules=checked.rules, workdir=checked.workdir, spec=spec,
-                   tasks=[TaskPlan.from_json(t, cluster, cluster_json) for t in data["tasks"]])
+                   tasks=[TaskPlan.from_json(t, cluster, cluster_json) for t in data["tasks"]],
+                   host_gpus=checked.host_gpus)
 
 
 class _PlacementFile(BaseModel):
@@ -255,6 +260,7 @@ class _PlanFile(BaseModel):
     spec: dict[str, Any]  # a ClusterSpec: checked on its own, its errors named spec.…
     cluster: dict[str, list[Annotated[str, Strict()]]] | None = None
     tasks: list[_TaskFile] = Field(min_length=1)
+    host_gpus: dict[str, list[Annotated[Int, Field(ge=0)]]] = Field(default_factory=dict)
 
 
 def _check_plan_file(data: Any, source: str) -> tuple[_PlanFile, ClusterSpec]:
@@ -481,7 +487,8 @@ def make_plan(
         ))
     return Plan(name=spec.name, strategy=spec.strategy, run_id=run_id, run_dir=run_dir,
                 job=f"{kind} {spec.job.target}", policy=make_policy(spec), rules=rules,
-                workdir=workdir, spec=spec, tasks=tasks)
+                workdir=workdir, spec=spec, tasks=tasks,
+                host_gpus={h: list(ids) for h, ids in (gpus or {}).items()})
 
 
 def tf_config_env(cluster_json: str, task: dict[str, Any]) -> str:
