@@ -411,6 +411,7 @@ FOLLOW_SECONDS = 0.25  # how often `tfo logs -f` looks for new lines
 def profile(run_ref: RunArg = None, seconds: SecondsOpt = 2.0, tasks: TasksOpt = None) -> None:
     """Trace every training task at once into the run's TensorBoard folder; print each task's
     step time and shares of input, compute and communication, and name the slow task.
+    Exit 1 when no trace was written (the table says why), 2 for a run that is over.
 
     \b
     Examples:
@@ -422,6 +423,8 @@ def profile(run_ref: RunArg = None, seconds: SecondsOpt = 2.0, tasks: TasksOpt =
     except profiling.ProfileError as e:
         raise fail(str(e)) from None
     out.print("\n".join(map(printable, profiling.lines(found))), soft_wrap=True, markup=False)
+    if not found.traced:
+        raise typer.Exit(1)
 
 
 @app.command(short_help="Print a task's log, or every task's; -f follows the run")

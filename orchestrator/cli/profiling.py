@@ -129,6 +129,13 @@ class Profile:
     def verdict(self) -> Verdict | None:
         return verdict(self.tasks)
 
+    @property
+    def traced(self) -> bool:
+        """A trace was written (`tfo profile` exits 1 when none was: every task silent, or
+        the traced ones crashed before their traces were sent). Traces that were written but
+        not analysed (no xprof installed) are a capture: TensorBoard reads them."""
+        return bool(self.session)
+
 
 def task_profile(name: str, raw: Any) -> TaskProfile:
     """The helper's figures for one task (its own JSON: checked, never trusted blindly)."""
