@@ -155,6 +155,10 @@ JOINED = "joined"
 FIRST_STEP = "first_step"  # the first training step finished
 EPOCH = "epoch"  # an epoch began (`epoch`, 0-based)
 PROGRESS = "progress"  # training moved: `step` (steps this attempt) and where (at most 1/s)
+# The chief of a ParameterServer job: the closures each worker finished this attempt
+# (`by_worker`: {"0": n, ...}, by worker index; `at`: the task's clock), at most every 2 s
+# (worker_entry/progress/closures.py).
+CLOSURES = "closures"
 USAGE = "usage"  # the task wrapper, every USAGE_SECONDS: the task tree's CPU, RSS, stopped?
 SIGTERM = "sigterm"  # the task wrapper got SIGTERM and passed it on (`grace`: s to SIGKILL)
 EVALUATED = "evaluated"  # the evaluator evaluated a checkpoint (`epoch`, `metrics`)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from orchestrator.elastic.backups import told
 from orchestrator.elastic.groups import BACKUP_DIR_ENV
-from orchestrator.loop import decide
+from orchestrator.loop import closures, decide
 from orchestrator.loop.decide import TaskState
 from orchestrator.loop.job import Job
 from orchestrator.loop.joined import Planned, judge
@@ -15,6 +15,7 @@ from orchestrator.loop.markers import (
     Backup,
     BadMarker,
     Checkpointed,
+    Closures,
     Done,
     Epoch,
     Evaluated,
@@ -97,6 +98,10 @@ class Intake:
             elif isinstance(marker, Done):
                 rec.done = marker  # what its entry returned (orchestrator.run's value)
             ours = own
+            if isinstance(marker, Closures) and rec.role is Role.CHIEF:
+                finished = rec.current.closures
+                closures.take(finished, marker, closures.attempts(job), job.clock())
+                ours = {**own, "closures_per_second": closures.per_second(finished, job.clock())}
             if isinstance(marker, Progress) and \
                     (rate := shown(rec.current.work.rate, job.clock())) is not None:
                 ours = {**own, "steps_per_second": float(f"{rate:.4g}")}  # as the table shows

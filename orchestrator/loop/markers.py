@@ -112,6 +112,16 @@ class Progress(_Marker):
     at: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
+class Closures(_Marker):
+    """The closures each worker finished, by worker index, as a ParameterServer job's chief
+    counted them this attempt (worker_entry/progress/closures.py), at the task's clock `at`."""
+
+    event: Literal[m.CLOSURES]
+    by_worker: dict[Annotated[str, Field(pattern=r"^[0-9]{1,6}$")],
+                    Annotated[int, Field(strict=True, ge=0)]] = Field(max_length=10_000)
+    at: float = Field(ge=0, allow_inf_nan=False)
+
+
 class Usage(_Marker):
     """From the task's wrapper, measured on the task's host every USAGE_SECONDS: the task's
     whole process tree."""
@@ -175,8 +185,8 @@ class Exiting(_Marker):
     code: int | None = Field(default=None, ge=0, le=255)
 
 
-Marker = Annotated[Up | Connecting | Ready | Joined | FirstStep | Epoch | Progress | Usage
-                   | SigTerm | Evaluated | Saved | Backup | Checkpointed | Done | Exiting,
+Marker = Annotated[Up | Connecting | Ready | Joined | FirstStep | Epoch | Progress | Closures
+                   | Usage | SigTerm | Evaluated | Saved | Backup | Checkpointed | Done | Exiting,
                    Field(discriminator="event")]
 _MARKER: TypeAdapter[Marker] = TypeAdapter(Marker)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
+from orchestrator.loop.closures import Finished
 from orchestrator.loop.decide import JobState, TaskState
 from orchestrator.loop.markers import Done, Joined, Progress, Usage, is_marker
 from orchestrator.loop.rate import Rate
@@ -64,6 +65,8 @@ class Attempt:
     spare: Spare = field(default_factory=Spare)  # its next attempt's warm spare
     joins: list[Joined] = field(default_factory=list)  # the clusters its strategies joined
     judged: bool = False  # whether it trained in the plan's cluster was asked (joined.judge)
+    # A ParameterServer chief's: the closures each worker finished (loop/closures.py)
+    closures: Finished = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.work = Work(Pace(self.started_at), self.started_at)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from orchestrator.loop import closures
 from orchestrator.loop.job import Job
 from orchestrator.loop.rate import shown
 from worker_entry.markers import Role
@@ -91,6 +92,7 @@ class SlowWatch:
 
     def __init__(self, job: Job) -> None:
         self.job, self.memory, self.at = job, Memory(), float("-inf")
+        self.closures = Memory(said=self.memory.said)  # a PS job's workers (loop/closures.py)
 
     def tick(self, now: float) -> None:
         if now < self.at + CHECK_SECONDS:
@@ -106,3 +108,8 @@ class SlowWatch:
                              peers_steps_per_second=round(slow.peers, 3),
                              lagging_seconds=round(now - slow.since, 1), why=slow.words())
             job.echo("tfo", slow.words())
+        for slow in judge(closures.rates(job, now), self.closures, now):
+            figures, words = closures.said(slow.task, slow.rate, slow.peers, now - slow.since)
+            job.events.write("task_slow", slow.task, attempt=job.records[slow.task].attempt,
+                             cause="steps", **figures, why=words)
+            job.echo("tfo", words)

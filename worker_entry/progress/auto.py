@@ -29,7 +29,8 @@ Nothing is imported here: the hooks wait for the script's own imports (tfimport.
 - A ParameterServer coordinator's own loop (`ClusterCoordinator.schedule`): its closures
   run on the workers, outside any call of ours, so each closure that completes (the queue's
   `mark_finished`, TensorFlow's private API: where it is missing, nothing is counted) is a
-  step.
+  step. The closures each worker finished are told apart (progress.closures), a Keras
+  fit's too: tfo names a worker that finishes far fewer than its peers.
 - An evaluator task running the script (SidecarEvaluator, an evaluate loop): each `evaluate`
   that completed is a step. Not its metrics nor its epoch: which checkpoint it evaluated is
   the loop's own business.
@@ -47,12 +48,13 @@ import functools
 import json
 import os
 import sys
+import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from worker_entry import checkpoints, markers, progress, tfimport
-from worker_entry.progress import loops
+from worker_entry.progress import closures, loops
 
 ENV = "TFO_AUTO_PROGRESS"
 # Keras's own loops: their tf.function calls are Keras's steps, which its callback reports.
@@ -259,10 +261,12 @@ def _counted(call: Callable[..., Any]) -> Callable[..., Any]:
 
 def _closures_counted(mark_finished: Callable[..., Any]) -> Callable[..., Any]:
     done = [0]
+    by_worker = closures.Counter()
 
     @functools.wraps(mark_finished)
     def run(queue: Any) -> Any:
         result = mark_finished(queue)
+        by_worker.finished(threading.current_thread().name)  # counted anyway: Keras's too
         if _state.counting():
             done[0] += 1
             _state.completed(done[0], "coordinator")
