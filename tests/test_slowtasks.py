@@ -70,15 +70,15 @@ def row_of(frame: str, task: str) -> str:
 @pytest.fixture(scope="module")
 def slow_run(tmp_path_factory: pytest.TempPathFactory):
     """A ParameterServer job on a fake clock: the chief and workers 0-1 step 10 times a
-    second, worker:2 twice; worker:2 fails at 45 s and is restarted alone (as slow), the
+    second, worker:2 twice; worker:2 fails at 60 s and is restarted alone (as slow), the
     chief ends the job at 80 s. The live view watches it on an 80-column terminal."""
     tmp_path = tmp_path_factory.mktemp("slow")
     clock = FakeClock()
     fast = Script([(None, 0, True)], output={0: stepping(85, 0.1)})
     scripts = {"chief:0": Script([(0, 80.0, True)], output={0: stepping(80, 0.1)}),
                "worker:0": fast, "worker:1": fast,
-               "worker:2": Script([(1, 45.0, True), (None, 0, True)],
-                                  output={0: stepping(45, 0.5), 1: stepping(40, 0.5)}),
+               "worker:2": Script([(1, 60.0, True), (None, 0, True)],
+                                  output={0: stepping(60, 0.5), 1: stepping(40, 0.5)}),
                "ps:0": Script([(None, 0, True)])}
     plan = planned(tmp_path, spec("parameter_server", chief=["localhost:1"],
                                   worker=["localhost:2", "localhost:3", "localhost:4"],
@@ -142,7 +142,6 @@ def test_the_summary_names_the_slow_worker_with_its_cause_and_why(slow_run, monk
     when = time.strftime("%H:%M:%S", time.localtime(said["time"]))
     line = f"slow: worker:2, cause steps ({when}): {said['why']}"
     assert " ".join(line.split()) in " ".join(text.split()), text
-    assert said["why"].startswith("worker:2 is slow: ")
 
 
 def test_tfo_status_and_its_json_give_the_verdict(slow_run, tmp_path: Path):
@@ -155,7 +154,7 @@ def test_tfo_status_and_its_json_give_the_verdict(slow_run, tmp_path: Path):
     res = run_tfo("status", str(run_dir), cwd=cwd, env=env, timeout=60)
     assert res.returncode == 0, res.stderr
     when = time.strftime("%H:%M:%S", time.localtime(said["time"]))
-    assert f"slow: worker:2, cause steps ({when}): worker:2 is slow: " in res.stdout, res.stdout
+    assert f"slow: worker:2, cause steps ({when}): {said['why']}\n" in res.stdout, res.stdout
     assert re.search(r"worker:2\s+localhost\s+stopped\s+1\s", res.stdout), res.stdout
     res = run_tfo("status", "--json", str(run_dir), cwd=cwd, env=env, timeout=60)
     doc = json.loads(res.stdout)

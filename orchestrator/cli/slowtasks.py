@@ -52,7 +52,7 @@ def verdict(e: dict[str, Any]) -> Verdict | None:
         return None
     attempt, when = e.get("attempt"), e.get("time")
     return Verdict(
-        task=e["task"], attempt=attempt if _number(attempt) and isinstance(attempt, int) else None,
+        task=e["task"], attempt=attempt if isinstance(attempt, int) and _number(attempt) else None,
         cause=str(e.get("cause") or "?"), why=str(e.get("why") or ""),
         time=float(when) if _number(when) else None,
         figures={k: v for k, v in e.items() if k not in _KNOWN and _number(v)})
