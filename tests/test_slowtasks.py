@@ -258,6 +258,16 @@ def test_the_live_table_reads_only_what_events_jsonl_gained(tmp_path: Path):
     assert set(tail()) == {"worker:0"}  # gone a moment: the last known
 
 
+def test_a_line_longer_than_a_read_is_passed_not_waited_on(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    from orchestrator.cli import slowtasks
+
+    monkeypatch.setattr(slowtasks, "READ_AT_MOST", 256)
+    path = tmp_path / "events.jsonl"
+    path.write_text("x" * 600 + "\n" + json.dumps(slow()) + "\n")
+    assert [v.task for v in slowtasks.read(path)] == ["worker:1"]
+
+
 def test_the_status_document_holds_the_verdicts(tmp_path: Path):
     from orchestrator.cli import statejson
     from orchestrator.runs.rundir import RunDir

@@ -30,7 +30,7 @@ from orchestrator.launch.printable import printable
 EVENT = "task_slow"
 _NEEDLE = b'"task_slow"'  # a line without it is not parsed (events.jsonl grows all run)
 _KNOWN = ("time", "event", "task", "attempt", "cause", "why")
-READ_AT_MOST = 1 << 22  # bytes the live table reads a round: a long run's log, caught up
+READ_AT_MOST = 1 << 20  # bytes read a call: the live table's catch-up holds the loop ~12 ms
 
 
 @dataclass(frozen=True)
@@ -67,54 +67,64 @@ def verdicts(events: Iterable[dict[str, Any]]) -> list[Verdict]:
     return [v for e in events if (v := verdict(e)) is not None]
 
 
-def _parse(lines: Iterable[bytes]) -> list[Verdict]:
-    found = []
-    for line in lines:
-        if _NEEDLE not in line:
-            continue
+def _scan(data: bytes) -> list[Verdict]:
+    """The verdicts among whole lines of events.jsonl: only the lines that hold the event's
+    name are parsed (a million events, 209 MB: 1.2-1.5 s at load 12, parsed line by line
+    4.4 s)."""
+    found, at = [], data.find(_NEEDLE)
+    while at >= 0:
+        start, end = data.rfind(b"\n", 0, at) + 1, data.find(b"\n", at)
+        end = len(data) if end < 0 else end
         try:
-            e = json.loads(line)
+            e = json.loads(data[start:end])
         except ValueError:
-            continue
+            e = None
         if isinstance(e, dict) and (v := verdict(e)) is not None:
             found.append(v)
+        at = data.find(_NEEDLE, end)
     return found
-
-
-def read(path: str | Path) -> list[Verdict]:
-    """The verdicts in an events.jsonl ([] when it cannot be read: the summary goes on)."""
-    try:
-        with open(path, "rb") as f:
-            return _parse(f)
-    except OSError:
-        return []
 
 
 class Tail:
     """The verdicts of an events.jsonl being written, each call reading only what was added
-    since (whole lines; at most READ_AT_MOST bytes a call): each task's last, by task. A
-    file cut shorter than what was read (written back after `rm -rf` of the run directory)
-    is read again from its start."""
+    since (whole lines; at most READ_AT_MOST bytes a call: the loop's thread calls it): each
+    task's last, by task (`said`: all, in order). A file cut shorter than what was read
+    (written back after `rm -rf` of the run directory) is read again from its start."""
 
     def __init__(self, path: str | Path) -> None:
         self.path, self.offset = path, 0
         self.found: dict[str, Verdict] = {}
+        self.said: list[Verdict] = []
 
     def __call__(self) -> dict[str, Verdict]:
         try:
             with open(self.path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 if size < self.offset:
-                    self.offset, self.found = 0, {}
+                    self.offset, self.found, self.said = 0, {}, []
                 f.seek(self.offset)
                 data = f.read(min(size - self.offset, READ_AT_MOST))
         except OSError:
             return self.found
-        whole = data[:data.rfind(b"\n") + 1]
+        # Whole lines only; a chunk without an end of line (no event is that long) is passed.
+        whole = data[:data.rfind(b"\n") + 1] if len(data) < READ_AT_MOST else \
+            data[:data.rfind(b"\n") + 1] or data
         self.offset += len(whole)
-        for v in _parse(whole.split(b"\n")):
+        for v in _scan(whole):
             self.found[v.task] = v
+            self.said.append(v)
         return self.found
+
+
+def read(path: str | Path) -> list[Verdict]:
+    """The verdicts in an events.jsonl, in order ([] when it cannot be read: the summary
+    goes on)."""
+    tail = Tail(path)
+    while True:
+        at = tail.offset
+        tail()
+        if tail.offset == at:
+            return tail.said
 
 
 def marked(v: Verdict | None, attempt: int | None) -> bool:
