@@ -76,7 +76,7 @@ class Row:
     torn_down: bool = False  # stopped in its teardown after its peers left: a success
     exit_reason: str = ""  # how it ended where the exit code says less (a lab host lost)
     last: str = ""  # the last line it printed, or (tfo status) its last event
-    slow: bool = False  # named slow (task_slow) in its current attempt: cli/slowtasks.py
+    slow: bool = False  # named slow (task_slow) in its last attempt: cli/slowtasks.py
 
 
 def _progress(progress: Any, epoch_begun: int | None = None) -> dict[str, Any]:

@@ -59,8 +59,8 @@ class TaskStatus(_Doc):
                                   "the signal that ended it)")
     exit_reason: str = Field(description="how it ended where the exit status says less")
     last_event: str = Field(description="the last event of it in events.jsonl")
-    slow: bool = Field(description="named slow (task_slow) in its current attempt: "
-                       "the table's mark")
+    slow: bool = Field(description="named slow (task_slow) in its last attempt (the table "
+                       "reads `slow` for `running` while that attempt runs)")
 
 
 class SlowTask(_Doc):
