@@ -44,7 +44,10 @@ records, as the supervisor decided it: a server's exit 0 is `failed`), `tfo runs
 tells a damaged record as such, never `running`: an empty events.jsonl, one with no event
 (corrupt), one without run_started (running only while a tfo holds the run's lock:
 `RunDir.held`), and a run whose coordinator is gone without job_finished, "ended abnormally"
-with its last whole event (its live tasks `unfinished`).
+with its last whole event (its live tasks `unfinished`). The verdicts of `task_slow`
+(`slowtasks.py`) reach every view from events.jsonl: the live view tails the file each
+redraw, and its rows read `slow` for `running` while the attempt named runs; the summary and
+`tfo status` give a `slow:` line each, `tfo status --json` its `slow_tasks`.
 
 **The run directory's own faults** (`orchestrator/loop/rundirwatch.py`, each round, looking
 every second). Deleted while the job runs: tfo still holds events.jsonl and the task logs

@@ -92,8 +92,8 @@ from orchestrator.cli.report import (
     preflight_table,
     print_plan,
     print_table,
-    resize_lines,
     runs_table,
+    status_lines,
 )
 from orchestrator.cli.running import run_job
 from orchestrator.errors import SpecError
@@ -337,7 +337,7 @@ def status(run_ref: RunArg = None, as_json: JsonOpt = False, wait: Annotated[boo
         "--wait", help="wait for the run to end, then print and exit with its exit code "
         "(1 for a run whose coordinator was lost)")] = False) -> None:
     """The tasks of a run (the latest by default) as its events.jsonl tells them: state,
-    restarts, last epoch, step, steps/s and loss, last event, exit.
+    restarts, last epoch, step, steps/s and loss, last event, exit; and the tasks it named slow.
 
     \b
     Examples:
@@ -348,7 +348,6 @@ def status(run_ref: RunArg = None, as_json: JsonOpt = False, wait: Annotated[boo
     from orchestrator.cli import statejson
     from orchestrator.cli.liveview import STATUS, rows_from_events, table, without_restarts
     from orchestrator.cli.submit import not_started
-    from orchestrator.loop import resumes
 
     rd = _find_run(run_ref)
     try:
@@ -369,8 +368,7 @@ def status(run_ref: RunArg = None, as_json: JsonOpt = False, wait: Annotated[boo
     rows = rows_from_events(events, over=abnormal, now=time.time())
     print_table(out, table(rows, without_restarts(rows, STATUS), title=f"{rd.name}: {line}",
                            width=out.width))
-    for line in resize_lines([e for e in events if e["event"] == "job_resized"]) + \
-            resumes.lines([e for e in events if e["event"] == "task_resumed"]):
+    for line in status_lines(events):
         out.print(printable(line), soft_wrap=True, highlight=False, markup=False)
     if skipped:
         err.print(f"{rd.events_path}: skipped {skipped} unreadable line(s)")

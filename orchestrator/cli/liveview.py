@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.cli.console import ConsoleWriter, printable
+from orchestrator.cli.slowtasks import Tail, Verdict, marked, verdict
 from orchestrator.loop.exitwords import cell as exit_cell
 from orchestrator.loop.rate import STALE_INTERVALS, STALE_SECONDS, shown
 
@@ -75,6 +76,7 @@ class Row:
     torn_down: bool = False  # stopped in its teardown after its peers left: a success
     exit_reason: str = ""  # how it ended where the exit code says less (a lab host lost)
     last: str = ""  # the last line it printed, or (tfo status) its last event
+    slow: bool = False  # named slow (task_slow) in its last attempt: cli/slowtasks.py
 
 
 def _progress(progress: Any, epoch_begun: int | None = None) -> dict[str, Any]:
@@ -92,9 +94,10 @@ def begun(trained: Trained, epoch: int | None) -> Trained:
     return replace(trained, epoch=epoch, step_in_epoch=0 if trained.steps else None)
 
 
-def row_from_record(rec: TaskRecord, now: float, last: str | None = None) -> Row:
+def row_from_record(rec: TaskRecord, now: float, last: str | None = None,
+                    slow: Verdict | None = None) -> Row:
     """A copy of what the live table shows of one task (the loop's thread calls this);
-    `last`: its last line but TensorFlow's chatter, when known."""
+    `last`: its last line but TensorFlow's chatter, when known; `slow`: its last verdict."""
     live = rec.state.live
     usage = rec.current.work.usage if live else None
     state = rec.state.value
@@ -108,7 +111,7 @@ def row_from_record(rec: TaskRecord, now: float, last: str | None = None) -> Row
         steps_per_second=shown(rec.current.work.rate, now) if live else None,
         exit=rec.current.returncode,
         torn_down=rec.torn_down_ok, exit_reason=rec.current.exit_reason,
-        last=rec.last_line if last is None else last,
+        last=rec.last_line if last is None else last, slow=marked(slow, rec.attempt),
         **_progress(rec.current.work.progress, rec.current.work.epoch_begun))
 
 
@@ -125,10 +128,12 @@ def rows_from_events(events: Iterable[dict[str, Any]], over: bool = False,
     its last progress (and its steps/s then: at `now`, a wall-clock time, a running task's
     only while its progress events still come, as the live table's), its restarts, how it
     ended, and its last event (not a standby's: that is the next attempt's, started beside
-    this one). `over`: the run ended abnormally (its coordinator is gone: so are its tasks),
-    so a task still starting or running then is `unfinished`, not running now."""
+    this one); `slow` while a task_slow named its current attempt. `over`: the run ended
+    abnormally (its coordinator is gone: so are its tasks), so a task still starting or
+    running then is `unfinished`, not running now."""
     tasks: dict[str, dict[str, Any]] = {}
     progressed: dict[str, tuple[float, float]] = {}  # a task's last two progress times
+    attempts: dict[str, int | None] = {}  # each task's current attempt (task_started's)
     for e in events:
         name = e.get("task")
         if not isinstance(name, str):
@@ -139,7 +144,11 @@ def rows_from_events(events: Iterable[dict[str, Any]], over: bool = False,
             t["last"] = kind
         if kind == "task_started":
             t.update(pid=_int(e.get("pid")), host=str(e.get("host") or "-"), state="starting",
-                     exit=None, exit_reason="", trained=Trained(), steps_per_second=None)
+                     exit=None, exit_reason="", trained=Trained(), steps_per_second=None,
+                     slow=False)
+            attempts[name] = _int(e.get("attempt"))
+        elif kind == "task_slow":
+            t["slow"] = marked(verdict(e), attempts.get(name))
         elif kind == "task_ready":
             t["state"] = "running"
         elif kind == "task_progress":
@@ -149,8 +158,8 @@ def rows_from_events(events: Iterable[dict[str, Any]], over: bool = False,
                 progressed[name] = (progressed.get(name, (at, at))[1], at)
         elif kind == "task_epoch" and _int(e.get("epoch")) is not None:
             t["trained"] = begun(t.get("trained", Trained()), e["epoch"])
-        elif kind == "task_restarted":
-            t.update(restarts=_int(e.get("restarts")) or 0, state="pending")
+        elif kind == "task_restarted":  # its next attempt: a fresh verdict is needed
+            t.update(restarts=_int(e.get("restarts")) or 0, state="pending", slow=False)
         elif kind in ("task_exited", "task_stopped"):
             rc = _int(e.get("returncode"))
             t["exit"], t["torn_down"] = rc, e.get("teardown") is True
@@ -232,7 +241,7 @@ CELLS: dict[str, Any] = {
     "task": lambda r: r.task,
     "host": lambda r: r.host,
     "pid": lambda r: _dash(r.pid),
-    "state": lambda r: r.state,
+    "state": lambda r: state_cell(r),
     "restarts": lambda r: str(r.restarts),
     "up": lambda r: duration(r.uptime),
     "cpu": lambda r: "-" if r.cpu is None else f"{r.cpu:.0f}%",
@@ -251,7 +260,17 @@ LIVE = ("task", "host", "pid", "state", "restarts", "up", "cpu", "rss", "epoch",
 FINAL = ("task", "host", "state", "exit", "restarts", "epoch", "step", "loss")
 STATUS = ("task", "host", "state", "restarts", "epoch", "step", "steps/s", "loss", "last event",
           "pid", "exit")
-_STYLES = {"running": "green", "succeeded": "green", "failed": "red", "stopped": "yellow"}
+_STYLES = {"running": "green", "succeeded": "green", "failed": "red", "stopped": "yellow",
+           "slow": "bold yellow"}
+SLOW = "slow"
+
+
+def state_cell(r: Row) -> str:
+    """Its state; a task named slow shows `slow` in place of `running` (no wider: at 80
+    columns the table keeps its steps/s), its other states as they are (their attempt is
+    over, or ends: the summary's and `tfo status`'s lines keep the verdict)."""
+    running = "running"
+    return SLOW + r.state[len(running):] if r.slow and r.state.startswith(running) else r.state
 
 
 # ---- fitting a table to the terminal ----------------------------------------------------
@@ -354,7 +373,7 @@ def without_restarts(rows: list[Row], columns: tuple[str, ...]) -> tuple[str, ..
 def table(rows: list[Row], columns: tuple[str, ...], title: str = "",
           width: int | None = None, wide: dict[str, int] | None = None) -> Any:
     """The tasks' table, fit to `width` (see `fitted`; ONE_HOST, HOSTS)."""
-    styles = [{"state": _STYLES.get(r.state.split()[0], "")} for r in rows]
+    styles = [{"state": _STYLES.get(state_cell(r).split()[0], "")} for r in rows]
     return fitted(columns, cells(rows, columns), width, title, styles, wide,
                   ONE_HOST if len({r.host for r in rows}) <= 1 else HOSTS)
 
@@ -444,7 +463,8 @@ class LiveView:
     that do not fit the terminal's height are left out, and counted. Its columns' widths only
     grow while the terminal's width stays (`fit` then drops the same columns each redraw); a
     new width starts them again. Above the table: the job's elapsed time, and where the
-    epochs are known a progress bar and an ETA."""
+    epochs are known a progress bar and an ETA. A task tfo named slow shows `slow` for
+    `running` while that attempt runs: `task_slow` read from events.jsonl as it grows."""
 
     def __init__(self, writer: ConsoleWriter, fd: int) -> None:
         self._writer, self._fd = writer, fd
@@ -456,6 +476,7 @@ class LiveView:
         self._eta = Eta()
         self._wide: dict[str, int] = {}  # the columns' widths so far (the writer's thread)
         self._width = 0  # the terminal's width they are for
+        self._slow: Tail | None = None
 
     def seen(self, task: str, line: str) -> None:
         self._last[task] = line
@@ -466,7 +487,11 @@ class LiveView:
         now = time.monotonic()
         self._job = job
         self._next = now + max(LINES_REFRESH_SECONDS, self._render_seconds / RENDER_SHARE)
-        rows = [row_from_record(rec, now, self._last.get(rec.name, ""))
+        if self._slow is None:  # the verdicts as events.jsonl has them (cli/slowtasks.py)
+            self._slow = Tail(job.events.path)
+        slow = self._slow()
+        at = job.clock()  # the loop's (time.monotonic but in a test on a fake clock)
+        rows = [row_from_record(rec, at, self._last.get(rec.name, ""), slow.get(rec.name))
                 for rec in job.records.values()]
         possible = restarts_possible(job)
         title = (f"{job.plan.run_id}: {job.state.value}, {duration(now - self._t0)}"

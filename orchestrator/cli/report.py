@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.cli import slowtasks
 from orchestrator.cli.console import ChatterFilter, point_at_devnull, printable
 from orchestrator.loop.resumes import lines
 from orchestrator.runs.rundir import RUNS, Outcome, RunDir, RunInfo, outcome
@@ -171,6 +172,8 @@ def print_summary(result: RunResult, elapsed: float | None = None,
         err.print(labeled("stalled:", "bold red", f"{stall.task} {stall.reason}"))
         for frame in stall.where:
             err.print(f"  in {printable(frame)}", highlight=False, soft_wrap=True)
+    for v in slowtasks.read(RunDir(result.run_dir).events_path):  # events.jsonl's own record
+        err.print(labeled(SLOW, "bold yellow", slowtasks.words(v)), soft_wrap=True)
     if result.evaluation:
         metrics = ", ".join(f"{k}={v:.4f}" for k, v in (result.evaluation["metrics"] or {}).items())
         err.print(f"evaluator: epoch {result.evaluation['epoch']}: {metrics}")
@@ -314,6 +317,17 @@ def runs_table(found: list[RunInfo], width: int | None = None) -> Any:
               duration(r.duration), r.outcome.value,
               "-" if r.restarts is None else str(r.restarts)] for r in found]
     return fitted(columns, cells, width, title=f"{len(found)} run(s) under {RUNS}/")
+
+
+SLOW = "slow:"
+
+
+def status_lines(events: list[dict[str, Any]]) -> list[str]:
+    """`tfo status`'s lines under its table: the resizes, how each attempt after the first
+    began, and the tasks tfo named slow."""
+    return resize_lines([e for e in events if e["event"] == "job_resized"]) + \
+        lines([e for e in events if e["event"] == "task_resumed"]) + \
+        [f"{SLOW} {slowtasks.words(v)}" for v in slowtasks.verdicts(events)]
 
 
 def resize_lines(resized: list[dict[str, Any]]) -> list[str]:

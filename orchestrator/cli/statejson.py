@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.cli.liveview import rows_from_events
+from orchestrator.cli.slowtasks import verdicts
 from orchestrator.runs.rundir import Outcome, RunDir, RunInfo, coordinator_gone, outcome
 
 STATUS_SCHEMA = "tfo.status/1"
@@ -57,6 +59,22 @@ class TaskStatus(_Doc):
                                   "the signal that ended it)")
     exit_reason: str = Field(description="how it ended where the exit status says less")
     last_event: str = Field(description="the last event of it in events.jsonl")
+    slow: bool = Field(description="named slow (task_slow) in its last attempt (the table "
+                       "reads `slow` for `running` while that attempt runs)")
+
+
+class SlowTask(_Doc):
+    """A task tfo named slow (a `task_slow` event): `tfo status`'s `slow:` lines."""
+
+    task: str
+    attempt: int | None = Field(description="the attempt it was said of (0: the first); a "
+                                "restarted task needs a fresh verdict")
+    cause: str = Field(description="what holds it back: steps (its steps/s against its "
+                       "peers'), compute, input or network")
+    why: str = Field(description="one sentence, the console's words")
+    time: float | None = Field(description="unix time it was said")
+    figures: dict[str, float] = Field(description="the figures of the signal that fired, by "
+                                      "name (steps_per_second, ...)")
 
 
 class RunStatus(_Doc):
@@ -73,6 +91,8 @@ class RunStatus(_Doc):
     finished: float | None = Field(description="unix time")
     restarts: int | None = Field(description="the job's restarts, once it ended")
     tasks: list[TaskStatus]
+    slow_tasks: list[SlowTask] = Field(description="the tasks tfo named slow, in the order it "
+                                       "said so")
     skipped_lines: int = Field(ge=0, description="lines of events.jsonl that were no event")
 
 
@@ -134,8 +154,9 @@ def status(rd: RunDir, events: list[dict[str, Any]], skipped: int) -> RunStatus:
                           restarts=r.restarts, epoch=r.trained.epoch, epochs=r.trained.epochs,
                           step=r.trained.step, steps_per_second=r.steps_per_second,
                           loss=r.trained.loss, exit_code=r.exit, exit_reason=r.exit_reason,
-                          last_event=last_event.get(r.task, r.last))
-               for r in rows_from_events(events, over=state == "lost", now=time.time())])
+                          last_event=last_event.get(r.task, r.last), slow=r.slow)
+               for r in rows_from_events(events, over=state == "lost", now=time.time())],
+        slow_tasks=[SlowTask(**asdict(v)) for v in verdicts(events)])
 
 
 def runs(found: list[RunInfo], skipped: int) -> RunList:
