@@ -190,6 +190,11 @@ def test_the_parameter_server_coordinators_loop_counts_its_closures(tmp_path: Pa
     steps = progress(events(run_dir), "chief:0")
     assert {e["source"] for e in steps} == {"coordinator"}
     assert steps[-1]["step"] == 40  # every scheduled step, once it completed
+    # and which worker finished each (issue 41 item 4: loop/closures.py): the counts by
+    # worker index, at most every 2 s, the first at once
+    told = [e["by_worker"] for e in events(run_dir) if e["event"] == "task_closures"]
+    assert told and set().union(*told) <= {"0", "1"}
+    assert 0 < sum(told[-1].values()) <= 40
 
 
 @pytest.mark.tf

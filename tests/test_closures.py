@@ -213,6 +213,7 @@ tasks:
   ps: [localhost:auto]
 """)
     tfo, stop = Tfo(spec, run_dir), threading.Event()
+    slowing: threading.Thread | None = None
     try:
         tfo.wait_event("task_closures", "chief:0", timeout=240)
         wrapper = psutil.Process(tfo.wait_event("task_started", "worker:1")["pid"])
@@ -224,8 +225,8 @@ tasks:
         named_after = slow["time"] - slowed_at
     finally:
         stop.set()
-        with contextlib.suppress(psutil.Error, NameError):
-            task.resume()
+        if slowing is not None:
+            slowing.join(5)  # its last SIGCONT sent
         tfo.close()
     ev = events(run_dir)
     told = [e for e in ev if e["event"] == "task_closures" and e["time"] >= slowed_at + 10]
