@@ -4,13 +4,17 @@ on a fake clock: a table of rounds (time, each task's steps per second) and what
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator.loop import demand
 from orchestrator.loop.slowness import HOLD_SECONDS, Memory, judge
-from tests.conftest import wait_until
+from tests.conftest import REPO, events, kill_tree, tfo_cmd, wait_until, write_spec
 from worker_entry.markers import Role, Strategy
 
 W, C, PS, DW, EV = Role.WORKER, Role.CHIEF, Role.PS, Role.DATA_WORKER, Role.EVALUATOR
@@ -262,9 +266,6 @@ def test_the_watch_names_the_wanting_worker_of_a_synchronous_job(monkeypatch):
 def test_read_waits_of_a_real_process():
     """Each thread's runqueue wait, from /proc/PID/task/TID/schedstat (this kernel has it);
     a process gone reads None."""
-    import subprocess
-    import sys
-
     from worker_entry.usage import read_waits
 
     proc = subprocess.Popen([sys.executable, "-c", "import threading, time; "
@@ -277,3 +278,60 @@ def test_read_waits_of_a_real_process():
         proc.kill()
         proc.wait()
     assert read_waits(proc.pid) is None
+
+
+BUSY_JOB = """\
+name: busy
+job:
+  script: tests/scripts/busy_worker.py
+  args: ["--busy_task", "worker:2", "--busy_after", "{after}", "--steps", "100000"]
+tasks:
+  worker: [localhost:auto, localhost:auto, localhost:auto]
+restart: {{policy: on-failure, max_restarts: 2}}
+"""
+BALANCED_SECONDS = 40.0  # trained this long balanced: more than the hold, nobody named
+NAMED_WITHIN = 90.0  # from the busy thread's start to task_slow: the 30 s hold, and slack
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(420)
+def test_a_synchronous_job_names_its_busy_worker(tmp_path: Path, run_dir: Path):
+    """A real 3-worker MultiWorkerMirrored job, balanced for its first BALANCED_SECONDS of
+    training: nobody is named; then worker:2 starts a Python thread that computes besides
+    training (tests/scripts/busy_worker.py): `task_slow` names worker:2, cause compute,
+    within NAMED_WITHIN s, once, with its figures, in the events and the console."""
+    spec = write_spec(tmp_path / "busy.yaml", BUSY_JOB.format(after=BALANCED_SECONDS))
+    tfo = subprocess.Popen(tfo_cmd("run", str(spec), "--run-dir", str(run_dir), "--no-logs"),
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)
+    log = run_dir / "logs" / "worker-2.log"
+    started: list[float] = []  # when each attempt's thread was seen to start
+
+    def named() -> list[dict]:
+        got = log.read_text(errors="replace").count("background job started") \
+            if log.exists() else 0
+        if got > len(started):
+            started.append(time.monotonic())
+        return [e for e in events(run_dir) if e["event"] == "task_slow"]
+
+    try:
+        assert wait_until(lambda: named() or started, 240, interval=0.5), "never trained"
+        slow = named()
+        assert slow == [], f"named while balanced: {slow}"
+        slow = wait_until(named, NAMED_WITHIN + 60, interval=0.5)
+        took = time.monotonic() - started[-1]
+    finally:
+        if tfo.poll() is None:
+            tfo.send_signal(signal.SIGINT)
+        try:
+            out = tfo.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            kill_tree(tfo.pid)
+            out = tfo.communicate()[0]
+    assert slow, f"worker:2 never named\n{out[-3000:]}"
+    assert [(e["task"], e["cause"]) for e in slow] == [("worker:2", "compute")], slow
+    assert took <= NAMED_WITHIN, f"named {took:.0f} s after the thread started"
+    event = slow[0]
+    assert event["cpu_cores"] > event["peers_cpu_cores"] + 0.3, event
+    assert event["lagging_seconds"] >= 30 and event["why"].startswith("worker:2 is slow: "), event
+    assert f"[tfo] {event['why']}" in out, out[-3000:]

@@ -1,25 +1,31 @@
 """The slow worker of a synchronous job named from the CPU each task wants (issue 41, item 3):
-in MultiWorkerMirrored every worker steps at the slowest's pace, so steps per second never
+the workers that wait for the slowest wait off CPU in the collective; the slowest runs, or
+waits for a CPU, all along.
+
+In MultiWorkerMirrored every worker steps at the slowest's pace, so steps per second never
 part (loop/slowness.py); what parts is how the step's time is spent. The workers that wait
 for the slowest spend the wait blocked in the collective, off CPU and wanting none; the
 slowest wants CPU all along, for its own work (heavy compute, a CPU-bound input pipeline, a
-thread of the script's own) or because it cannot get it (a busy thread of its process, a
-capped CPU share, a crowded host).
+thread of the script's own: it *runs* more) or because it cannot get it (a capped CPU share,
+a crowded host: it *waits* on a runqueue more).
 
     named = judge(samples, memory, said, now)   # pure; SlowWatch calls it each round
 
-A task's **demand** is the CPU its process tree ran plus the time its threads were runnable
-but waited on a runqueue, over the wrapper's last interval, in cores (worker_entry/usage.py:
-the `usage` marker's `cpu` + `wait`). A kernel without schedstat sends no `wait`: then every
-task is judged on its CPU alone.
+Each task's last `usage` (worker_entry/usage.py) gives the CPU its process tree ran (`cpu`)
+and the time its threads were runnable but waited on a runqueue (`wait`), over the wrapper's
+last 2 s, in cores; their sum is its demand, the CPU it wanted. The two are judged each on
+its own, not summed: on a host its tasks share, the runqueue wait is mostly the host's
+crowding, the same for all of them, and summed it drowns the difference in CPU run (measured
+below). A kernel without schedstat sends no `wait`: then only the CPU run is judged.
 
 - Only a synchronous job (multi_worker_mirrored), and only while it trains: every training
   task (worker, chief) live, stepping (its steps/s known now) and measured lately, two of
   them at least. Otherwise (starting, an epoch's evaluation that stops the steps, a task
   restarting or finished) nothing is judged and every hold starts over.
-- A task wants too much when its demand is above both RATIO x its peers' median demand and
-  that median + MARGIN cores, for HOLD_SECONDS on end (a checkpoint save, an epoch's end, a
-  burst of the host's other work swing one interval: they do not last).
+- A task wants too much when its CPU run, or its runqueue wait, is above both RATIO x its
+  peers' median of it and that median + MARGIN cores, for HOLD_SECONDS on end (a checkpoint
+  save, an epoch's end, a burst of the host's other work swing an interval or two: they do
+  not last).
 - A restart of any task of the group (a new attempt) starts every hold over: a group
   restart's first intervals are its import and start, not its training.
 - The chief (the chief, or worker 0 without one: markers.is_chief) is never named: it does
@@ -30,8 +36,12 @@ task is judged on its CPU alone.
   CPU quotas (cgroups) are not seen in that count; a worker capped so shows as waiting.
 - Once per task per run, whatever the signal (`said` is SlowWatch's, shared with the rate's).
 
-Measured on 2 cores at load 6-16 (3-worker jobs, tests/scripts/busy_worker.py): see
-docs/guide/slow.md, "Named without being asked".
+Measured on 2 cores at load 10-17, 3-worker jobs of tests/scripts/busy_worker.py, every
+task on one host (tests/data/usage/ holds two of the runs; docs/guide/slow.md the figures):
+the worker with a busy Python thread ran 2.1-5.9 times its peers' median CPU in every 2 s
+interval (0.5-0.8 cores against 0.1-0.2), a balanced job's workers 0.8-1.1 times; the runqueue
+wait parted 0.8-2.2 times for the busy worker and 0.4-1.5 in a balanced job, and the sum
+dipped to 1.4 times for the busy worker (a hold never lasted 30 s in one run).
 """
 
 from __future__ import annotations

@@ -1,16 +1,18 @@
 """Multi-worker training with Keras, as TensorFlow's tutorial writes it, where one worker
 also runs a background job of the script's own: a Python thread that computes all the time
-(statistics of a log, say), on the task named by --busy_task (TFO_TASK). The thread holds
-the GIL while it computes, so it takes from that worker's training both a core and the
-interpreter. Without --busy_task every worker does the same: a balanced job.
+(statistics of a log, say), on the task named by --busy_task (TFO_TASK), started once it
+has trained --busy_after seconds (a callback). The thread holds the GIL while it computes,
+so it takes from that worker's training both a core and the interpreter. Without
+--busy_task (and until the thread starts) every worker does the same: a balanced job.
 
-    TF_CONFIG=... python busy_worker.py --busy_task worker:2 --steps 400
+    TF_CONFIG=... python busy_worker.py --busy_task worker:2 --busy_after 40 --steps 400
 """
 
 import argparse
 import json
 import os
 import threading
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -19,6 +21,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=400)
 parser.add_argument("--epochs", type=int, default=1)
 parser.add_argument("--busy_task", default="")
+parser.add_argument("--busy_after", type=float, default=0.0)
 args = parser.parse_args()
 
 
@@ -29,8 +32,20 @@ def background_job():
             total = (total + i * i) % 1_000_003
 
 
+class BackgroundJob(tf.keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.started_at, self.running = time.time(), False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.running and time.time() - self.started_at >= args.busy_after:
+            self.running = True
+            threading.Thread(target=background_job, daemon=True).start()
+            print("background job started", flush=True)
+
+
+callbacks = []
 if args.busy_task and os.environ.get("TFO_TASK") == args.busy_task:
-    threading.Thread(target=background_job, daemon=True).start()
+    callbacks.append(BackgroundJob())
 
 
 def dataset(batch_size):
@@ -53,4 +68,4 @@ with strategy.scope():
                   optimizer=tf.keras.optimizers.SGD(learning_rate=0.1),
                   metrics=["accuracy"])
 model.fit(dataset(64 * num_workers), epochs=args.epochs, steps_per_epoch=args.steps,
-          verbose=2)
+          callbacks=callbacks, verbose=2)
