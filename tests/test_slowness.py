@@ -182,6 +182,22 @@ def test_without_schedstat_only_the_cpu_counts():
     assert demand_rounds(busy) == [(demand.HOLD_SECONDS, "worker:2", False)]
 
 
+def test_a_task_not_measured_lately_stops_the_comparison():
+    """A stepping task whose wrapper has not reported lately (cpu None): nobody is judged,
+    and the holds start over."""
+    memory, said = demand.Memory(), set()
+
+    def at(t: float, cpu1: float | None) -> list[demand.Wanting]:
+        return demand.judge([demand.Sample("worker:0", 0, True, True, 20.0, 90.0),
+                             demand.Sample("worker:1", 0, False, True, cpu1, 90.0),
+                             demand.Sample("worker:2", 0, False, True, 90.0, 90.0)],
+                            memory, said, t)
+    assert [at(t, 20.0) for t in range(0, 28, 2)] == [[]] * 14
+    assert at(28.0, None) == [] and memory.since == {}
+    assert [at(t, 20.0) for t in range(30, 60, 2)] == [[]] * 15
+    assert [w.task for w in at(60.0, 20.0)] == ["worker:2"]
+
+
 def test_named_once_whatever_the_signal():
     """A task the steps/s named already (SlowWatch's `said`, shared) is not named again."""
     memory, said = demand.Memory(), {"worker:2"}
