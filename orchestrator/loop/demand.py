@@ -36,12 +36,12 @@ below). A kernel without schedstat sends no `wait`: then only the CPU run is jud
   CPU quotas (cgroups) are not seen in that count; a worker capped so shows as waiting.
 - Once per task per run, whatever the signal (`said` is SlowWatch's, shared with the rate's).
 
-Measured on 2 cores at load 10-17, 3-worker jobs of tests/scripts/busy_worker.py, every
-task on one host (tests/data/usage/ holds two of the runs; docs/guide/slow.md the figures):
-the worker with a busy Python thread ran 2.1-5.9 times its peers' median CPU in every 2 s
-interval (0.5-0.8 cores against 0.1-0.2), a balanced job's workers 0.8-1.1 times; the runqueue
-wait parted 0.8-2.2 times for the busy worker and 0.4-1.5 in a balanced job, and the sum
-dipped to 1.4 times for the busy worker (a hold never lasted 30 s in one run).
+Measured on 2 cores at load 10-28, 3-worker jobs of tests/scripts/busy_worker.py, every
+task on one host (tests/data/usage/ holds two of the runs; docs/guide/slow.md the figures),
+as multiples of the peers' median per 2 s interval: the worker with a busy Python thread ran
+2.1-5.9 times their CPU (0.5-0.8 cores against 0.1-0.2), a balanced job's workers 0.8-1.1;
+runqueue waits parted 0.8-5.6 times for the busy worker and 0.4-1.5 in balanced jobs; their
+sum 1.4-5.3 and 0.5-1.4: at RATIO, a hold on the sum broke off before 30 s in a busy run.
 """
 
 from __future__ import annotations
