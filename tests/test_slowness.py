@@ -207,7 +207,7 @@ def test_named_once_whatever_the_signal():
     assert [demand.judge(samples, memory, said, t) for t in range(0, 100, 2)] == [[]] * 50
 
 
-def replay(name: str, chief: str | None = "worker:0") -> list[tuple[float, str]]:
+def replay(name: str, chief: str | None = "worker:0") -> list[tuple[float, str, bool]]:
     """A real run's usage samples (tests/data/usage/: each task's `usage` markers, as its
     log holds them, and whether it stepped then) through `judge`, a round per sample."""
     recorded = json.loads((Path(__file__).parent / "data" / "usage" / f"{name}.json")
@@ -217,16 +217,20 @@ def replay(name: str, chief: str | None = "worker:0") -> list[tuple[float, str]]
     for i in range(min(len(v) for v in tasks.values())):
         samples = [demand.Sample(t, 0, t == chief, v[i][2], v[i][0], v[i][1], 2)
                    for t, v in tasks.items()]
-        out += [(i * every, w.task) for w in demand.judge(samples, memory, said, i * every)]
+        out += [(i * every, w.task, w.starved)
+                for w in demand.judge(samples, memory, said, i * every)]
     return out
 
 
 def test_recorded_runs():
-    """Recorded on this 2-core machine at load 10-17: worker:2 of tests/scripts/busy_worker.py
+    """Recorded on this 2-core machine at load 10-34: worker:2 of tests/scripts/busy_worker.py
     (a Python thread computing besides training) is named 30 s after its lead began (it ran
-    0.81 cores against its peers' 0.21); the balanced run names nobody, even with no task
-    spared as the chief."""
-    assert replay("busy_worker2") == [(48.0, "worker:2")]
+    0.81 cores against its peers' 0.21); a worker capped by a CPU quota is named, starved;
+    the balanced run names nobody, even with no task spared as the chief."""
+    assert replay("busy_worker2") == [(48.0, "worker:2", False)]
+    # worker:2 capped at 0.1 core (a cgroup's CPU quota) from 10 s into training: it runs
+    # as much as its peers (0.10 cores against 0.11) but waits for a CPU 8 times as much
+    assert replay("capped_worker2") == [(90.0, "worker:2", True)]
     assert replay("balanced") == []
     assert replay("balanced", chief=None) == []
 

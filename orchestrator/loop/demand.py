@@ -36,12 +36,14 @@ below). A kernel without schedstat sends no `wait`: then only the CPU run is jud
   CPU quotas (cgroups) are not seen in that count; a worker capped so shows as waiting.
 - Once per task per run, whatever the signal (`said` is SlowWatch's, shared with the rate's).
 
-Measured on 2 cores at load 10-28, 3-worker jobs of tests/scripts/busy_worker.py, every
-task on one host (tests/data/usage/ holds two of the runs; docs/guide/slow.md the figures),
-as multiples of the peers' median per 2 s interval: the worker with a busy Python thread ran
-2.1-5.9 times their CPU (0.5-0.8 cores against 0.1-0.2), a balanced job's workers 0.8-1.1;
-runqueue waits parted 0.8-5.6 times for the busy worker and 0.4-1.5 in balanced jobs; their
-sum 1.4-5.3 and 0.5-1.4: at RATIO, a hold on the sum broke off before 30 s in a busy run.
+Measured on 2 cores at load 10-34, 3-worker jobs of tests/scripts/busy_worker.py, every
+task on one host (tests/data/usage/ holds three of the runs; docs/guide/slow.md the
+figures), as multiples of the peers' median per 2 s interval: the worker with a busy Python
+thread ran 2.1-5.9 times their CPU (0.5-0.8 cores against 0.1-0.2), a balanced job's
+workers 0.7-1.2; runqueue waits parted 0.8-5.6 times for the busy worker and 0.4-1.5 in
+balanced jobs; their sum 1.4-5.3 and 0.5-1.4: at RATIO, a hold on the sum broke off before
+30 s in a busy run. A worker capped at 0.1 core by a cgroup quota ran what its peers ran
+(0.10 cores, 0.11) and waited 2.98 cores' worth against their 0.38: only the wait names it.
 """
 
 from __future__ import annotations
