@@ -51,7 +51,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-RATIO = 1.5  # demand above this many times the peers' median ...
+RATIO = 1.5  # a CPU run (or runqueue wait) above this many times the peers' median ...
 MARGIN = 0.3  # ... and above the median + this many cores
 HOLD_SECONDS = 30.0  # that long on end: named
 
