@@ -314,7 +314,7 @@ NAMED_WITHIN = 90.0  # from the busy thread's start to task_slow: the 30 s hold,
 
 
 @pytest.mark.tf
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(480)
 def test_a_synchronous_job_names_its_busy_worker(tmp_path: Path, run_dir: Path):
     """A real 3-worker MultiWorkerMirrored job, balanced for its first BALANCED_SECONDS of
     training: nobody is named; then worker:2 starts a Python thread that computes besides
