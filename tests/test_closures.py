@@ -21,7 +21,7 @@ from orchestrator.loop.rate import Rate
 from tests.conftest import events, write_spec
 from tests.helpers import Tfo
 from worker_entry import markers as m
-from worker_entry.markers import Role
+from worker_entry.markers import Role, Strategy
 from worker_entry.progress.closures import EVERY_SECONDS, THREAD_PREFIX, Counter
 
 # --- the chief's count ---------------------------------------------------------------------
@@ -82,6 +82,7 @@ def fake_job(workers: int) -> SimpleNamespace:
                                      for i in range(workers))]}
     written, echoed = [], []
     return SimpleNamespace(records=records, written=written, echoed=echoed,
+                           plan=SimpleNamespace(strategy=Strategy.PARAMETER_SERVER),
                            echo=lambda who, text: echoed.append(text),
                            events=SimpleNamespace(write=lambda event, task, **f:
                                                   written.append((event, task, f))))

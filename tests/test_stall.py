@@ -269,14 +269,19 @@ def test_a_real_faulthandler_dump_is_read(tmp_path):
 def test_the_meter_sums_a_tree_and_sees_a_stopped_process():
     clock = iter([0.0, 2.0, 4.0]).__next__
     stats = {1: ("S", 100, 1000), 2: ("T", 50, 500)}
-    meter = Meter(clock=clock, read=stats.get)
+    waits = {1: {10: 10**9, 11: 0}, 2: {20: 10**9}}  # ns on a runqueue, by thread
+    meter = Meter(clock=clock, read=stats.get, waits=waits.get)
     ticks = os.sysconf("SC_CLK_TCK")
     first = meter.measure([1, 2, 3])  # 3 is gone: not counted
-    assert first == {"cpu": round(100.0 * 150 / ticks / 2, 1), "rss": 1500, "processes": 2,
+    assert first == {"cpu": round(100.0 * 150 / ticks / 2, 1), "wait": 100.0,
+                     "cpus": len(os.sched_getaffinity(0)), "rss": 1500, "processes": 2,
                      "stopped": True}
     stats[1], stats[2] = ("R", 100 + ticks, 1000), ("S", 50, 500)  # one core-second more
+    # thread 11 waited half a second, 12 is new (all its wait counts), 20 ended
+    waits[1], waits[2] = {10: 10**9, 11: 5 * 10**8, 12: 10**8}, {}
     second = meter.measure([1, 2])
-    assert (second["cpu"], second["stopped"]) == (50.0, False)
+    assert (second["cpu"], second["wait"], second["stopped"]) == (50.0, 30.0, False)
+    assert "wait" not in Meter(read=stats.get, waits=lambda pid: None).measure([1])
 
 
 def test_read_stat_of_a_stopped_process():

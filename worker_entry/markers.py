@@ -159,7 +159,7 @@ PROGRESS = "progress"  # training moved: `step` (steps this attempt) and where (
 # (`by_worker`: {"0": n, ...}, by worker index; `at`: the task's clock), at most every 2 s
 # (worker_entry/progress/closures.py).
 CLOSURES = "closures"
-USAGE = "usage"  # the task wrapper, every USAGE_SECONDS: the task tree's CPU, RSS, stopped?
+USAGE = "usage"  # the wrapper, every USAGE_SECONDS: its task tree's CPU, CPU wait, RSS, stopped?
 SIGTERM = "sigterm"  # the task wrapper got SIGTERM and passed it on (`grace`: s to SIGKILL)
 EVALUATED = "evaluated"  # the evaluator evaluated a checkpoint (`epoch`, `metrics`)
 SAVED = "saved"  # the model was written (`path`, `chief`)

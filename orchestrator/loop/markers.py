@@ -128,6 +128,10 @@ class Usage(_Marker):
 
     event: Literal[m.USAGE]
     cpu: float = Field(ge=0)  # percent of one core over the last interval
+    # Its threads' time runnable but waiting for a CPU, as `cpu` (worker_entry/usage.py);
+    # None from a kernel without schedstat, or a wrapper before it was measured.
+    wait: float | None = Field(default=None, ge=0)
+    cpus: int | None = Field(default=None, ge=1)  # the CPUs its host lets it use
     rss: int = Field(ge=0)  # bytes
     processes: int = Field(default=1, ge=0)
     stopped: bool = False  # a process of the task is stopped (state T: SIGSTOP, Ctrl-Z)

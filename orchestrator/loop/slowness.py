@@ -24,6 +24,10 @@ markers (loop/rate.py, the live table's figure). `judge` decides, pure, on a tab
   evaluation a script runs on it) and is slower by design; it still counts among its
   peers.
 - Once per task per run: the verdict is news, not a state.
+
+In a synchronous job the rates never part; there the watch also compares the CPU each task
+wants (loop/demand.py: `cause: "compute"`), with the same once-per-task rule: one
+`task_slow` per task per run, whichever signal fired first.
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.loop import closures
+from orchestrator.loop import closures, decide, demand
 from orchestrator.loop.job import Job
 from orchestrator.loop.rate import shown
-from worker_entry.markers import Role
+from worker_entry.markers import USAGE_SECONDS, Role, Strategy, is_chief
 
 RATIO = 0.6  # steps per second under this share of the peers' median: lagging
+# A usage older than this is no measure of now: two intervals missed, and some slack
+USAGE_FRESH_SECONDS = 2 * USAGE_SECONDS + 1.0
 HOLD_SECONDS = 30.0  # lagging this long on end: said
 CHECK_SECONDS = 1.0  # judged at most this often
 STEPPING = (Role.WORKER, Role.CHIEF)
@@ -93,6 +99,8 @@ class SlowWatch:
     def __init__(self, job: Job) -> None:
         self.job, self.memory, self.at = job, Memory(), float("-inf")
         self.closures = Memory(said=self.memory.said)  # a PS job's workers (loop/closures.py)
+        self.demand = demand.Memory()
+        self.synchronous = job.plan.strategy is Strategy.MULTI_WORKER_MIRRORED
 
     def tick(self, now: float) -> None:
         if now < self.at + CHECK_SECONDS:
@@ -113,3 +121,27 @@ class SlowWatch:
             job.events.write("task_slow", slow.task, attempt=job.records[slow.task].attempt,
                              cause="steps", **figures, why=words)
             job.echo("tfo", words)
+        if self.synchronous:
+            self._demand(now)
+
+    def _demand(self, now: float) -> None:
+        job = self.job
+        samples = []
+        for r in job.records.values():
+            if not decide.training(r.role, job.rules):
+                continue
+            work = r.current.work
+            fresh = (r.state.live and work.usage is not None and work.usage_at is not None
+                     and now - work.usage_at <= USAGE_FRESH_SECONDS)
+            usage = work.usage if fresh else None
+            samples.append(demand.Sample(
+                r.name, r.attempt, is_chief(r.role, r.task.index, job.plan.cluster),
+                stepping=r.state.live and bool(shown(work.rate, now)),
+                cpu=usage.cpu if usage else None, wait=usage.wait if usage else None,
+                cpus=usage.cpus if usage else None))
+        for w in demand.judge(samples, self.demand, self.memory.said, now):
+            r = job.records[w.task]
+            job.events.write("task_slow", w.task, attempt=r.attempt, cause="compute",
+                             **w.figures(), lagging_seconds=round(now - w.since, 1),
+                             why=w.words())
+            job.echo("tfo", w.words())
