@@ -10,6 +10,11 @@
 a bad spec raises the SpecError the CLI prints (the field named); a job that fails is a
 `Result` with `ok` False, never an exception. Faults for testing recovery code (`kill=`,
 `preempt=`, `stall=`) reach the tasks as TFO_FAULTS (worker_entry/faults.py).
+
+`profile={"step": 20, "seconds": 2}` captures the job's training tasks once, as `tfo profile`
+does, when every one of them has run that many steps (a test of why a job is slow):
+`result.profile` is what the capture found (launch/profiling.py's `Profile`: its table by
+`profiling.lines`, its `verdict`), taken on a thread beside the supervision loop.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +34,7 @@ from worker_entry.faults import FAULTS_ENV
 
 if TYPE_CHECKING:
     from orchestrator.launch.pool import WarmPool
+    from orchestrator.launch.profiling import Profile
     from orchestrator.loop.job import Job
     from orchestrator.loop.supervise import RunResult
     from orchestrator.planning.plan import Plan
@@ -81,6 +88,7 @@ class Result:
     stalls: list[str] = field(default_factory=list)  # each stall, described
     # How each restart began: `worker:0, worker:1 attempt 1: resumed at epoch 2 (lost 7 steps)`
     resumes: list[str] = field(default_factory=list)
+    profile: Profile | None = None  # `run(profile=...)`'s capture, or why there was none
     raw: RunResult | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
@@ -181,7 +189,8 @@ def run(source: str | Path | Mapping[str, Any] | None = None, *,
         kill: Mapping[str, Any] | None = None, preempt: Mapping[str, Any] | None = None,
         stall: Mapping[str, Any] | None = None, run_dir: str | Path | None = None,
         echo: bool = False, pool: WarmPool | None = None,
-        teardown_grace: float | None = None, independent: bool = False) -> Result:
+        teardown_grace: float | None = None, independent: bool = False,
+        profile: Mapping[str, Any] | None = None) -> Result:
     """Run a job to its end and return its Result. `source` is a cluster file's path or its
     data; without one, the keywords are `tfo run`'s flags (`workers=2, script="train.py",
     args=[...]`, or `entry="pkg.mod:fn", args={...}`). `env` adds to every task's environment,
@@ -189,8 +198,10 @@ def run(source: str | Path | Mapping[str, Any] | None = None, *,
     `timeouts` the cluster file's `timeouts:`; `teardown_grace`, how long a task whose code
     and atexit handlers are done may spend in Python's teardown once its peers are there too
     (decide.Timing's, 3 s by default); `independent`, `tfo run --independent` (the tasks may
-    train outside one cluster: `expect_cluster: false`). Raises SpecError for a bad spec (nothing
-    started); KeyboardInterrupt on Ctrl-C (the tasks stopped)."""
+    train outside one cluster: `expect_cluster: false`); `profile`, a capture of the training
+    tasks once each has run `step` steps, for `seconds` (2), of `tasks` (all): the module doc.
+    Raises SpecError for a bad spec (nothing started); KeyboardInterrupt on Ctrl-C (the tasks
+    stopped)."""
     from orchestrator import pipeline
 
     flags = dict(workers=workers, script=script, module=module, entry=entry, args=args,
@@ -214,7 +225,8 @@ def run(source: str | Path | Mapping[str, Any] | None = None, *,
         if timeout is not None:
             spec["timeouts"]["deadline_seconds"] = timeout
     say = _stderr if echo else pipeline._quiet
-    display = _display(echo, timeout)
+    capture = Capture.asked(profile)
+    display = _display(echo, timeout, capture)
     timing = None
     if teardown_grace is not None:
         from orchestrator.loop.decide import Timing
@@ -222,7 +234,74 @@ def run(source: str | Path | Mapping[str, Any] | None = None, *,
         timing = Timing(teardown_grace=teardown_grace)
     raw = pipeline.run(_source(source, spec), run_dir, say=say, warn=say, display=display,
                        made_by="orchestrator.run", pool=pool, timing=timing)
-    return result_of(raw)
+    result = result_of(raw)
+    if capture is not None:
+        result.profile = capture.found()
+    return result
+
+
+class Capture:
+    """`run(profile=...)`: one `tfo profile` of the job, on a thread of its own, started from
+    the loop's watch once every training task has run `step` steps."""
+
+    FIELDS = ("step", "seconds", "tasks")
+    JOIN_SECONDS = 120.0  # after the job's end: a capture under way ends with the job's tasks
+
+    def __init__(self, step: int, seconds: float, tasks: list[str] | None) -> None:
+        self.step, self.seconds, self.tasks = step, seconds, tasks
+        self.thread: threading.Thread | None = None
+        self.answer: Profile | None = None
+
+    @classmethod
+    def asked(cls, given: Mapping[str, Any] | None) -> Capture | None:
+        if given is None:
+            return None
+        extra = sorted(set(given) - set(cls.FIELDS))
+        step, seconds, tasks = (given.get("step"), given.get("seconds", 2.0),
+                                given.get("tasks"))
+        if extra or not isinstance(step, int) or isinstance(step, bool) or step < 1:
+            raise SpecError(f"profile: {dict(given)!r}; give {{'step': N}} (N >= 1: capture "
+                            "once every training task has run N steps), optionally 'seconds' "
+                            "and 'tasks'")
+        if not isinstance(seconds, (int, float)) or not 0 < seconds <= 600:
+            raise SpecError(f"profile.seconds: {seconds!r}; give 0 < seconds <= 600")
+        if tasks is not None and (isinstance(tasks, str) or not all(
+                isinstance(t, str) for t in tasks)):
+            raise SpecError(f"profile.tasks: {tasks!r}; give a list of task names")
+        return cls(step, float(seconds), list(tasks) if tasks is not None else None)
+
+    def watch(self, job: Job) -> None:
+        """Each round of the loop: start the capture once every training task got there."""
+        if self.thread is not None:
+            return
+        from orchestrator.loop.decide import training
+
+        steps = [r.current.work.progress.step if r.current.work.progress else -1
+                 for r in job.records.values() if training(r.role, job.rules)]
+        if steps and min(steps) >= self.step:
+            self.thread = threading.Thread(target=self._take, args=(job.plan.run_dir,),
+                                           name="tfo-profile", daemon=True)
+            self.thread.start()
+
+    def _take(self, run_dir: str) -> None:
+        from orchestrator.launch import profiling
+        from orchestrator.runs.rundir import RunDir
+
+        try:
+            self.answer = profiling.profile(RunDir(run_dir), self.seconds, self.tasks)
+        except profiling.ProfileError as e:
+            self.answer = profiling.Profile([], errors=[str(e)])
+
+    def found(self) -> Profile:
+        """What the capture found; a Profile with only `errors` where there was none."""
+        from orchestrator.launch.profiling import Profile
+
+        if self.thread is None:
+            return Profile([], errors=[f"no capture: the job ended before every training "
+                                       f"task ran {self.step} steps"])
+        self.thread.join(self.JOIN_SECONDS)
+        return self.answer or Profile([], errors=["the capture did not end in "
+                                                  f"{self.JOIN_SECONDS:.0f} s"])
 
 
 def _source(given: str | Path | Mapping[str, Any] | None, spec: dict[str, Any]
@@ -259,10 +338,11 @@ def _stderr(line: str) -> None:
     print(f"tfo: {line}", file=sys.stderr, flush=True)
 
 
-def _display(echo: bool, timeout: float | None
+def _display(echo: bool, timeout: float | None, capture: Capture | None = None
              ) -> Callable[[Plan], contextlib.AbstractContextManager[Any]]:
-    """The tasks' lines to stdout (echo) or nowhere; and, with a timeout, every live task's
-    stacks asked for STACKS_LEAD_SECONDS before it (into its log, for `TaskResult.stacks`)."""
+    """The tasks' lines to stdout (echo) or nowhere; with a timeout, every live task's
+    stacks asked for STACKS_LEAD_SECONDS before it (into its log, for `TaskResult.stacks`);
+    and the capture asked for, started when due."""
     @contextlib.contextmanager
     def display(plan: Plan) -> Iterator[tuple[Any, Any]]:
         t0 = time.monotonic()
@@ -270,6 +350,8 @@ def _display(echo: bool, timeout: float | None
 
         def watch(job: Job) -> None:
             nonlocal asked
+            if capture is not None:
+                capture.watch(job)
             if asked or timeout is None or time.monotonic() - t0 < timeout - STACKS_LEAD_SECONDS:
                 return
             asked = True

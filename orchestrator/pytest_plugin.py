@@ -98,12 +98,14 @@ class Cluster:
             restart: str | None = None, max_restarts: int | None = None,
             kill: Mapping[str, Any] | None = None, preempt: Mapping[str, Any] | None = None,
             stall: Mapping[str, Any] | None = None, timeouts: Mapping[str, Any] | None = None,
-            echo: bool = False) -> Result:
+            echo: bool = False, profile: Mapping[str, Any] | None = None) -> Result:
         """Run `target` (`module:function`, called in each task with its TaskContext if it
         takes an argument; or a script's path) on a local cluster and return its Result. A
         job that is not done in `timeout` s fails, with every task's stack. Faults:
         `kill={"worker:1": {"epoch": 2}}` (or `{"step": n}`), `preempt=` (SIGTERM with the
-        grace), `stall=`; each strikes the first attempt only."""
+        grace), `stall=`; each strikes the first attempt only. `profile={"step": 20}`: the
+        training tasks captured once each ran 20 steps, as `tfo profile` does
+        (`result.profile`: orchestrator.api's module doc)."""
         from orchestrator.api import run, spec_from_flags
 
         kind = "entry" if _ENTRY.match(target) else "script"
@@ -116,7 +118,7 @@ class Cluster:
         if self._gpus:  # the marker's GPUs, shared out by tfo's allocation
             spec["localhost"] = {"gpus": list(range(self._gpus))}
         result = run(spec, env=env, timeout=timeout, timeouts=timeouts, kill=kill,
-                     preempt=preempt, stall=stall, echo=echo, pool=self._pool,
+                     preempt=preempt, stall=stall, echo=echo, pool=self._pool, profile=profile,
                      teardown_grace=TEARDOWN_GRACE,
                      run_dir=self._tmp / f"tfo-run-{next(self._runs)}")
         self.results.append(result)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.profiling import Profile, TaskProfile, lines, task_profile, verdict
+from orchestrator.launch.profiling import Profile, TaskProfile, lines, task_profile, verdict
 from orchestrator.planning.plan import Plan, make_plan, profiler_key
 from orchestrator.planning.spec import SpecError, parse_spec
 from tests.conftest import REPO, events, kill_tree, run_tfo, tfo_cmd, wait_until
@@ -96,7 +96,7 @@ def test_a_port_another_process_holds_is_told():
 
 
 def test_why_a_task_has_no_profiler_comes_from_its_log(tmp_path: Path):
-    from orchestrator.cli.profiling import said_in_log
+    from orchestrator.launch.profiling import said_in_log
 
     log = tmp_path / "worker-2.log"
     log.write_text("===== tfo: worker:2 attempt 0 =====\n[tfo] profiler: port 41234 in use by "
@@ -267,7 +267,7 @@ def test_tfo_profile_names_the_input_starved_worker(tmp_path: Path, run_dir: Pat
 
 
 def test_one_capture_at_a_time_per_run(tmp_path: Path):
-    from orchestrator.cli.profiling import ProfileError, capture_lock
+    from orchestrator.launch.profiling import ProfileError, capture_lock
 
     held = pytest.raises(ProfileError, match=r"another tfo profile \(pid \d+\) is capturing")
     with capture_lock(str(tmp_path)), held, capture_lock(str(tmp_path)):
@@ -299,7 +299,7 @@ LOST = [
 @pytest.mark.parametrize(("events", "expected"), [(e, x) for _, e, x in LOST],
                          ids=[w for w, _, _ in LOST])
 def test_a_task_lost_while_traced_is_named(events, expected):
-    from orchestrator.cli.profiling import lost_while_traced
+    from orchestrator.launch.profiling import lost_while_traced
 
     assert lost_while_traced(events, ["worker:0", "worker:1"], 100.0, 110.0) == expected
 

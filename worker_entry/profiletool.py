@@ -1,5 +1,5 @@
 """`tfo profile`'s helper process: one capture of many tasks' profilers, and what each trace
-says of its steps. Run by the coordinator (orchestrator/cli/profiling.py), which never imports
+says of its steps. Run by the coordinator (orchestrator/launch/profiling.py), which never imports
 TensorFlow nor xprof itself:
 
     python -m worker_entry.profiletool '{"services": {"worker:0": "localhost:41001", ...},
@@ -23,7 +23,7 @@ ALL_HOSTS.op_stats_v2.pb), so each trace is linked into a directory of its own f
 `framework_op_stats` gives each op's self time, where on a CPU the collectives
 (`CollectiveReduceV2`, ...) and the PS send/receive ops show the time spent waiting for the
 others. Only figures go back: the shares and the verdict are the coordinator's
-(orchestrator/cli/profiling.py, pure).
+(orchestrator/launch/profiling.py, pure).
 """
 
 from __future__ import annotations

@@ -415,7 +415,7 @@ def profile(run_ref: RunArg = None, seconds: SecondsOpt = 2.0, tasks: TasksOpt =
     Examples:
       tfo profile
       tfo profile last --seconds 5 --tasks worker:0,worker:1"""
-    from orchestrator.cli import profiling
+    from orchestrator.launch import profiling
     try:
         found = profiling.profile(_find_run(run_ref), seconds, tasks.split(",") if tasks else None)
     except profiling.ProfileError as e:
