@@ -319,7 +319,8 @@ def test_tfo_profile_fails_when_no_task_was_traced(tmp_path: Path, monkeypatch):
     produced nothing looked like one that worked). One task traced is a capture: exit 0."""
     from typer.testing import CliRunner
 
-    from orchestrator.cli import commands, profiling
+    from orchestrator.cli import commands
+    from orchestrator.launch import profiling
 
     crashed = Profile([TaskProfile("worker:0", error="no answer"),
                        TaskProfile("worker:1", error="no answer")],
