@@ -116,13 +116,19 @@ def _ratio(s: Setting, tmp: Path) -> None:
                100 * (got[True][1] ** 2 + got[False][1] ** 2) ** 0.5)
 
 
-def _training(rd: Path, workers: int) -> bool:
-    """Every worker reported progress since its latest start (a restart's too)."""
+def _training(rd: Path, workers: int, restarted: dict[str, float]) -> bool:
+    """Every worker reported progress since its latest start, and each in `restarted` (a
+    worker the last capture crashed: that capture's time) started again after it (until tfo
+    records the restart, the crashed attempt's progress is the latest)."""
     latest: dict[str, str] = {}
+    started: dict[str, float] = {}
     for e in events(rd):
-        if e["event"] in ("task_started", "task_progress"):
+        if e["event"] in ("task_started", "task_progress", "task_exited"):
             latest[e["task"]] = e["event"]
-    return len(latest) >= workers and all(v == "task_progress" for v in latest.values())
+        if e["event"] == "task_started":
+            started[e["task"]] = e["time"]
+    return len(latest) >= workers and all(v == "task_progress" for v in latest.values()) \
+        and all(started.get(task, 0.0) >= at for task, at in restarted.items())
 
 
 def _table_rows(out: str, workers: int) -> int:
@@ -140,22 +146,25 @@ def _captures(s: Setting, tmp: Path, workers: int) -> None:
                  workers, True, restart="on-failure", max_restarts=TRIES + 2)
     job = tfo("run", str(path), "--run-dir", str(rd))
     timed = tried = crashes = 0
+    restarted: dict[str, float] = {}
     try:
         while timed < CAPTURES and tried < TRIES:
             until = time.monotonic() + TRAINING_WAIT_SECONDS
-            while not _training(rd, workers):
+            while not _training(rd, workers, restarted):
                 if job.poll() is not None or time.monotonic() > until:
                     raise RuntimeError(f"tfo run of {workers} workers: not training; see {rd}")
                 time.sleep(0.5)
             time.sleep(2)  # past the first steps of a restart
             tried += 1
-            started = time.monotonic()
+            at, started = time.time(), time.monotonic()
             done = subprocess.run([PY, "-m", "orchestrator", "profile", str(rd), "--seconds",
                                    "2"], cwd=REPO, capture_output=True, text=True, timeout=300)
             took = time.monotonic() - started
             print(done.stdout, flush=True)
-            lost = done.stdout.count(": exited while traced (")
-            crashes += lost
+            lost = [line.split(": exited while traced (")[0] for line in
+                    done.stdout.splitlines() if ": exited while traced (" in line]
+            crashes += len(lost)
+            restarted = dict.fromkeys(lost, at)
             answered = _table_rows(done.stdout, workers)
             if done.returncode == 0 and answered == workers and not lost:
                 timed += 1

@@ -193,11 +193,13 @@ restart: {policy: on-failure, max_restarts: 3}
 """
 
 
-def _training(run_dir: Path, task: str) -> bool:
-    """The task reported progress since its latest start."""
-    latest = [e["event"] for e in events(run_dir) if e.get("task") == task
-              and e["event"] in ("task_started", "task_progress")]
-    return "task_started" in latest and latest[-1] == "task_progress"
+def _training(run_dir: Path, task: str, since: float = 0.0) -> bool:
+    """The task reported progress since its latest start, which was after `since` (a crash's
+    restart: until tfo records it, the crashed attempt's progress is the latest)."""
+    latest = [e for e in events(run_dir) if e.get("task") == task
+              and e["event"] in ("task_started", "task_progress", "task_exited")]
+    starts = [e["time"] for e in latest if e["event"] == "task_started"]
+    return bool(starts) and starts[-1] >= since and latest[-1]["event"] == "task_progress"
 
 
 def _read_plan(run_dir: Path) -> dict | None:
@@ -214,10 +216,12 @@ def capture(run_dir: Path, wanted: str, tries: int = 3) -> TfoResult:
     use-after-free inside it: docs/guide/slow.md); tfo says so, the job restarts it, and the
     user captures again: so does this, up to `tries` times, each capture once worker:1
     trains again. Only that crash, said, excuses a capture without `wanted`."""
-    said = []
+    said: list[str] = []
+    since = 0.0
     for _ in range(tries):
-        assert wait_until(lambda: _training(run_dir, "worker:1"), 240, interval=0.5), \
+        assert wait_until(lambda at=since: _training(run_dir, "worker:1", at), 240, interval=0.5), \
             "no training"
+        since = time.time()  # a crash in this capture: the next waits for the restart
         # 5 s: at load 40 a step took 1.6 s, and a 2 s trace caught one step of one task
         got = run_tfo("profile", str(run_dir), "--seconds", "5", timeout=150)
         assert got.returncode == 0, got.output
