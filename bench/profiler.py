@@ -11,7 +11,8 @@ TensorFlow's profiler crashes a traced task, and what the profiler services cost
   exited while traced (signal SIGSEGV)`). The jobs restart their workers
   (`restart: {policy: on-failure}`), so after a crash the bench waits until every worker
   trains again and captures again, up to `TRIES` captures a job for `CAPTURES` timed ones;
-  the crashes ÷ the captures tried, per job, is this figure.
+  the crashes (a traced worker's SIGSEGV or SIGABRT: a group's other workers, stopped for
+  its restart, are not counted) ÷ the captures tried, per job, is this figure.
 - profiler_ratio: the bench's job (bench/job.py, 2 pinned workers) under tfo with every
   training task's profiler service (the default) and without (`profiler: false`), alternated
   A B, B A after a short warm-up of each: steady throughput on ÷ off per pair. Between
@@ -39,6 +40,7 @@ TensorFlow's profiler crashes a traced task, and what the profiler services cost
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 import time
@@ -163,7 +165,10 @@ def _captures(s: Setting, tmp: Path, workers: int) -> None:
             print(done.stdout, flush=True)
             lost = [line.split(": exited while traced (")[0] for line in
                     done.stdout.splitlines() if ": exited while traced (" in line]
-            crashes += len(lost)
+            # The profiler's crash is a SIGSEGV or glibc's abort (docs/guide/slow.md); the
+            # other workers of a group the crash restarts exit too (SIGTERM, an error).
+            crashes += sum(1 for line in done.stdout.splitlines() if re.search(
+                r": exited while traced \(signal (SIGSEGV|SIGABRT)\)", line))
             restarted = dict.fromkeys(lost, at)
             answered = _table_rows(done.stdout, workers)
             if done.returncode == 0 and answered == workers and not lost:
