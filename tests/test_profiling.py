@@ -590,3 +590,24 @@ def test_a_slurm_plan_carries_a_profiler_port_per_training_task(tmp_path: Path):
     assert all(len(set(ps)) == len(ps) for ps in on_node.values()), on_node
     again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
     assert [t.profiler_port for t in again.tasks] == [t.profiler_port for t in plan.tasks]
+
+
+def test_the_capture_asks_each_profiler_for_its_trace_back():
+    """tfo's ProfileRequest (worker_entry/profilerpc.py) asks for the trace in the answer
+    (emit_xspace), not written on the task's machine; the answer's trace is read back whole,
+    and an empty one is none."""
+    from worker_entry.profilerpc import _field, fields, request, xspace_of
+
+    sent = fields(request(2000, 1_800_000_000_123_456_789, "2026_11_27_10_00_00", "10.0.0.2",
+                          "/runs/r1/tensorboard/plugins/profile"))
+    assert sent[9] == [1] and sent[1] == [2000]  # emit_xspace, duration_ms
+    assert sent[6] == [b"2026_11_27_10_00_00"] and sent[7] == [b"10.0.0.2"]
+    opts = fields(sent[4][0])  # ProfileOptions: start_timestamp_ns, duration_ms, tracer levels
+    assert (opts[8], opts[9], opts[2], opts[3]) == ([1_800_000_000_123_456_789], [2000], [2], [1])
+    trace = bytes(range(256)) * 40  # an XSpace's bytes, as they travel
+    assert xspace_of(_field(7, False) + _field(8, trace)) == trace
+    assert xspace_of(_field(8, trace) + _field(7, True)) == b""  # empty_trace
+    assert xspace_of(b"") == b""
+    for cut in (_field(8, trace)[:-5], b"\x80"):  # a trace cut short; a varint
+        with pytest.raises(ValueError, match="truncated"):
+            fields(cut)

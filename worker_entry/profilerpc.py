@@ -99,13 +99,13 @@ def fields(data: bytes) -> dict[int, list[int | bytes]]:
         value: int | bytes
         if wire == 0:
             value = varint()
-        elif wire == 2:
-            size = varint()
-            value, i = data[i:i + size], i + size
-        elif wire in (1, 5):  # fixed 64 / 32 bits
-            value, i = data[i:i + (8 if wire == 1 else 4)], i + (8 if wire == 1 else 4)
         else:
-            raise ValueError(f"wire type {wire}")
+            if wire not in (1, 2, 5):
+                raise ValueError(f"wire type {wire}")
+            size = varint() if wire == 2 else 8 if wire == 1 else 4  # fixed 64 / 32 bits
+            if i + size > len(data):
+                raise ValueError("truncated message")
+            value, i = data[i:i + size], i + size
         found.setdefault(number, []).append(value)
     return found
 
