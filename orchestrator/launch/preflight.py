@@ -8,8 +8,8 @@ versions (the same everywhere), the task ports free, the workdir writable; and i
 available memory (`warm_spares: auto` asks them). Each training task's profiler port
 (`TaskPlan.profiler_port`) is checked free on its host too, in the same probe: one taken is a
 note (`HostCheck.notes`), not a problem, as at run time it costs the task its profiler, not
-its training. Nothing here imports TensorFlow: versions
-come from package metadata. The backends call these; this module knows no backend.
+its training. Nothing here imports TensorFlow: versions come from package metadata. The
+backends call these; this module knows no backend.
 """
 
 from __future__ import annotations
