@@ -21,20 +21,17 @@ TensorFlow's profiler crashes a traced task, and what the profiler services cost
   The arms' length. An arm's throughput is the median of its epochs' steps/s
   (run.steady_throughput): relative standard error ≈ 1.25 c / √n for n epoch intervals whose
   rates spread by c (relative standard deviation); a pair's ratio, of two arms, ≈ √2 × 1.25 c
-  / √n = 1.77 c / √n. Where the epochs' hiccups are independent, c ∝ 1/√(steps an epoch),
-  so only the steps an arm counts matter. The full setting's arms (8 epochs of 60: n = 7,
-  420 steps counted) read pairs of 0.74-1.14 (±13 %: c ≈ 19 % for a 0.6 s epoch; the paired
-  figure's runs of the same length spread 9 %, the progress figure's 3× longer ones 6 %,
-  close to the 1/√3 this assumes). Now: `RATIO_EPOCHS` = 12 epochs of
-  `RATIO_STEPS_PER_EPOCH` = 300 (n = 11, 3,300 steps counted, ~33 s at a quiet machine's
-  ~100 steps/s): a pair's noise ≈ 1.77 c₃₀₀ / √11 = 0.53 c₃₀₀, under 0.5 % where a 3 s
-  epoch's rate spreads by less than 1 %. The section on a quiet machine: 14 arms × (36 s +
-  ~12 s of start and end) + two short warm-ups (~20 s each) ≈ 12 min, the captures' two jobs
-  ~3 min: about 15 min. If the 0.6 s epochs' 19 % is independent hiccups, c₃₀₀ ≈ 8.5 % and a
-  pair's noise ≈ 4.5 %: under 1 % would need ~25× the steps (about 14 min an arm), more than
-  the section's time; the median of 7 pairs is then about ±2 %. So each pair's own noise,
-  from its epochs' spread, is kept as a detail (`profiler_ratio, a pair's noise %`): the
-  quiet machine's run says which it is.
+  / √n = 1.77 c / √n. The full setting's arms (8 epochs of 60 steps, n = 7) read pairs of
+  0.74-1.14: c ≈ 19 % for a 0.6 s epoch. Longer epochs spread less (hiccups average out):
+  one arm here of 12 epochs × 300 steps at load ~6 read c = 3.2 % (91 steps/s). So:
+  `RATIO_EPOCHS` = 24 epochs of `RATIO_STEPS_PER_EPOCH` = 300 (n = 23, 6,900 steps counted,
+  ~72 s at a quiet machine's ~100 steps/s): a pair's noise ≈ 1.77 c / √23 = 0.37 c, 1.2 % at
+  that loaded 3.2 %, 0.7 % at 2 %, 0.4 % at a quiet machine's 1 %. `RATIO_PAIRS` = 4 pairs
+  (the figure is their median) fit the time: 8 arms × (72 s + ~12 s of start and end) + two
+  short warm-ups (~20 s each) ≈ 12 min, the captures' two jobs ~3 min: about 15 min. Under
+  0.5 % a pair at c = 3.2 % would take n ≈ 130 (6 min an arm, 1.7 h the section), so each
+  pair's own noise, from its epochs' spread, is kept as a detail (`profiler_ratio, a pair's
+  noise %`): the quiet machine's run shows what it was.
 """
 
 from __future__ import annotations
@@ -62,7 +59,8 @@ from bench.run import (
     wait,
 )
 
-RATIO_EPOCHS = 12  # an arm of the throughput pairs: epochs × steps (module doc's arithmetic)
+RATIO_PAIRS = 4  # the throughput pairs, and each arm's epochs × steps (module doc)
+RATIO_EPOCHS = 24
 RATIO_STEPS_PER_EPOCH = 300
 CAPTURES = 2  # timed captures of each job (a table of every worker)
 TRIES = 5  # at most this many captures of a job (a crash costs one, and a restart)
@@ -87,7 +85,7 @@ def bench_profiler(s: Setting, tmp: Path) -> None:
 
 
 def _ratio(s: Setting, tmp: Path) -> None:
-    pairs = s.pairs
+    pairs = RATIO_PAIRS
     print(f"profiler: {pairs} × (profiler services on, off), {RATIO_EPOCHS} epochs × "
           f"{RATIO_STEPS_PER_EPOCH} steps each", flush=True)
 
