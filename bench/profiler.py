@@ -23,10 +23,10 @@ TensorFlow's profiler crashes a traced task, and what the profiler services cost
   rates spread by c (relative standard deviation); a pair's ratio, of two arms, ≈ √2 × 1.25 c
   / √n = 1.77 c / √n. The full setting's arms (8 epochs of 60 steps, n = 7) read pairs of
   0.74-1.14: c ≈ 19 % for a 0.6 s epoch. Longer epochs spread less (hiccups average out):
-  one arm here of 12 epochs × 300 steps at load ~6 read c = 3.2 % (91 steps/s). So:
-  `RATIO_EPOCHS` = 24 epochs of `RATIO_STEPS_PER_EPOCH` = 300 (n = 23, 6,900 steps counted,
-  ~72 s at a quiet machine's ~100 steps/s): a pair's noise ≈ 1.77 c / √23 = 0.37 c, 1.2 % at
-  that loaded 3.2 %, 0.7 % at 2 %, 0.4 % at a quiet machine's 1 %. `RATIO_PAIRS` = 4 pairs
+  three arms here of 12 epochs × 300 steps at load ~5 read c = 3.2-4.5 % (91-95 steps/s):
+  so `RATIO_EPOCHS` = 24 epochs of `RATIO_STEPS_PER_EPOCH` = 300 (n = 23, 6,900 steps counted,
+  ~72 s at a quiet machine's ~100 steps/s): a pair's noise ≈ 1.77 c / √23 = 0.37 c, 1.2-1.7 %
+  at those loaded 3.2-4.5 %, 0.7 % at 2 %, 0.4 % at a quiet machine's 1 %. `RATIO_PAIRS` = 4 pairs
   (the figure is their median) fit the time: 8 arms × (72 s + ~12 s of start and end) + two
   short warm-ups (~20 s each) ≈ 12 min, the captures' two jobs ~3 min: about 15 min. Under
   0.5 % a pair at c = 3.2 % would take n ≈ 130 (6 min an arm, 1.7 h the section), so each
