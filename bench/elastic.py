@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import run
-from bench.run import FIGURES, OUT, PY, REPO, Figure, Setting, add, detail, events
+from bench.run import FIGURES, OUT, PY, REPO, Figure, Setting, add, detail, events, lab_ready
 
 PREFIX, SUBNET = "t27", ipaddress.ip_network("10.203.0.0/24")
 REPEATS = 3
@@ -192,11 +192,8 @@ def bench_elastic(s: Setting, tmp: Path) -> None:
     if s.fake:
         print("elastic: skipped in the quick setting (it trains with TensorFlow)")
         return
-    ok, reason = sshlab.netns_supported()
-    if not ok:
-        print(f"elastic: skipped, {reason}")
+    if not lab_ready("elastic"):
         return
-    sshlab.ensure_openssh()
     print(f"elastic: {REPEATS} runs of 3 workers on 3 lab hosts, lab3's link down and up",
           flush=True)
     with sshlab.lab_hosts(tmp / "elastic-lab", prefix=PREFIX, count=3, subnet=SUBNET) as hosts:

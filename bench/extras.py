@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.run import PY, REPO, Setting, detail, events, resume_args, resume_run
+from bench.run import PY, REPO, Setting, detail, events, lab_ready, resume_args, resume_run
 
 SSHLAB_LOCK = "/tmp/sshlab.lock"
 
@@ -79,11 +79,8 @@ def bench_ps(s: Setting, tmp: Path) -> None:
 def bench_ssh(s: Setting, tmp: Path) -> None:
     from tests import sshlab
 
-    ok, reason = sshlab.netns_supported()
-    if not ok:
-        print(f"ssh: skipped, {reason}")
+    if not lab_ready("ssh"):
         return
-    sshlab.ensure_openssh()
     with sshlab_held(), sshlab.lab_hosts(tmp / "lab") as hosts:
         for count in (1, 2):
             lines = []
@@ -121,11 +118,8 @@ def bench_lab_recovery(s: Setting, tmp: Path) -> None:
         return
     from tests import sshlab
 
-    ok, reason = sshlab.netns_supported()
-    if not ok:
-        print(f"lab recovery: skipped, {reason}")
+    if not lab_ready("lab recovery"):
         return
-    sshlab.ensure_openssh()
     runs = max(3, s.resumes)
     print(f"lab recovery: {runs} run(s) on an SSH lab host with tfo's defaults", flush=True)
     with sshlab_held(), sshlab.lab_hosts(tmp / "lab-recovery", count=1) as (host,):

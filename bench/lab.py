@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 
 from bench import run
-from bench.run import FIGURES, OUT, PY, REPO, Figure, Setting, add, detail, events
+from bench.run import FIGURES, OUT, PY, REPO, Figure, Setting, add, detail, events, lab_ready
 from tests.procs import alive
 
 PREFIX, SUBNET = "t26", ipaddress.ip_network("10.202.0.0/24")
@@ -188,11 +188,8 @@ def tfo_run(hosts: list, tmp: Path, code: Path, idle: bool, window: float = WIND
 def bench_lab(s: Setting, tmp: Path) -> None:
     from tests import sshlab
 
-    ok, reason = sshlab.netns_supported()
-    if not ok:
-        print(f"lab: skipped, {reason}")
+    if not lab_ready("lab"):
         return
-    sshlab.ensure_openssh()
     code = Path(os.environ.get("TFO_BENCH_CODE") or REPO)
     reps = 1 if s.fake else 2
     # --quick checks the harness (make test): the 16-host lab once, a short idle window.

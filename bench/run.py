@@ -49,7 +49,8 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
   elastic job on 3 SSH lab hosts, one host's link down → training again with 2 workers, and
   back → with 3, in seconds; the loss curve across both (elastic-loss.json/.png).
 - profiler (bench/profiler.py, issue 41): throughput with every task's profiler service on ÷
-  off, alternated; `tfo profile --seconds 2` of a running 2- and 8-worker job.
+  off, alternated; `tfo profile --seconds 2` of a running 2- and 8-worker job, and how
+  often a capture crashed a traced worker (TensorFlow's profiler: docs/guide/slow.md).
 - chaos (bench/chaos.py, issue 37): an elastic 3-worker localhost job under random SIGKILL,
   SIGSTOP, SIGTERM and wrapper kills (a fixed seed) for 5 minutes: faults recovered, fault →
   training again, epochs lost, processes and files left after Ctrl-C (chaos.json).
@@ -195,6 +196,8 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     Figure("profiler_ratio", "throughput, profiler services on ÷ off (tfo)", "×", 0.99, "ge"),
     Figure("profile_2_s", "tfo profile --seconds 2, 2 workers: command → table", "s", None),
     Figure("profile_8_s", "… 8 workers", "s", None),
+    Figure("profile_crashes", "… traced workers crashed by TF's profiler, per capture", "",
+           None),
     # Issue 28: 10 cluster tests in one pytest run (bench/kit.py).
     Figure("kit_ratio", "10 cluster tests, tf_cluster ÷ TF's multi_process_runner", "×", 0.5),
     Figure("kit_tfo", "… tf_cluster, one pytest run", "s", None),
@@ -387,6 +390,20 @@ def wait(proc: subprocess.Popen, timeout: float, what: str) -> int:
     except subprocess.TimeoutExpired:
         kill_group(proc)
         raise RuntimeError(f"{what} did not finish in {timeout:g} s") from None
+
+
+def lab_ready(name: str) -> bool:
+    """Whether the SSH lab (tests/sshlab.py's network namespaces) can run here: a section
+    that needs it says why it is skipped (`name: skipped, why`) where it cannot, and has
+    OpenSSH installed where it can."""
+    from tests import sshlab
+
+    ok, reason = sshlab.netns_supported()
+    if not ok:
+        print(f"{name}: skipped, {reason}", flush=True)
+        return False
+    sshlab.ensure_openssh()
+    return True
 
 
 def tfo(*args: str, **kw) -> subprocess.Popen:  # noqa: ANN003

@@ -289,6 +289,8 @@ def run(source: Source, run_dir: Path | str | None = None, *, say: Say = _quiet,
         checks = backends.check(p, versions=False)  # check
         if found := problems(checks):
             raise CannotStart(found)
+        for note in (note for r in checks for note in r.notes):
+            warn(note)
         lock = make_run_dir(p)
         if isinstance(source, dict):
             path = write_cluster_file(p, source, made_by)

@@ -7,13 +7,12 @@ TensorFlow nor xprof itself:
 
 It prints one JSON line: {"session": DIR, "tool": ..., "tasks": {name: {...}}, "errors": ...}.
 
-The capture is one request to every task's profiler service (the profiler client's
-comma-separated addresses): xprof's `trace` (`xprof.convert._pywrap_profiler_plugin`, what
-TensorBoard's Capture Profile button calls) where the xprof package is installed, which needs
-no TensorFlow; else TensorFlow's own `tf.profiler.experimental.client.trace`, the same C++
-client behind a whole `import tensorflow` (seconds, and 0.5 GB). The client writes one
-`<host>_<port>.xplane.pb` per service into `<logdir>/plugins/profile/<session>/`, which
-TensorBoard's profile tab lists by that name; each is renamed here for its task (`worker_1`).
+The capture is one request to every task's profiler service at once, from the same instant
+(worker_entry/profilerpc.py: TensorFlow's profiler RPC, asked to send each trace back rather
+than write it on the task's own machine, so that a task on a lab host or a Slurm node is
+captured as a local one: its trace lands here). Each is written as
+`<logdir>/plugins/profile/<session>/<task>.xplane.pb` (`worker_1.xplane.pb`), where
+TensorBoard's profile tab lists it.
 
 The analysis is xprof's own (`xspace_to_tool_data`), per task: its converters treat the
 files of one directory as one multi-host profile (and cache the merge there as
@@ -29,87 +28,79 @@ others. Only figures go back: the shares and the verdict are the coordinator's
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import re
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
+
+from worker_entry import profilerpc
 
 # The ops in which a task waits for its peers: collectives (MWMS), and the RPCs of a
 # ParameterServer job (variables read from and updates sent to the ps).
 COMMUNICATION_OPS = re.compile(
     r"^(Collective|NcclAllReduce|_Recv|_Send|_HostRecv|_HostSend|RecvTensor|_Retval.*Remote)")
 
-# A capture where no task sent a trace back is tried once more (the client's own retry): at
-# load 40 one of the real test's 7 captures came back empty from every task.
+# A capture where no task sent a trace back is tried once more (as TensorFlow's client
+# retries): at load 40 one of the real test's 7 captures came back empty from every task.
 ATTEMPTS = 2
 
 
 def main(argv: list[str]) -> int:
     asked = json.loads(argv[0])
     services: dict[str, str] = asked["services"]
-    logdir: str = asked["logdir"]
-    result: dict[str, Any] = {"tasks": {}, "errors": []}
-    profiles = os.path.join(logdir, "plugins", "profile")
-    before = set(os.listdir(profiles)) if os.path.isdir(profiles) else set()
+    profiles = os.path.join(asked["logdir"], "plugins", "profile")
+    result: dict[str, Any] = {"tasks": {}, "errors": [], "tool": "profiler-rpc"}
     started = time.monotonic()
-    with _quiet_stderr() as said:
-        try:
-            result["tool"] = _capture(list(services.values()), logdir, int(asked["ms"]))
-        except Exception as e:  # noqa: BLE001 - the client's error is the answer
-            result["errors"].append(f"capture failed: {str(e).strip()[:500]}")
+    got: dict[str, bytes | str] = {}
+    try:
+        with _quiet_stderr():
+            for _ in range(ATTEMPTS):
+                session = _session_name(profiles)
+                got = profilerpc.capture(services, int(asked["ms"]), session, profiles)
+                if any(isinstance(trace, bytes) for trace in got.values()):
+                    break
+    except ImportError as e:
+        got = dict.fromkeys(services, f"{e} (pip install 'tf-orchestrator[profile]')")
     result["capture_seconds"] = round(time.monotonic() - started, 2)
-    new = sorted(set(os.listdir(profiles)) - before) if os.path.isdir(profiles) else []
-    if not new:
-        result["errors"].append("no trace was written" + _last(said))
+    if not any(isinstance(trace, bytes) for trace in got.values()):
+        result["errors"].append("no trace was written: " + "; ".join(
+            f"{name}: {why}" for name, why in got.items()))
         print(json.dumps(result))
         return 1
-    session = os.path.join(profiles, new[-1])
+    session = os.path.join(profiles, session)
+    os.makedirs(session, exist_ok=True)
     result["session"] = session
-    files = _by_task(session, services)
-    with _quiet_stderr():
-        for name, path in files.items():
+    for name, trace in got.items():
+        if not isinstance(trace, bytes):
+            result["tasks"][name] = {"error": f"no trace: {trace}"}
+            continue
+        path = os.path.join(session, f"{name.replace(':', '_')}.xplane.pb")
+        with open(path, "wb") as f:
+            f.write(trace)
+        with _quiet_stderr():
             try:
                 result["tasks"][name] = analyze(path)
+            except ImportError as e:
+                result["tasks"][name] = {"file": path, "error": f"not analysed: {e} (pip install "
+                                         "'tf-orchestrator[profile]')"}
             except Exception as e:  # noqa: BLE001 - no analysis: the trace is still there
                 result["tasks"][name] = {"file": path, "error": str(e)[:300]}
-    for name in services:
-        result["tasks"].setdefault(name, {"error": "no trace: its profiler did not answer"})
     print(json.dumps(result))
     return 0
 
 
-def _capture(addresses: list[str], logdir: str, ms: int) -> str:
-    """One trace of every address; which client took it."""
-    try:
-        from xprof.convert import _pywrap_profiler_plugin as xprof
-    except ImportError:
-        import tensorflow as tf
-
-        tf.profiler.experimental.client.trace(
-            ",".join(f"grpc://{a}" for a in addresses), logdir, ms,
-            num_tracing_attempts=ATTEMPTS)
-        return "tensorflow"
-    xprof.trace(",".join(addresses), logdir, "", True, ms, ATTEMPTS,
-                {"host_tracer_level": 2, "device_tracer_level": 1, "python_tracer_level": 0,
-                 "delay_ms": 0})  # the client starts every task 3 s on all the same
-    return "xprof"
-
-
-def _by_task(session: str, services: dict[str, str]) -> dict[str, str]:
-    """Each task's trace, renamed for the task: `localhost_41001.xplane.pb` → `worker_1...`."""
-    found = {}
-    for name, address in services.items():
-        host, _, port = address.rpartition(":")
-        old = os.path.join(session, f"{host}_{port}.xplane.pb")
-        new = os.path.join(session, f"{name.replace(':', '_')}.xplane.pb")
-        if os.path.exists(old):
-            os.replace(old, new)
-            found[name] = new
-    return found
+def _session_name(profiles: str) -> str:
+    """The capture's directory: its time, as TensorFlow's client names one (once more with a
+    suffix where a capture of the same second has it)."""
+    name = time.strftime("%Y_%m_%d_%H_%M_%S")
+    n = 1
+    while os.path.exists(os.path.join(profiles, name if n == 1 else f"{name}_{n}")):
+        n += 1
+    return name if n == 1 else f"{name}_{n}"
 
 
 def analyze(path: str) -> dict[str, Any]:
@@ -157,24 +148,16 @@ def _op_self_us(table: dict[str, Any]) -> float:
 
 
 @contextlib.contextmanager
-def _quiet_stderr():  # type: ignore[no-untyped-def]
-    """The C++ clients log to fd 2 (absl's INFO lines): kept, for an error's last line."""
+def _quiet_stderr() -> Iterator[None]:
+    """gRPC's and xprof's C++ log to fd 2 (absl's INFO lines): not the answer's."""
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as f:
-        os.dup2(f.fileno(), 2)
-        said = io.StringIO()
+    with open(os.devnull, "wb") as null:
+        os.dup2(null.fileno(), 2)
         try:
-            yield said
+            yield
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-            f.seek(0)
-            said.write(f.read().decode(errors="replace"))
-
-
-def _last(said: io.StringIO) -> str:
-    lines = [ln for ln in said.getvalue().splitlines() if ln.strip() and " I0" not in ln[:3]]
-    return f": {lines[-1][-300:]}" if lines else ""
 
 
 if __name__ == "__main__":

@@ -224,6 +224,8 @@ def check(file: FileArg) -> None:
     from orchestrator.launch.loopback import listen_note
 
     out.print(listen_note(p.tasks), soft_wrap=True)
+    for note in (note for r in rows for note in r.notes):  # said; the run would start
+        err.print(labeled("note:", "yellow", note), soft_wrap=True)
     for problem in problems:
         err.print(labeled("problem:", "red", problem), soft_wrap=True)
     raise typer.Exit(1 if problems else 0)

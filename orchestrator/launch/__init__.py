@@ -59,6 +59,7 @@ class HostCheck:
     mem_available: int | None = None  # bytes
     sessions: int | None = None  # SSH sessions tfo holds there at most at once (its agent's)
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # said, but the run starts
 
 
 class TaskHandle(Protocol):

@@ -5,8 +5,11 @@
 
 Per host: reachable, authenticated, python found, tensorflow and tf_keras installed and their
 versions (the same everywhere), the task ports free, the workdir writable; and its cores and
-available memory (`warm_spares: auto` asks them). Nothing here imports TensorFlow: versions
-come from package metadata. The backends call these; this module knows no backend.
+available memory (`warm_spares: auto` asks them). Each training task's profiler port
+(`TaskPlan.profiler_port`) is checked free on its host too, in the same probe: one taken is a
+note (`HostCheck.notes`), not a problem, as at run time it costs the task its profiler, not
+its training. Nothing here imports TensorFlow: versions come from package metadata. The
+backends call these; this module knows no backend.
 """
 
 from __future__ import annotations
@@ -85,18 +88,18 @@ ports, workdir = json.loads(sys.argv[1]), os.path.expanduser(sys.argv[2])
 asked = json.loads(sys.stdin.readline() or "{}")
 reservations = Reservations(asked.get("owner") or owner_line(None, None))
 reserved = reservations.reserve_all(ports)
-busy = []
-for port in ports:
-    if port in reserved:
-        continue
+def bindable(port):
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("0.0.0.0", port))
+        return True
     except OSError:
-        busy.append(port)
+        return False
     finally:
         s.close()
+busy = [port for port in ports if port not in reserved and not bindable(port)]
+profiler_busy = [port for port in asked.get("profiler_ports", []) if not bindable(port)]
 code = None
 try:
     os.makedirs(workdir, exist_ok=True)
@@ -111,7 +114,7 @@ print(json.dumps({"python": sys.version.split()[0], "tensorflow": ver("tensorflo
                   "tf_keras": ver("tf_keras"), "busy": busy, "workdir_error": writable,
                   "cpus": os.cpu_count(), "mem_available": mem_available(),
                   "gpus": gpus(asked.get("gpu_seconds", 20)), "code": code,
-                  "reserved": reserved}), flush=True)
+                  "reserved": reserved, "profiler_busy": profiler_busy}), flush=True)
 # Told `agent SECONDS` (its code is there, unchanged), this python becomes the host's agent:
 # one interpreter start and one session less per host. EOF, or no word in time: done.
 import select
@@ -136,6 +139,13 @@ def reserved_problem(task: str, where: str, port: int, holder: str) -> str:
             f"between two attempts of its task; wait for it to end, or give another port")
 
 
+def profiler_note(task: str, where: str, port: int, why: str) -> str:
+    """A profiler's port taken: the task trains, without a profiler (not a problem: the run
+    starts; worker_entry/profiler.py says it in the task's log too)."""
+    return (f"{task} ({where}:{port}): its profiler's port {port} {why}: the task will train "
+            "without a profiler (tfo profile cannot capture it)")
+
+
 def check_local(tasks: list[TaskPlan], reserved: Mapping[int, str] | None = None) -> HostCheck:
     """This machine's row; `reserved`, the ports another live tfo job holds (local.py).
     Whether TensorFlow is installed is asked of the import system (0.1 ms); its version, of
@@ -155,6 +165,9 @@ def check_local(tasks: list[TaskPlan], reserved: Mapping[int, str] | None = None
             row.problems.append(reserved_problem(t.name, LOCALHOST, t.port, reserved[t.port]))
         elif p := port_problem(t.port):
             row.problems.append(f"{t.name} (localhost:{t.port}): {p}")
+        if t.profiler_port is not None and (p := port_problem(t.profiler_port)):
+            row.notes.append(profiler_note(t.name, LOCALHOST, t.profiler_port,
+                                           p.removeprefix(f"port {t.profiler_port} ")))
     return row
 
 
@@ -189,7 +202,8 @@ def check_remote(name: str, h: HostSpec, tasks: list[TaskPlan], connect: Callabl
            f"{shlex.quote(json.dumps(row.ports))} {shlex.quote(h.workdir)}")
     wait = AGENT_WAIT_SECONDS if files is not None else 0
     asked = json.dumps({"files": files, "gpu_seconds": GPU_SECONDS, "agent_wait": wait,
-                        "owner": run_owner(tasks)})
+                        "owner": run_owner(tasks), "profiler_ports": [
+                            t.profiler_port for t in tasks if t.profiler_port is not None]})
     try:
         chan, status, out, err = open_command(
             conn, cmd, (asked + "\n").encode(), h.connect_timeout_seconds + PROBE_SECONDS,
@@ -241,6 +255,9 @@ def _read_probe(name: str, h: HostSpec, row: HostCheck, tasks: list[TaskPlan],
     for port in probe["busy"]:
         task = next(t.name for t in tasks if t.port == port)
         row.problems.append(f"{task} ({name}:{port}): port {port} is in use on {h.address}")
+    for port in probe.get("profiler_busy", []):
+        task = next(t.name for t in tasks if t.profiler_port == port)
+        row.notes.append(profiler_note(task, name, port, f"is in use on {h.address}"))
     if probe["workdir_error"]:
         row.problems.append(f"host {name}: workdir not writable: {probe['workdir_error']} "
                             f"(hosts.{name}.workdir)")

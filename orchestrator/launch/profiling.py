@@ -7,10 +7,12 @@ steps, and the task that holds the others back named, with why.
 Each training task serves TensorFlow's profiler on a port of the plan (worker_entry/profiler.py,
 `TaskPlan.profiler_port`). The capture and xprof's analyses run in a helper process
 (`python -m worker_entry.profiletool`: the coordinator imports neither TensorFlow nor xprof),
-which writes the traces under the run's TensorBoard folder (`tensorboard/plugins/profile/
-<session>/<task>.xplane.pb`, TensorBoard's profile tab: pip install tf-orchestrator[profile])
-and answers with figures per task: the step time, and the time per step spent waiting for
-input and in communication (collectives; a ParameterServer job's send/receive ops).
+which asks every task's profiler at its plan's address (a lab host's, a Slurm node's) for its
+trace back (worker_entry/profilerpc.py), writes the traces under the run's TensorBoard folder
+(`tensorboard/plugins/profile/<session>/<task>.xplane.pb`, TensorBoard's profile tab: pip
+install tf-orchestrator[profile]) and answers with figures per task: the step time, and the
+time per step spent waiting for input and in communication (collectives; a ParameterServer
+job's send/receive ops).
 
 What the figures mean is decided here (pure, tests/test_profiling.py). A task's step is split
 in three shares: input (waiting for the next batch), communication (waiting in collectives or
@@ -64,8 +66,9 @@ RATIO = 1.5  # a task's steps this much slower than the fastest's (no synchronou
 BOUND = 0.5  # every task waits in communication more than this of its step: said, no verdict
 # Where `python -m worker_entry.profiletool` finds tfo's own worker_entry, installed or not.
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HELPER_SLACK_SECONDS = 90  # the helper's time beyond the trace: its start, the client's 3 s
-# start delay for many hosts, the analyses
+HELPER_SLACK_SECONDS = 120  # the helper's time beyond its traces (two when the first brought
+# nothing back): its start, each capture's 2 s start delay and 30 s for the answers
+# (worker_entry/profilerpc.py), the analyses
 LOST_SLACK_SECONDS = 5.0  # a task's exit this long after the capture still counts as its
 # (tfo's loop reaps an exit within a second or two at load 40)
 REAP_WAIT_SECONDS = 2.0  # waited after the capture for the loop's record of such an exit: a
@@ -239,14 +242,14 @@ def profile(rd: RunDir, seconds: float = 2.0, tasks: list[str] | None = None,
     asked = {"services": services, "logdir": logdir, "ms": int(seconds * 1000)}
     with capture_lock(rd.path):
         started = time.time()
+        bound = 2 * seconds + HELPER_SLACK_SECONDS
         try:
             done = subprocess.run(  # from tfo's own directory: its worker_entry, installed or not
                 [python, "-m", "worker_entry.profiletool", json.dumps(asked)],
-                capture_output=True, text=True, timeout=seconds + HELPER_SLACK_SECONDS,
+                capture_output=True, text=True, timeout=bound,
                 cwd=REPO)
         except subprocess.TimeoutExpired:
-            raise ProfileError(f"the capture did not end in {seconds + HELPER_SLACK_SECONDS:g}"
-                               " s") from None
+            raise ProfileError(f"the capture did not end in {bound:g} s") from None
         ended = time.time()
     found = _read_answer(done, services, without, logdir)
     if ended + REAP_WAIT_SECONDS > time.time():  # the loop's record of an exit at the end
