@@ -422,7 +422,10 @@ def test_the_table_says_the_profiler_can_crash_a_task():
     found = Profile([tp("worker:0", 0.0, 0.3), tp("worker:1", 0.0, 0.3)],
                     lost={"worker:1": "signal SIGSEGV"}, restart="worker: never")
     text = "\n".join(lines(found))
-    assert "worker:1: exited while traced (signal SIGSEGV)" in text
+    assert "worker:1: exited while traced (signal SIGSEGV): the profiler's crash" in text
+    peer = "\n".join(lines(Profile([tp("worker:0", 0.0, 0.3)], lost={
+        "worker:1": "signal SIGSEGV", "worker:2": "signal SIGKILL"})))
+    assert "worker:2: exited while traced (signal SIGKILL)\n" in peer + "\n"  # only named
     assert lines(found)[-1].startswith("note: TensorFlow's profiler can crash a traced task")
     assert lines(found)[-1].endswith("; restart policy worker: never")
 

@@ -333,6 +333,11 @@ def _read_answer(done: subprocess.CompletedProcess[str], services: dict[str, str
                    capture_seconds=float(answer.get("capture_seconds") or 0))
 
 
+# How the profiler's crash ends a task (a SIGSEGV, or glibc's abort on a double free): a task
+# that exited otherwise while traced (a peer stopped for its group's restart) is only named.
+CRASH_SIGNALS = ("signal SIGSEGV", "signal SIGABRT")
+
+
 def lines(found: Profile) -> list[str]:
     """The table `tfo profile` prints, then the verdict, then where the traces are."""
     rows = [("task", "steps", "step time", "input", "compute", "communication")]
@@ -349,8 +354,9 @@ def lines(found: Profile) -> list[str]:
     out += [f"{t.name}: {t.error}" for t in found.tasks if t.error]
     out += [f"{name}: not captured: {why}" for name, why in found.without.items()]
     out += found.errors
-    out += [f"{name}: exited while traced ({how}): the profiler's crash (below); the job goes "
-            "on as its restart policy says" for name, how in found.lost.items()]
+    out += [f"{name}: exited while traced ({how})" + (
+        ": the profiler's crash (below); the job goes on as its restart policy says"
+        if how in CRASH_SIGNALS else "") for name, how in found.lost.items()]
     v = found.verdict
     if v is not None:
         out.append(f"slow: {v.task}, cause {v.cause}: {v.why}")
