@@ -1,5 +1,10 @@
 """Shared test helpers: run `tfo` as a user would, read a run's events, and check that
-nothing of a run is left behind (processes, ports)."""
+nothing of a run is left behind (processes, ports).
+
+`make test` is CPU-bound (2 cores): a TensorFlow process's import is most of a real test's
+CPU (about 4 s). A job with restarts left gets a warm spare per task by default
+(`warm_spares: auto`), each one more import: a test job that never restarts, or whose
+resize discards them, says `warm_spares: false` unless the spares are what it tests."""
 
 from __future__ import annotations
 

@@ -23,7 +23,10 @@ from tests.helpers import Tfo, kill_task, last_attempt_epochs
 
 
 def tutorial(tmp_path: Path, workers: int, epochs: int, extra: str = "") -> Path:
-    """The tutorial's script, its --backup_dir left to its default: TFO_BACKUP_DIR."""
+    """The tutorial's script, its --backup_dir left to its default: TFO_BACKUP_DIR. No warm
+    spares: these tests are about the backups (each spare imports TensorFlow, and most were
+    never used: the last attempt's, a resize's; test_restart_paths.py has a warm restart
+    resume from the same backup as a cold one)."""
     out = tmp_path / "out"
     return write_spec(tmp_path / "c.yaml", f"""\
 name: backups
@@ -32,7 +35,7 @@ job:
   args: [--epochs, "{epochs}", --steps_per_epoch, "10", --model_path, "{out}/model"]
 tasks:
   worker: [{", ".join(["localhost:auto"] * workers)}]
-restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
+restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0, warm_spares: false}}
 {extra}""")
 
 

@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.ssh, SSH_LAB3]
 
 
 def two_lab_hosts(lab3, tmp_path: Path, args: list[str]) -> Path:  # noqa: F811
-    """The tutorial on lab1 and lab2, a worker each (lifeline 5 s), 12 epochs of 5 steps."""
+    """The tutorial on lab1 and lab2, a worker each (lifeline 5 s), 12 epochs of 5 steps; no
+    warm spares (about the backups; test_ssh.py restarts from spares on lab hosts)."""
     hosts = "".join(host_yaml(f"lab{i}", h, tmp_path / f"lab{i}", lifeline_seconds=5)
                     for i, h in enumerate(lab3[:2], start=1))
     return write_spec(tmp_path / "lab.yaml", f"""\
@@ -37,7 +38,7 @@ hosts:
 {hosts}\
 tasks:
   worker: [lab1:20000, lab2:20000]
-restart: {{policy: on-failure, max_restarts: 10, backoff_seconds: 0}}
+restart: {{policy: on-failure, max_restarts: 10, backoff_seconds: 0, warm_spares: false}}
 """)
 
 

@@ -1,6 +1,6 @@
-"""`make bench`'s harness on its tiny setting (no TensorFlow but in warm spares): every
-figure of issue 13 is measured and written, with its median, min, max and whether it met its
-target."""
+"""`make bench`'s harness on its tiny setting (no TensorFlow but in warm spares, a 2-host
+lab): every figure of issue 13 is measured and written, with its median, min, max and
+whether it met its target."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ FIGURES = {"wall_ratio", "first_step_ratio", "throughput_ratio", "coord_cpu_2", 
            "kill_detected", "kill_stopped", "resume", "resume_cold", "help", "plan",
            "plan_json_time", "plan_json_linear", "plan_json_mb", "tasks_started", "plan_floor",
            "exit_tail_tfo", "exit_tail_hand", "progress_ratio"}
+LAB_FIGURES = {"lab_ready_ratio", "lab_stop", "lab_idle_cpu", "lab_threads"}
 
 
 def test_quick_bench_measures_every_figure(tmp_path: Path) -> None:
@@ -27,6 +28,9 @@ def test_quick_bench_measures_every_figure(tmp_path: Path) -> None:
     assert done.returncode == 0, (f"failed sections: {results.get('failed_sections')}\n"
                                   + done.stdout[-3000:] + done.stderr[-3000:])
     assert not FIGURES - set(results["figures"])
+    if "lab: load average at the end" in results["detail"]:  # the lab section ran (root)
+        assert not LAB_FIGURES - set(results["figures"])
+        assert (tmp_path / "lab.png").stat().st_size > 10_000
     for key, f in results["figures"].items():
         assert f["n"] >= 1 and f["min"] <= f["median"] <= f["max"], key
         # met: the median against the target, in the figure's direction; none without one.

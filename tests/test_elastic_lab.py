@@ -25,8 +25,13 @@ def training_again(evs: list[dict], since: dict) -> float:
     return step["time"] - since["time"]
 
 
-def elastic_spec(lab3, tmp_path: Path, epochs: int, probe_seconds: int) -> Path:
-    """The three lab hosts, one worker each (lifeline 5 s), elastic down to 2."""
+def elastic_spec(lab3, tmp_path: Path, epochs: int, probe_seconds: int,
+                 spares: str = "false") -> Path:
+    """The three lab hosts, one worker each (lifeline 5 s), elastic down to 2. Warm spares
+    off but where a test asks for tfo's default (`auto`): a standby for every host's next
+    attempt imports TensorFlow, and a resize discards them all (5 imports a test, none
+    used); test_a_lab_host_back_rejoins keeps them, so an elastic lab job with spares
+    stays tested."""
     hosts = "".join(host_yaml(f"lab{i}", h, tmp_path / f"lab{i}", lifeline_seconds=5)
                     for i, h in enumerate(lab3, start=1))
     return write_spec(tmp_path / "lab.yaml", f"""\
@@ -37,7 +42,7 @@ hosts:
 tasks:
   worker: [lab1:20000, lab2:20000, lab3:20000]
 elastic: {{min_workers: 2, probe_seconds: {probe_seconds}}}
-restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
+restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0, warm_spares: {spares}}}
 """)
 
 
@@ -99,7 +104,7 @@ def test_a_lab_host_back_rejoins_at_the_next_epoch_with_the_group_s_backup(
     answers its probe (probe_seconds 2) and at worker 0's next epoch the group restarts as
     3, lab3's stale backup directory filled from lab1's through the coordinator (sftp):
     every worker resumes where the 2 had got to; job_resized twice."""
-    spec = elastic_spec(lab3, tmp_path, epochs=10, probe_seconds=2)
+    spec = elastic_spec(lab3, tmp_path, epochs=10, probe_seconds=2, spares="auto")
     tfo = Tfo(spec, run_dir)
     try:
         tfo.wait_event("task_epoch", "worker:2", epoch=0, timeout=240)
@@ -151,7 +156,7 @@ hosts:
 tasks:
   worker: [lab1:20000, lab2:20000, lab3:20000]
 elastic: {{min_workers: 2, probe_seconds: 3600}}
-restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
+restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0, warm_spares: false}}
 """)
     tfo = Tfo(spec, run_dir)
     try:

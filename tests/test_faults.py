@@ -51,15 +51,17 @@ job:
   args: {{epochs: 5, epoch_sleep: {sleep}}}
 tasks:
   worker: [{w0}, {w1}]
-restart: {{policy: {policy}, max_restarts: 2, backoff_seconds: 0.5}}
+restart: {{policy: {policy}, max_restarts: 2, backoff_seconds: 0.5, warm_spares: {spares}}}
 timeouts: {{grace_seconds: 5{timeouts}}}
 env: {{FAULTY_HANG_TASK: "{hang}"}}
 """
 
 
 def mwms(policy="on-failure", sleep=2, timeouts="", hang="", w0="localhost:20000",
-         w1="localhost:20001") -> str:
-    return MWMS.format(policy=policy, sleep=sleep, timeouts=timeouts, hang=hang, w0=w0, w1=w1)
+         w1="localhost:20001", spares="auto") -> str:
+    """The job; `spares` false where nothing restarts (each warm spare imports TensorFlow)."""
+    return MWMS.format(policy=policy, sleep=sleep, timeouts=timeouts, hang=hang, w0=w0, w1=w1,
+                       spares=spares)
 
 
 @pytest.mark.parametrize(("policy", "rc", "restart"), [
@@ -153,7 +155,8 @@ def test_startup_timeout_names_the_task(run_dir: Path, tmp_path: Path):
 @pytest.mark.tf
 @pytest.mark.timeout(180)
 def test_deadline_stops_the_job_with_auto_ports(run_dir: Path, tmp_path: Path):
-    spec = mwms(sleep=60, timeouts=", deadline_seconds: 25", w0="localhost", w1="localhost:auto")
+    spec = mwms(sleep=60, timeouts=", deadline_seconds: 25", w0="localhost", w1="localhost:auto",
+                spares="false")
     res = run_tfo("run", str(write_spec(tmp_path / "c.yaml", spec)), "--run-dir", str(run_dir),
                   timeout=120)
     assert res.returncode == 1, res.output[-3000:]
@@ -259,7 +262,7 @@ def test_a_worker_one_backup_behind_makes_the_group_resume_from_the_one_before(
 @pytest.mark.tf
 @pytest.mark.timeout(180)
 def test_a_straggler_that_left_the_group_is_killed(run_dir: Path, tmp_path: Path):
-    spec = write_spec(tmp_path / "c.yaml", mwms(sleep=1.5).replace(
+    spec = write_spec(tmp_path / "c.yaml", mwms(sleep=1.5, spares="false").replace(
         "epochs: 5", "epochs: 2, orphan_task: 'worker:1'"))
     res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=150)
     assert res.returncode == 0, res.output[-3000:]

@@ -448,7 +448,10 @@ def test_an_elastic_job_loses_a_failing_place_and_finishes_with_2_workers(tmp_pa
                                                     "fail_epoch": 1}},
                 "tasks": {"worker": ["localhost:auto"] * 3},
                 "elastic": {"min_workers": 2, "lost_after_failures": 2, "probe_seconds": 3600},
-                "restart": {"policy": "on-failure", "max_restarts": 3, "backoff_seconds": 0},
+                # No warm spares: each would import TensorFlow for an attempt the broken
+                # place never trains (the grow-back test below keeps tfo's default).
+                "restart": {"policy": "on-failure", "max_restarts": 3, "backoff_seconds": 0,
+                            "warm_spares": False},
                 "timeouts": {"grace_seconds": 10}}
         t0 = time.monotonic()
         result = run(data, tmp_path / "run")
@@ -530,8 +533,8 @@ job:
 tasks:
   worker: [localhost:auto, localhost:auto, localhost:auto]
 elastic: {{min_workers: 2, lost_after_failures: 1, probe_seconds: 3600}}
-restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0}}
-""")
+restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0, warm_spares: false}}
+""")  # no spares: the resize discards them all (the grow-back test above keeps them)
     tfo = Tfo(spec, run_dir)
     try:
         tfo.wait_event("task_epoch", "worker:2", epoch=1, timeout=240)

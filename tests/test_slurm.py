@@ -261,7 +261,10 @@ def test_mwms_one_worker_per_node_and_a_killed_step_restarts_in_the_allocation(
     process of the step dies, the one that setsid away too (proctrack/cgroup), and the group
     comes back in the same allocation and finishes. (One TF run for both: `make test`'s
     budget.)"""
-    spec = write_spec(tmp_path / "mwms.yaml", job(epochs=3, sleep=1, orphan="worker:1"))
+    # max_restarts 1: no standby is made for an attempt 2 that never comes (each imports
+    # TensorFlow in a step of its own).
+    spec = write_spec(tmp_path / "mwms.yaml", job(epochs=3, sleep=1, orphan="worker:1",
+                                                  max_restarts=1))
     t0 = time.time()
     tfo = Tfo(spec, run_dir)
     try:
@@ -490,7 +493,8 @@ def test_check_reports_the_partition_and_idle_nodes(lab: slurmlab.SlurmLab, tmp_
 @pytest.mark.timeout(300)
 def test_rerun_of_a_slurm_run_asks_for_a_new_allocation(lab: slurmlab.SlurmLab, run_dir: Path,
                                                         tmp_path: Path):
-    spec = write_spec(tmp_path / "rerun.yaml", job(name="slurm-rerun", epochs=1))
+    spec = write_spec(tmp_path / "rerun.yaml", job(name="slurm-rerun", epochs=1,
+                                                   restart=", warm_spares: false"))
     res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=240)
     assert res.returncode == 0, res.output[-4000:]
     again = tmp_path / "again"
@@ -523,9 +527,9 @@ job:
   args: {epochs: 2, epoch_sleep: 1}
 tasks:
   worker: [localhost:20000, localhost:20001]
-restart: {policy: on-failure, max_restarts: 1}
+restart: {policy: on-failure, max_restarts: 1, warm_spares: false}
 timeouts: {startup_seconds: 120, grace_seconds: 5}
-"""
+"""  # no warm spares: nothing restarts (each would import TensorFlow in a step of its own)
 
 
 def _sbatch(lab: slurmlab.SlurmLab, tmp_path: Path, run_dir: Path, nodes: int) -> tuple[str, Path]:
