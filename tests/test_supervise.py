@@ -511,6 +511,14 @@ def test_a_task_that_reports_no_progress_is_judged_by_its_work(tmp_path, stall):
     assert [s.task for s in result.stalls] == ["worker:0", "worker:1"]
     assert re.search(r"worker:0 idle for \d s \(no step seen\): no output, CPU under 2 %",
                      result.reason), result.reason
+    # Starved, not idle: on a crowded host a working task runs under 2 % of a core while its
+    # threads wait on a runqueue (make test's test_ready saw one stalled so, at step 2).
+    starved = {n: Script([(0, 1.5, True)], {0: [
+        (t, line.replace('"cpu": 0.5', '"cpu": 0.5, "wait": 60.0'))
+        for t, line in working(1.5, cpu=0.5)]}) for n in ("worker:0", "worker:1")}
+    result, _, events = supervise(tmp_path / "starved", s, starved)
+    assert result.state is JobState.SUCCEEDED, result.reason
+    assert not [e for e in events if e["event"] == "task_stalled"]
 
 
 @pytest.mark.timeout(20)

@@ -423,8 +423,7 @@ def profile(run_ref: RunArg = None, seconds: SecondsOpt = 2.0, tasks: TasksOpt =
     except profiling.ProfileError as e:
         raise fail(str(e)) from None
     out.print("\n".join(map(printable, profiling.lines(found))), soft_wrap=True, markup=False)
-    if not found.traced:
-        raise typer.Exit(1)
+    raise typer.Exit(0 if found.traced else 1)
 
 
 @app.command(short_help="Print a task's log, or every task's; -f follows the run")

@@ -141,7 +141,7 @@ class Intake:
     def _measured(self, rec: TaskRecord, marker: Usage) -> None:
         work = rec.current.work
         work.usage, work.usage_at = marker, self.job.clock()
-        if marker.cpu >= decide.busy_cpu(rec.role, self.job.rules):
+        if marker.wanted >= decide.busy_cpu(rec.role, self.job.rules):
             work.busy_at = work.usage_at
         if not marker.stopped:
             work.stopped_since = None

@@ -130,7 +130,8 @@ class Job:
     def watched(self, rec: TaskRecord) -> Watched:
         work = rec.current.work
         return Watched(rec.name, work.pace, work.busy_at, work.stopped_since, work.usage_at,
-                       work.usage.cpu if work.usage else None, up=rec.state is TaskState.RUNNING,
+                       work.usage.wanted if work.usage else None,
+                       up=rec.state is TaskState.RUNNING,
                        server=decide.serving(rec.role, self.rules))
 
     def not_preempted(self, rec: TaskRecord, rc: int | None) -> str:

@@ -136,6 +136,14 @@ class Usage(_Marker):
     processes: int = Field(default=1, ge=0)
     stopped: bool = False  # a process of the task is stopped (state T: SIGSTOP, Ctrl-Z)
 
+    @property
+    def wanted(self) -> float:
+        """The CPU the task wanted: what it ran and what its threads waited on a runqueue for.
+        A sign of work: on a crowded host a working task can run under 2 % of a core for
+        seconds while it waits for one (a stall check with a short floor took such a task,
+        at step 2 of a custom loop, for idle)."""
+        return self.cpu + (self.wait or 0.0)
+
 
 class SigTerm(_Marker):
     """From the task's wrapper: it got SIGTERM and passed it on; SIGKILL in `grace` s."""

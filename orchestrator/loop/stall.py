@@ -23,7 +23,9 @@ the task's limit:
   it is part of the longest wait; nor what follows a fit's last step (evaluate, save).
   Before that, and for a task that reports no steps, only the other two signals count,
   with the same limit (the floor until a step was seen).
-- Idle: no line printed and its CPU under IDLE_CPU (the wrapper's usage, every 2 s). A hung
+- Idle: no line printed and its CPU under IDLE_CPU (the wrapper's usage, every 2 s: what it
+  ran and what it waited on a runqueue for, `Usage.wanted`: a task starved of CPU is not
+  idle). A hung
   collective or input pipeline idles every task of a MultiWorkerMirrored job at once
   (measured: `cpu: 0.0`); one idle task alone may just be waiting for its peers' work, so
   only every training task idle is a hang, and only once the group is up (a task still
@@ -153,7 +155,7 @@ class Watched(NamedTuple):
     busy_at: float  # its last sign of work: a line, or CPU at or above IDLE_CPU; else start
     stopped_since: float | None = None  # when its usage first said stopped; None: running
     usage_at: float | None = None  # when its last usage marker came; None: none yet
-    cpu: float | None = None  # its last usage marker's CPU (% of a core); None: none yet
+    cpu: float | None = None  # its last usage's CPU wanted (% of a core); None: none yet
     up: bool = True  # ready (running); one still starting is the startup limit's
     server: bool = False  # never stalled itself; its work keeps the group from being idle
 
