@@ -45,9 +45,10 @@ tells a damaged record as such, never `running`: an empty events.jsonl, one with
 (corrupt), one without run_started (running only while a tfo holds the run's lock:
 `RunDir.held`), and a run whose coordinator is gone without job_finished, "ended abnormally"
 with its last whole event (its live tasks `unfinished`). The verdicts of `task_slow`
-(`slowtasks.py`) reach every view from events.jsonl: the live view tails the file each
-redraw, and its rows read `slow` for `running` while the attempt named runs; the summary and
-`tfo status` give a `slow:` line each, `tfo status --json` its `slow_tasks`.
+(`slowtasks.py`) reach the views after a run from events.jsonl: the summary and `tfo status`
+give a `slow:` line each, `tfo status --json` its `slow_tasks`, and `tfo status` marks the
+row while the attempt named runs; the live view's rows read `slow` for `running` from the
+attempt the slow watch marked (loop/slowness.py), as the coordinator knows it.
 
 **The run directory's own faults** (`orchestrator/loop/rundirwatch.py`, each round, looking
 every second). Deleted while the job runs: tfo still holds events.jsonl and the task logs

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.cli.console import ConsoleWriter, printable
-from orchestrator.cli.slowtasks import Tail, Verdict, marked, verdict
+from orchestrator.cli.slowtasks import marked, verdict
 from orchestrator.loop.exitwords import cell as exit_cell
 from orchestrator.loop.rate import STALE_INTERVALS, STALE_SECONDS, shown
 
@@ -76,7 +76,7 @@ class Row:
     torn_down: bool = False  # stopped in its teardown after its peers left: a success
     exit_reason: str = ""  # how it ended where the exit code says less (a lab host lost)
     last: str = ""  # the last line it printed, or (tfo status) its last event
-    slow: bool = False  # named slow (task_slow) in its last attempt: cli/slowtasks.py
+    slow: bool = False  # named slow (task_slow) in its last attempt
 
 
 def _progress(progress: Any, epoch_begun: int | None = None) -> dict[str, Any]:
@@ -94,10 +94,10 @@ def begun(trained: Trained, epoch: int | None) -> Trained:
     return replace(trained, epoch=epoch, step_in_epoch=0 if trained.steps else None)
 
 
-def row_from_record(rec: TaskRecord, now: float, last: str | None = None,
-                    slow: Verdict | None = None) -> Row:
+def row_from_record(rec: TaskRecord, now: float, last: str | None = None) -> Row:
     """A copy of what the live table shows of one task (the loop's thread calls this);
-    `last`: its last line but TensorFlow's chatter, when known; `slow`: its last verdict."""
+    `last`: its last line but TensorFlow's chatter, when known. Its attempt's `slow`: the
+    slow watch named it (loop/slowness.py), and a restart's new attempt starts unmarked."""
     live = rec.state.live
     usage = rec.current.work.usage if live else None
     state = rec.state.value
@@ -111,7 +111,7 @@ def row_from_record(rec: TaskRecord, now: float, last: str | None = None,
         steps_per_second=shown(rec.current.work.rate, now) if live else None,
         exit=rec.current.returncode,
         torn_down=rec.torn_down_ok, exit_reason=rec.current.exit_reason,
-        last=rec.last_line if last is None else last, slow=marked(slow, rec.attempt),
+        last=rec.last_line if last is None else last, slow=rec.current.work.slow,
         **_progress(rec.current.work.progress, rec.current.work.epoch_begun))
 
 
@@ -464,7 +464,7 @@ class LiveView:
     grow while the terminal's width stays (`fit` then drops the same columns each redraw); a
     new width starts them again. Above the table: the job's elapsed time, and where the
     epochs are known a progress bar and an ETA. A task tfo named slow shows `slow` for
-    `running` while that attempt runs: `task_slow` read from events.jsonl as it grows."""
+    `running` while that attempt runs."""
 
     def __init__(self, writer: ConsoleWriter, fd: int) -> None:
         self._writer, self._fd = writer, fd
@@ -476,7 +476,6 @@ class LiveView:
         self._eta = Eta()
         self._wide: dict[str, int] = {}  # the columns' widths so far (the writer's thread)
         self._width = 0  # the terminal's width they are for
-        self._slow: Tail | None = None
 
     def seen(self, task: str, line: str) -> None:
         self._last[task] = line
@@ -487,11 +486,8 @@ class LiveView:
         now = time.monotonic()
         self._job = job
         self._next = now + max(LINES_REFRESH_SECONDS, self._render_seconds / RENDER_SHARE)
-        if self._slow is None:  # the verdicts as events.jsonl has them (cli/slowtasks.py)
-            self._slow = Tail(job.events.path)
-        slow = self._slow()
         at = job.clock()  # the loop's (time.monotonic but in a test on a fake clock)
-        rows = [row_from_record(rec, at, self._last.get(rec.name, ""), slow.get(rec.name))
+        rows = [row_from_record(rec, at, self._last.get(rec.name, ""))
                 for rec in job.records.values()]
         possible = restarts_possible(job)
         title = (f"{job.plan.run_id}: {job.state.value}, {duration(now - self._t0)}"

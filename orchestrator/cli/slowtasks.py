@@ -4,14 +4,14 @@ task's output):
 
     verdicts(events)          # tfo status: from the events it read
     read(path)                # the summary: only the task_slow lines of events.jsonl parsed
-    tail = Tail(path); tail() # the live table: each task's last verdict, reading what was added
     words(v)                  # `worker:1, cause input (10:32:05): <why>`: summary and status
 
 A `task_slow` event names `task`, `attempt`, `cause` and `why` (one sentence, the console's
 words), plus the figures of the signal that fired (any other numbers): shown as they are,
 whatever the cause. A verdict is about one attempt: a restarted task is a new process and
-needs a fresh verdict, so the live table and `tfo status` mark a task (`slow` in place of
-`running`) only while the attempt it was said of is its current one (`marked`); the summary's
+needs a fresh verdict, so `tfo status` marks a task (`slow` in place of `running`) only
+while the attempt it was said of is its current one (`marked`; the live table reads the mark
+off that attempt in the coordinator, loop/slowness.py); the summary's
 and status's lines keep every verdict of the run, with the attempt where it was not the first.
 """
 
@@ -30,7 +30,7 @@ from orchestrator.launch.printable import printable
 EVENT = "task_slow"
 _NEEDLE = b'"task_slow"'  # a line without it is not parsed (events.jsonl grows all run)
 _KNOWN = ("time", "event", "task", "attempt", "cause", "why")
-READ_AT_MOST = 1 << 20  # bytes read a call: the live table's catch-up holds the loop ~12 ms
+READ_AT_MOST = 1 << 20  # bytes read a call: memory stays bounded for a huge events.jsonl
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def _scan(data: bytes) -> list[Verdict]:
 
 class Tail:
     """The verdicts of an events.jsonl being written, each call reading only what was added
-    since (whole lines; at most READ_AT_MOST bytes a call: the loop's thread calls it): each
+    since (whole lines; at most READ_AT_MOST bytes a call): each
     task's last, by task (`said`: all, in order). A file cut shorter than what was read
     (written back after `rm -rf` of the run directory) is read again from its start."""
 

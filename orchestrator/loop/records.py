@@ -34,6 +34,7 @@ class Work:
     usage: Usage | None = None  # the wrapper's last measure of the task's processes
     usage_at: float | None = None  # monotonic time of `usage`
     stopped_since: float | None = None  # since when its usage says stopped (state T)
+    slow: bool = False  # named slow (task_slow, loop/slowness.py): the live table's mark
 
 
 @dataclass

@@ -110,19 +110,24 @@ class SlowWatch:
         tasks = [(r.name, r.role, shown(r.current.work.rate, now) if r.state.live else None)
                  for r in job.records.values()]
         for slow in judge(tasks, self.memory, now):
-            r = job.records[slow.task]
-            job.events.write("task_slow", slow.task, attempt=r.attempt, cause="steps",
-                             steps_per_second=round(slow.rate, 3),
-                             peers_steps_per_second=round(slow.peers, 3),
-                             lagging_seconds=round(now - slow.since, 1), why=slow.words())
-            job.echo("tfo", slow.words())
+            self._say(slow.task, "steps", {
+                "steps_per_second": round(slow.rate, 3),
+                "peers_steps_per_second": round(slow.peers, 3),
+                "lagging_seconds": round(now - slow.since, 1)}, slow.words())
         for slow in judge(closures.rates(job, now), self.closures, now):
-            figures, words = closures.said(slow.task, slow.rate, slow.peers, now - slow.since)
-            job.events.write("task_slow", slow.task, attempt=job.records[slow.task].attempt,
-                             cause="steps", **figures, why=words)
-            job.echo("tfo", words)
+            self._say(slow.task, "steps",
+                      *closures.said(slow.task, slow.rate, slow.peers, now - slow.since))
         if self.synchronous:
             self._demand(now)
+
+    def _say(self, task: str, cause: str, figures: dict[str, float], why: str) -> None:
+        """One verdict: the `task_slow` event, the console's line, and the task's attempt
+        marked (the live table reads `slow` for `running` while that attempt runs)."""
+        r = self.job.records[task]
+        self.job.events.write("task_slow", task, attempt=r.attempt, cause=cause, **figures,
+                              why=why)
+        self.job.echo("tfo", why)
+        r.current.work.slow = True
 
     def _demand(self, now: float) -> None:
         job = self.job
@@ -140,8 +145,5 @@ class SlowWatch:
                 cpu=usage.cpu if usage else None, wait=usage.wait if usage else None,
                 cpus=usage.cpus if usage else None))
         for w in demand.judge(samples, self.demand, self.memory.said, now):
-            r = job.records[w.task]
-            job.events.write("task_slow", w.task, attempt=r.attempt, cause="compute",
-                             **w.figures(), lagging_seconds=round(now - w.since, 1),
-                             why=w.words())
-            job.echo("tfo", w.words())
+            self._say(w.task, "compute",
+                      {**w.figures(), "lagging_seconds": round(now - w.since, 1)}, w.words())
