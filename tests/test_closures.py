@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from orchestrator.loop import closures, slowness
+from orchestrator.loop import closures, slowness, slowps
 from orchestrator.loop.markers import BadMarker, Closures, read_marker
 from orchestrator.loop.rate import Rate
 from tests.conftest import events, write_spec
@@ -180,6 +180,9 @@ def test_a_worker_restart_starts_its_rate_over_from_its_first_closure():
 # From the slowdown's start to the verdict: the hold, a rate window, a marker's cadence, and
 # slack for a loaded machine (2 cores shared with other TensorFlow tests).
 NAMED_WITHIN = slowness.HOLD_SECONDS + 45.0
+# A PS job's closures balanced this long from the chief's first: the slow-ps rule's window
+# (loop/slowps.py) fills, after the rates' own start, and judges a balanced job a while.
+BALANCED_SECONDS = slowps.WINDOW_SECONDS + 15.0
 
 
 def duty_cycle(pid: int, stop: threading.Event, stopped: float = 0.3, running: float = 0.1
@@ -240,3 +243,61 @@ tasks:
         [("worker:1", "steps")]
     assert slow["closures_per_second"] < slowness.RATIO * slow["peers_closures_per_second"]
     assert slowness.HOLD_SECONDS <= slow["lagging_seconds"] <= named_after
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(420)
+def test_a_ps_that_every_worker_waits_on_is_named(run_dir: Path, tmp_path: Path):
+    """The same script on a chief, 2 workers and 2 ps: balanced for BALANCED_SECONDS (nobody
+    named), then ps:0's process stopped 0.3 s of every 0.4 s. Every closure reads and writes
+    variables on both ps, so every worker waits on ps:0 alike: no worker lags its peers,
+    the job's closures fall together, and tfo names ps:0 (loop/slowps.py), cause compute.
+
+    Why SIGSTOP/SIGCONT: the kernel's own CPU throttling (a cgroup's CPU quota) is the
+    real-world case, a ps that runs a fraction of each period, but it needs root and a cgroup
+    controller; a duty cycle of signals is that throttling by hand, coarser, anywhere (a
+    cgroup-capped ps, measured as root, is tests/data/slowps/capped_ps0.json). It shows in
+    ps:0's usage as stopped in most markers. Kinder: stopped 0.2 s of 0.4 (the job near
+    DROP of its pace: at the rule's edge); harsher: stopped throughout, a stall, which the
+    stall rule's. Measured at load 3-12 on 2 cores: the job fell from 115-145 closures/s to
+    15-30 and ps:0 was named 36 s after its slowdown began (a replay of that run:
+    tests/test_slowps.py)."""
+    spec = write_spec(tmp_path / "c.yaml", f"""\
+name: ps-slow-ps
+strategy: parameter_server
+job:
+  script: tests/scripts/ps_coordinator.py
+  args: [--epochs, "1000", --steps_per_epoch, "100", --model_path, "{run_dir}/model/ps-model"]
+tasks:
+  chief: [localhost:auto]
+  worker: [localhost:auto, localhost:auto]
+  ps: [localhost:auto, localhost:auto]
+""")
+    tfo, stop = Tfo(spec, run_dir), threading.Event()
+    slowing: threading.Thread | None = None
+    try:
+        began = tfo.wait_event("task_closures", "chief:0", timeout=240)["time"]
+        wrapper = psutil.Process(tfo.wait_event("task_started", "ps:0")["pid"])
+        [task] = wrapper.children()  # the task proper: the TensorFlow server
+        # balanced long enough for the rule's window to fill and be judged a while
+        time.sleep(max(0.0, began + BALANCED_SECONDS - time.time()))
+        slowing = threading.Thread(target=duty_cycle, args=(task.pid, stop), daemon=True)
+        slowed_at = time.time()
+        slowing.start()
+        slow = tfo.wait_event("task_slow", timeout=NAMED_WITHIN)
+        named_after = slow["time"] - slowed_at
+    finally:
+        stop.set()
+        if slowing is not None:
+            slowing.join(5)
+        tfo.close()
+    ev = events(run_dir)
+    paces = [round(sum(e["closures_per_second"].values()), 1) for e in ev
+             if e["event"] == "task_closures" and len(e["closures_per_second"]) == 2]
+    print(f"named after {named_after:.1f} s: {slow['why']}; the job's closures/s: {paces}")
+    assert [(e["task"], e["cause"]) for e in ev if e["event"] == "task_slow"] == \
+        [("ps:0", "compute")]  # nobody while balanced, no worker, ps:0 once
+    assert slow["time"] > slowed_at
+    assert slow["closures_per_second"] < slowps.DROP * slow["earlier_closures_per_second"]
+    assert slow["stopped_share"] >= slowps.STOPPED_SHARE
+    assert slowps.WINDOW_SECONDS - 2 <= slow["lagging_seconds"] <= named_after

@@ -26,8 +26,9 @@ markers (loop/rate.py, the live table's figure). `judge` decides, pure, on a tab
 - Once per task per run: the verdict is news, not a state.
 
 In a synchronous job the rates never part; there the watch also compares the CPU each task
-wants (loop/demand.py: `cause: "compute"`), with the same once-per-task rule: one
-`task_slow` per task per run, whichever signal fired first.
+wants (loop/demand.py: `cause: "compute"`); in a ParameterServer job it looks for a ps that
+holds every worker back (loop/slowps.py: `cause: "compute"`). The same once-per-task rule
+holds: one `task_slow` per task per run, whichever signal fired first.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.loop import closures, decide, demand
+from orchestrator.loop import closures, decide, demand, slowps
 from orchestrator.loop.job import Job
 from orchestrator.loop.rate import shown
 from worker_entry.markers import USAGE_SECONDS, Role, Strategy, is_chief
@@ -101,6 +102,7 @@ class SlowWatch:
         self.closures = Memory(said=self.memory.said)  # a PS job's workers (loop/closures.py)
         self.demand = demand.Memory()
         self.synchronous = job.plan.strategy is Strategy.MULTI_WORKER_MIRRORED
+        self.ps = slowps.Memory() if job.plan.strategy is Strategy.PARAMETER_SERVER else None
 
     def tick(self, now: float) -> None:
         if now < self.at + CHECK_SECONDS:
@@ -119,6 +121,9 @@ class SlowWatch:
                       *closures.said(slow.task, slow.rate, slow.peers, now - slow.since))
         if self.synchronous:
             self._demand(now)
+        if self.ps is not None:  # a slow ps: every worker waits on it (loop/slowps.py)
+            for held in slowps.judge(*slowps.observed(job, now), self.ps, self.memory.said, now):
+                self._say(held.task, "compute", held.figures(now), held.words())
 
     def _say(self, task: str, cause: str, figures: dict[str, float], why: str) -> None:
         """One verdict: the `task_slow` event, the console's line, and the task's attempt
