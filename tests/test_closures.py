@@ -72,8 +72,8 @@ def test_the_closures_marker_is_checked(fields, good):
 
 def record(name: str, role: Role) -> SimpleNamespace:
     return SimpleNamespace(name=name, role=role, attempt=0, state=SimpleNamespace(live=True),
-                           current=SimpleNamespace(work=SimpleNamespace(rate=Rate()),
-                                                   closures={}))
+                           current=SimpleNamespace(work=SimpleNamespace(
+                               rate=Rate(), usage=None, usage_at=None), closures={}))
 
 
 def fake_job(workers: int) -> SimpleNamespace:

@@ -58,6 +58,9 @@ CASES = [
     ("the job slowed but no ps singled out (the host crowded, a slow network): none",
      slowed_at(50, 130, 16), from_(50, steady(BALANCED), steady(dict.fromkeys(TASKS, 300.0))),
      []),
+    ("both ps wait (a crowded host hits the ps hardest): none", slowed_at(50, 130, 16),
+     from_(50, steady(BALANCED), steady({**dict.fromkeys(TASKS, 40.0), "ps:0": 340.0,
+                                         "ps:1": 300.0})), []),
     ("a ps waiting, but the job keeps its pace (0.6 of it): none",
      slowed_at(50, 130, 78), from_(50, steady(BALANCED), WAITING_PS0), []),
     ("the chief waits as much as the ps: a slow chief starves every worker, none",
@@ -89,6 +92,21 @@ def test_a_restart_starts_the_earlier_pace_over():
     so a slow ps after a restart is not compared with it."""
     assert play(slowed_at(50, 130, 16), from_(50, steady(BALANCED), STOPPED_PS0),
                 attempts=lambda t: {"ps:0": 0 if t < 50 else 1}) == []
+
+
+def test_the_pace_unknown_a_while_keeps_the_earlier_pace():
+    """No rates for 10 s (the chief's markers late, or every worker's rate not yet known
+    again: observed() gives no samples then): the window starts over, the earlier pace
+    stays, and the ps is named 30 s after the rates came back."""
+    memory, said, named = Memory(), set(), []
+    for t in range(0, 140):
+        slow, gap = t >= 50, 60 <= t < 70
+        samples = [] if gap else [Sample(task, role, 0, 40.0 if slow else 100.0,
+                                         slow and task == "ps:0", 2)
+                                  for task, role in TASKS.items()]
+        named += [(t, h.task) for h in judge(None if gap else (16.0 if slow else 130.0),
+                                             samples, memory, said, t)]
+    assert named == [(98, "ps:0")]
 
 
 def test_tasks_on_unlike_hosts_or_unmeasured_are_not_judged():
@@ -139,7 +157,7 @@ def replay(name: str) -> tuple[dict, list[tuple[float, str]]]:
     return recorded, out
 
 
-@pytest.mark.parametrize("name", ["balanced", "stopped_ps0", "capped_ps0"])
+@pytest.mark.parametrize("name", ["balanced", "balanced_one_ps", "stopped_ps0", "capped_ps0"])
 def test_recorded_runs(name):
     """Balanced: nobody. ps:0 slowed (stopped 0.3 s of every 0.4 s; capped at 0.1 core by a
     cgroup's quota): ps:0, within WINDOW_SECONDS + 15 s of the slowdown's start."""
