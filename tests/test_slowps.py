@@ -168,3 +168,53 @@ def test_recorded_runs(name):
         [(t, task)] = named
         assert task == "ps:0"
         assert slowps.WINDOW_SECONDS <= t - recorded["slowed_at"] <= slowps.WINDOW_SECONDS + 15
+
+
+def test_the_watch_names_the_ps_in_the_events_the_console_and_the_table():
+    """SlowWatch on a fake PS job: the chief's closures markers and every task's usage in,
+    one `task_slow` for ps:0 (cause compute, its figures), one console line, ps:0's attempt
+    marked; no worker named."""
+    from types import SimpleNamespace
+
+    from orchestrator.loop import closures, slowness
+    from orchestrator.loop.markers import read_marker
+    from orchestrator.loop.rate import Rate
+    from worker_entry import markers as m
+    from worker_entry.markers import Strategy
+
+    def record(name: str, role: Role) -> SimpleNamespace:
+        return SimpleNamespace(name=name, role=role, attempt=0, state=SimpleNamespace(live=True),
+                               current=SimpleNamespace(work=SimpleNamespace(
+                                   rate=Rate(), usage=None, usage_at=None, slow=False),
+                                   closures={}))
+
+    records = {name: record(name, role) for name, role in TASKS.items()}
+    written, echoed = [], []
+    job = SimpleNamespace(records=records, plan=SimpleNamespace(
+        strategy=Strategy.PARAMETER_SERVER), echo=lambda who, text: echoed.append(text),
+        events=SimpleNamespace(write=lambda event, task, **f: written.append((task, f))))
+    watch, count = slowness.SlowWatch(job), 0
+    for t in range(0, 120):
+        now, slow = 1000.0 + t, t >= 40
+        count += 8 if slow else 60  # each worker's closures this second
+        if t % 2 == 0:
+            marker = read_marker(m.line(m.CLOSURES, at=float(t), by_worker={"0": count,
+                                                                            "1": count}))
+            closures.take(records["chief:0"].current.closures, marker,
+                          closures.attempts(job), now)
+            for name, r in records.items():
+                r.current.work.usage = read_marker(m.line(  # ps:0 stopped in 2 of 3
+                    m.USAGE, cpu=10.0, wait=40.0 if slow else 100.0, cpus=2, rss=1,
+                    stopped=slow and name == "ps:0" and t % 6 != 0))
+                r.current.work.usage_at = now
+        watch.tick(now)
+    [(task, fields)] = written
+    assert (task, fields["cause"], fields["attempt"]) == ("ps:0", "compute", 0)
+    assert fields["earlier_closures_per_second"] == 120.0  # 2 workers, 60 a second each
+    assert fields["closures_per_second"] < slowps.DROP * 120.0  # a window from the drop on
+    assert fields["stopped_share"] >= slowps.STOPPED_SHARE
+    assert echoed == [fields["why"]]
+    assert fields["why"].startswith("ps:0 is slow: every worker waits on it: the job finishes")
+    assert f"and it was stopped {fields['stopped_share']:.0%} of the time, for 30 s" in \
+        fields["why"]
+    assert [n for n, r in records.items() if r.current.work.slow] == ["ps:0"]
