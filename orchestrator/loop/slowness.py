@@ -25,9 +25,10 @@ markers (loop/rate.py, the live table's figure). `judge` decides, pure, on a tab
   peers.
 - Once per task per run: the verdict is news, not a state.
 
-In a synchronous job the rates never part; there the watch also compares the CPU each task
-wants (loop/demand.py: `cause: "compute"`), with the same once-per-task rule: one
-`task_slow` per task per run, whichever signal fired first.
+In a synchronous job the rates never part; there the watch also compares how long each task
+waits for its input (loop/starved.py: `cause: "input"`) and the CPU each wants
+(loop/demand.py: `cause: "compute"`), with the same once-per-task rule: one `task_slow` per
+task per run, whichever signal fired first (input's, in the same round).
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.loop import closures, decide, demand
+from orchestrator.loop import closures, decide, demand, starved
 from orchestrator.loop.job import Job
 from orchestrator.loop.rate import shown
+from orchestrator.loop.records import TaskRecord
 from worker_entry.markers import USAGE_SECONDS, Role, Strategy, is_chief
 
 RATIO = 0.6  # steps per second under this share of the peers' median: lagging
@@ -100,6 +102,7 @@ class SlowWatch:
         self.job, self.memory, self.at = job, Memory(), float("-inf")
         self.closures = Memory(said=self.memory.said)  # a PS job's workers (loop/closures.py)
         self.demand = demand.Memory()
+        self.starved = starved.Memory()
         self.synchronous = job.plan.strategy is Strategy.MULTI_WORKER_MIRRORED
 
     def tick(self, now: float) -> None:
@@ -117,7 +120,8 @@ class SlowWatch:
         for slow in judge(closures.rates(job, now), self.closures, now):
             self._say(slow.task, "steps",
                       *closures.said(slow.task, slow.rate, slow.peers, now - slow.since))
-        if self.synchronous:
+        if self.synchronous:  # input first: a CPU-bound pipeline also wants more CPU
+            self._starved(now)
             self._demand(now)
 
     def _say(self, task: str, cause: str, figures: dict[str, float], why: str) -> None:
@@ -129,12 +133,23 @@ class SlowWatch:
         self.job.echo("tfo", why)
         r.current.work.slow = True
 
+    def _training(self) -> list[TaskRecord]:
+        job = self.job
+        return [r for r in job.records.values() if decide.training(r.role, job.rules)]
+
+    def _starved(self, now: float) -> None:
+        samples = [starved.Sample(r.name, r.attempt,
+                                  r.state.live and bool(shown(r.current.work.rate, now)),
+                                  r.current.work.waits.share(now) if r.state.live else None)
+                   for r in self._training()]
+        for s in starved.judge(samples, self.starved, self.memory.said, now):
+            self._say(s.task, "input",
+                      {**s.figures(), "lagging_seconds": round(now - s.since, 1)}, s.words())
+
     def _demand(self, now: float) -> None:
         job = self.job
         samples = []
-        for r in job.records.values():
-            if not decide.training(r.role, job.rules):
-                continue
+        for r in self._training():
             work = r.current.work
             fresh = (r.state.live and work.usage is not None and work.usage_at is not None
                      and now - work.usage_at <= USAGE_FRESH_SECONDS)
