@@ -27,12 +27,16 @@ Per interval the task's figure is its longest-waiting iterator's: a step that ta
 waits for the slower. An iterator without a model (autotune off), or any error reading it,
 is left out for good: no figure rather than a wrong one.
 
+`profiler: false` in the cluster file turns it off (INPUT_WAIT_ENV=0 in the task's
+environment), with the profiler service: both are tfo's instruments in the task.
+
 The marker: `waited` (s, summed over this attempt) and `at` (the task's clock), sent only
 for an interval in which some iterator gave elements.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -44,6 +48,7 @@ from typing import Any
 from worker_entry import markers
 
 EVERY_SECONDS = 2.0
+ENV = markers.INPUT_WAIT_ENV
 _ITERATORS = "tensorflow.python.data.ops.iterator_ops"
 
 
@@ -105,6 +110,8 @@ _watch = Watch()
 
 def hooked(tf: ModuleType) -> None:
     """Once TensorFlow is imported (progress.auto.install): every iterator made is watched."""
+    if os.environ.get(ENV, "1").strip() == "0":
+        return
     owned = sys.modules[_ITERATORS].OwnedIterator
     made = owned.__init__
     proto_of = tf.data.experimental.get_model_proto
