@@ -3,6 +3,7 @@ side that measures it (worker_entry/progress/inputwait.py): pure, on a fake cloc
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -162,6 +163,36 @@ def test_the_words_and_figures():
                          "peers, waiting for it in the collective, wait 1%: its input "
                          "pipeline, for 30 s and more")
 
+
+
+def replay(name: str) -> list[tuple[float, str]]:
+    """A recorded run's `input` markers (tests/data/input/NAME.json: each worker's (at,
+    waited), its clock from the first marker) fed to Waits as they came, judged every
+    second as SlowWatch does (every task stepping: they trained throughout)."""
+    data = json.loads((Path(__file__).parent / "data" / "input" / f"{name}.json").read_text())
+    waits = {task: starved.Waits() for task in data}
+    memory, said, out = starved.Memory(), set(), []
+    end = max(points[-1][0] for points in data.values())
+    for t in range(int(end) + 1):
+        for task, points in data.items():
+            for at, waited in points:
+                if t - 1 < at <= t:
+                    waits[task].take(at, waited, now=float(t))
+        samples = [starved.Sample(task, 0, True, w.share(float(t))) for task, w in waits.items()]
+        out += [(float(t), v.task) for v in starved.judge(samples, memory, said, float(t))]
+    return out
+
+
+def test_recorded_runs():
+    """Real runs' markers (3-worker MultiWorkerMirrored, 2 cores, load 10-20): worker:1's map
+    sleeping 5 ms an element, named 37 s after its first marker (its share known from half a
+    window of markers on, then the 30 s hold);
+    balanced jobs and a job slowed by a busy thread (cause compute, not input): nobody."""
+    assert replay("slow_input_worker1") == [(37.0, "worker:1")]
+    # busy_worker.py: balanced 60 s, then worker:2's busy thread (bench/slow.py's compute
+    # run, named cause compute 32 s after): every worker waited 0-5 % for its input
+    assert replay("busy_worker2") == []
+    assert replay("balanced") == []  # busy_worker.py with no busy thread, 60 s of training
 
 # --- a real job --------------------------------------------------------------------------
 
