@@ -14,7 +14,9 @@ TensorFlow's profiler crashes a traced task, and what the profiler services cost
   the crashes (a traced worker's SIGSEGV or SIGABRT: a group's other workers, stopped for
   its restart, are not counted) ÷ the captures tried, per job, is this figure.
 - profiler_ratio: the bench's job (bench/job.py, 2 pinned workers) under tfo with every
-  training task's profiler service (the default) and without (`profiler: false`), alternated
+  training task's profiler service and tfo's read of its tf.data model every 2 s
+  (worker_entry/progress/inputwait.py; both the default) and without (`profiler: false`
+  turns off both), alternated
   A B, B A after a short warm-up of each: steady throughput on ÷ off per pair. Between
   captures a service only waits on its socket, so the difference looked for is under 1 %.
 

@@ -51,6 +51,8 @@ Figures (the job is bench/job.py, the same script under tfo and by hand):
 - profiler (bench/profiler.py, issue 41): throughput with every task's profiler service on ÷
   off, alternated; `tfo profile --seconds 2` of a running 2- and 8-worker job, and how
   often a capture crashed a traced worker (TensorFlow's profiler: docs/guide/slow.md).
+- slow (bench/slow.py, issue 41): a worker's input slowed, and a worker's busy thread, to the
+  `task_slow` naming it; and any `task_slow` said in balanced jobs (target 0).
 - chaos (bench/chaos.py, issue 37): an elastic 3-worker localhost job under random SIGKILL,
   SIGSTOP, SIGTERM and wrapper kills (a fixed seed) for 5 minutes: faults recovered, fault →
   training again, epochs lost, processes and files left after Ctrl-C (chaos.json).
@@ -193,11 +195,17 @@ FIGURES: dict[str, Figure] = {f.key: f for f in [
     Figure("progress_fit_us", "… a tiny fit's step, with it − without", "µs", None),
     Figure("progress_call_us", "… a tf.function call, counted − not", "µs", None),
     # Issue 41: every training task's profiler service (bench/profiler.py).
-    Figure("profiler_ratio", "throughput, profiler services on ÷ off (tfo)", "×", 0.99, "ge"),
+    Figure("profiler_ratio", "throughput, profiler services and input read on ÷ off (tfo)",
+           "×", 0.99, "ge"),
     Figure("profile_2_s", "tfo profile --seconds 2, 2 workers: command → table", "s", None),
     Figure("profile_8_s", "… 8 workers", "s", None),
     Figure("profile_crashes", "… traced workers crashed by TF's profiler, per capture", "",
            None),
+    # Issue 41: the slow worker named without being asked (bench/slow.py).
+    Figure("slow_input_s", "a worker's input slowed → task_slow, cause input", "s", 60.0),
+    Figure("slow_compute_s", "a worker's busy thread → task_slow, cause compute", "s", 60.0),
+    Figure("slow_false_alarms", "task_slow said in balanced jobs (5 stretches)", "verdicts",
+           0),
     # Issue 28: 10 cluster tests in one pytest run (bench/kit.py).
     Figure("kit_ratio", "10 cluster tests, tf_cluster ÷ TF's multi_process_runner", "×", 0.5),
     Figure("kit_tfo", "… tf_cluster, one pytest run", "s", None),
@@ -1048,12 +1056,18 @@ def bench_profiler(s: Setting, tmp: Path) -> None:
     profiler.bench_profiler(s, tmp)
 
 
+def bench_slow(s: Setting, tmp: Path) -> None:
+    from bench import slow  # it imports this module's helpers
+
+    slow.bench_slow(s, tmp)
+
+
 SECTIONS: dict[str, Callable[[Setting, Path], None]] = {
     "cli": bench_cli, "light": bench_light, "paired": bench_paired, "resume": bench_resume,
     "recovery": bench_recovery, "paths": bench_paths,
     "progress": bench_progress, "lab": bench_lab, "kit": bench_kit,
     "kitsoak": bench_kitsoak, "elastic": bench_elastic, "chaos": bench_chaos,
-    "profiler": bench_profiler, "dataservice": bench_dataservice}
+    "profiler": bench_profiler, "slow": bench_slow, "dataservice": bench_dataservice}
 # bench/extras.py's sections (--extras runs them all; --only NAME one of them).
 EXTRAS = ["ps", "ssh", "lab_recovery"]
 

@@ -64,6 +64,9 @@ def test_every_training_task_has_a_profiler_port_in_its_plan():
 def test_profiler_false_starts_none():
     plan = plan_of({**SPEC, "profiler": False})
     assert all(t.profiler_port is None and "TFO_PROFILER_PORT" not in t.env for t in plan.tasks)
+    # nor does tfo read tf.data's model of their iterators (worker_entry/progress/inputwait.py)
+    assert all(t.env.get("TFO_INPUT_WAIT") == "0" for t in plan.tasks)
+    assert all("TFO_INPUT_WAIT" not in t.env for t in plan_of(SPEC).tasks)
     with pytest.raises(SpecError, match="profiler"):
         parse_spec({**SPEC, "profiler": "sometimes"})
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.loop import demand
+from orchestrator.loop import demand, starved
 from orchestrator.loop.slowness import HOLD_SECONDS, Memory, judge
 from tests.conftest import REPO, events, kill_tree, tfo_cmd, wait_until, write_spec
 from worker_entry.markers import Role, Strategy
@@ -253,7 +253,7 @@ def test_the_watch_names_the_wanting_worker_of_a_synchronous_job(monkeypatch):
         role, index = name.split(":")
         cpu, wait = usage[name]
         work = SimpleNamespace(rate=3.0, usage_at=None, usage=Usage(
-            event="usage", cpu=cpu, wait=wait, cpus=2, rss=1))
+            event="usage", cpu=cpu, wait=wait, cpus=2, rss=1), waits=starved.Waits())
         return SimpleNamespace(name=name, role=Role(role), attempt=0, task=SimpleNamespace(
             index=int(index)), state=SimpleNamespace(live=True),
             current=SimpleNamespace(work=work))

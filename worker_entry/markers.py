@@ -159,6 +159,10 @@ PROGRESS = "progress"  # training moved: `step` (steps this attempt) and where (
 # (`by_worker`: {"0": n, ...}, by worker index; `at`: the task's clock), at most every 2 s
 # (worker_entry/progress/closures.py).
 CLOSURES = "closures"
+# How long the task's training waited for its input pipeline (`waited`: s this attempt;
+# `at`: the task's clock), every 2 s while it takes input (worker_entry/progress/inputwait.py).
+INPUT = "input"
+INPUT_WAIT_ENV = "TFO_INPUT_WAIT"  # "0": the task sends no `input` (the spec's profiler: false)
 USAGE = "usage"  # the wrapper, every USAGE_SECONDS: its task tree's CPU, CPU wait, RSS, stopped?
 SIGTERM = "sigterm"  # the task wrapper got SIGTERM and passed it on (`grace`: s to SIGKILL)
 EVALUATED = "evaluated"  # the evaluator evaluated a checkpoint (`epoch`, `metrics`)

@@ -21,6 +21,7 @@ from orchestrator.loop.markers import (
     Evaluated,
     Exiting,
     FirstStep,
+    Input,
     Joined,
     Progress,
     SigTerm,
@@ -62,6 +63,9 @@ class Intake:
                 marker = None
             if isinstance(marker, Usage):  # every few seconds per task: state, not an event
                 self._measured(rec, marker)
+                continue
+            if isinstance(marker, Input):  # as a usage: state, not an event
+                rec.current.work.waits.take(marker.at, marker.waited, job.clock())
                 continue
             rec.current.work.busy_at = job.clock()  # a sign of work (stalls, startup, sidecars)
             if marker is None:

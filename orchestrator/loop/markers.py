@@ -122,6 +122,15 @@ class Closures(_Marker):
     at: float = Field(ge=0, allow_inf_nan=False)
 
 
+class Input(_Marker):
+    """How long the task's training waited for its input this attempt (`waited`, s), at the
+    task's clock `at` (worker_entry/progress/inputwait.py; judged in loop/starved.py)."""
+
+    event: Literal[m.INPUT]
+    waited: float = Field(ge=0, allow_inf_nan=False)
+    at: float = Field(ge=0, allow_inf_nan=False)
+
+
 class Usage(_Marker):
     """From the task's wrapper, measured on the task's host every USAGE_SECONDS: the task's
     whole process tree."""
@@ -198,7 +207,8 @@ class Exiting(_Marker):
 
 
 Marker = Annotated[Up | Connecting | Ready | Joined | FirstStep | Epoch | Progress | Closures
-                   | Usage | SigTerm | Evaluated | Saved | Backup | Checkpointed | Done | Exiting,
+                   | Input | Usage | SigTerm | Evaluated | Saved | Backup | Checkpointed | Done
+                   | Exiting,
                    Field(discriminator="event")]
 _MARKER: TypeAdapter[Marker] = TypeAdapter(Marker)
 

@@ -12,6 +12,7 @@ from orchestrator.loop.decide import JobState, TaskState
 from orchestrator.loop.markers import Done, Joined, Progress, Usage, is_marker
 from orchestrator.loop.rate import Rate
 from orchestrator.loop.stall import Pace, Stall
+from orchestrator.loop.starved import Waits
 from orchestrator.planning.plan import TaskPlan
 from worker_entry.markers import Role
 
@@ -35,6 +36,7 @@ class Work:
     usage_at: float | None = None  # monotonic time of `usage`
     stopped_since: float | None = None  # since when its usage says stopped (state T)
     slow: bool = False  # named slow (task_slow, loop/slowness.py): the live table's mark
+    waits: Waits = field(default_factory=Waits)  # how long it waited for input (loop/starved.py)
 
 
 @dataclass

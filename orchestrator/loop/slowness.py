@@ -25,10 +25,11 @@ markers (loop/rate.py, the live table's figure). `judge` decides, pure, on a tab
   peers.
 - Once per task per run: the verdict is news, not a state.
 
-In a synchronous job the rates never part; there the watch also compares the CPU each task
-wants (loop/demand.py: `cause: "compute"`); in a ParameterServer job it looks for a ps that
-holds every worker back (loop/slowps.py: `cause: "compute"`). The same once-per-task rule
-holds: one `task_slow` per task per run, whichever signal fired first.
+In a synchronous job the rates never part; there the watch also compares how long each task
+waits for its input (loop/starved.py: `cause: "input"`) and the CPU each wants
+(loop/demand.py: `cause: "compute"`); in a ParameterServer job it looks for a ps that holds
+every worker back (loop/slowps.py: `cause: "compute"`). The same once-per-task rule holds:
+one `task_slow` per task per run, whichever signal fired first (input's, in the same round).
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.loop import closures, decide, demand, slowps
+from orchestrator.loop import closures, decide, demand, slowps, starved
 from orchestrator.loop.job import Job
 from orchestrator.loop.rate import shown
+from orchestrator.loop.records import TaskRecord
 from worker_entry.markers import USAGE_SECONDS, Role, Strategy, is_chief
 
 RATIO = 0.6  # steps per second under this share of the peers' median: lagging
@@ -101,6 +103,7 @@ class SlowWatch:
         self.job, self.memory, self.at = job, Memory(), float("-inf")
         self.closures = Memory(said=self.memory.said)  # a PS job's workers (loop/closures.py)
         self.demand = demand.Memory()
+        self.starved = starved.Memory()
         self.synchronous = job.plan.strategy is Strategy.MULTI_WORKER_MIRRORED
         self.ps = slowps.Memory() if job.plan.strategy is Strategy.PARAMETER_SERVER else None
 
@@ -119,7 +122,8 @@ class SlowWatch:
         for slow in judge(closures.rates(job, now), self.closures, now):
             self._say(slow.task, "steps",
                       *closures.said(slow.task, slow.rate, slow.peers, now - slow.since))
-        if self.synchronous:
+        if self.synchronous:  # input first: a CPU-bound pipeline also wants more CPU
+            self._starved(now)
             self._demand(now)
         if self.ps is not None:  # a slow ps: every worker waits on it (loop/slowps.py)
             for held in slowps.judge(*slowps.observed(job, now), self.ps, self.memory.said, now):
@@ -134,12 +138,23 @@ class SlowWatch:
         self.job.echo("tfo", why)
         r.current.work.slow = True
 
+    def _training(self) -> list[TaskRecord]:
+        job = self.job
+        return [r for r in job.records.values() if decide.training(r.role, job.rules)]
+
+    def _starved(self, now: float) -> None:
+        samples = [starved.Sample(r.name, r.attempt,
+                                  r.state.live and bool(shown(r.current.work.rate, now)),
+                                  r.current.work.waits.share(now) if r.state.live else None)
+                   for r in self._training()]
+        for s in starved.judge(samples, self.starved, self.memory.said, now):
+            self._say(s.task, "input",
+                      {**s.figures(), "lagging_seconds": round(now - s.since, 1)}, s.words())
+
     def _demand(self, now: float) -> None:
         job = self.job
         samples = []
-        for r in job.records.values():
-            if not decide.training(r.role, job.rules):
-                continue
+        for r in self._training():
             work = r.current.work
             fresh = (r.state.live and work.usage is not None and work.usage_at is not None
                      and now - work.usage_at <= USAGE_FRESH_SECONDS)

@@ -76,7 +76,7 @@ from orchestrator.planning.spec import (
 )
 from orchestrator.planning.strategy import CLUSTER_ROLES, DATA_SERVICE, RULES, StrategyRules
 from orchestrator.runs.rundir import RunDir
-from worker_entry.markers import Role, Strategy, is_chief
+from worker_entry.markers import INPUT_WAIT_ENV, Role, Strategy, is_chief
 
 LOCAL = "local"  # the placement kind (backend) of tasks on the coordinator's machine
 # The tf.data service's address, grpc://dispatcher:port, in every task of a job that has one:
@@ -478,6 +478,8 @@ def make_plan(
         profiler_port = ports.get(profiler_key(name)) if name in with_profiler else None
         if profiler_port is not None:
             env["TFO_PROFILER_PORT"] = str(profiler_port)
+        if not spec.profiler:  # nor tf.data's model read (worker_entry/progress/inputwait.py)
+            env[INPUT_WAIT_ENV] = "0"
         _check_env_fits(name, where.host if lab_host else LOCALHOST, env)
         tasks.append(TaskPlan(
             name=name, role=role, index=index, placement=where, port=port,

@@ -106,7 +106,8 @@ class ClusterSpec(_Model):
         "fails; false: the tasks may train independently, on purpose"))
     profiler: bool = Field(default=True, description=(
         "true: every training task serves TensorFlow's profiler on a port of the plan "
-        "(`tfo profile` captures them all at once); false: none is started"))
+        "(`tfo profile` captures them all at once), and tfo reads how long each waits for "
+        "its input from tf.data's model (the slow worker's `cause: input`); false: neither"))
     backend: SchedulerSpec | None = Field(default=None, description=(
         "a scheduler that places the tasks, by kind: {slurm: {...}}; default: none, "
         "the tasks name their hosts"))

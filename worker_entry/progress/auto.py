@@ -54,7 +54,7 @@ from types import ModuleType
 from typing import Any
 
 from worker_entry import checkpoints, markers, progress, tfimport
-from worker_entry.progress import closures, loops
+from worker_entry.progress import closures, inputwait, loops
 
 ENV = "TFO_AUTO_PROGRESS"
 # Keras's own loops: their tf.function calls are Keras's steps, which its callback reports.
@@ -70,6 +70,7 @@ def install() -> None:
         return
     tfimport.after_import("tensorflow", _guarded(_count_functions))
     tfimport.after_import("tensorflow", _guarded(checkpoints.install(steps_done)))
+    tfimport.after_import("tensorflow", _guarded(inputwait.hooked))
     for name in ("tf_keras", "keras"):
         tfimport.after_import(name, _guarded(_wrap_keras))
 
