@@ -235,6 +235,17 @@ def test_recorded_runs():
     assert replay("balanced", chief=None) == []
 
 
+@pytest.mark.parametrize("name", ["balanced", "balanced_bench0", "balanced_bench1",
+                                  "balanced_bench2", "balanced_phase"])
+def test_five_balanced_runs_name_nobody(name):
+    """Issue 41's "a balanced job, 5 runs: no task_slow", for the CPU signal: five real
+    balanced runs of tests/scripts/busy_worker.py (3 workers, 2 cores, load 10-18; the last
+    four from bench/slow.py, which judged them live too: 0 verdicts), replayed whole, with
+    the chief spared and with no task spared."""
+    assert replay(name) == []
+    assert replay(name, chief=None) == []
+
+
 def test_the_watch_names_the_wanting_worker_of_a_synchronous_job(monkeypatch):
     """SlowWatch in a MultiWorkerMirrored job: each task's last usage in; one `task_slow`
     (cause compute, its figures) and one console line out; an evaluator is no peer."""

@@ -192,7 +192,10 @@ def test_recorded_runs():
     # busy_worker.py: balanced 60 s, then worker:2's busy thread (bench/slow.py's compute
     # run, named cause compute 32 s after): every worker waited 0-5 % for its input
     assert replay("busy_worker2") == []
-    assert replay("balanced") == []  # busy_worker.py with no busy thread, 60 s of training
+    assert replay("busy_worker2_run2") == []
+    # busy_worker.py with no busy thread, 60 s of training (bench/slow.py's balanced runs)
+    for name in ("balanced", "balanced_bench1", "balanced_bench2"):
+        assert replay(name) == [], name
 
 # --- a real job --------------------------------------------------------------------------
 

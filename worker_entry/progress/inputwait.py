@@ -36,6 +36,7 @@ for an interval in which some iterator gave elements.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -122,6 +123,7 @@ def hooked(tf: ModuleType) -> None:
         _watch.add(self)
         if not started.is_set():
             started.set()
+            atexit.register(_reading.acquire, timeout=5.0)  # a read hung: exit anyway
             threading.Thread(target=_loop, args=(proto_of,), name="tfo-inputwait",
                              daemon=True).start()
 
@@ -129,7 +131,13 @@ def hooked(tf: ModuleType) -> None:
     owned.__init__ = init
 
 
+# Held while a read runs, and for good from the task's exit on (atexit: before TensorFlow's
+# C++ statics go), so a daemon thread never calls into TensorFlow while the process ends.
+_reading = threading.Lock()
+
+
 def _loop(proto_of: Callable[[Any], Any]) -> None:
     while True:
         time.sleep(EVERY_SECONDS)
-        _watch.read(proto_of)
+        with _reading:
+            _watch.read(proto_of)
