@@ -36,8 +36,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.loop import closures, decide, demand, starved
+from orchestrator.loop import closures, decide, demand, netslow, starved
 from orchestrator.loop.job import Job
+from orchestrator.loop.markers import Usage
 from orchestrator.loop.rate import shown
 from orchestrator.loop.records import TaskRecord
 from worker_entry.markers import USAGE_SECONDS, Role, Strategy, is_chief
@@ -103,6 +104,7 @@ class SlowWatch:
         self.closures = Memory(said=self.memory.said)  # a PS job's workers (loop/closures.py)
         self.demand = demand.Memory()
         self.starved = starved.Memory()
+        self.netslow = netslow.Memory()
         self.synchronous = job.plan.strategy is Strategy.MULTI_WORKER_MIRRORED
 
     def tick(self, now: float) -> None:
@@ -123,6 +125,7 @@ class SlowWatch:
         if self.synchronous:  # input first: a CPU-bound pipeline also wants more CPU
             self._starved(now)
             self._demand(now)
+            self._netslow(now)
 
     def _say(self, task: str, cause: str, figures: dict[str, float], why: str) -> None:
         """One verdict: the `task_slow` event, the console's line, and the task's attempt
@@ -144,6 +147,24 @@ class SlowWatch:
                    for r in self._training()]
         for s in starved.judge(samples, self.starved, self.memory.said, now):
             self._say(s.task, "input",
+                      {**s.figures(), "lagging_seconds": round(now - s.since, 1)}, s.words())
+
+    def _usage(self, r: TaskRecord, now: float) -> Usage | None:
+        """The task's last usage, if it is of now."""
+        work = r.current.work
+        fresh = (r.state.live and work.usage is not None and work.usage_at is not None
+                 and now - work.usage_at <= USAGE_FRESH_SECONDS)
+        return work.usage if fresh else None
+
+    def _netslow(self, now: float) -> None:
+        samples = []
+        for r in self._training():
+            usage = self._usage(r, now)
+            samples.append(netslow.Sample(
+                r.name, r.attempt, r.state.live and bool(shown(r.current.work.rate, now)),
+                usage.rtt if usage else None, r.current.work.usage_at))
+        for s in netslow.judge(samples, self.netslow, self.memory.said, now):
+            self._say(s.task, "network",
                       {**s.figures(), "lagging_seconds": round(now - s.since, 1)}, s.words())
 
     def _demand(self, now: float) -> None:
