@@ -18,9 +18,11 @@ it: no `rtt`).
 - Only a synchronous job (multi_worker_mirrored), and only while it trains: every training
   task live, stepping, its `rtt` known from a fresh usage, three tasks at least. Otherwise
   every hold starts over, as at any restart in the group.
-- Each task's RTT is the median of its markers of the last WINDOW_SECONDS (one marker
-  swings with a burst of the host's load: delayed ACKs and a busy CPU reach tens of ms on
-  a crowded machine), at least MIN_SAMPLES of them.
+- Each task's RTT is the least of its markers of the last WINDOW_SECONDS, at least
+  MIN_SAMPLES of them: the floor of its path, as TCP's own min_rtt (and BBR) take it. What
+  a crowded host adds (a busy CPU late to read, delayed ACKs) only ever adds, by bursts, and
+  to every task alike: single markers of a balanced job reach 8-10 ms where the path is
+  under 1 ms; their 10 s medians 5 ms, their 10 s least 2.1.
 - A task's link is slow when that RTT is above both RATIO x its peers' median and that
   median + MARGIN ms, for HOLD_SECONDS on end. The chief may be named: its extra work is
   not extra network.
@@ -38,10 +40,10 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-WINDOW_SECONDS = 10.0  # a task's RTT: the median of its markers of this long
+WINDOW_SECONDS = 10.0  # a task's RTT: the least of its markers of this long
 MIN_SAMPLES = 3  # ... at least this many
 RATIO = 3.0  # above this many times its peers' median RTT ...
-MARGIN = 5.0  # ... and above it + this many ms
+MARGIN = 3.0  # ... and above it + this many ms
 HOLD_SECONDS = 30.0  # that long on end: named
 
 
@@ -59,7 +61,7 @@ class Sample:
 
 @dataclass(frozen=True)
 class SlowLink:
-    """A verdict: the task's RTT (its window's median), its peers' median, since when."""
+    """A verdict: the task's RTT (its window's least), its peers' median, since when."""
 
     task: str
     rtt: float
@@ -84,13 +86,13 @@ class Memory:
     rtts: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
 
     def rtt(self, s: Sample, now: float) -> float | None:
-        """The task's windowed RTT, taking its sample in."""
+        """The task's RTT over the window, taking its sample in."""
         window = self.rtts.setdefault(s.task, deque())
         if s.rtt is not None and s.at is not None and (not window or s.at > window[-1][0]):
             window.append((s.at, s.rtt))
         while window and window[0][0] < now - WINDOW_SECONDS:
             window.popleft()
-        return statistics.median(r for _, r in window) if len(window) >= MIN_SAMPLES else None
+        return min(r for _, r in window) if len(window) >= MIN_SAMPLES else None
 
 
 def judge(samples: list[Sample], memory: Memory, said: set[str], now: float
