@@ -26,8 +26,9 @@ markers (loop/rate.py, the live table's figure). `judge` decides, pure, on a tab
 - Once per task per run: the verdict is news, not a state.
 
 In a synchronous job the rates never part; there the watch also compares how long each task
-waits for its input (loop/starved.py: `cause: "input"`) and the CPU each wants
-(loop/demand.py: `cause: "compute"`), with the same once-per-task rule: one `task_slow` per
+waits for its input (loop/starved.py: `cause: "input"`), the CPU each wants
+(loop/demand.py: `cause: "compute"`) and its connections' round trips to other hosts
+(loop/netslow.py: `cause: "network"`), with the same once-per-task rule: one `task_slow` per
 task per run, whichever signal fired first (input's, in the same round).
 """
 
