@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -209,3 +210,43 @@ def test_the_read_sees_its_own_connection_to_another_host():
                 s.close()
         assert meter.measure([os.getpid()]) == {}
     assert meter.measure([999_999_999]) == {}  # a process that is gone: nothing
+
+
+def test_the_watch_names_the_worker_behind_a_slow_link(monkeypatch):
+    """SlowWatch in a MultiWorkerMirrored job: each task's last usage (its rtt) in; one
+    `task_slow` (cause network, its figures), the console's line and the table's mark out;
+    the CPU alike on every worker, so no other cause fires."""
+    from orchestrator.loop import slowness, starved
+    from orchestrator.planning.strategy import RULES
+    from worker_entry.markers import Role, Strategy
+
+    monkeypatch.setattr(slowness, "shown", lambda rate, now: rate)
+    rtts = {"worker:0": 0.7, "worker:1": 0.9, "worker:2": 6.5}
+
+    def record(name: str) -> SimpleNamespace:
+        work = SimpleNamespace(rate=3.0, usage_at=None, slow=False, usage=Usage(
+            event="usage", cpu=20.0, wait=30.0, cpus=2, rss=1, rtt=rtts[name], rtt_hosts=2),
+            waits=starved.Waits())
+        return SimpleNamespace(name=name, role=Role.WORKER, attempt=0, task=SimpleNamespace(
+            index=int(name[-1])), state=SimpleNamespace(live=True),
+            current=SimpleNamespace(work=work))
+
+    records = {name: record(name) for name in rtts}
+    written, echoed = [], []
+    job = SimpleNamespace(
+        records=records, rules=RULES[Strategy.MULTI_WORKER_MIRRORED],
+        plan=SimpleNamespace(strategy=Strategy.MULTI_WORKER_MIRRORED,
+                             cluster={"worker": ["a:1", "b:1", "c:1"]}),
+        echo=lambda who, text: echoed.append((who, text)),
+        events=SimpleNamespace(write=lambda event, task, **f: written.append((event, task, f))))
+    watch = slowness.SlowWatch(job)
+    for t in range(0, 60):
+        for r in records.values():
+            r.current.work.usage_at = float(t - t % 2)  # a usage every 2 s
+        watch.tick(float(t))
+    assert [(e, task) for e, task, _ in written] == [("task_slow", "worker:2")]
+    fields = written[0][2]
+    assert (fields["cause"], fields["rtt_ms"], fields["peers_rtt_ms"],
+            fields["lagging_seconds"]) == ("network", 6.5, 0.8, 30.0)
+    assert echoed == [("tfo", fields["why"])]
+    assert [r.current.work.slow for r in records.values()] == [False, False, True]

@@ -144,8 +144,10 @@ class RttMeter:
                     acked[inode] = struct.unpack_from("=Q", info, _TCPI_BYTES_ACKED)[0]
                     if acked[inode] > self._acked.get(inode, acked[inode]):
                         by_host.setdefault(host, []).append(rtt_us / 1000)
-        except OSError:  # no sock_diag here (a container without it): nothing to say
-            self.works = False
+        except TimeoutError:  # a kernel too busy to answer in a second: next time
+            return {}
+        except (OSError, struct.error, ValueError):  # no sock_diag here (a container
+            self.works = False  # without it), or answers we cannot read: nothing to say
             return {}
         self._acked = acked
         if not by_host:
