@@ -36,8 +36,9 @@ single markers reach 6-10 ms (start-up, bursts of load) and a task's 10 s median
 times; its 10 s least stays at 0.3-2.3 ms, at most 2.6 times its peers' median. With lab3's
 link through a token bucket of 8 Mbit/s both ways (`tc ... tbf`: this kernel has no netem)
 the job went from 20-33 steps/s to 7-8; worker:2's markers rose to 5-17 ms, their 10 s least
-to 5-9 ms, 4.6-11 times its peers' (0.6-1.3 ms): named 45 s after the slowdown (`rtt_ms`
-5.3 against 0.7; 37 s in an earlier run, with a judge on the window's median). At 20 Mbit/s
+to 5-9 ms, 4.6-11 times its peers' (0.6-1.3 ms): named 45 and 40 s after the slowdown in
+two runs (`rtt_ms` 5.3 and 6.0 against 0.7; load 9-16 and 4-10). On e3d75a2, before this
+judge, the same test saw no verdict of any cause in 240 s (the job at 6-8 steps/s). At 20 Mbit/s
 (the job at half speed) its 10 s least rose to 2-5 ms against its peers' 1: around the
 line, and not named in the 70 s it ran. So the signal tells a link that adds some 4 ms or
 more to every round trip on a host as loaded as this one; less is lost in its noise.
