@@ -144,6 +144,11 @@ class Usage(_Marker):
     rss: int = Field(ge=0)  # bytes
     processes: int = Field(default=1, ge=0)
     stopped: bool = False  # a process of the task is stopped (state T: SIGSTOP, Ctrl-Z)
+    # The smoothed TCP round-trip time of its connections to other hosts, ms: the fastest
+    # host's median (worker_entry/netrtt.py; judged in loop/netslow.py); None: no such
+    # connection sent data lately, or a wrapper before it was measured.
+    rtt: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    rtt_hosts: int | None = Field(default=None, ge=1)
 
     @property
     def wanted(self) -> float:

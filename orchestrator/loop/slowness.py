@@ -26,8 +26,9 @@ markers (loop/rate.py, the live table's figure). `judge` decides, pure, on a tab
 - Once per task per run: the verdict is news, not a state.
 
 In a synchronous job the rates never part; there the watch also compares how long each task
-waits for its input (loop/starved.py: `cause: "input"`) and the CPU each wants
-(loop/demand.py: `cause: "compute"`); in a ParameterServer job it looks for a ps that holds
+waits for its input (loop/starved.py: `cause: "input"`), the CPU each wants
+(loop/demand.py: `cause: "compute"`) and its connections' round trips to other hosts
+(loop/netslow.py: `cause: "network"`); in a ParameterServer job it looks for a ps that holds
 every worker back (loop/slowps.py: `cause: "compute"`). The same once-per-task rule holds:
 one `task_slow` per task per run, whichever signal fired first (input's, in the same round).
 """
@@ -37,8 +38,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.loop import closures, decide, demand, slowps, starved
+from orchestrator.loop import closures, decide, demand, netslow, slowps, starved
 from orchestrator.loop.job import Job
+from orchestrator.loop.markers import Usage
 from orchestrator.loop.rate import shown
 from orchestrator.loop.records import TaskRecord
 from worker_entry.markers import USAGE_SECONDS, Role, Strategy, is_chief
@@ -104,6 +106,7 @@ class SlowWatch:
         self.closures = Memory(said=self.memory.said)  # a PS job's workers (loop/closures.py)
         self.demand = demand.Memory()
         self.starved = starved.Memory()
+        self.netslow = netslow.Memory()
         self.synchronous = job.plan.strategy is Strategy.MULTI_WORKER_MIRRORED
         self.ps = slowps.Memory() if job.plan.strategy is Strategy.PARAMETER_SERVER else None
 
@@ -125,6 +128,7 @@ class SlowWatch:
         if self.synchronous:  # input first: a CPU-bound pipeline also wants more CPU
             self._starved(now)
             self._demand(now)
+            self._netslow(now)
         if self.ps is not None:  # a slow ps: every worker waits on it (loop/slowps.py)
             for held in slowps.judge(*slowps.observed(job, now), self.ps, self.memory.said, now):
                 self._say(held.task, "compute", held.figures(now), held.words())
@@ -149,6 +153,24 @@ class SlowWatch:
                    for r in self._training()]
         for s in starved.judge(samples, self.starved, self.memory.said, now):
             self._say(s.task, "input",
+                      {**s.figures(), "lagging_seconds": round(now - s.since, 1)}, s.words())
+
+    def _usage(self, r: TaskRecord, now: float) -> Usage | None:
+        """The task's last usage, if it is of now."""
+        work = r.current.work
+        fresh = (r.state.live and work.usage is not None and work.usage_at is not None
+                 and now - work.usage_at <= USAGE_FRESH_SECONDS)
+        return work.usage if fresh else None
+
+    def _netslow(self, now: float) -> None:
+        samples = []
+        for r in self._training():
+            usage = self._usage(r, now)
+            samples.append(netslow.Sample(
+                r.name, r.attempt, r.state.live and bool(shown(r.current.work.rate, now)),
+                usage.rtt if usage else None, r.current.work.usage_at))
+        for s in netslow.judge(samples, self.netslow, self.memory.said, now):
+            self._say(s.task, "network",
                       {**s.figures(), "lagging_seconds": round(now - s.since, 1)}, s.words())
 
     def _demand(self, now: float) -> None:

@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 
-from worker_entry import markers, proctree, standby, title, usage
+from worker_entry import markers, netrtt, proctree, standby, title, usage
 from worker_entry.lifeline import job
 from worker_entry.lifeline.relay import Relay
 from worker_entry.listen import listening
@@ -43,6 +43,7 @@ class Wrapper:
         self.status: int | None = None  # the task's wait status, once reaped
         self.kill_at: float | None = None  # after a SIGTERM: when the task gets SIGKILL
         self.meter = usage.Meter()
+        self.rtt = netrtt.RttMeter()  # its connections' to other hosts (netrtt.py)
         self.usage_at = markers.next_usage(time.monotonic())
         self.ready_at = 0.0  # the port's next look
 
@@ -196,8 +197,8 @@ class Wrapper:
                 self._kill_task()
             if now >= self.usage_at and not self.standby:
                 self.usage_at = markers.next_usage(now)
-                relay.own(markers.USAGE,
-                          **self.meter.measure(proctree.descendants(os.getpid())))
+                pids = proctree.descendants(os.getpid())
+                relay.own(markers.USAGE, **self.meter.measure(pids), **self.rtt.measure(pids))
             if writable or relay.sent:
                 relay.flush()
             if stdin in ready:
