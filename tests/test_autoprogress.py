@@ -93,7 +93,7 @@ def test_the_live_table_shows_the_unmodified_tutorial_training(tmp_path: Path):
 name: live
 job:
   script: {script}
-  args: [--epochs, "3", --steps_per_epoch, "300", --model_path, {tmp_path / "model"},
+  args: [--epochs, "3", --steps_per_epoch, "100", --model_path, {tmp_path / "model"},
          --backup_dir, {tmp_path / "backup"}]
 tasks:
   worker: [localhost:auto, localhost:auto]
@@ -102,8 +102,8 @@ timeouts: {{startup_seconds: 120, grace_seconds: 5}}
     raw, code = run_in_pty(["run", "live.yaml"], cwd, timeout=200)
     text = ANSI.sub("", raw)
     assert code == 0, text[-4000:]
-    rows = re.findall(r"worker:1\s+localhost\s+\d+\s+running\s+\d+s\s+\S+\s+\S+\s+"
-                      r"(\d)/3\s+(\d+)/300\s+[\d.]+\s+([\d.e+-]+)\s", text)
+    rows = re.findall(r"worker:1\s+localhost\s+\d+\s+running\s+(?:\d+m)?\d+s\s+\S+\s+\S+\s+"
+                      r"(\d)/3\s+(\d+)/100\s+[\d.]+\s+([\d.e+-]+)\s", text)
     assert rows, text[-4000:]
     assert all(float(loss) > 0 for _, _, loss in rows)
 
@@ -225,7 +225,7 @@ def test_a_warm_spare_that_imported_tensorflow_early_still_reports(tmp_path: Pat
 
     cluster = script_spec(tmp_path, "mwms_keras.py", [
         "--epochs", "4", "--steps_per_epoch", "100", "--model_path", str(tmp_path / "model"),
-        "--backup_dir", str(tmp_path / "backup")], policy="on-failure")
+        "--backup_dir", str(tmp_path / "backup")], policy="on-failure", max_restarts=1)
     cluster.write_text(cluster.read_text().replace(
         "backoff_seconds: 0.5}", "backoff_seconds: 0, warm_spares: true}"))
     tfo = Tfo(cluster, run_dir)

@@ -95,13 +95,13 @@ def first_epoch(log: str) -> int | None:
 def test_killed_worker_resumes_from_the_scripts_own_backup(tmp_path: Path, run_dir: Path):
     model = run_dir / "model" / "keras-model"
     cluster = script_spec(tmp_path, "mwms_keras.py", [
-        "--epochs", "6", "--steps_per_epoch", "150", "--model_path", str(model),
-        "--backup_dir", str(tmp_path / "backup")], policy="on-failure")
+        "--epochs", "4", "--steps_per_epoch", "150", "--model_path", str(model),
+        "--backup_dir", str(tmp_path / "backup")], policy="on-failure", max_restarts=1)
     tfo = Tfo(cluster, run_dir)
     try:
         log = run_dir / "logs" / "worker-0.log"
         # Two epochs backed up, then the worker is SIGKILLed mid-run.
-        assert wait_until(lambda: log.exists() and "Epoch 3/6" in log.read_text(), 120)
+        assert wait_until(lambda: log.exists() and "Epoch 3/4" in log.read_text(), 120)
         kill_task(tfo, "worker:1")
         rc, err = tfo.finish(timeout=180)
     finally:
