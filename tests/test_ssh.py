@@ -373,7 +373,7 @@ def test_a_host_that_loses_power_is_given_up_on_and_named(lab, run_dir: Path, tm
     after its lifeline, lab2 is reconnected, not reused, and tfo ends by itself naming
     lab2 and what it tried. Before: the restart waited on the cached transport (an hour)."""
     spec = quick_spec(lab, tmp_path, 300, "{policy: on-failure, max_restarts: 1, "
-                      "backoff_seconds: 0}", lifeline_seconds=5)
+                      "backoff_seconds: 0, warm_spares: false}", lifeline_seconds=5)
     tfo = Tfo(spec, run_dir)
     try:
         started_both(tfo)
@@ -399,8 +399,11 @@ def test_sigint_is_answered_at_once_while_a_host_does_not_answer(lab, run_dir: P
                                                                 tmp_path: Path):
     """Ctrl-C while the restart waits on a silent host (a 30 s connect timeout): tfo tears
     down and exits 130 within a second or two. Before: ignored until the network came back."""
+    # No warm spares: a standby imports TensorFlow (these tasks do not), and the restart
+    # it would serve is the one cut short.
     spec = quick_spec(lab, tmp_path, 300, "{policy: on-failure, max_restarts: 2, "
-                      "backoff_seconds: 0}", lifeline_seconds=5, connect_timeout_seconds=30)
+                      "backoff_seconds: 0, warm_spares: false}", lifeline_seconds=5,
+                      connect_timeout_seconds=30)
     tfo = Tfo(spec, run_dir)
     try:
         started_both(tfo)
