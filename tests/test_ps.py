@@ -104,9 +104,9 @@ tasks:
   chief: [localhost:20010]
   worker: [localhost:20011, localhost:20012]
   ps: [localhost:20013]
-restart: {policy: on-failure, max_restarts: 2, backoff_seconds: 0.5}
+restart: {policy: on-failure, max_restarts: 2, backoff_seconds: 0.5, warm_spares: false}
 timeouts: {grace_seconds: 5}
-""")
+""")  # no spares: the worker server restarts from none (a server keeps none), the chief never
     tfo = Tfo(spec, run_dir)
     try:
         tfo.wait_event("task_epoch", "chief:0", epoch=1)
