@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import TUTORIALS, TutorialRun, events, run_tfo
+from tests.conftest import TUTORIALS, TutorialRun, events, run_tfo, wait_until
 from tests.helpers import TWO_WORKERS, script_spec
 
 ONE_WORKER = "  worker: [localhost:auto]"
@@ -220,18 +220,23 @@ def test_a_sidecar_evaluators_evaluations_are_its_steps(tmp_path: Path, run_dir:
 def test_a_warm_spare_that_imported_tensorflow_early_still_reports(tmp_path: Path,
                                                                    run_dir: Path):
     """A standby imports TensorFlow and tf-keras before its attempt: the hooks were
-    installed before, so the attempt it serves reports its fit as a fresh task would."""
-    from tests.helpers import Tfo, kill_task, standbys
+    installed before, so the attempt it serves reports its fit as a fresh task would. And
+    the tutorial's script, its worker SIGKILLed mid-run (epoch 3 of 4 begun, 2 backed up),
+    resumes from its own BackupAndRestore, not epoch 1; the chief's model alone is saved
+    (test_scripts' killed-worker test was this job without spares: one job for both)."""
+    from tests.helpers import Tfo, epochs_by_attempt, kill_task, standbys
 
+    model = run_dir / "model" / "keras-model"
     cluster = script_spec(tmp_path, "mwms_keras.py", [
-        "--epochs", "4", "--steps_per_epoch", "100", "--model_path", str(tmp_path / "model"),
+        "--epochs", "4", "--steps_per_epoch", "100", "--model_path", str(model),
         "--backup_dir", str(tmp_path / "backup")], policy="on-failure", max_restarts=1)
     cluster.write_text(cluster.read_text().replace(
         "backoff_seconds: 0.5}", "backoff_seconds: 0, warm_spares: true}"))
+    log = run_dir / "logs" / "worker-0.log"
     tfo = Tfo(cluster, run_dir)
     try:
         tfo.wait_event("task_standby_started", "worker:1", attempt=1, timeout=180)
-        tfo.wait_event("task_epoch", "worker:1", epoch=1, timeout=180)
+        assert wait_until(lambda: log.exists() and "Epoch 3/4" in log.read_text(), 180)
         kill_task(tfo, "worker:1")
         code, err = tfo.finish(timeout=240)
     finally:
@@ -245,6 +250,10 @@ def test_a_warm_spare_that_imported_tensorflow_early_still_reports(tmp_path: Pat
         again = [e for e in progress(ev, task) if e["attempt"] == 1]
         assert again and again[-1]["epoch"] == 3 and "loss" in again[-1], again[-1:]
         assert [e["attempt"] for e in told(ev, "task_first_step", task)] == [0, 1]
+    epochs = epochs_by_attempt(log)  # Keras's own `Epoch N/4` lines, each attempt's
+    assert sorted(epochs) == [0, 1] and epochs[0][0] == 1, epochs
+    assert epochs[1][0] >= 3 and epochs[1][-1] == 4, epochs  # BackupAndRestore resumed it
+    assert sorted(p.parent for p in (run_dir / "model").rglob("saved_model.pb")) == [model]
 
 
 @pytest.mark.timeout(60)

@@ -131,7 +131,10 @@ timeouts: {grace_seconds: 5}
 def test_a_lost_worker_server_comes_back_alone_by_default(run_dir: Path, tmp_path: Path):
     """Issue 31: under the default policy a lost worker server failed the job: tfo stopped the
     chief, which was training on. A parameter_server job's servers now come back by default
-    (strategy.RULES), alone, and the tutorial's ClusterCoordinator rides it out."""
+    (strategy.RULES), alone, and the tutorial's ClusterCoordinator rides it out. The
+    tutorial's script runs unmodified: the servers are ours, ready once serving, the chief
+    ready once its port listened; only the chief's model is saved, and it scores; no task
+    left a temp file."""
     spec = write_spec(tmp_path / "c.yaml", f"""\
 name: ps-default
 strategy: parameter_server
@@ -166,3 +169,12 @@ tasks:
     assert plan["policy"]["restart"] == {"ps": "on-failure", "worker": "on-failure",
                                          "chief": "never"}
     assert run_processes(plan["run_id"]) == []
+    # What test_scripts checked of the tutorial's run on its own (its clean run, removed:
+    # this one is the same script on the same cluster, a worker server lost on the way).
+    assert first(ev, "task_ready", "ps:0", what="serving")
+    assert first(ev, "task_ready", "chief:0", by="port")
+    model = run_dir / "model" / "ps-model"
+    assert sorted(p.parent for p in (run_dir / "model").rglob("saved_model.pb")) == [model]
+    assert evaluate_saved_model(model) > 0.8
+    tmp = run_dir / "tmp"
+    assert not tmp.exists() or not any(tmp.iterdir()), list(tmp.iterdir())
