@@ -155,46 +155,8 @@ def test_the_custom_loop_tutorial_scripts_steps_are_counted(ctl_tutorial: Tutori
     assert row(res.output, "worker:0")[-2] == "180"
 
 
-@pytest.mark.tf
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize(("script", "epochs", "steps"), [
-    ("mirrored_keras.py", [0, 1, 2], 3 * 29),  # 1797 digits in batches of 64: 29 a epoch
-    ("mirrored_ctl.py", [], 3 * 29),
-])
-def test_a_one_process_mirrored_script_shows_its_training(script, epochs, steps, tmp_path,
-                                                         run_dir):
-    """The one-process tutorials (MirroredStrategy: no TF_CONFIG needed, no port)."""
-    args = ["--epochs", "3"]
-    if script == "mirrored_keras.py":
-        args += ["--checkpoint_dir", str(tmp_path / "ckpt")]
-    cluster = script_spec(tmp_path, script, args, tasks=ONE_WORKER)
-    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
-    assert res.returncode == 0, res.output[-4000:]
-    ev = events(run_dir)
-    assert [e["epoch"] for e in told(ev, "task_epoch", "worker:0")] == epochs
-    assert len(told(ev, "task_first_step", "worker:0")) == 1
-    assert progress(ev, "worker:0")[-1]["step"] == steps
-
-
-@pytest.mark.tf
-@pytest.mark.timeout(180)
-def test_the_parameter_server_coordinators_loop_counts_its_closures(tmp_path: Path,
-                                                                   run_dir: Path):
-    tasks = "  chief: [localhost:auto]\n  worker: [localhost:auto, localhost:auto]\n" \
-            "  ps: [localhost:auto]"
-    cluster = script_spec(tmp_path, "ps_coordinator.py", [
-        "--epochs", "2", "--steps_per_epoch", "20", "--model_path", str(tmp_path / "model")],
-        tasks=tasks, strategy="parameter_server")
-    res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=150)
-    assert res.returncode == 0, res.output[-4000:]
-    steps = progress(events(run_dir), "chief:0")
-    assert {e["source"] for e in steps} == {"coordinator"}
-    assert steps[-1]["step"] == 40  # every scheduled step, once it completed
-    # and which worker finished each (issue 41 item 4: loop/closures.py): the counts by
-    # worker index, at most every 2 s, the first at once
-    told = [e["by_worker"] for e in events(run_dir) if e["event"] == "task_closures"]
-    assert told and set().union(*told) <= {"0", "1"}
-    assert 0 < sum(told[-1].values()) <= 40
+# The one-process tutorials (MirroredStrategy: no TF_CONFIG, no port) show their epochs,
+# one first step and every step: tests/test_ready.py's runs of the same scripts.
 
 
 @pytest.mark.tf

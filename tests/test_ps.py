@@ -134,7 +134,8 @@ def test_a_lost_worker_server_comes_back_alone_by_default(run_dir: Path, tmp_pat
     (strategy.RULES), alone, and the tutorial's ClusterCoordinator rides it out. The
     tutorial's script runs unmodified: the servers are ours, ready once serving, the chief
     ready once its port listened; only the chief's model is saved, and it scores; no task
-    left a temp file."""
+    left a temp file. The chief's steps are its coordinator's closures
+    (test_autoprogress' own run of this script is this one now)."""
     spec = write_spec(tmp_path / "c.yaml", f"""\
 name: ps-default
 strategy: parameter_server
@@ -178,3 +179,12 @@ tasks:
     assert evaluate_saved_model(model) > 0.8
     tmp = run_dir / "tmp"
     assert not tmp.exists() or not any(tmp.iterdir()), list(tmp.iterdir())
+    # The coordinator's loop counts its closures as steps (autoprogress): every scheduled
+    # step once it completed, the lost worker's retried ones too; and which worker finished
+    # them (issue 41 item 4: loop/closures.py), by worker index, at most every 2 s.
+    steps = [e for e in ev if e["event"] == "task_progress" and e["task"] == "chief:0"]
+    assert {e["source"] for e in steps} == {"coordinator"}
+    assert steps[-1]["step"] == 16 * 150
+    told = [e["by_worker"] for e in ev if e["event"] == "task_closures"]
+    assert told and set().union(*told) <= {"0", "1"}
+    assert 0 < sum(told[-1].values()) <= 16 * 150
