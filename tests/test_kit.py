@@ -283,8 +283,9 @@ def test_a_value_too_large_does_not_come_back_and_says_why(tf_cluster):
 
 @pytest.mark.timeout(180)
 def test_kill_at_an_epoch_restarts_the_group_and_shows_the_attempts(tf_cluster):
+    # max_restarts 1: its one kill spends it, so no standbys are made for a second restart.
     result = tf_cluster.run("tests.jobs.kit:fit_epochs", workers=2, restart="on-failure",
-                            kill={"worker:1": {"epoch": 1}})
+                            max_restarts=1, kill={"worker:1": {"epoch": 1}})
     assert result.ok, result
     assert result.restarts == 1
     assert {n: t.attempts for n, t in result.tasks.items()} == {"worker:0": 2, "worker:1": 2}
@@ -296,8 +297,10 @@ def test_kill_at_an_epoch_restarts_the_group_and_shows_the_attempts(tf_cluster):
 
 @pytest.mark.timeout(180)
 def test_preempt_sends_sigterm_through_the_wrapper(tf_cluster):
+    # max_restarts 1: the step has no preemption handler, so the stopped worker's restart is
+    # counted and spends it: no standbys are made for a second restart.
     result = tf_cluster.run("tests.jobs.kit:fit_epochs", workers=2, restart="on-failure",
-                            preempt={"worker:0": {"step": 2}})
+                            max_restarts=1, preempt={"worker:0": {"step": 2}})
     assert result.ok, result
     events = [e["event"] for e in result.tasks["worker:0"].events]
     assert "task_sigterm" in events  # the wrapper got it and passed it on
