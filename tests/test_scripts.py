@@ -351,7 +351,7 @@ def test_a_scripts_syntax_error_is_shown_as_python_shows_it(tmp_path, run_dir):
     cluster = write_spec(tmp_path / "cluster.yaml", SCRIPT_SPEC.replace(
         "tests/scripts/{script}", str(script)).format(
         strategy="multi_worker_mirrored", args="[]", tasks="  worker: [localhost:auto]",
-        policy="never"))
+        policy="never", max_restarts=2))
     res = run_tfo("run", str(cluster), "--run-dir", str(run_dir), timeout=50)
     assert res.returncode == 1, res.output[-3000:]
     log = [line for line in (run_dir / "logs" / "worker-0.log").read_text().splitlines()
