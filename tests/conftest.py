@@ -4,7 +4,9 @@ nothing of a run is left behind (processes, ports).
 `make test` is CPU-bound (2 cores): a TensorFlow process's import is most of a real test's
 CPU (about 4 s). A job with restarts left gets a warm spare per task by default
 (`warm_spares: auto`), each one more import: a test job that never restarts, or whose
-resize discards them, says `warm_spares: false` unless the spares are what it tests."""
+resize discards them, says `warm_spares: false` unless the spares are what it tests; one
+whose single fault is its single restart says `max_restarts: 1`, so that no standbys are
+made for a second restart once the first has spent the budget."""
 
 from __future__ import annotations
 

@@ -188,7 +188,7 @@ job:
   args: {args}
 tasks:
 {tasks}
-restart: {{policy: {policy}, max_restarts: 2, backoff_seconds: 0.5}}
+restart: {{policy: {policy}, max_restarts: {max_restarts}, backoff_seconds: 0.5}}
 timeouts: {{startup_seconds: 120, grace_seconds: 5}}
 """
 
@@ -197,10 +197,13 @@ TWO_WORKERS = "  worker: [localhost:auto, localhost:auto]"
 
 
 def script_spec(tmp_path: Path, script: str, args: list[str], tasks: str = TWO_WORKERS,
-         strategy: str = "multi_worker_mirrored", policy: str = "never", extra: str = "") -> Path:
+         strategy: str = "multi_worker_mirrored", policy: str = "never", extra: str = "",
+         max_restarts: int = 2) -> Path:
+    """A script's job. `max_restarts` 1 where the test's one fault is its one restart: none
+    left after it, so tfo starts no warm spares for a next restart (an import each)."""
     return write_spec(tmp_path / "cluster.yaml", SCRIPT_SPEC.format(
         strategy=strategy, script=script, args=json.dumps(args), tasks=tasks,
-        policy=policy) + extra)
+        policy=policy, max_restarts=max_restarts) + extra)
 
 
 def shown_in_log(run_dir: Path, task: str) -> dict:

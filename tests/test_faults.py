@@ -51,17 +51,19 @@ job:
   args: {{epochs: 5, epoch_sleep: {sleep}}}
 tasks:
   worker: [{w0}, {w1}]
-restart: {{policy: {policy}, max_restarts: 2, backoff_seconds: 0.5, warm_spares: {spares}}}
+restart: {{policy: {policy}, max_restarts: {budget}, backoff_seconds: 0.5, warm_spares: {spares}}}
 timeouts: {{grace_seconds: 5{timeouts}}}
 env: {{FAULTY_HANG_TASK: "{hang}"}}
 """
 
 
 def mwms(policy="on-failure", sleep=2, timeouts="", hang="", w0="localhost:20000",
-         w1="localhost:20001", spares="auto") -> str:
-    """The job; `spares` false where nothing restarts (each warm spare imports TensorFlow)."""
+         w1="localhost:20001", spares="auto", max_restarts=2) -> str:
+    """The job; `spares` false where nothing restarts (each warm spare imports TensorFlow);
+    `max_restarts` 1 where one restart is the scenario: with none left after it, tfo makes
+    no standbys for a second one that never comes (two imports saved)."""
     return MWMS.format(policy=policy, sleep=sleep, timeouts=timeouts, hang=hang, w0=w0, w1=w1,
-                       spares=spares)
+                       spares=spares, budget=max_restarts)
 
 
 @pytest.mark.parametrize(("policy", "rc", "restart"), [
@@ -88,7 +90,7 @@ def latest_backup(run_dir: Path, worker: int) -> str | None:
 @pytest.mark.tf
 @pytest.mark.timeout(240)
 def test_sigkill_worker_restarts_group_and_resumes(run_dir: Path, tmp_path: Path):
-    tfo = Tfo(write_spec(tmp_path / "c.yaml", mwms()), run_dir)
+    tfo = Tfo(write_spec(tmp_path / "c.yaml", mwms(max_restarts=1)), run_dir)
     try:
         tfo.wait_event("task_epoch", "worker:1", epoch=1)
         # Inside epoch 2 of 5, in its pause: both workers backed it up (ckpt-2). A fixed
@@ -198,7 +200,7 @@ def restart_changing_backups(run_dir: Path, tmp_path: Path, epochs: int, fail_ep
     """worker:1 exits 3 after `fail_epoch` on its first attempt; during the restart's 4 s
     backoff `change()` acts on the backups. The job must then succeed with one restart; its
     events are returned."""
-    spec = write_spec(tmp_path / "c.yaml", mwms(sleep=0).replace(
+    spec = write_spec(tmp_path / "c.yaml", mwms(sleep=0, max_restarts=1).replace(
         "epochs: 5", f"epochs: {epochs}, fail_task: 'worker:1', fail_epoch: {fail_epoch}, "
         "exit_code: 3").replace("backoff_seconds: 0.5", "backoff_seconds: 4"))
     tfo = Tfo(spec, run_dir)

@@ -83,7 +83,7 @@ def test_the_live_table_shows_each_task_training(pty_run: PtyRun):
     assert header, text[-4000:]
     # A row of a running worker: its pid, its epoch of 3, its step of 20, its speed, its loss;
     # no usage reported (yet): "-".
-    rows = re.findall(r"worker:1\s+localhost\s+(\d+)\s+running\s+\d+s\s+(\S+)\s+(\S+)\s+"
+    rows = re.findall(r"worker:1\s+localhost\s+(\d+)\s+running\s+(?:\d+m)?\d+s\s+(\S+)\s+(\S+)\s+"
                       r"(\d)/3\s+(\d+)/20\s+([\d.]+)\s+([\d.e+-]+)\s", text)
     assert rows, text[-4000:]
     epochs = {int(r[3]) for r in rows}

@@ -125,7 +125,7 @@ def test_prometheus_scrapes_a_job_and_status_json_follows_it(run_dir: Path, tmp_
     prom = prometheus_for(f"127.0.0.1:{port}")
     tfo = subprocess.Popen(
         tfo_cmd("run", "--run-dir", str(run_dir), "--metrics-port", str(port), "--workers", "2",
-                "--name", "prom", "--restart", "on-failure", "--max-restarts", "2", "--",
+                "--name", "prom", "--restart", "on-failure", "--max-restarts", "1", "--",
                 "python", "tests/scripts/mwms_steps.py", "--epochs", "20",
                 "--steps_per_epoch", "10", "--step_seconds", "0.1"),
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

@@ -41,7 +41,11 @@ def test_a_one_process_tutorial_trains_past_a_short_startup_limit(script, args, 
     assert ready and ready["by"] == "step", ready
     done = first(ev, "task_exited", "worker:0")
     assert done["time"] - started["time"] > 3  # trained past the startup limit
+    # Its training as tfo shows it (autoprogress: test_autoprogress ran these scripts
+    # again for this alone): each epoch, one first step, every step (1797 digits in
+    # batches of 64: 29 an epoch).
     assert [e["epoch"] for e in ev if e["event"] == "task_epoch"] == epochs
+    assert len([e for e in ev if e["event"] == "task_first_step"]) == 1
     assert [e["step"] for e in ev if e["event"] == "task_progress"][-1] == 8 * 29
     assert not first(ev, "task_startup_timeout") and not first(ev, "task_stalled")
 

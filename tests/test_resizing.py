@@ -449,7 +449,7 @@ def test_an_elastic_job_loses_a_failing_place_and_finishes_with_2_workers(tmp_pa
                 "tasks": {"worker": ["localhost:auto"] * 3},
                 "elastic": {"min_workers": 2, "lost_after_failures": 2, "probe_seconds": 3600},
                 # No warm spares: each would import TensorFlow for an attempt the broken
-                # place never trains (the grow-back test below keeps tfo's default).
+                # place never trains.
                 "restart": {"policy": "on-failure", "max_restarts": 3, "backoff_seconds": 0,
                             "warm_spares": False},
                 "timeouts": {"grace_seconds": 10}}
@@ -491,7 +491,11 @@ def test_an_elastic_job_grows_back_at_the_next_epoch_from_the_same_backup(tmp_pa
                                                 "fail_epoch": 1}},
             "tasks": {"worker": ["localhost:auto"] * 3},
             "elastic": {"min_workers": 2, "lost_after_failures": 1, "probe_seconds": 1},
-            "restart": {"policy": "on-failure", "max_restarts": 2, "backoff_seconds": 0},
+            # No warm spares: both resizes discard them (7 of its 8 standbys never served).
+            # tests/test_elastic_lab.py's rejoin keeps tfo's default in a real elastic job;
+            # test_spares' table, a resized task's standby discarded.
+            "restart": {"policy": "on-failure", "max_restarts": 2, "backoff_seconds": 0,
+                        "warm_spares": False},
             "timeouts": {"grace_seconds": 10}}
     result = run(data, tmp_path / "run")
     events = run_events(tmp_path / "run")
@@ -534,7 +538,7 @@ tasks:
   worker: [localhost:auto, localhost:auto, localhost:auto]
 elastic: {{min_workers: 2, lost_after_failures: 1, probe_seconds: 3600}}
 restart: {{policy: on-failure, max_restarts: 2, backoff_seconds: 0, warm_spares: false}}
-""")  # no spares: the resize discards them all (the grow-back test above keeps them)
+""")  # no spares: the resize discards them all
     tfo = Tfo(spec, run_dir)
     try:
         tfo.wait_event("task_epoch", "worker:2", epoch=1, timeout=240)

@@ -217,7 +217,7 @@ def test_ps_job_has_its_ps_on_one_node_and_workers_on_both(lab: slurmlab.SlurmLa
                                                            run_dir: Path, tmp_path: Path):
     spec = write_spec(tmp_path / "ps.yaml", job(
         name="slurm-ps", strategy="parameter_server", tasks="ps: 1, worker: 2, chief: 1",
-        slurm=", nodes: 2, tasks_per_node: 2"))
+        slurm=", nodes: 2, tasks_per_node: 2", restart=", warm_spares: false"))  # no restart
     res = run_tfo("run", str(spec), "--run-dir", str(run_dir), timeout=240)
     assert res.returncode == 0, res.output[-4000:]
     hosts = {e["task"]: e["host"] for e in events(run_dir) if e["event"] == "task_started"}
