@@ -166,3 +166,21 @@ def test_the_schedulers_registry_matches_the_backends():
     from orchestrator.planning.schedulers import scheduler_options
 
     assert {k: b.options for k, b in schedulers().items()} == scheduler_options()
+
+
+def test_every_cli_module_imports_alone():
+    """Each cli module imported first, in an interpreter of its own: the package's lazy
+    attributes (cli/__init__.py) once turned `from orchestrator.cli import slowtasks` in
+    report.py into an import of the commands, which came back to report half-made."""
+    import subprocess
+    import sys
+
+    names = sorted(p.stem for p in (ROOT / "orchestrator" / "cli").glob("*.py")
+                   if p.stem != "__init__")
+    code = ("import subprocess, sys\n"
+            "bad = [n for n in sys.argv[1:] if subprocess.run([sys.executable, '-c', "
+            "f'import orchestrator.cli.{n}'], capture_output=True).returncode]\n"
+            "print(' '.join(bad))")
+    done = subprocess.run([sys.executable, "-c", code, *names], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr

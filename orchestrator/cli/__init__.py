@@ -76,8 +76,13 @@ def main() -> None:
 def __getattr__(name: str) -> object:
     """`orchestrator.cli.app` and the commands' other names, from cli/commands.py at first use
     (PEP 562): importing the package alone loads nothing."""
-    if name.startswith("__") or name == "commands":
-        raise AttributeError(name)
     import importlib
+    import importlib.util
 
+    # A submodule not imported yet (`from orchestrator.cli import slowtasks` asks the package
+    # first): the import system's to load, not the commands' (whose import would come back
+    # to the module asking: report -> commands -> messages -> report).
+    if name.startswith("__") or name == "commands" or \
+            importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        raise AttributeError(name)
     return getattr(importlib.import_module("orchestrator.cli.commands"), name)
