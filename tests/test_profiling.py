@@ -126,8 +126,9 @@ def test_why_a_task_has_no_profiler_comes_from_its_log(tmp_path: Path):
     assert said_in_log(str(tmp_path / "none.log")) is None
 
 
-def tp(name: str, input: float, comm: float, step: float = 100.0) -> TaskProfile:
-    return TaskProfile(name, steps=10, step_ms=step, input=input, communication=comm)
+def tp(name: str, input: float, comm: float, step: float = 100.0, steps: int = 10
+       ) -> TaskProfile:
+    return TaskProfile(name, steps=steps, step_ms=step, input=input, communication=comm)
 
 
 # (what, tasks, expected (task, cause) or None)
@@ -149,6 +150,12 @@ VERDICTS = [
      ("worker:1", "compute")),
     ("everyone waits in communication: said, no verdict", [tp("worker:0", 0.0, 0.8),
                                                              tp("worker:1", 0.0, 0.85)], None),
+    ("too few steps to compare (an 8-worker capture, the others lost to the crash)",
+     [tp("worker:4", 0.0, 1.0, step=471.1, steps=1), tp("worker:5", 0.0, 1.0, step=304.1,
+                                                        steps=2)], None),
+    ("… a task of 2 steps is left out, the others compared",
+     [tp("worker:0", 0.0, 0.95), tp("worker:1", 0.93, 0.02), tp("worker:2", 0.0, 0.0, steps=2)],
+     ("worker:1", "input")),
     ("a task without a trace is left out",
      [tp("worker:0", 0.0, 0.95), TaskProfile("worker:1", error="no trace")], None),
 ]

@@ -25,7 +25,8 @@ whose steps take `RATIO` times the fastest's is slow, for its largest share. Whe
 waits in communication most of its step and none stands out, that is said, as no verdict (a
 small model's all-reduce on one machine reads so). A balanced job gets no verdict: on a
 loaded machine one 2 s trace can catch the scheduler running one worker more than another,
-so the spread asked for is nearly half a step.
+so the spread asked for is nearly half a step. Only tasks with MIN_STEPS steps in their
+traces are compared.
 
 A capture can crash a traced task, inside TensorFlow (2.21, CPU): when a trace stops, its host
 tracer (`TraceMeRecorder::Consume`, xla/tsl) keeps pointers to the events whose start was
@@ -64,6 +65,10 @@ from orchestrator.runs.rundir import RunDir, run_over
 SPREAD = 0.45
 RATIO = 1.5  # a task's steps this much slower than the fastest's (no synchronous step)
 BOUND = 0.5  # every task waits in communication more than this of its step: said, no verdict
+# A task compared has this many steps in its trace at least: a step cut by the trace's edges
+# weighs too much in one or two (an 8-worker capture, 6 tasks lost to the profiler's crash,
+# once named worker:4 "network" from its one step of 471 ms against worker:5's two of 304).
+MIN_STEPS = 3
 # Where `python -m worker_entry.profiletool` finds tfo's own worker_entry, installed or not.
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELPER_SLACK_SECONDS = 120  # the helper's time beyond its traces (two when the first brought
@@ -160,9 +165,13 @@ def task_profile(name: str, raw: Any) -> TaskProfile:
                        communication=min(1.0, comm / step), file=str(raw.get("file", "")))
 
 
+def _compared(tasks: list[TaskProfile]) -> list[TaskProfile]:
+    return [t for t in tasks if not t.error and t.steps >= MIN_STEPS]
+
+
 def verdict(tasks: list[TaskProfile]) -> Verdict | None:
     """The task that holds the others back, and why; None for a balanced job (module doc)."""
-    seen = [t for t in tasks if not t.error]
+    seen = _compared(tasks)
     if len(seen) < 2:
         return None
     least = min(seen, key=lambda t: t.communication)
@@ -189,7 +198,7 @@ def paced_by_communication(tasks: list[TaskProfile]) -> str | None:
     """Every task waits in communication most of its step and none stands out: the
     all-reduce (its latency: a small model's on a loaded machine) or a ps sets the pace. Said,
     not a verdict: a balanced local job of a small model reads so."""
-    seen = [t for t in tasks if not t.error]
+    seen = _compared(tasks)
     if len(seen) < 2 or verdict(tasks) is not None or \
             not all(t.communication >= BOUND for t in seen):
         return None
