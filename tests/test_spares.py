@@ -256,8 +256,14 @@ def test_closing_the_backend_kills_its_standbys_and_leaves_the_tasks_files(tmp_p
     assert (Path(task.tmp_dir) / "the running attempt's").exists()
 
 
-# A standby left unused is gone when the run ends: tests/test_grace.py's job (warm spares,
-# its third attempt's standbys never taken).
+@pytest.mark.tf
+@pytest.mark.timeout(300)
+def test_a_standby_left_unused_is_gone_when_the_run_ends(run_dir: Path, tmp_path: Path):
+    run_with_spares(run_dir, tmp_path, 3, 1, lambda tfo: None)
+    spares = standbys(run_dir)
+    assert spares and not [e for e in events(run_dir) if e["event"] == "task_restarted"]
+    assert all(gone(pid) for pid in spares.values()), spares
+    # ...and nothing of the run is left at all (their tasks neither): the run_dir fixture
 
 
 def test_a_script_standby_imports_the_installed_libraries_the_script_imports(tmp_path,
