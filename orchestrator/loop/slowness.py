@@ -147,15 +147,20 @@ class SlowWatch:
         return [r for r in job.records.values() if decide.training(r.role, job.rules)]
 
     def _starved(self, now: float) -> None:
-        samples = [starved.Sample(r.name, r.attempt,
-                                  r.state.live and bool(shown(r.current.work.rate, now)),
+        samples = [starved.Sample(r.name, r.attempt, self._stepping(r, now),
                                   r.current.work.waits.share(now) if r.state.live else None)
                    for r in self._training()]
         for s in starved.judge(samples, self.starved, self.memory.said, now):
             self._say(s.task, "input",
                       {**s.figures(), "lagging_seconds": round(now - s.since, 1)}, s.words())
 
-    def _usage(self, r: TaskRecord, now: float) -> Usage | None:
+    @staticmethod
+    def _stepping(r: TaskRecord, now: float) -> bool:
+        """Live, and its steps/s known now (the synchronous judges' `stepping`)."""
+        return r.state.live and bool(shown(r.current.work.rate, now))
+
+    @staticmethod
+    def _usage(r: TaskRecord, now: float) -> Usage | None:
         """The task's last usage, if it is of now."""
         work = r.current.work
         fresh = (r.state.live and work.usage is not None and work.usage_at is not None
@@ -166,9 +171,9 @@ class SlowWatch:
         samples = []
         for r in self._training():
             usage = self._usage(r, now)
-            samples.append(netslow.Sample(
-                r.name, r.attempt, r.state.live and bool(shown(r.current.work.rate, now)),
-                usage.rtt if usage else None, r.current.work.usage_at))
+            samples.append(netslow.Sample(r.name, r.attempt, self._stepping(r, now),
+                                          usage.rtt if usage else None,
+                                          r.current.work.usage_at))
         for s in netslow.judge(samples, self.netslow, self.memory.said, now):
             self._say(s.task, "network",
                       {**s.figures(), "lagging_seconds": round(now - s.since, 1)}, s.words())
@@ -177,13 +182,10 @@ class SlowWatch:
         job = self.job
         samples = []
         for r in self._training():
-            work = r.current.work
-            fresh = (r.state.live and work.usage is not None and work.usage_at is not None
-                     and now - work.usage_at <= USAGE_FRESH_SECONDS)
-            usage = work.usage if fresh else None
+            usage = self._usage(r, now)
             samples.append(demand.Sample(
                 r.name, r.attempt, is_chief(r.role, r.task.index, job.plan.cluster),
-                stepping=r.state.live and bool(shown(work.rate, now)),
+                stepping=self._stepping(r, now),
                 cpu=usage.cpu if usage else None, wait=usage.wait if usage else None,
                 cpus=usage.cpus if usage else None))
         for w in demand.judge(samples, self.demand, self.memory.said, now):
