@@ -94,6 +94,18 @@ def host_yaml(name: str, h: sshlab.SshHost, workdir: Path, **over: object) -> st
     return f"  {name}: {json.dumps(fields)}\n"
 
 
+def interrupted(proc: subprocess.Popen) -> str:
+    """A `tfo run` still running ended as Ctrl-C ends it (its tree SIGKILLed after 60 s);
+    its output."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        return proc.communicate()[0]
+
+
 def stop(tfo: Tfo) -> None:
     """Kill tfo and, on every host, anything of its run."""
     tfo.close()

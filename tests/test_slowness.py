@@ -4,7 +4,6 @@ on a fake clock: a table of rounds (time, each task's steps per second) and what
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +13,8 @@ import pytest
 
 from orchestrator.loop import demand, starved
 from orchestrator.loop.slowness import HOLD_SECONDS, Memory, judge
-from tests.conftest import REPO, events, kill_tree, tfo_cmd, wait_until, write_spec
+from tests.conftest import REPO, events, tfo_cmd, wait_until, write_spec
+from tests.helpers import interrupted
 from worker_entry.markers import Role, Strategy
 
 W, C, PS, DW, EV = Role.WORKER, Role.CHIEF, Role.PS, Role.DATA_WORKER, Role.EVALUATOR
@@ -352,13 +352,7 @@ def test_a_synchronous_job_names_its_busy_worker(tmp_path: Path, run_dir: Path):
         slow = wait_until(named, NAMED_WITHIN + 60, interval=0.5)
         took = time.monotonic() - started[-1]
     finally:
-        if tfo.poll() is None:
-            tfo.send_signal(signal.SIGINT)
-        try:
-            out = tfo.communicate(timeout=60)[0]
-        except subprocess.TimeoutExpired:
-            kill_tree(tfo.pid)
-            out = tfo.communicate()[0]
+        out = interrupted(tfo)
     assert slow, f"worker:2 never named\n{out[-3000:]}"
     assert [(e["task"], e["cause"]) for e in slow] == [("worker:2", "compute")], slow
     assert took <= NAMED_WITHIN, f"named {took:.0f} s after the thread started"

@@ -4,7 +4,6 @@ side that measures it (worker_entry/progress/inputwait.py): pure, on a fake cloc
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +13,8 @@ import pytest
 
 from orchestrator.loop import starved
 from orchestrator.loop.markers import BadMarker, Input, read_marker
-from tests.conftest import REPO, events, kill_tree, tfo_cmd, wait_until, write_spec
+from tests.conftest import REPO, events, tfo_cmd, wait_until, write_spec
+from tests.helpers import interrupted
 from worker_entry.markers import MARK
 from worker_entry.progress import inputwait
 
@@ -237,13 +237,7 @@ def test_a_synchronous_job_names_its_input_starved_worker(tmp_path: Path, run_di
         time.sleep(4)  # a second verdict, were there one, would come with the first
         slow = named()
     finally:
-        if tfo.poll() is None:
-            tfo.send_signal(signal.SIGINT)
-        try:
-            out = tfo.communicate(timeout=60)[0]
-        except subprocess.TimeoutExpired:
-            kill_tree(tfo.pid)
-            out = tfo.communicate()[0]
+        out = interrupted(tfo)
     assert slow, f"worker:1 never named\n{out[-3000:]}"
     assert [(e["task"], e["cause"]) for e in slow] == [("worker:1", "input")], slow
     event = slow[0]
